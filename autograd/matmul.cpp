@@ -1,0 +1,108 @@
+#include "autograd/matmul.h"
+
+#include "autograd/function.h"
+#include "autograd/reduce.h"
+#include "autograd/shape_ops.h"
+#include "tensor/backend.h"
+
+namespace pipit {
+namespace {
+
+Tensor matmul_raw(const Tensor& a, const Tensor& b) {
+  PIPIT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs tensors of rank >= 2, got ",
+              shape_str(a.shape()), " and ", shape_str(b.shape()));
+  PIPIT_CHECK(a.dtype() == b.dtype(), "matmul: dtypes differ (", a.dtype(), " and ", b.dtype(),
+              ")");
+  const int64_t M = a.shape()[a.dim() - 2], K = a.shape()[a.dim() - 1];
+  const int64_t K2 = b.shape()[b.dim() - 2], N = b.shape()[b.dim() - 1];
+  PIPIT_CHECK(K == K2, "matmul: inner dims differ for shapes ", shape_str(a.shape()), " and ",
+              shape_str(b.shape()));
+  Shape batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2),
+                                 Shape(b.shape().begin(), b.shape().end() - 2), "matmul");
+  Shape a_shape = batch, b_shape = batch, out_shape = batch;
+  a_shape.insert(a_shape.end(), {M, K});
+  b_shape.insert(b_shape.end(), {K, N});
+  out_shape.insert(out_shape.end(), {M, N});
+  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+  NoGradGuard no_grad;
+  backend(a).matmul(expand(a, a_shape), expand(b, b_shape), out, false);
+  return out;
+}
+
+Tensor mT(const Tensor& t) { return transpose(t, -1, -2); }
+
+struct MatmulBackward : Node {
+  Tensor a, b;
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor ga, gb;
+    if (next[0]) ga = sum_to(matmul_raw(g, mT(b)), a.shape());
+    if (next[1]) {
+      if (b.dim() == 2 && a.dim() > 2) {
+        // A weight shared across the batch: one GEMM over all rows instead of a batch of them.
+        gb = matmul_raw(mT(reshape(a, {-1, a.shape().back()})), reshape(g, {-1, g.shape().back()}));
+      } else {
+        gb = sum_to(matmul_raw(mT(a), g), b.shape());
+      }
+    }
+    return {ga, gb};
+  }
+  std::string name() const override { return "MatmulBackward"; }
+};
+
+struct LinearBackward : Node {
+  Tensor x, weight;
+  std::vector<Tensor> apply(const Tensor& g) override {
+    const int64_t out_features = weight.shape()[0];
+    Tensor g2 = reshape(g, {-1, out_features});
+    Tensor gx, gw, gb;
+    if (next[0]) gx = reshape(matmul_raw(g2, weight), x.shape());
+    if (next[1]) gw = matmul_raw(mT(g2), reshape(x, {-1, x.shape().back()}));
+    if (next.size() > 2 && next[2]) gb = sum(g2, {0});
+    return {gx, gw, gb};
+  }
+  std::string name() const override { return "LinearBackward"; }
+};
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor out = matmul_raw(a, b);
+  if (auto node = detail::make_node<MatmulBackward>(out, {a, b})) {
+    node->a = a.detach();
+    node->b = b.detach();
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  PIPIT_CHECK(weight.dim() == 2, "linear: weight must be 2-D, got ", shape_str(weight.shape()));
+  PIPIT_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "linear: input of shape ",
+              shape_str(x.shape()), " does not match weight of shape ", shape_str(weight.shape()));
+  PIPIT_CHECK(x.dtype() == weight.dtype(), "linear: input dtype ", x.dtype(),
+              " differs from weight dtype ", weight.dtype());
+  const int64_t out_features = weight.shape()[0];
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  {
+    NoGradGuard no_grad;
+    Tensor x2 = reshape(x, {-1, x.shape().back()});
+    Tensor out2 = Tensor::from_storage(out.storage(), {x2.shape()[0], out_features},
+                                       {out_features, 1}, 0, out.dtype());
+    if (bias.defined()) {
+      PIPIT_CHECK(bias.shape() == Shape{out_features}, "linear: bias of shape ",
+                  shape_str(bias.shape()), " does not match ", out_features, " outputs");
+      backend(x).copy(expand(bias, out2.shape()), out2);
+    }
+    backend(x).matmul(x2, mT(weight), out2, bias.defined());
+  }
+  auto node = bias.defined() ? detail::make_node<LinearBackward>(out, {x, weight, bias})
+                             : detail::make_node<LinearBackward>(out, {x, weight});
+  if (node) {
+    node->x = x.detach();
+    node->weight = weight.detach();
+  }
+  return out;
+}
+
+}  // namespace pipit

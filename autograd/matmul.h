@@ -1,0 +1,11 @@
+#pragma once
+#include "tensor/tensor.h"
+
+namespace pipit {
+
+// a[..., M, K] @ b[..., K, N] with broadcast batch dims (2-D, 3-D, 4-D, ...).
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x[..., in] @ weight[out, in]^T + bias[out] (bias may be undefined), as one GEMM.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+}  // namespace pipit

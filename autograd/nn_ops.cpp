@@ -1,0 +1,162 @@
+#include "autograd/nn_ops.h"
+
+#include "autograd/elementwise.h"
+#include "autograd/function.h"
+#include "autograd/shape_ops.h"
+#include "tensor/backend.h"
+#include "tensor/factory.h"
+
+namespace pipit {
+namespace {
+
+struct SoftmaxBackward : Node {
+  Tensor out;
+  int64_t dim = 0;
+  bool log = false;
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor grad_in = Tensor::empty(out.shape(), out.dtype(), out.device());
+    backend(out).softmax_backward(g, out, dim, log, grad_in);
+    return {grad_in};
+  }
+  std::string name() const override { return log ? "LogSoftmaxBackward" : "SoftmaxBackward"; }
+};
+
+Tensor softmax_op(const Tensor& x, int64_t dim, bool log) {
+  const char* name = log ? "log_softmax" : "softmax";
+  PIPIT_CHECK(is_floating(x.dtype()), name, ": needs a floating dtype, got ", x.dtype());
+  int64_t d = normalize_dim(dim, x.dim(), name);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x.numel() > 0) backend(x).softmax(x, d, log, out);
+  if (auto node = detail::make_node<SoftmaxBackward>(out, {x})) {
+    node->out = out.detach();
+    node->dim = d;
+    node->log = log;
+  }
+  return out;
+}
+
+struct LayerNormBackward : Node {
+  Tensor x, weight, mean, rstd;
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    Tensor gw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
+    Tensor gb = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
+    backend(x).layer_norm_backward(g, x, weight, mean, rstd, gx, gw, gb);
+    return {gx, gw, gb};
+  }
+  std::string name() const override { return "LayerNormBackward"; }
+};
+
+struct EmbeddingBackward : Node {
+  Tensor indices;
+  Shape weight_shape;
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor gw = zeros(weight_shape, {g.dtype(), g.device()});
+    backend(g).embedding_backward(g, indices, gw);
+    return {gw, Tensor()};
+  }
+  std::string name() const override { return "EmbeddingBackward"; }
+};
+
+struct CrossEntropyBackward : Node {
+  Tensor logits, targets;
+  Shape logits_shape;
+  int64_t ignore_index = -100;
+  double count = 1;
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor grad = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+    backend(g).cross_entropy_backward(logits, targets, ignore_index, g.item<double>() / count,
+                                      grad);
+    return {reshape(grad, logits_shape), Tensor()};
+  }
+  std::string name() const override { return "CrossEntropyBackward"; }
+};
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_op(x, dim, false); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_op(x, dim, true); }
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  PIPIT_CHECK(x.dim() >= 1, "layer_norm: input must have rank >= 1");
+  const int64_t C = x.shape().back();
+  PIPIT_CHECK(weight.shape() == Shape{C} && bias.shape() == Shape{C}, "layer_norm: weight ",
+              shape_str(weight.shape()), " and bias ", shape_str(bias.shape()),
+              " must both be [", C, "] for input ", shape_str(x.shape()));
+  PIPIT_CHECK(x.dtype() == weight.dtype() && x.dtype() == bias.dtype(),
+              "layer_norm: dtypes differ (input ", x.dtype(), ", weight ", weight.dtype(),
+              ", bias ", bias.dtype(), ")");
+  const int64_t rows = C == 0 ? 0 : x.numel() / C;
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = Tensor::empty({rows}, x.dtype(), x.device());
+  Tensor rstd = Tensor::empty({rows}, x.dtype(), x.device());
+  backend(x).layer_norm(x, weight, bias, eps, out, mean, rstd);
+  if (auto node = detail::make_node<LayerNormBackward>(out, {x, weight, bias})) {
+    node->x = x.detach();
+    node->weight = weight.detach();
+    node->mean = mean;
+    node->rstd = rstd;
+  }
+  return out;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  PIPIT_CHECK(weight.dim() == 2, "embedding: weight must be 2-D, got ", shape_str(weight.shape()));
+  PIPIT_CHECK(indices.dtype() == DType::i64, "embedding: indices must be I64, got ",
+              indices.dtype());
+  Shape shape = indices.shape();
+  shape.push_back(weight.shape()[1]);
+  Tensor out = Tensor::empty(shape, weight.dtype(), weight.device());
+  backend(weight).embedding(weight, indices, out);
+  if (auto node = detail::make_node<EmbeddingBackward>(out, {weight, indices})) {
+    node->indices = indices.detach();
+    node->weight_shape = weight.shape();
+  }
+  return out;
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator* generator) {
+  PIPIT_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
+  if (!training || p == 0) return x;
+  Tensor keep = ge(rand(x.shape(), generator, {x.dtype(), x.device()}), scalar_like(x, p));
+  return x * (keep.to(x.dtype()) * (1.0 / (1.0 - p)));
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  PIPIT_CHECK(logits.dim() == 2 || logits.dim() == 3, "cross_entropy: logits must be [N, C] or "
+              "[B, T, C], got ", shape_str(logits.shape()));
+  PIPIT_CHECK(targets.dtype() == DType::i64, "cross_entropy: targets must be I64, got ",
+              targets.dtype());
+  Shape expected(logits.shape().begin(), logits.shape().end() - 1);
+  PIPIT_CHECK(targets.shape() == expected, "cross_entropy: targets of shape ",
+              shape_str(targets.shape()), " do not match logits of shape ",
+              shape_str(logits.shape()), " (expected ", shape_str(expected), ")");
+  const int64_t C = logits.shape().back();
+  Tensor logits2, targets1;
+  {
+    NoGradGuard no_grad;
+    logits2 = reshape(logits, {-1, C}).contiguous();
+    targets1 = reshape(targets, {-1}).contiguous();
+  }
+  const int64_t N = logits2.shape()[0];
+  Tensor losses = Tensor::empty({N}, logits.dtype(), logits.device());
+  backend(logits).cross_entropy(logits2, targets1, ignore_index, losses);
+  int64_t count = 0;
+  for (int64_t t : targets1.to_vector<int64_t>()) count += t != ignore_index;
+  Tensor total = Tensor::empty({}, logits.dtype(), logits.device());
+  int64_t all[] = {0};
+  backend(logits).reduce(ReduceOp::sum, losses, all, total);
+  // With every row ignored the mean is 0/0; PyTorch returns NaN there, and so do we.
+  Tensor out = total * (1.0 / static_cast<double>(count));
+  Tensor result = out.detach();
+  if (auto node = detail::make_node<CrossEntropyBackward>(result, {logits, targets})) {
+    node->logits = logits2.detach();
+    node->targets = targets1;
+    node->logits_shape = logits.shape();
+    node->ignore_index = ignore_index;
+    node->count = static_cast<double>(count);
+  }
+  return result;
+}
+
+}  // namespace pipit

@@ -1,0 +1,20 @@
+#pragma once
+// Fused neural-network operations, each one kernel forward and one backward.
+#include "tensor/generator.h"
+#include "tensor/tensor.h"
+
+namespace pipit {
+
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// Normalises over the last dim, then scales by weight and shifts by bias (both [C]).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// Rows of weight [V, C] picked by i64 indices of any shape: result [..., C].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training.
+Tensor dropout(const Tensor& x, double p, bool training, Generator* generator = nullptr);
+// Mean over non-ignored rows of -log softmax(logits)[target]; logits [N, C] or [B, T, C],
+// targets i64 [N] or [B, T].
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+}  // namespace pipit

@@ -1,0 +1,7 @@
+#pragma once
+// The whole public API in one include.
+#include "autograd/ops.h"
+#include "tensor/backend.h"
+#include "tensor/factory.h"
+#include "tensor/parallel.h"
+#include "tensor/tensor.h"

@@ -1,0 +1,87 @@
+#pragma once
+// Backend: every raw kernel a device must provide. Kernels write into tensors the caller
+// allocated with the right shape and know nothing of gradients. Adding a device means
+// implementing this one class; `backend(device)` picks the implementation.
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "tensor/generator.h"
+#include "tensor/tensor.h"
+
+namespace pipit {
+
+enum class UnaryOp { neg, exp, log, sqrt, abs, tanh, sigmoid, relu, gelu };
+// The *_backward ops take (grad, x) and return grad * f'(x).
+enum class BinaryOp {
+  add, sub, mul, div, pow, maximum, minimum,
+  relu_backward, gelu_backward,
+  eq, ne, lt, le, gt, ge  // comparisons write b8 masks
+};
+enum class ReduceOp { sum, max, min };
+
+struct AdamWParams {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based, for bias correction
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::shared_ptr<Storage> allocate(size_t nbytes) = 0;
+
+  // dst = src, element by element over any strides, converting dtype.
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  virtual void fill(const Tensor& out, double value) = 0;
+  virtual void arange(const Tensor& out, double start, double step) = 0;
+  // Uniform in [low, high) and normal(mean, std) from `generator`'s counters.
+  virtual void uniform(const Tensor& out, Generator& generator, double low, double high) = 0;
+  virtual void normal(const Tensor& out, Generator& generator, double mean, double std) = 0;
+
+  // Elementwise. Inputs have out's shape (broadcast inputs arrive as expanded views).
+  virtual void unary(UnaryOp op, const Tensor& in, const Tensor& out) = 0;
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  virtual void where(const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+
+  // Reduces `in` over `dims` into out, which has in's rank with those dims of size 1.
+  virtual void reduce(ReduceOp op, const Tensor& in, std::span<const int64_t> dims,
+                      const Tensor& out) = 0;
+  virtual void argmax(const Tensor& in, int64_t dim, const Tensor& out) = 0;
+
+  // out[..., M, N] = a[..., M, K] @ b[..., K, N] (+ out when accumulate); batch dims are
+  // already broadcast.
+  virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) = 0;
+
+  virtual void softmax(const Tensor& in, int64_t dim, bool log, const Tensor& out) = 0;
+  virtual void softmax_backward(const Tensor& grad, const Tensor& out, int64_t dim, bool log,
+                                const Tensor& grad_in) = 0;
+  // Normalises over the last dim; mean and rstd have the leading dims' numel.
+  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                          const Tensor& out, const Tensor& mean, const Tensor& rstd) = 0;
+  virtual void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                                   const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
+                                   const Tensor& grad_weight, const Tensor& grad_bias) = 0;
+  // out[i, :] = weight[indices[i], :]; the backward adds rows of grad into grad_weight.
+  virtual void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) = 0;
+  virtual void embedding_backward(const Tensor& grad, const Tensor& indices,
+                                  const Tensor& grad_weight) = 0;
+  // Per-row -log softmax(logits)[target] for logits [N, C]; ignored rows give 0.
+  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                             const Tensor& losses) = 0;
+  // grad_logits = (softmax(logits) - onehot(target)) * scale, zero on ignored rows.
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                      int64_t ignore_index, double scale,
+                                      const Tensor& grad_logits) = 0;
+
+  // Optimizer updates, in place on contiguous tensors.
+  virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
+                        double lr, double momentum, double weight_decay, bool first_step) = 0;
+  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                          const Tensor& exp_avg_sq, const AdamWParams& params) = 0;
+};
+
+Backend& backend(Device device);
+inline Backend& backend(const Tensor& tensor) { return backend(tensor.device()); }
+
+}  // namespace pipit

@@ -1,0 +1,172 @@
+// Memory, copies, fills, random numbers and optimizer updates on the CPU.
+#include "tensor/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "tensor/cpu/loop.h"
+
+namespace pipit {
+
+using cpu::byte_ptr;
+
+namespace {
+
+std::atomic<int> g_threads{static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+
+template <typename D, typename S>
+void copy_typed(const Tensor& src, const Tensor& dst) {
+  auto loop = cpu::make_loop<2>(dst.shape(), {&dst, &src});
+  cpu::for_each_row<2>(loop, {byte_ptr(dst), byte_ptr(src)}, {sizeof(D), sizeof(S)},
+                       [&](auto p, int64_t n, auto s) {
+                         D* d = reinterpret_cast<D*>(p[0]);
+                         const S* x = reinterpret_cast<const S*>(p[1]);
+                         if constexpr (std::is_same_v<D, S>) {
+                           if (s[0] == 1 && s[1] == 1) {
+                             std::memcpy(d, x, static_cast<size_t>(n) * sizeof(D));
+                             return;
+                           }
+                         }
+                         for (int64_t i = 0; i < n; ++i) {
+                           if constexpr (std::is_same_v<D, bool>) {
+                             d[i * s[0]] = static_cast<double>(x[i * s[1]]) != 0.0;
+                           } else {
+                             d[i * s[0]] = D(static_cast<double>(x[i * s[1]]));
+                           }
+                         }
+                       });
+}
+
+template <typename T, typename F>
+void fill_indexed(const Tensor& out, F value_at) {
+  PIPIT_CHECK(out.is_contiguous(), "fill: output must be contiguous");
+  T* o = static_cast<T*>(out.raw_data());
+  int64_t n = out.numel();
+  cpu::parallel_range(n, cpu::threads_for(n), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) o[i] = T(value_at(i));
+  });
+}
+
+}  // namespace
+
+void set_num_threads(int threads) {
+  PIPIT_CHECK(threads >= 1, "set_num_threads: threads must be >= 1, got ", threads);
+  g_threads = threads;
+  openblas_set_num_threads(threads);
+}
+
+int get_num_threads() { return g_threads.load(); }
+
+std::shared_ptr<Storage> CpuBackend::allocate(size_t nbytes) {
+  size_t rounded = (std::max<size_t>(nbytes, 1) + 63) / 64 * 64;
+  void* data = std::aligned_alloc(64, rounded);
+  PIPIT_CHECK(data != nullptr, "allocate: out of memory allocating ", nbytes, " bytes");
+  return std::make_shared<Storage>(data, nbytes, Device::cpu(), [](void* p) { std::free(p); });
+}
+
+void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
+  PIPIT_CHECK(src.shape() == dst.shape(), "copy: source shape ", shape_str(src.shape()),
+              " differs from destination shape ", shape_str(dst.shape()));
+  PIPIT_DISPATCH_ALL(dst.dtype(), "copy", {
+    using D = scalar_t;
+    PIPIT_DISPATCH_ALL(src.dtype(), "copy", copy_typed<D, scalar_t>(src, dst));
+  });
+}
+
+void CpuBackend::fill(const Tensor& out, double value) {
+  PIPIT_DISPATCH_ALL(out.dtype(), "fill", {
+    scalar_t v = scalar_t(value);
+    auto loop = cpu::make_loop<1>(out.shape(), {&out});
+    cpu::for_each_row<1>(loop, {byte_ptr(out)}, {sizeof(scalar_t)},
+                         [&](auto p, int64_t n, auto s) {
+                           scalar_t* o = reinterpret_cast<scalar_t*>(p[0]);
+                           for (int64_t i = 0; i < n; ++i) o[i * s[0]] = v;
+                         });
+  });
+}
+
+void CpuBackend::arange(const Tensor& out, double start, double step) {
+  PIPIT_DISPATCH_NUMERIC(out.dtype(), "arange", fill_indexed<scalar_t>(out, [&](int64_t i) {
+                           return start + step * static_cast<double>(i);
+                         }));
+}
+
+void CpuBackend::uniform(const Tensor& out, Generator& generator, double low, double high) {
+  uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));
+  PIPIT_DISPATCH_FLOAT(out.dtype(), "uniform", fill_indexed<scalar_t>(out, [&](int64_t i) {
+                         return low + (high - low) * generator.uniform(base + i);
+                       }));
+}
+
+void CpuBackend::normal(const Tensor& out, Generator& generator, double mean, double std) {
+  uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));
+  // Box-Muller on the two 32-bit halves of one counter's bits.
+  PIPIT_DISPATCH_FLOAT(out.dtype(), "normal", fill_indexed<scalar_t>(out, [&](int64_t i) {
+                         uint64_t bits = generator.bits(base + i);
+                         double u1 = (static_cast<double>(bits >> 32) + 1.0) / 4294967296.0;
+                         double u2 = static_cast<double>(bits & 0xffffffffu) / 4294967296.0;
+                         return mean + std * std::sqrt(-2.0 * std::log(u1)) *
+                                           std::cos(2.0 * M_PI * u2);
+                       }));
+}
+
+void CpuBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
+                          double lr, double momentum, double weight_decay, bool first_step) {
+  PIPIT_DISPATCH_FLOAT(param.dtype(), "sgd_step", {
+    using T = scalar_t;
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* buf = momentum > 0 ? momentum_buffer.data<T>() : nullptr;
+    int64_t n = param.numel();
+    cpu::parallel_range(n, cpu::threads_for(n), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        T d = g[i] + T(weight_decay) * p[i];
+        if (buf) {
+          buf[i] = first_step ? d : T(momentum) * buf[i] + d;
+          d = buf[i];
+        }
+        p[i] -= T(lr) * d;
+      }
+    });
+  });
+}
+
+void CpuBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                            const Tensor& exp_avg_sq, const AdamWParams& a) {
+  PIPIT_DISPATCH_FLOAT(param.dtype(), "adamw_step", {
+    using T = scalar_t;
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* m = exp_avg.data<T>();
+    T* v = exp_avg_sq.data<T>();
+    const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
+    const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
+    const T step_size = T(a.lr / bc1);
+    const T bc2_sqrt = T(std::sqrt(bc2));
+    const T decay = T(1.0 - a.lr * a.weight_decay);
+    const T b1 = T(a.beta1), b2 = T(a.beta2), eps = T(a.eps);
+    int64_t n = param.numel();
+    cpu::parallel_range(n, cpu::threads_for(n), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        p[i] *= decay;
+        m[i] = b1 * m[i] + (T(1) - b1) * g[i];
+        v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
+        p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
+      }
+    });
+  });
+}
+
+Backend& backend(Device device) {
+  static CpuBackend cpu_backend;
+  if (device.is_cpu()) return cpu_backend;
+  throw Error("backend: device " + device.str() +
+              " is not available (pipit was built without a backend for it)");
+}
+
+}  // namespace pipit

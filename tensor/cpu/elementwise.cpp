@@ -1,0 +1,167 @@
+// Elementwise kernels: unary, binary (broadcast inputs arrive as expanded views), where.
+#include <cmath>
+
+#include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/loop.h"
+
+namespace pipit {
+namespace {
+
+using cpu::byte_ptr;
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCoeff = 0.044715;
+
+template <typename T>
+T gelu(T x) {
+  T inner = T(kSqrt2OverPi) * (x + T(kGeluCoeff) * x * x * x);
+  return T(0.5) * x * (T(1) + std::tanh(inner));
+}
+
+template <typename T>
+T gelu_derivative(T x) {
+  T inner = T(kSqrt2OverPi) * (x + T(kGeluCoeff) * x * x * x);
+  T t = std::tanh(inner);
+  T dinner = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCoeff) * x * x);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner;
+}
+
+template <typename O, typename I, typename F>
+void map1(const Tensor& in, const Tensor& out, F f) {
+  auto loop = cpu::make_loop<2>(out.shape(), {&out, &in});
+  cpu::for_each_row<2>(loop, {byte_ptr(out), byte_ptr(in)}, {sizeof(O), sizeof(I)},
+                       [&](auto p, int64_t n, auto s) {
+                         O* o = reinterpret_cast<O*>(p[0]);
+                         const I* x = reinterpret_cast<const I*>(p[1]);
+                         if (s[0] == 1 && s[1] == 1) {
+                           for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+                         } else {
+                           for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(x[i * s[1]]);
+                         }
+                       });
+}
+
+template <typename O, typename T, typename F>
+void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  auto loop = cpu::make_loop<3>(out.shape(), {&out, &a, &b});
+  cpu::for_each_row<3>(
+      loop, {byte_ptr(out), byte_ptr(a), byte_ptr(b)}, {sizeof(O), sizeof(T), sizeof(T)},
+      [&](auto p, int64_t n, auto s) {
+        O* o = reinterpret_cast<O*>(p[0]);
+        const T* x = reinterpret_cast<const T*>(p[1]);
+        const T* y = reinterpret_cast<const T*>(p[2]);
+        if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+          for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+        } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
+          const T yv = *y;
+          for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], yv);
+        } else {
+          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(x[i * s[1]], y[i * s[2]]);
+        }
+      });
+}
+
+template <typename T>
+void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
+  switch (op) {
+    case UnaryOp::neg: return map1<T, T>(in, out, [](T x) { return T(-x); });
+    case UnaryOp::abs: return map1<T, T>(in, out, [](T x) { return T(x < 0 ? -x : x); });
+    case UnaryOp::relu: return map1<T, T>(in, out, [](T x) { return T(x > 0 ? x : 0); });
+    default: break;
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case UnaryOp::exp: return map1<T, T>(in, out, [](T x) { return std::exp(x); });
+      case UnaryOp::log: return map1<T, T>(in, out, [](T x) { return std::log(x); });
+      case UnaryOp::sqrt: return map1<T, T>(in, out, [](T x) { return std::sqrt(x); });
+      case UnaryOp::tanh: return map1<T, T>(in, out, [](T x) { return std::tanh(x); });
+      case UnaryOp::sigmoid:
+        return map1<T, T>(in, out, [](T x) { return T(1) / (T(1) + std::exp(-x)); });
+      case UnaryOp::gelu: return map1<T, T>(in, out, [](T x) { return gelu(x); });
+      default: break;
+    }
+  }
+  throw Error(detail::concat("unary: op not supported for dtype ", in.dtype()));
+}
+
+template <typename T>
+void compare_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  switch (op) {
+    case BinaryOp::eq: return map2<bool, T>(a, b, out, [](T x, T y) { return x == y; });
+    case BinaryOp::ne: return map2<bool, T>(a, b, out, [](T x, T y) { return x != y; });
+    case BinaryOp::lt: return map2<bool, T>(a, b, out, [](T x, T y) { return x < y; });
+    case BinaryOp::le: return map2<bool, T>(a, b, out, [](T x, T y) { return x <= y; });
+    case BinaryOp::gt: return map2<bool, T>(a, b, out, [](T x, T y) { return x > y; });
+    case BinaryOp::ge: return map2<bool, T>(a, b, out, [](T x, T y) { return x >= y; });
+    default: throw Error("compare: not a comparison");
+  }
+}
+
+template <typename T>
+void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  switch (op) {
+    case BinaryOp::add: return map2<T, T>(a, b, out, [](T x, T y) { return T(x + y); });
+    case BinaryOp::sub: return map2<T, T>(a, b, out, [](T x, T y) { return T(x - y); });
+    case BinaryOp::mul: return map2<T, T>(a, b, out, [](T x, T y) { return T(x * y); });
+    case BinaryOp::maximum:
+      return map2<T, T>(a, b, out, [](T x, T y) { return x > y || x != x ? x : y; });
+    case BinaryOp::minimum:
+      return map2<T, T>(a, b, out, [](T x, T y) { return x < y || x != x ? x : y; });
+    case BinaryOp::div:
+      if constexpr (std::is_integral_v<T>) {
+        PIPIT_CHECK(false, "div: integer division is not supported; convert to a float dtype");
+      }
+      return map2<T, T>(a, b, out, [](T x, T y) { return T(x / y); });
+    default: break;
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case BinaryOp::pow: return map2<T, T>(a, b, out, [](T x, T y) { return std::pow(x, y); });
+      case BinaryOp::relu_backward:
+        return map2<T, T>(a, b, out, [](T g, T x) { return x > 0 ? g : T(0); });
+      case BinaryOp::gelu_backward:
+        return map2<T, T>(a, b, out, [](T g, T x) { return g * gelu_derivative(x); });
+      default: break;
+    }
+  }
+  throw Error(detail::concat("binary: op not supported for dtype ", a.dtype()));
+}
+
+bool is_comparison(BinaryOp op) {
+  return op == BinaryOp::eq || op == BinaryOp::ne || op == BinaryOp::lt || op == BinaryOp::le ||
+         op == BinaryOp::gt || op == BinaryOp::ge;
+}
+
+}  // namespace
+
+void CpuBackend::unary(UnaryOp op, const Tensor& in, const Tensor& out) {
+  PIPIT_DISPATCH_NUMERIC(in.dtype(), "unary", unary_typed<scalar_t>(op, in, out));
+}
+
+void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (is_comparison(op)) {
+    if (a.dtype() == DType::b8) return compare_typed<bool>(op, a, b, out);
+    PIPIT_DISPATCH_NUMERIC(a.dtype(), "compare", compare_typed<scalar_t>(op, a, b, out));
+    return;
+  }
+  PIPIT_DISPATCH_NUMERIC(a.dtype(), "binary", binary_typed<scalar_t>(op, a, b, out));
+}
+
+void CpuBackend::where(const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out) {
+  PIPIT_DISPATCH_NUMERIC(out.dtype(), "where", {
+    using T = scalar_t;
+    auto loop = cpu::make_loop<4>(out.shape(), {&out, &mask, &a, &b});
+    cpu::for_each_row<4>(loop, {byte_ptr(out), byte_ptr(mask), byte_ptr(a), byte_ptr(b)},
+                         {sizeof(T), 1, sizeof(T), sizeof(T)}, [&](auto p, int64_t n, auto s) {
+                           T* o = reinterpret_cast<T*>(p[0]);
+                           const bool* m = reinterpret_cast<const bool*>(p[1]);
+                           const T* x = reinterpret_cast<const T*>(p[2]);
+                           const T* y = reinterpret_cast<const T*>(p[3]);
+                           for (int64_t i = 0; i < n; ++i) {
+                             o[i * s[0]] = m[i * s[1]] ? x[i * s[2]] : y[i * s[3]];
+                           }
+                         });
+  });
+}
+
+}  // namespace pipit

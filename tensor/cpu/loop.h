@@ -1,0 +1,161 @@
+#pragma once
+// Internal helpers for CPU kernels: dtype dispatch and a strided N-operand loop that merges
+// dims contiguous for every operand and splits the work across threads.
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+#include "tensor/dtype.h"
+#include "tensor/parallel.h"
+#include "tensor/tensor.h"
+
+namespace pipit::cpu {
+
+struct Half {
+  uint16_t bits;
+  Half() = default;
+  Half(double v) : bits(float_to_half(static_cast<float>(v))) {}
+  operator double() const { return half_to_float(bits); }
+};
+struct BFloat16 {
+  uint16_t bits;
+  BFloat16() = default;
+  BFloat16(double v) : bits(float_to_bfloat16(static_cast<float>(v))) {}
+  operator double() const { return bfloat16_to_float(bits); }
+};
+
+#define PIPIT_CASE(DT, T, ...) \
+  case DT: {                   \
+    using scalar_t = T;        \
+    __VA_ARGS__;               \
+    break;                     \
+  }
+
+#define PIPIT_DISPATCH_FLOAT(dtype, op, ...)                                          \
+  switch (dtype) {                                                                    \
+    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                        \
+    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                       \
+    default:                                                                          \
+      throw Error(::pipit::detail::concat(op, ": dtype ", dtype,                      \
+                                          " is not supported (expected F32 or F64)")); \
+  }
+
+#define PIPIT_DISPATCH_NUMERIC(dtype, op, ...)                                       \
+  switch (dtype) {                                                                   \
+    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                       \
+    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                      \
+    PIPIT_CASE(DType::i32, int32_t, __VA_ARGS__)                                     \
+    PIPIT_CASE(DType::i64, int64_t, __VA_ARGS__)                                     \
+    default:                                                                         \
+      throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
+  }
+
+#define PIPIT_DISPATCH_ALL(dtype, op, ...)                                           \
+  switch (dtype) {                                                                   \
+    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                       \
+    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                      \
+    PIPIT_CASE(DType::i32, int32_t, __VA_ARGS__)                                     \
+    PIPIT_CASE(DType::i64, int64_t, __VA_ARGS__)                                     \
+    PIPIT_CASE(DType::b8, bool, __VA_ARGS__)                                         \
+    PIPIT_CASE(DType::f16, ::pipit::cpu::Half, __VA_ARGS__)                          \
+    PIPIT_CASE(DType::bf16, ::pipit::cpu::BFloat16, __VA_ARGS__)                     \
+    default:                                                                         \
+      throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
+  }
+
+// Threads to use for a loop over n elements of unit cost.
+inline int threads_for(int64_t n) {
+  return n < kParallelGrain ? 1 : static_cast<int>(std::min<int64_t>(get_num_threads(), n / (kParallelGrain / 4)));
+}
+
+// Runs body(begin, end) over [0, n) split into contiguous ranges, one per thread.
+template <typename Body>
+void parallel_range(int64_t n, int threads, Body&& body) {
+  if (threads <= 1 || n <= 1) {
+    if (n > 0) body(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num();
+    int nt = omp_get_num_threads();
+    int64_t chunk = (n + nt - 1) / nt;
+    int64_t begin = std::min<int64_t>(n, chunk * t);
+    int64_t end = std::min<int64_t>(n, begin + chunk);
+    if (begin < end) body(begin, end);
+  }
+}
+
+// Geometry of an N-operand elementwise loop after merging dims.
+template <int N>
+struct Loop {
+  Shape shape;
+  std::array<Shape, N> strides;
+};
+
+template <int N>
+Loop<N> make_loop(const Shape& shape, const std::array<const Tensor*, N>& operands) {
+  Loop<N> loop;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !loop.shape.empty();
+    for (int k = 0; k < N && merge; ++k) {
+      merge = loop.strides[k].back() == operands[k]->strides()[d] * shape[d];
+    }
+    if (merge) {
+      loop.shape.back() *= shape[d];
+      for (int k = 0; k < N; ++k) loop.strides[k].back() = operands[k]->strides()[d];
+    } else {
+      loop.shape.push_back(shape[d]);
+      for (int k = 0; k < N; ++k) loop.strides[k].push_back(operands[k]->strides()[d]);
+    }
+  }
+  if (loop.shape.empty()) {
+    loop.shape.push_back(1);
+    for (int k = 0; k < N; ++k) loop.strides[k].push_back(0);
+  }
+  return loop;
+}
+
+// Calls row(base pointers, count, inner strides) over every run of the innermost merged dim.
+// `elements` are byte pointers to element [0...0] of each operand; sizes are element sizes.
+template <int N, typename Row>
+void for_each_row(const Loop<N>& loop, std::array<char*, N> base, std::array<int64_t, N> elsize,
+                  Row&& row) {
+  const int64_t rank = static_cast<int64_t>(loop.shape.size());
+  const int64_t inner = loop.shape.back();
+  const int64_t total = shape_numel(loop.shape);
+  std::array<int64_t, N> inner_stride;
+  for (int k = 0; k < N; ++k) inner_stride[k] = loop.strides[k].back();
+  parallel_range(total, threads_for(total), [&](int64_t begin, int64_t end) {
+    Shape index(rank);
+    int64_t rem = begin;
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      index[d] = rem % loop.shape[d];
+      rem /= loop.shape[d];
+    }
+    int64_t pos = begin;
+    while (pos < end) {
+      std::array<char*, N> ptr;
+      for (int k = 0; k < N; ++k) {
+        int64_t off = 0;
+        for (int64_t d = 0; d < rank; ++d) off += index[d] * loop.strides[k][d];
+        ptr[k] = base[k] + off * elsize[k];
+      }
+      int64_t count = std::min(end - pos, inner - index[rank - 1]);
+      row(ptr, count, inner_stride);
+      pos += count;
+      index[rank - 1] += count;
+      for (int64_t d = rank - 1; d > 0 && index[d] == loop.shape[d]; --d) {
+        index[d] = 0;
+        ++index[d - 1];
+      }
+    }
+  });
+}
+
+inline char* byte_ptr(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
+
+}  // namespace pipit::cpu

@@ -1,0 +1,308 @@
+// Fused neural-network kernels: softmax, layer norm, embedding, cross-entropy.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/loop.h"
+
+namespace pipit {
+namespace {
+
+Tensor contiguous_copy(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
+  backend(t).copy(t, out);
+  return out;
+}
+
+// A view of t with `dim` moved to the end.
+Tensor dim_last(const Tensor& t, int64_t dim) {
+  Shape shape = t.shape(), strides = t.strides();
+  shape.erase(shape.begin() + dim);
+  strides.erase(strides.begin() + dim);
+  shape.push_back(t.shape()[dim]);
+  strides.push_back(t.strides()[dim]);
+  return Tensor::from_storage(t.storage(), shape, strides, t.offset(), t.dtype());
+}
+
+// Runs rows(begin, end) over `rows` rows of `cols` elements each, in parallel when large.
+template <typename Body>
+void for_rows(int64_t rows, int64_t cols, Body&& body) {
+  cpu::parallel_range(rows, cpu::threads_for(rows * cols * 4), body);
+}
+
+template <typename T>
+void softmax_rows(const T* x, T* y, int64_t rows, int64_t C, bool log) {
+  for_rows(rows, C, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * C;
+      T* yr = y + r * C;
+      T mx = xr[0];
+      for (int64_t c = 1; c < C; ++c) mx = std::max(mx, xr[c]);
+      T sum = 0;
+      if (log) {
+        for (int64_t c = 0; c < C; ++c) sum += std::exp(xr[c] - mx);
+        T lse = mx + std::log(sum);
+        for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] - lse;
+      } else {
+        for (int64_t c = 0; c < C; ++c) {
+          yr[c] = std::exp(xr[c] - mx);
+          sum += yr[c];
+        }
+        T inv = T(1) / sum;
+        for (int64_t c = 0; c < C; ++c) yr[c] *= inv;
+      }
+    }
+  });
+}
+
+template <typename T>
+void softmax_backward_rows(const T* g, const T* y, T* gx, int64_t rows, int64_t C, bool log) {
+  for_rows(rows, C, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gr = g + r * C;
+      const T* yr = y + r * C;
+      T* out = gx + r * C;
+      T dot = 0;
+      if (log) {
+        for (int64_t c = 0; c < C; ++c) dot += gr[c];
+        for (int64_t c = 0; c < C; ++c) out[c] = gr[c] - std::exp(yr[c]) * dot;
+      } else {
+        for (int64_t c = 0; c < C; ++c) dot += gr[c] * yr[c];
+        for (int64_t c = 0; c < C; ++c) out[c] = yr[c] * (gr[c] - dot);
+      }
+    }
+  });
+}
+
+// Runs a row kernel on contiguous rows along `dim`, copying in and out only when needed.
+template <typename Kernel>
+void along_dim(const std::vector<Tensor>& inputs, const Tensor& out, int64_t dim, Kernel kernel) {
+  std::vector<Tensor> rows;
+  for (const Tensor& t : inputs) rows.push_back(contiguous_copy(dim_last(t, dim)));
+  Tensor out_view = dim_last(out, dim);
+  Tensor out_rows = out_view.is_contiguous() ? out_view : Tensor::empty(out_view.shape(), out.dtype());
+  const int64_t C = out.shape()[dim];
+  kernel(rows, out_rows, C == 0 ? 0 : out.numel() / C, C);
+  if (!out_rows.same_storage(out)) backend(out).copy(out_rows, out_view);
+}
+
+}  // namespace
+
+void CpuBackend::softmax(const Tensor& in, int64_t dim, bool log, const Tensor& out) {
+  PIPIT_DISPATCH_FLOAT(in.dtype(), "softmax", {
+    along_dim({in}, out, dim, [&](auto& rows, const Tensor& o, int64_t R, int64_t C) {
+      softmax_rows<scalar_t>(rows[0].template data<scalar_t>(), o.data<scalar_t>(), R, C, log);
+    });
+  });
+}
+
+void CpuBackend::softmax_backward(const Tensor& grad, const Tensor& out, int64_t dim, bool log,
+                                  const Tensor& grad_in) {
+  PIPIT_DISPATCH_FLOAT(out.dtype(), "softmax_backward", {
+    along_dim({grad, out}, grad_in, dim, [&](auto& rows, const Tensor& o, int64_t R, int64_t C) {
+      softmax_backward_rows<scalar_t>(rows[0].template data<scalar_t>(),
+                                      rows[1].template data<scalar_t>(), o.data<scalar_t>(), R,
+                                      C, log);
+    });
+  });
+}
+
+void CpuBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
+                            double eps, const Tensor& out, const Tensor& mean_out,
+                            const Tensor& rstd_out) {
+  PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm", {
+    using T = scalar_t;
+    Tensor x = contiguous_copy(x_in);
+    const int64_t C = x.shape().back();
+    const int64_t rows = C == 0 ? 0 : x.numel() / C;
+    const T* px = x.data<T>();
+    const T* w = weight.data<T>();
+    const T* b = bias.data<T>();
+    T* y = out.data<T>();
+    T* mean = mean_out.data<T>();
+    T* rstd = rstd_out.data<T>();
+    for_rows(rows, C, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* xr = px + r * C;
+        T m = 0;
+        for (int64_t c = 0; c < C; ++c) m += xr[c];
+        m /= T(C);
+        T var = 0;
+        for (int64_t c = 0; c < C; ++c) var += (xr[c] - m) * (xr[c] - m);
+        var /= T(C);
+        T rs = T(1) / std::sqrt(var + T(eps));
+        mean[r] = m;
+        rstd[r] = rs;
+        T* yr = y + r * C;
+        for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+      }
+    });
+  });
+}
+
+void CpuBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
+                                     const Tensor& weight, const Tensor& mean_in,
+                                     const Tensor& rstd_in, const Tensor& grad_x,
+                                     const Tensor& grad_weight, const Tensor& grad_bias) {
+  PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm_backward", {
+    using T = scalar_t;
+    Tensor x = contiguous_copy(x_in), g = contiguous_copy(grad_in);
+    const int64_t C = x.shape().back();
+    const int64_t rows = C == 0 ? 0 : x.numel() / C;
+    const T* px = x.data<T>();
+    const T* pg = g.data<T>();
+    const T* w = weight.data<T>();
+    const T* mean = mean_in.data<T>();
+    const T* rstd = rstd_in.data<T>();
+    T* gx = grad_x.data<T>();
+    // Weight and bias gradients sum over rows in fixed blocks, combined in block order, so the
+    // result is the same on any number of threads.
+    constexpr int64_t kRowsPerBlock = 64;
+    const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    std::vector<T> partial_w(static_cast<size_t>(blocks * C), T(0));
+    std::vector<T> partial_b(static_cast<size_t>(blocks * C), T(0));
+    cpu::parallel_range(blocks, cpu::threads_for(rows * C * 4), [&](int64_t begin, int64_t end) {
+      for (int64_t blk = begin; blk < end; ++blk) {
+        T* pw = partial_w.data() + blk * C;
+        T* pb = partial_b.data() + blk * C;
+        for (int64_t r = blk * kRowsPerBlock; r < std::min(rows, (blk + 1) * kRowsPerBlock); ++r) {
+          const T* xr = px + r * C;
+          const T* gr = pg + r * C;
+          T* gxr = gx + r * C;
+          T sum_gw = 0, sum_gw_xhat = 0;
+          for (int64_t c = 0; c < C; ++c) {
+            T xhat = (xr[c] - mean[r]) * rstd[r];
+            T gw = gr[c] * w[c];
+            sum_gw += gw;
+            sum_gw_xhat += gw * xhat;
+            pw[c] += gr[c] * xhat;
+            pb[c] += gr[c];
+          }
+          sum_gw /= T(C);
+          sum_gw_xhat /= T(C);
+          for (int64_t c = 0; c < C; ++c) {
+            T xhat = (xr[c] - mean[r]) * rstd[r];
+            gxr[c] = rstd[r] * (gr[c] * w[c] - sum_gw - xhat * sum_gw_xhat);
+          }
+        }
+      }
+    });
+    T* gw = grad_weight.data<T>();
+    T* gb = grad_bias.data<T>();
+    std::fill(gw, gw + C, T(0));
+    std::fill(gb, gb + C, T(0));
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      for (int64_t c = 0; c < C; ++c) {
+        gw[c] += partial_w[blk * C + c];
+        gb[c] += partial_b[blk * C + c];
+      }
+    }
+  });
+}
+
+void CpuBackend::embedding(const Tensor& weight, const Tensor& indices_in, const Tensor& out) {
+  Tensor indices = contiguous_copy(indices_in);
+  const int64_t V = weight.shape()[0], C = weight.shape()[1];
+  const int64_t n = indices.numel();
+  const int64_t* idx = indices.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    PIPIT_CHECK(idx[i] >= 0 && idx[i] < V, "embedding: index ", idx[i], " at position ", i,
+                " is out of range for ", V, " rows");
+  }
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(weight.dtype());
+  const char* w = static_cast<const char*>(weight.raw_data());
+  char* o = static_cast<char*>(out.raw_data());
+  cpu::parallel_range(n, cpu::threads_for(n * C), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(o + i * row_bytes, w + idx[i] * static_cast<int64_t>(row_bytes), row_bytes);
+    }
+  });
+}
+
+void CpuBackend::embedding_backward(const Tensor& grad_in, const Tensor& indices_in,
+                                    const Tensor& grad_weight) {
+  PIPIT_DISPATCH_FLOAT(grad_weight.dtype(), "embedding_backward", {
+    using T = scalar_t;
+    Tensor indices = contiguous_copy(indices_in), g = contiguous_copy(grad_in);
+    const int64_t C = grad_weight.shape()[1];
+    const int64_t n = indices.numel();
+    const int64_t* idx = indices.data<int64_t>();
+    const T* pg = g.data<T>();
+    T* gw = grad_weight.data<T>();
+    // Each thread owns a range of columns, so rows are added in index order on any thread count.
+    cpu::parallel_range(C, cpu::threads_for(n * C), [&](int64_t begin, int64_t end) {
+      for (int64_t i = 0; i < n; ++i) {
+        T* row = gw + idx[i] * C;
+        const T* src = pg + i * C;
+        for (int64_t c = begin; c < end; ++c) row[c] += src[c];
+      }
+    });
+  });
+}
+
+void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
+                               int64_t ignore_index, const Tensor& losses) {
+  PIPIT_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy", {
+    using T = scalar_t;
+    Tensor logits = contiguous_copy(logits_in), targets = contiguous_copy(targets_in);
+    const int64_t N = logits.shape()[0], C = logits.shape()[1];
+    const T* x = logits.data<T>();
+    const int64_t* t = targets.data<int64_t>();
+    T* loss = losses.data<T>();
+    for (int64_t i = 0; i < N; ++i) {
+      PIPIT_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < C), "cross_entropy: target ", t[i],
+                  " at row ", i, " is out of range for ", C, " classes");
+    }
+    for_rows(N, C, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (t[i] == ignore_index) {
+          loss[i] = 0;
+          continue;
+        }
+        const T* row = x + i * C;
+        T mx = row[0];
+        for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+        T sum = 0;
+        for (int64_t c = 0; c < C; ++c) sum += std::exp(row[c] - mx);
+        loss[i] = mx + std::log(sum) - row[t[i]];
+      }
+    });
+  });
+}
+
+void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& targets_in,
+                                        int64_t ignore_index, double scale,
+                                        const Tensor& grad_logits) {
+  PIPIT_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy_backward", {
+    using T = scalar_t;
+    Tensor logits = contiguous_copy(logits_in), targets = contiguous_copy(targets_in);
+    const int64_t N = logits.shape()[0], C = logits.shape()[1];
+    const T* x = logits.data<T>();
+    const int64_t* t = targets.data<int64_t>();
+    T* g = grad_logits.data<T>();
+    for_rows(N, C, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        T* gr = g + i * C;
+        if (t[i] == ignore_index) {
+          std::fill(gr, gr + C, T(0));
+          continue;
+        }
+        const T* row = x + i * C;
+        T mx = row[0];
+        for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+        T sum = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          gr[c] = std::exp(row[c] - mx);
+          sum += gr[c];
+        }
+        T inv = T(scale) / sum;
+        for (int64_t c = 0; c < C; ++c) gr[c] *= inv;
+        gr[t[i]] -= T(scale);
+      }
+    });
+  });
+}
+
+}  // namespace pipit

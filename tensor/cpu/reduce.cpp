@@ -1,0 +1,165 @@
+// Reductions over any set of dims, and argmax. Results never depend on the thread count:
+// work is split over output elements or over fixed-size blocks combined in order.
+#include <limits>
+#include <vector>
+
+#include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/loop.h"
+
+namespace pipit {
+namespace {
+
+constexpr int64_t kBlock = 16384;
+
+template <typename T>
+using acc_t = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+
+template <typename T>
+acc_t<T> identity(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return 0;
+    case ReduceOp::max: return std::numeric_limits<T>::lowest();
+    case ReduceOp::min: return std::numeric_limits<T>::max();
+  }
+  return 0;
+}
+
+template <typename T>
+acc_t<T> combine(ReduceOp op, acc_t<T> a, acc_t<T> b) {
+  switch (op) {
+    case ReduceOp::sum: return a + b;
+    case ReduceOp::max: return (a > b || a != a) ? a : b;
+    case ReduceOp::min: return (a < b || a != a) ? a : b;
+  }
+  return a;
+}
+
+template <typename T>
+acc_t<T> reduce_run(ReduceOp op, const T* x, int64_t n) {
+  acc_t<T> acc = identity<T>(op);
+  for (int64_t i = 0; i < n; ++i) acc = combine<T>(op, acc, static_cast<acc_t<T>>(x[i]));
+  return acc;
+}
+
+// out[k] = reduce(x[k * R .. (k + 1) * R)).
+template <typename T>
+void reduce_rows(ReduceOp op, const T* x, int64_t rows, int64_t R, T* out) {
+  if (rows >= get_num_threads() || R <= kBlock) {
+    cpu::parallel_range(rows, cpu::threads_for(rows * R), [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) out[k] = static_cast<T>(reduce_run(op, x + k * R, R));
+    });
+    return;
+  }
+  int64_t blocks = (R + kBlock - 1) / kBlock;
+  std::vector<acc_t<T>> partial(static_cast<size_t>(blocks));
+  for (int64_t k = 0; k < rows; ++k) {
+    const T* row = x + k * R;
+    cpu::parallel_range(blocks, get_num_threads(), [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        partial[b] = reduce_run(op, row + b * kBlock, std::min(kBlock, R - b * kBlock));
+      }
+    });
+    acc_t<T> acc = identity<T>(op);
+    for (auto p : partial) acc = combine<T>(op, acc, p);
+    out[k] = static_cast<T>(acc);
+  }
+}
+
+// out[k] = reduce over r of x[r * K + k].
+template <typename T>
+void reduce_columns(ReduceOp op, const T* x, int64_t R, int64_t K, T* out) {
+  cpu::parallel_range(K, cpu::threads_for(R * K), [&](int64_t begin, int64_t end) {
+    std::vector<acc_t<T>> acc(static_cast<size_t>(end - begin), identity<T>(op));
+    for (int64_t r = 0; r < R; ++r) {
+      const T* row = x + r * K;
+      for (int64_t k = begin; k < end; ++k) {
+        acc[k - begin] = combine<T>(op, acc[k - begin], static_cast<acc_t<T>>(row[k]));
+      }
+    }
+    for (int64_t k = begin; k < end; ++k) out[k] = static_cast<T>(acc[k - begin]);
+  });
+}
+
+Tensor contiguous_copy(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
+  backend(t).copy(t, out);
+  return out;
+}
+
+// A view of t with dims reordered (no copy).
+Tensor permuted(const Tensor& t, const std::vector<int64_t>& order) {
+  Shape shape, strides;
+  for (int64_t d : order) {
+    shape.push_back(t.shape()[d]);
+    strides.push_back(t.strides()[d]);
+  }
+  return Tensor::from_storage(t.storage(), shape, strides, t.offset(), t.dtype());
+}
+
+template <typename T>
+void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduced,
+                  const Tensor& out) {
+  std::vector<int64_t> order;
+  int64_t R = 1;
+  bool leading = true, seen_kept = false;
+  for (int64_t d = 0; d < in.dim(); ++d) {
+    if (!reduced[d]) {
+      order.push_back(d);
+      if (in.shape()[d] != 1) seen_kept = true;
+    } else if (seen_kept && in.shape()[d] != 1) {
+      leading = false;
+    }
+  }
+  for (int64_t d = 0; d < in.dim(); ++d) {
+    if (reduced[d]) {
+      order.push_back(d);
+      R *= in.shape()[d];
+    }
+  }
+  const int64_t K = out.numel();
+  T* o = out.data<T>();
+  if (in.is_contiguous() && leading && K > 1) {
+    return reduce_columns<T>(op, in.data<T>(), R, K, o);
+  }
+  Tensor view = permuted(in, order);
+  Tensor rows = view.is_contiguous() ? view : contiguous_copy(view);
+  reduce_rows<T>(op, rows.data<T>(), K, R, o);
+}
+
+}  // namespace
+
+void CpuBackend::reduce(ReduceOp op, const Tensor& in, std::span<const int64_t> dims,
+                        const Tensor& out) {
+  PIPIT_CHECK(out.is_contiguous(), "reduce: output must be contiguous");
+  std::vector<bool> reduced(static_cast<size_t>(in.dim()), false);
+  for (int64_t d : dims) reduced[static_cast<size_t>(d)] = true;
+  PIPIT_DISPATCH_NUMERIC(in.dtype(), "reduce", reduce_typed<scalar_t>(op, in, reduced, out));
+}
+
+void CpuBackend::argmax(const Tensor& in, int64_t dim, const Tensor& out) {
+  std::vector<int64_t> order;
+  for (int64_t d = 0; d < in.dim(); ++d) {
+    if (d != dim) order.push_back(d);
+  }
+  order.push_back(dim);
+  Tensor view = permuted(in, order);
+  Tensor rows = view.is_contiguous() ? view : contiguous_copy(view);
+  const int64_t R = in.shape()[dim];
+  const int64_t K = out.numel();
+  int64_t* o = out.data<int64_t>();
+  PIPIT_DISPATCH_NUMERIC(in.dtype(), "argmax", {
+    const scalar_t* x = rows.data<scalar_t>();
+    cpu::parallel_range(K, cpu::threads_for(K * R), [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const scalar_t* row = x + k * R;
+        int64_t best = 0;
+        for (int64_t r = 1; r < R; ++r) {
+          if (row[r] > row[best]) best = r;
+        }
+        o[k] = best;
+      }
+    });
+  });
+}
+
+}  // namespace pipit

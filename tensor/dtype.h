@@ -1,0 +1,51 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace pipit {
+
+// Element types. f32 is the default; f64 serves gradient checks; i64 holds indices; b8 holds
+// masks; f16 and bf16 are storage types (convert with Tensor::to to compute on them).
+enum class DType : uint8_t { f32, f64, i32, i64, b8, f16, bf16 };
+
+size_t dtype_size(DType dtype);
+bool is_floating(DType dtype);
+// Name as safetensors writes it: "F32", "F64", "I32", "I64", "BOOL", "F16", "BF16".
+const char* dtype_name(DType dtype);
+// Inverse of dtype_name; throws naming the unknown string.
+DType dtype_from_name(const std::string& name);
+std::ostream& operator<<(std::ostream& out, DType dtype);
+
+// Maps a C++ type to its DType (float -> f32, ...).
+template <typename T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct DTypeOf<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct DTypeOf<bool> {
+  static constexpr DType value = DType::b8;
+};
+
+// IEEE half and bfloat16 conversions (round to nearest even).
+uint16_t float_to_half(float value);
+float half_to_float(uint16_t bits);
+uint16_t float_to_bfloat16(float value);
+float bfloat16_to_float(uint16_t bits);
+
+}  // namespace pipit

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs pipit's build and test dependencies from Debian's packages.
+# Idempotent: packages already present are not touched and apt is not even updated.
+# Usage: tools/install_deps.sh [--with-torch]   (python3-torch is only needed for
+# regenerating reference values and for bench/cpu_vs_torch)
+set -euo pipefail
+
+packages=(cmake g++ make pkg-config libopenblas-dev nlohmann-json3-dev libasio-dev catch2 python3)
+if [[ "${1:-}" == "--with-torch" ]]; then
+  packages+=(python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all dependencies present"
+  exit 0
+fi
+
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+echo "install_deps: installing ${missing[*]}"
+"${sudo_cmd[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
