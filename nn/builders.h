@@ -1,0 +1,31 @@
+#pragma once
+// Ready-made models, returned as Sequentials so a pipeline can cut them anywhere.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/sequential.h"
+#include "tensor/generator.h"
+
+namespace pipit {
+
+// sizes = {in, hidden..., out}: Linear layers with `activation` ("relu", "gelu", "tanh")
+// between them, none after the last.
+std::shared_ptr<Sequential> mlp(const std::vector<int64_t>& sizes,
+                                const std::string& activation = "relu",
+                                Generator* generator = nullptr);
+
+struct GptConfig {
+  int64_t vocab_size = 65;
+  int64_t context = 64;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t width = 128;
+  double dropout = 0.0;
+};
+
+// Sequential{TokenPosEmbedding, TransformerBlock x layers, LayerNorm, Linear(width, vocab)}:
+// i64 tokens [B, T] in, logits [B, T, vocab] out. GPT-2 initialisation.
+std::shared_ptr<Sequential> gpt(const GptConfig& config, Generator* generator = nullptr);
+
+}  // namespace pipit

@@ -1,0 +1,60 @@
+#pragma once
+// Module: the base of every layer, named as in PyTorch's C++ frontend.
+// A module owns parameters and child modules, registered in order; named_parameters() walks
+// them depth first with dotted names ("3.attn.qkv.weight"). config() returns the JSON the
+// registry (nn/registry.h) rebuilds the module from.
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/state_dict.h"
+#include "tensor/tensor.h"
+
+namespace pipit {
+
+using json = nlohmann::json;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  virtual Tensor forward(const Tensor& x) = 0;
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  // {"type": "<registry name>", ...fields}; containers include their children's configs.
+  virtual json config() const = 0;
+
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const {
+    return children_;
+  }
+  int64_t parameter_count() const;
+  void zero_grad();
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // Parameters by dotted name; the tensors share storage with the module's.
+  StateDict state_dict() const;
+  // Copies values in. Every name must exist with the same shape and dtype; with strict, every
+  // parameter must be given. Errors name the parameter and both shapes.
+  void load_state_dict(const StateDict& state, bool strict = true);
+
+ protected:
+  // Marks `value` as requiring grad and returns the registered handle.
+  Tensor& register_parameter(const std::string& name, Tensor value);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    register_child(name, module);
+    return module;
+  }
+
+ private:
+  void register_child(const std::string& name, std::shared_ptr<Module> module);
+  std::vector<std::pair<std::string, Tensor>> parameters_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+}  // namespace pipit

@@ -1,0 +1,33 @@
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace pipit {
+
+// Layers applied in order, each one tensor in and one tensor out, so a pipeline can cut the
+// model between any two layers. Children are named by their index in the full model ("0",
+// "1", ...); a slice keeps those names, so a stage's state_dict() keys match the full model's.
+class Sequential final : public Module {
+ public:
+  Sequential() = default;
+  explicit Sequential(std::vector<std::shared_ptr<Module>> layers, size_t first_index = 0);
+
+  Tensor forward(const Tensor& x) override;
+  // {"type": "Sequential", "first_index": i, "layers": [child configs]}
+  json config() const override;
+
+  void push_back(std::shared_ptr<Module> layer);
+  size_t size() const { return layers_.size(); }
+  const std::shared_ptr<Module>& operator[](size_t i) const;
+  size_t first_index() const { return first_index_; }
+  // Layers [begin, end) as a Sequential sharing the same modules and parameters.
+  std::shared_ptr<Sequential> slice(size_t begin, size_t end) const;
+
+ private:
+  std::vector<std::shared_ptr<Module>> layers_;
+  size_t first_index_ = 0;
+};
+
+}  // namespace pipit
