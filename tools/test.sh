@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds pipit and runs every test: the Catch2 suite through ctest (Release), the same suite
+# under AddressSanitizer + UndefinedBehaviorSanitizer, and a consumer project that links the
+# installed library through find_package(pipit). Exits non-zero on any failure.
+# Set PIPIT_SKIP_SANITIZE=1 to skip the sanitizer pass while iterating.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+jobs=$(nproc)
+
+bash tools/install_deps.sh
+
+echo "=== Release build and tests ==="
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "=== installed library: find_package(pipit) from a separate project ==="
+rm -rf build/install build/consumer
+cmake --install build --prefix build/install >/dev/null
+cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$root/build/install" >/dev/null
+cmake --build build/consumer -j"$jobs" >/dev/null
+./build/consumer/consumer
+
+if [[ "${PIPIT_SKIP_SANITIZE:-0}" != "1" ]]; then
+  echo "=== ASan + UBSan build and tests ==="
+  cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DPIPIT_SANITIZE=ON \
+        -DCMAKE_CXX_FLAGS="-O1" -DPIPIT_BUILD_SAMPLES=OFF >/dev/null
+  cmake --build build-sanitize -j"$jobs"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-sanitize --output-on-failure -j"$jobs"
+fi
