@@ -10,30 +10,45 @@ namespace {
 
 const char* op_name(BinaryOp op) {
   switch (op) {
-    case BinaryOp::add: return "add";
-    case BinaryOp::sub: return "sub";
-    case BinaryOp::mul: return "mul";
-    case BinaryOp::div: return "div";
-    case BinaryOp::pow: return "pow";
-    case BinaryOp::maximum: return "maximum";
-    case BinaryOp::minimum: return "minimum";
-    case BinaryOp::relu_backward: return "relu_backward";
-    case BinaryOp::gelu_backward: return "gelu_backward";
-    case BinaryOp::eq: return "eq";
-    case BinaryOp::ne: return "ne";
-    case BinaryOp::lt: return "lt";
-    case BinaryOp::le: return "le";
-    case BinaryOp::gt: return "gt";
-    case BinaryOp::ge: return "ge";
+    case BinaryOp::add:
+      return "add";
+    case BinaryOp::sub:
+      return "sub";
+    case BinaryOp::mul:
+      return "mul";
+    case BinaryOp::div:
+      return "div";
+    case BinaryOp::pow:
+      return "pow";
+    case BinaryOp::maximum:
+      return "maximum";
+    case BinaryOp::minimum:
+      return "minimum";
+    case BinaryOp::relu_backward:
+      return "relu_backward";
+    case BinaryOp::gelu_backward:
+      return "gelu_backward";
+    case BinaryOp::eq:
+      return "eq";
+    case BinaryOp::ne:
+      return "ne";
+    case BinaryOp::lt:
+      return "lt";
+    case BinaryOp::le:
+      return "le";
+    case BinaryOp::gt:
+      return "gt";
+    case BinaryOp::ge:
+      return "ge";
   }
   return "binary";
 }
 
 void check_pair(const Tensor& a, const Tensor& b, const char* op) {
-  PIPIT_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ (", a.dtype(), " ",
-              shape_str(a.shape()), " and ", b.dtype(), " ", shape_str(b.shape()), ")");
-  PIPIT_CHECK(a.device() == b.device(), op, ": devices differ (", a.device(), " and ",
-              b.device(), ")");
+  PIPIT_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ (", a.dtype(), " ", shape_str(a.shape()),
+              " and ", b.dtype(), " ", shape_str(b.shape()), ")");
+  PIPIT_CHECK(a.device() == b.device(), op, ": devices differ (", a.device(), " and ", b.device(),
+              ")");
 }
 
 Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, DType out_dtype) {
@@ -186,7 +201,8 @@ struct GeluBackward : UnaryNode<GeluBackward> {
 template <typename N>
 Tensor unary_op(UnaryOp op, const Tensor& x, bool save_output) {
   Tensor out = unary_raw(op, x);
-  if (auto node = detail::make_node<N>(out, {x})) node->saved = save_output ? out.detach() : x.detach();
+  if (auto node = detail::make_node<N>(out, {x}))
+    node->saved = save_output ? out.detach() : x.detach();
   return out;
 }
 
@@ -247,7 +263,9 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor pow(const Tensor& a, double exponent) { return pow(a, scalar_like(a, exponent)); }
+Tensor pow(const Tensor& a, double exponent) {
+  return pow(a, scalar_like(a, exponent));
+}
 
 Tensor maximum(const Tensor& a, const Tensor& b) {
   Tensor out = binary_raw(BinaryOp::maximum, a, b);
@@ -268,28 +286,58 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor neg(const Tensor& x) { return unary_op<NegBackward>(UnaryOp::neg, x, false); }
-Tensor exp(const Tensor& x) { return unary_op<ExpBackward>(UnaryOp::exp, x, true); }
-Tensor log(const Tensor& x) { return unary_op<LogBackward>(UnaryOp::log, x, false); }
-Tensor sqrt(const Tensor& x) { return unary_op<SqrtBackward>(UnaryOp::sqrt, x, true); }
-Tensor abs(const Tensor& x) { return unary_op<AbsBackward>(UnaryOp::abs, x, false); }
-Tensor tanh(const Tensor& x) { return unary_op<TanhBackward>(UnaryOp::tanh, x, true); }
-Tensor sigmoid(const Tensor& x) { return unary_op<SigmoidBackward>(UnaryOp::sigmoid, x, true); }
-Tensor relu(const Tensor& x) { return unary_op<ReluBackward>(UnaryOp::relu, x, false); }
-Tensor gelu(const Tensor& x) { return unary_op<GeluBackward>(UnaryOp::gelu, x, false); }
+Tensor neg(const Tensor& x) {
+  return unary_op<NegBackward>(UnaryOp::neg, x, false);
+}
+Tensor exp(const Tensor& x) {
+  return unary_op<ExpBackward>(UnaryOp::exp, x, true);
+}
+Tensor log(const Tensor& x) {
+  return unary_op<LogBackward>(UnaryOp::log, x, false);
+}
+Tensor sqrt(const Tensor& x) {
+  return unary_op<SqrtBackward>(UnaryOp::sqrt, x, true);
+}
+Tensor abs(const Tensor& x) {
+  return unary_op<AbsBackward>(UnaryOp::abs, x, false);
+}
+Tensor tanh(const Tensor& x) {
+  return unary_op<TanhBackward>(UnaryOp::tanh, x, true);
+}
+Tensor sigmoid(const Tensor& x) {
+  return unary_op<SigmoidBackward>(UnaryOp::sigmoid, x, true);
+}
+Tensor relu(const Tensor& x) {
+  return unary_op<ReluBackward>(UnaryOp::relu, x, false);
+}
+Tensor gelu(const Tensor& x) {
+  return unary_op<GeluBackward>(UnaryOp::gelu, x, false);
+}
 
-Tensor eq(const Tensor& a, const Tensor& b) { return binary_raw(BinaryOp::eq, a, b, DType::b8); }
-Tensor ne(const Tensor& a, const Tensor& b) { return binary_raw(BinaryOp::ne, a, b, DType::b8); }
-Tensor lt(const Tensor& a, const Tensor& b) { return binary_raw(BinaryOp::lt, a, b, DType::b8); }
-Tensor le(const Tensor& a, const Tensor& b) { return binary_raw(BinaryOp::le, a, b, DType::b8); }
-Tensor gt(const Tensor& a, const Tensor& b) { return binary_raw(BinaryOp::gt, a, b, DType::b8); }
-Tensor ge(const Tensor& a, const Tensor& b) { return binary_raw(BinaryOp::ge, a, b, DType::b8); }
+Tensor eq(const Tensor& a, const Tensor& b) {
+  return binary_raw(BinaryOp::eq, a, b, DType::b8);
+}
+Tensor ne(const Tensor& a, const Tensor& b) {
+  return binary_raw(BinaryOp::ne, a, b, DType::b8);
+}
+Tensor lt(const Tensor& a, const Tensor& b) {
+  return binary_raw(BinaryOp::lt, a, b, DType::b8);
+}
+Tensor le(const Tensor& a, const Tensor& b) {
+  return binary_raw(BinaryOp::le, a, b, DType::b8);
+}
+Tensor gt(const Tensor& a, const Tensor& b) {
+  return binary_raw(BinaryOp::gt, a, b, DType::b8);
+}
+Tensor ge(const Tensor& a, const Tensor& b) {
+  return binary_raw(BinaryOp::ge, a, b, DType::b8);
+}
 
 Tensor where(const Tensor& mask, const Tensor& a, const Tensor& b) {
   PIPIT_CHECK(mask.dtype() == DType::b8, "where: mask must have dtype BOOL, got ", mask.dtype());
   check_pair(a, b, "where");
-  Shape shape = broadcast_shapes(broadcast_shapes(mask.shape(), a.shape(), "where"), b.shape(),
-                                 "where");
+  Shape shape =
+      broadcast_shapes(broadcast_shapes(mask.shape(), a.shape(), "where"), b.shape(), "where");
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   {
     NoGradGuard no_grad;
@@ -307,18 +355,44 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   return where(mask, scalar_like(x, value), x);
 }
 
-Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-Tensor operator-(const Tensor& x) { return neg(x); }
-Tensor operator+(const Tensor& a, double b) { return add(a, scalar_like(a, b)); }
-Tensor operator-(const Tensor& a, double b) { return sub(a, scalar_like(a, b)); }
-Tensor operator*(const Tensor& a, double b) { return mul(a, scalar_like(a, b)); }
-Tensor operator/(const Tensor& a, double b) { return div(a, scalar_like(a, b)); }
-Tensor operator+(double a, const Tensor& b) { return add(scalar_like(b, a), b); }
-Tensor operator-(double a, const Tensor& b) { return sub(scalar_like(b, a), b); }
-Tensor operator*(double a, const Tensor& b) { return mul(scalar_like(b, a), b); }
-Tensor operator/(double a, const Tensor& b) { return div(scalar_like(b, a), b); }
+Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+Tensor operator-(const Tensor& x) {
+  return neg(x);
+}
+Tensor operator+(const Tensor& a, double b) {
+  return add(a, scalar_like(a, b));
+}
+Tensor operator-(const Tensor& a, double b) {
+  return sub(a, scalar_like(a, b));
+}
+Tensor operator*(const Tensor& a, double b) {
+  return mul(a, scalar_like(a, b));
+}
+Tensor operator/(const Tensor& a, double b) {
+  return div(a, scalar_like(a, b));
+}
+Tensor operator+(double a, const Tensor& b) {
+  return add(scalar_like(b, a), b);
+}
+Tensor operator-(double a, const Tensor& b) {
+  return sub(scalar_like(b, a), b);
+}
+Tensor operator*(double a, const Tensor& b) {
+  return mul(scalar_like(b, a), b);
+}
+Tensor operator/(double a, const Tensor& b) {
+  return div(scalar_like(b, a), b);
+}
 
 }  // namespace pipit

@@ -70,8 +70,12 @@ void run_backward(const Tensor& root, const Tensor& grad) {
 
 }  // namespace
 
-bool is_grad_enabled() { return t_grad_enabled; }
-void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
+bool is_grad_enabled() {
+  return t_grad_enabled;
+}
+void set_grad_enabled(bool enabled) {
+  t_grad_enabled = enabled;
+}
 
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
   if (!grad_output.defined()) return {};
@@ -108,6 +112,8 @@ void Tensor::backward() const {
   run_backward(*this, one);
 }
 
-void Tensor::backward(const Tensor& grad) const { run_backward(*this, grad); }
+void Tensor::backward(const Tensor& grad) const {
+  run_backward(*this, grad);
+}
 
 }  // namespace pipit

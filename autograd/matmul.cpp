@@ -29,7 +29,9 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor mT(const Tensor& t) { return transpose(t, -1, -2); }
+Tensor mT(const Tensor& t) {
+  return transpose(t, -1, -2);
+}
 
 struct MatmulBackward : Node {
   Tensor a, b;

@@ -74,15 +74,19 @@ struct CrossEntropyBackward : Node {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_op(x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_op(x, dim, true); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmax_op(x, dim, false);
+}
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  return softmax_op(x, dim, true);
+}
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   PIPIT_CHECK(x.dim() >= 1, "layer_norm: input must have rank >= 1");
   const int64_t C = x.shape().back();
   PIPIT_CHECK(weight.shape() == Shape{C} && bias.shape() == Shape{C}, "layer_norm: weight ",
-              shape_str(weight.shape()), " and bias ", shape_str(bias.shape()),
-              " must both be [", C, "] for input ", shape_str(x.shape()));
+              shape_str(weight.shape()), " and bias ", shape_str(bias.shape()), " must both be [",
+              C, "] for input ", shape_str(x.shape()));
   PIPIT_CHECK(x.dtype() == weight.dtype() && x.dtype() == bias.dtype(),
               "layer_norm: dtypes differ (input ", x.dtype(), ", weight ", weight.dtype(),
               ", bias ", bias.dtype(), ")");
@@ -123,8 +127,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* generator) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  PIPIT_CHECK(logits.dim() == 2 || logits.dim() == 3, "cross_entropy: logits must be [N, C] or "
-              "[B, T, C], got ", shape_str(logits.shape()));
+  PIPIT_CHECK(logits.dim() == 2 || logits.dim() == 3,
+              "cross_entropy: logits must be [N, C] or "
+              "[B, T, C], got ",
+              shape_str(logits.shape()));
   PIPIT_CHECK(targets.dtype() == DType::i64, "cross_entropy: targets must be I64, got ",
               targets.dtype());
   Shape expected(logits.shape().begin(), logits.shape().end() - 1);

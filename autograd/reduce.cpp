@@ -116,8 +116,7 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, int6
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   int64_t d = normalize_dim(dim, x.dim(), "argmax");
-  PIPIT_CHECK(x.shape()[d] > 0, "argmax: dim ", d, " of shape ", shape_str(x.shape()),
-              " is empty");
+  PIPIT_CHECK(x.shape()[d] > 0, "argmax: dim ", d, " of shape ", shape_str(x.shape()), " is empty");
   Shape keep = x.shape();
   keep[d] = 1;
   Tensor out = Tensor::empty(keep, DType::i64, x.device());
@@ -125,8 +124,7 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   if (keepdim) return out;
   Shape squeezed = x.shape();
   squeezed.erase(squeezed.begin() + d);
-  return Tensor::from_storage(out.storage(), squeezed, contiguous_strides(squeezed), 0,
-                              DType::i64);
+  return Tensor::from_storage(out.storage(), squeezed, contiguous_strides(squeezed), 0, DType::i64);
 }
 
 }  // namespace pipit

@@ -12,8 +12,7 @@ namespace pipit {
 namespace {
 
 Tensor make_view(const Tensor& x, Shape shape, Shape strides, int64_t offset) {
-  return Tensor::from_storage(x.storage(), std::move(shape), std::move(strides), offset,
-                              x.dtype());
+  return Tensor::from_storage(x.storage(), std::move(shape), std::move(strides), offset, x.dtype());
 }
 
 Tensor copy_of(const Tensor& x, DType dtype, Device device) {
@@ -34,7 +33,8 @@ std::optional<Shape> view_strides(const Tensor& x, const Shape& shape) {
   int64_t tensor_numel = 1, view_numel = 1;
   for (int64_t d = x.dim() - 1; d >= 0; --d) {
     tensor_numel *= old_shape[d];
-    if (d == 0 || (old_shape[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_base_stride)) {
+    if (d == 0 ||
+        (old_shape[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_base_stride)) {
       while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
         strides[view_d] = view_numel * chunk_base_stride;
         view_numel *= shape[view_d];
@@ -132,18 +132,18 @@ struct CatBackward : Node {
 Tensor reshape(const Tensor& x, Shape shape) {
   shape = infer_shape(x, std::move(shape), "reshape");
   std::optional<Shape> strides = view_strides(x, shape);
-  Tensor out = strides ? make_view(x, shape, *strides, x.offset())
-                       : make_view(copy_of(x, x.dtype(), x.device()), shape,
-                                   contiguous_strides(shape), 0);
+  Tensor out =
+      strides ? make_view(x, shape, *strides, x.offset())
+              : make_view(copy_of(x, x.dtype(), x.device()), shape, contiguous_strides(shape), 0);
   if (auto node = detail::make_node<ReshapeBackward>(out, {x})) node->input_shape = x.shape();
   return out;
 }
 
 Tensor view(const Tensor& x, Shape shape) {
   shape = infer_shape(x, std::move(shape), "view");
-  PIPIT_CHECK(view_strides(x, shape).has_value(), "view: a tensor of shape ",
-              shape_str(x.shape()), " and strides ", shape_str(x.strides()),
-              " cannot be viewed as ", shape_str(shape), "; use reshape");
+  PIPIT_CHECK(view_strides(x, shape).has_value(), "view: a tensor of shape ", shape_str(x.shape()),
+              " and strides ", shape_str(x.strides()), " cannot be viewed as ", shape_str(shape),
+              "; use reshape");
   return reshape(x, shape);
 }
 
@@ -209,9 +209,9 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   int64_t d = normalize_dim(dim, x.dim(), "narrow");
-  PIPIT_CHECK(start >= 0 && length >= 0 && start + length <= x.shape()[d], "narrow: range [",
-              start, ", ", start + length, ") is outside dim ", d, " of size ", x.shape()[d],
-              " (shape ", shape_str(x.shape()), ")");
+  PIPIT_CHECK(start >= 0 && length >= 0 && start + length <= x.shape()[d], "narrow: range [", start,
+              ", ", start + length, ") is outside dim ", d, " of size ", x.shape()[d], " (shape ",
+              shape_str(x.shape()), ")");
   return slice(x, d, start, start + length);
 }
 

@@ -7,7 +7,7 @@
 
 namespace pipit {
 
-Tensor view(const Tensor& x, Shape shape);  // throws if the layout does not allow a view
+Tensor view(const Tensor& x, Shape shape);     // throws if the layout does not allow a view
 Tensor reshape(const Tensor& x, Shape shape);  // view when possible, else copy; one dim may be -1
 Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);

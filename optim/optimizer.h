@@ -88,7 +88,8 @@ std::unique_ptr<Optimizer> make_optimizer(const nlohmann::json& config, NamedPar
 // Scales all gradients so their joint L2 norm is at most max_norm; returns the norm before.
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm);
 
-// Linear warm-up to max_lr over warmup_steps, then cosine decay to min_lr at total_steps.
+// lr(step) = max_lr * (step + 1) / warmup_steps during warm-up, then a cosine from max_lr
+// down to min_lr, reached at total_steps and kept after.
 class CosineSchedule {
  public:
   CosineSchedule(double max_lr, double min_lr, int64_t warmup_steps, int64_t total_steps);

@@ -14,9 +14,21 @@ namespace pipit {
 enum class UnaryOp { neg, exp, log, sqrt, abs, tanh, sigmoid, relu, gelu };
 // The *_backward ops take (grad, x) and return grad * f'(x).
 enum class BinaryOp {
-  add, sub, mul, div, pow, maximum, minimum,
-  relu_backward, gelu_backward,
-  eq, ne, lt, le, gt, ge  // comparisons write b8 masks
+  add,
+  sub,
+  mul,
+  div,
+  pow,
+  maximum,
+  minimum,
+  relu_backward,
+  gelu_backward,
+  eq,
+  ne,
+  lt,
+  le,
+  gt,
+  ge  // comparisons write b8 masks
 };
 enum class ReduceOp { sum, max, min };
 
@@ -82,6 +94,8 @@ class Backend {
 };
 
 Backend& backend(Device device);
-inline Backend& backend(const Tensor& tensor) { return backend(tensor.device()); }
+inline Backend& backend(const Tensor& tensor) {
+  return backend(tensor.device());
+}
 
 }  // namespace pipit

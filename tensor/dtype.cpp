@@ -8,13 +8,20 @@ namespace pipit {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::b8: return 1;
-    case DType::f16: return 2;
-    case DType::bf16: return 2;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::b8:
+      return 1;
+    case DType::f16:
+      return 2;
+    case DType::bf16:
+      return 2;
   }
   throw Error("dtype_size: invalid dtype");
 }
@@ -25,26 +32,35 @@ bool is_floating(DType dtype) {
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::b8: return "BOOL";
-    case DType::f16: return "F16";
-    case DType::bf16: return "BF16";
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::b8:
+      return "BOOL";
+    case DType::f16:
+      return "F16";
+    case DType::bf16:
+      return "BF16";
   }
   return "invalid";
 }
 
 DType dtype_from_name(const std::string& name) {
-  for (DType d : {DType::f32, DType::f64, DType::i32, DType::i64, DType::b8, DType::f16,
-                  DType::bf16}) {
+  for (DType d :
+       {DType::f32, DType::f64, DType::i32, DType::i64, DType::b8, DType::f16, DType::bf16}) {
     if (name == dtype_name(d)) return d;
   }
   throw Error("unknown dtype '" + name + "' (expected F32, F64, I32, I64, BOOL, F16 or BF16)");
 }
 
-std::ostream& operator<<(std::ostream& out, DType dtype) { return out << dtype_name(dtype); }
+std::ostream& operator<<(std::ostream& out, DType dtype) {
+  return out << dtype_name(dtype);
+}
 
 static uint32_t float_bits(float value) {
   uint32_t bits;
@@ -107,6 +123,8 @@ uint16_t float_to_bfloat16(float value) {
   return static_cast<uint16_t>((x + rounding) >> 16);
 }
 
-float bfloat16_to_float(uint16_t bits) { return bits_float(static_cast<uint32_t>(bits) << 16); }
+float bfloat16_to_float(uint16_t bits) {
+  return bits_float(static_cast<uint32_t>(bits) << 16);
+}
 
 }  // namespace pipit

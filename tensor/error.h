@@ -24,7 +24,7 @@ std::string concat(const Args&... args) {
 }  // namespace pipit
 
 // PIPIT_CHECK(cond, parts...) throws pipit::Error with the parts streamed together.
-#define PIPIT_CHECK(cond, ...) \
-  do {                         \
+#define PIPIT_CHECK(cond, ...)                                               \
+  do {                                                                       \
     if (!(cond)) throw ::pipit::Error(::pipit::detail::concat(__VA_ARGS__)); \
   } while (0)

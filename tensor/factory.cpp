@@ -17,10 +17,18 @@ Tensor full(const Shape& shape, double value, TensorOptions options) {
   return t;
 }
 
-Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
-Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), {t.dtype(), t.device()}); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), {t.dtype(), t.device()}); }
+Tensor zeros(const Shape& shape, TensorOptions options) {
+  return full(shape, 0.0, options);
+}
+Tensor ones(const Shape& shape, TensorOptions options) {
+  return full(shape, 1.0, options);
+}
+Tensor zeros_like(const Tensor& t) {
+  return zeros(t.shape(), {t.dtype(), t.device()});
+}
+Tensor ones_like(const Tensor& t) {
+  return ones(t.shape(), {t.dtype(), t.device()});
+}
 
 Tensor arange(double start, double end, double step, TensorOptions options) {
   PIPIT_CHECK(step != 0, "arange: step must be non-zero");
@@ -33,8 +41,8 @@ Tensor arange(double start, double end, double step, TensorOptions options) {
 template <typename T>
 Tensor from_vector(const std::vector<T>& values, Shape shape) {
   if (shape.empty()) shape = {static_cast<int64_t>(values.size())};
-  PIPIT_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()), "from_vector: ",
-              values.size(), " values do not fill shape ", shape_str(shape));
+  PIPIT_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()),
+              "from_vector: ", values.size(), " values do not fill shape ", shape_str(shape));
   Tensor t = Tensor::empty(shape, DTypeOf<T>::value);
   if constexpr (std::is_same_v<T, bool>) {
     bool* p = t.data<bool>();
@@ -51,7 +59,9 @@ template Tensor from_vector<int32_t>(const std::vector<int32_t>&, Shape);
 template Tensor from_vector<int64_t>(const std::vector<int64_t>&, Shape);
 template Tensor from_vector<bool>(const std::vector<bool>&, Shape);
 
-Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
+Tensor scalar_tensor(double value, TensorOptions options) {
+  return full({}, value, options);
+}
 
 Tensor uniform(const Shape& shape, double low, double high, Generator* generator,
                TensorOptions options) {

@@ -8,7 +8,9 @@ Generator& Generator::operator=(const Generator& other) {
   return *this;
 }
 
-void Generator::manual_seed(uint64_t seed) { set_state(seed, 0); }
+void Generator::manual_seed(uint64_t seed) {
+  set_state(seed, 0);
+}
 
 void Generator::set_state(uint64_t seed, uint64_t offset) {
   seed_ = seed;
@@ -36,6 +38,8 @@ Generator& default_generator() {
   return generator;
 }
 
-void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+void manual_seed(uint64_t seed) {
+  default_generator().manual_seed(seed);
+}
 
 }  // namespace pipit

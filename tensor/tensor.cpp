@@ -12,8 +12,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
     PIPIT_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
   }
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = backend(device).allocate(static_cast<size_t>(shape_numel(shape)) *
-                                           dtype_size(dtype));
+  impl->storage =
+      backend(device).allocate(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -31,7 +31,9 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, Shape shape, Shape
   return Tensor(std::move(impl));
 }
 
-int64_t Tensor::size(int64_t d) const { return shape()[normalize_dim(d, dim(), "size")]; }
+int64_t Tensor::size(int64_t d) const {
+  return shape()[normalize_dim(d, dim(), "size")];
+}
 
 bool Tensor::is_contiguous() const {
   int64_t expected = 1;
@@ -59,8 +61,8 @@ std::vector<T> Tensor::to_vector() const {
 
 template <typename T>
 T Tensor::item() const {
-  PIPIT_CHECK(numel() == 1, "item: tensor of shape ", shape_str(shape()),
-              " has ", numel(), " elements, expected 1");
+  PIPIT_CHECK(numel() == 1, "item: tensor of shape ", shape_str(shape()), " has ", numel(),
+              " elements, expected 1");
   return to_vector<T>()[0];
 }
 
@@ -84,11 +86,15 @@ AutogradMeta& Tensor::autograd_meta() {
   return *impl().autograd;
 }
 
-bool Tensor::requires_grad() const { return impl().autograd && impl().autograd->requires_grad; }
+bool Tensor::requires_grad() const {
+  return impl().autograd && impl().autograd->requires_grad;
+}
 
 Tensor& Tensor::requires_grad_(bool value) {
-  PIPIT_CHECK(!value || is_floating(dtype()), "requires_grad_: only floating tensors can require "
-              "gradients, this one has dtype ", dtype());
+  PIPIT_CHECK(!value || is_floating(dtype()),
+              "requires_grad_: only floating tensors can require "
+              "gradients, this one has dtype ",
+              dtype());
   PIPIT_CHECK(is_leaf(), "requires_grad_: can only be set on leaf tensors (use detach() first)");
   autograd_meta().requires_grad = value;
   return *this;
@@ -109,7 +115,9 @@ void Tensor::set_grad(const Tensor& grad) {
   autograd_meta().grad = std::make_shared<Tensor>(grad);
 }
 
-void Tensor::zero_grad() { set_grad(Tensor()); }
+void Tensor::zero_grad() {
+  set_grad(Tensor());
+}
 
 std::shared_ptr<Node> Tensor::grad_fn() const {
   return impl().autograd ? impl().autograd->grad_fn : nullptr;
@@ -121,7 +129,8 @@ void print_values(std::ostream& out, const std::vector<double>& values, const Sh
                   size_t dim, int64_t& index, int indent) {
   constexpr int64_t kEdge = 3;
   const int64_t n = shape[dim];
-  const int64_t inner = shape_numel(Shape(shape.begin() + static_cast<int64_t>(dim) + 1, shape.end()));
+  const int64_t inner =
+      shape_numel(Shape(shape.begin() + static_cast<int64_t>(dim) + 1, shape.end()));
   out << '[';
   for (int64_t i = 0; i < n; ++i) {
     if (n > 2 * kEdge && i == kEdge) {

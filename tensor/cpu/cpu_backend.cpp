@@ -60,7 +60,9 @@ void set_num_threads(int threads) {
   openblas_set_num_threads(threads);
 }
 
-int get_num_threads() { return g_threads.load(); }
+int get_num_threads() {
+  return g_threads.load();
+}
 
 std::shared_ptr<Storage> CpuBackend::allocate(size_t nbytes) {
   size_t rounded = (std::max<size_t>(nbytes, 1) + 63) / 64 * 64;
@@ -82,11 +84,10 @@ void CpuBackend::fill(const Tensor& out, double value) {
   PIPIT_DISPATCH_ALL(out.dtype(), "fill", {
     scalar_t v = scalar_t(value);
     auto loop = cpu::make_loop<1>(out.shape(), {&out});
-    cpu::for_each_row<1>(loop, {byte_ptr(out)}, {sizeof(scalar_t)},
-                         [&](auto p, int64_t n, auto s) {
-                           scalar_t* o = reinterpret_cast<scalar_t*>(p[0]);
-                           for (int64_t i = 0; i < n; ++i) o[i * s[0]] = v;
-                         });
+    cpu::for_each_row<1>(loop, {byte_ptr(out)}, {sizeof(scalar_t)}, [&](auto p, int64_t n, auto s) {
+      scalar_t* o = reinterpret_cast<scalar_t*>(p[0]);
+      for (int64_t i = 0; i < n; ++i) o[i * s[0]] = v;
+    });
   });
 }
 
@@ -110,8 +111,8 @@ void CpuBackend::normal(const Tensor& out, Generator& generator, double mean, do
                          uint64_t bits = generator.bits(base + i);
                          double u1 = (static_cast<double>(bits >> 32) + 1.0) / 4294967296.0;
                          double u2 = static_cast<double>(bits & 0xffffffffu) / 4294967296.0;
-                         return mean + std * std::sqrt(-2.0 * std::log(u1)) *
-                                           std::cos(2.0 * M_PI * u2);
+                         return mean +
+                                std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
                        }));
 }
 

@@ -36,8 +36,8 @@ class CpuBackend final : public Backend {
                      const Tensor& losses) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                               double scale, const Tensor& grad_logits) override;
-  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
-                double lr, double momentum, double weight_decay, bool first_step) override;
+  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr,
+                double momentum, double weight_decay, bool first_step) override;
   void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                   const Tensor& exp_avg_sq, const AdamWParams& params) override;
 };

@@ -44,41 +44,51 @@ void map1(const Tensor& in, const Tensor& out, F f) {
 template <typename O, typename T, typename F>
 void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   auto loop = cpu::make_loop<3>(out.shape(), {&out, &a, &b});
-  cpu::for_each_row<3>(
-      loop, {byte_ptr(out), byte_ptr(a), byte_ptr(b)}, {sizeof(O), sizeof(T), sizeof(T)},
-      [&](auto p, int64_t n, auto s) {
-        O* o = reinterpret_cast<O*>(p[0]);
-        const T* x = reinterpret_cast<const T*>(p[1]);
-        const T* y = reinterpret_cast<const T*>(p[2]);
-        if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
-          for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
-        } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
-          const T yv = *y;
-          for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], yv);
-        } else {
-          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(x[i * s[1]], y[i * s[2]]);
-        }
-      });
+  cpu::for_each_row<3>(loop, {byte_ptr(out), byte_ptr(a), byte_ptr(b)},
+                       {sizeof(O), sizeof(T), sizeof(T)}, [&](auto p, int64_t n, auto s) {
+                         O* o = reinterpret_cast<O*>(p[0]);
+                         const T* x = reinterpret_cast<const T*>(p[1]);
+                         const T* y = reinterpret_cast<const T*>(p[2]);
+                         if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+                           for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+                         } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
+                           const T yv = *y;
+                           for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], yv);
+                         } else {
+                           for (int64_t i = 0; i < n; ++i)
+                             o[i * s[0]] = f(x[i * s[1]], y[i * s[2]]);
+                         }
+                       });
 }
 
 template <typename T>
 void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
   switch (op) {
-    case UnaryOp::neg: return map1<T, T>(in, out, [](T x) { return T(-x); });
-    case UnaryOp::abs: return map1<T, T>(in, out, [](T x) { return T(x < 0 ? -x : x); });
-    case UnaryOp::relu: return map1<T, T>(in, out, [](T x) { return T(x > 0 ? x : 0); });
-    default: break;
+    case UnaryOp::neg:
+      return map1<T, T>(in, out, [](T x) { return T(-x); });
+    case UnaryOp::abs:
+      return map1<T, T>(in, out, [](T x) { return T(x < 0 ? -x : x); });
+    case UnaryOp::relu:
+      return map1<T, T>(in, out, [](T x) { return T(x > 0 ? x : 0); });
+    default:
+      break;
   }
   if constexpr (std::is_floating_point_v<T>) {
     switch (op) {
-      case UnaryOp::exp: return map1<T, T>(in, out, [](T x) { return std::exp(x); });
-      case UnaryOp::log: return map1<T, T>(in, out, [](T x) { return std::log(x); });
-      case UnaryOp::sqrt: return map1<T, T>(in, out, [](T x) { return std::sqrt(x); });
-      case UnaryOp::tanh: return map1<T, T>(in, out, [](T x) { return std::tanh(x); });
+      case UnaryOp::exp:
+        return map1<T, T>(in, out, [](T x) { return std::exp(x); });
+      case UnaryOp::log:
+        return map1<T, T>(in, out, [](T x) { return std::log(x); });
+      case UnaryOp::sqrt:
+        return map1<T, T>(in, out, [](T x) { return std::sqrt(x); });
+      case UnaryOp::tanh:
+        return map1<T, T>(in, out, [](T x) { return std::tanh(x); });
       case UnaryOp::sigmoid:
         return map1<T, T>(in, out, [](T x) { return T(1) / (T(1) + std::exp(-x)); });
-      case UnaryOp::gelu: return map1<T, T>(in, out, [](T x) { return gelu(x); });
-      default: break;
+      case UnaryOp::gelu:
+        return map1<T, T>(in, out, [](T x) { return gelu(x); });
+      default:
+        break;
     }
   }
   throw Error(detail::concat("unary: op not supported for dtype ", in.dtype()));
@@ -87,22 +97,32 @@ void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
 template <typename T>
 void compare_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   switch (op) {
-    case BinaryOp::eq: return map2<bool, T>(a, b, out, [](T x, T y) { return x == y; });
-    case BinaryOp::ne: return map2<bool, T>(a, b, out, [](T x, T y) { return x != y; });
-    case BinaryOp::lt: return map2<bool, T>(a, b, out, [](T x, T y) { return x < y; });
-    case BinaryOp::le: return map2<bool, T>(a, b, out, [](T x, T y) { return x <= y; });
-    case BinaryOp::gt: return map2<bool, T>(a, b, out, [](T x, T y) { return x > y; });
-    case BinaryOp::ge: return map2<bool, T>(a, b, out, [](T x, T y) { return x >= y; });
-    default: throw Error("compare: not a comparison");
+    case BinaryOp::eq:
+      return map2<bool, T>(a, b, out, [](T x, T y) { return x == y; });
+    case BinaryOp::ne:
+      return map2<bool, T>(a, b, out, [](T x, T y) { return x != y; });
+    case BinaryOp::lt:
+      return map2<bool, T>(a, b, out, [](T x, T y) { return x < y; });
+    case BinaryOp::le:
+      return map2<bool, T>(a, b, out, [](T x, T y) { return x <= y; });
+    case BinaryOp::gt:
+      return map2<bool, T>(a, b, out, [](T x, T y) { return x > y; });
+    case BinaryOp::ge:
+      return map2<bool, T>(a, b, out, [](T x, T y) { return x >= y; });
+    default:
+      throw Error("compare: not a comparison");
   }
 }
 
 template <typename T>
 void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   switch (op) {
-    case BinaryOp::add: return map2<T, T>(a, b, out, [](T x, T y) { return T(x + y); });
-    case BinaryOp::sub: return map2<T, T>(a, b, out, [](T x, T y) { return T(x - y); });
-    case BinaryOp::mul: return map2<T, T>(a, b, out, [](T x, T y) { return T(x * y); });
+    case BinaryOp::add:
+      return map2<T, T>(a, b, out, [](T x, T y) { return T(x + y); });
+    case BinaryOp::sub:
+      return map2<T, T>(a, b, out, [](T x, T y) { return T(x - y); });
+    case BinaryOp::mul:
+      return map2<T, T>(a, b, out, [](T x, T y) { return T(x * y); });
     case BinaryOp::maximum:
       return map2<T, T>(a, b, out, [](T x, T y) { return x > y || x != x ? x : y; });
     case BinaryOp::minimum:
@@ -112,16 +132,19 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
         PIPIT_CHECK(false, "div: integer division is not supported; convert to a float dtype");
       }
       return map2<T, T>(a, b, out, [](T x, T y) { return T(x / y); });
-    default: break;
+    default:
+      break;
   }
   if constexpr (std::is_floating_point_v<T>) {
     switch (op) {
-      case BinaryOp::pow: return map2<T, T>(a, b, out, [](T x, T y) { return std::pow(x, y); });
+      case BinaryOp::pow:
+        return map2<T, T>(a, b, out, [](T x, T y) { return std::pow(x, y); });
       case BinaryOp::relu_backward:
         return map2<T, T>(a, b, out, [](T g, T x) { return x > 0 ? g : T(0); });
       case BinaryOp::gelu_backward:
         return map2<T, T>(a, b, out, [](T g, T x) { return g * gelu_derivative(x); });
-      default: break;
+      default:
+        break;
     }
   }
   throw Error(detail::concat("binary: op not supported for dtype ", a.dtype()));

@@ -33,41 +33,43 @@ struct BFloat16 {
     break;                     \
   }
 
-#define PIPIT_DISPATCH_FLOAT(dtype, op, ...)                                          \
-  switch (dtype) {                                                                    \
-    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                        \
-    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                       \
-    default:                                                                          \
-      throw Error(::pipit::detail::concat(op, ": dtype ", dtype,                      \
+#define PIPIT_DISPATCH_FLOAT(dtype, op, ...)                                           \
+  switch (dtype) {                                                                     \
+    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                         \
+    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                        \
+    default:                                                                           \
+      throw Error(::pipit::detail::concat(op, ": dtype ", dtype,                       \
                                           " is not supported (expected F32 or F64)")); \
   }
 
-#define PIPIT_DISPATCH_NUMERIC(dtype, op, ...)                                       \
-  switch (dtype) {                                                                   \
-    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                       \
-    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                      \
-    PIPIT_CASE(DType::i32, int32_t, __VA_ARGS__)                                     \
-    PIPIT_CASE(DType::i64, int64_t, __VA_ARGS__)                                     \
-    default:                                                                         \
+#define PIPIT_DISPATCH_NUMERIC(dtype, op, ...)                                          \
+  switch (dtype) {                                                                      \
+    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                          \
+    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                         \
+    PIPIT_CASE(DType::i32, int32_t, __VA_ARGS__)                                        \
+    PIPIT_CASE(DType::i64, int64_t, __VA_ARGS__)                                        \
+    default:                                                                            \
       throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
   }
 
-#define PIPIT_DISPATCH_ALL(dtype, op, ...)                                           \
-  switch (dtype) {                                                                   \
-    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                       \
-    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                      \
-    PIPIT_CASE(DType::i32, int32_t, __VA_ARGS__)                                     \
-    PIPIT_CASE(DType::i64, int64_t, __VA_ARGS__)                                     \
-    PIPIT_CASE(DType::b8, bool, __VA_ARGS__)                                         \
-    PIPIT_CASE(DType::f16, ::pipit::cpu::Half, __VA_ARGS__)                          \
-    PIPIT_CASE(DType::bf16, ::pipit::cpu::BFloat16, __VA_ARGS__)                     \
-    default:                                                                         \
+#define PIPIT_DISPATCH_ALL(dtype, op, ...)                                              \
+  switch (dtype) {                                                                      \
+    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                          \
+    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                         \
+    PIPIT_CASE(DType::i32, int32_t, __VA_ARGS__)                                        \
+    PIPIT_CASE(DType::i64, int64_t, __VA_ARGS__)                                        \
+    PIPIT_CASE(DType::b8, bool, __VA_ARGS__)                                            \
+    PIPIT_CASE(DType::f16, ::pipit::cpu::Half, __VA_ARGS__)                             \
+    PIPIT_CASE(DType::bf16, ::pipit::cpu::BFloat16, __VA_ARGS__)                        \
+    default:                                                                            \
       throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
   }
 
 // Threads to use for a loop over n elements of unit cost.
 inline int threads_for(int64_t n) {
-  return n < kParallelGrain ? 1 : static_cast<int>(std::min<int64_t>(get_num_threads(), n / (kParallelGrain / 4)));
+  return n < kParallelGrain
+             ? 1
+             : static_cast<int>(std::min<int64_t>(get_num_threads(), n / (kParallelGrain / 4)));
 }
 
 // Runs body(begin, end) over [0, n) split into contiguous ranges, one per thread.
@@ -156,6 +158,8 @@ void for_each_row(const Loop<N>& loop, std::array<char*, N> base, std::array<int
   });
 }
 
-inline char* byte_ptr(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
+inline char* byte_ptr(const Tensor& t) {
+  return static_cast<char*>(t.raw_data());
+}
 
 }  // namespace pipit::cpu

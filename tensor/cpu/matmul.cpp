@@ -25,13 +25,13 @@ MatrixLayout layout_of(const Tensor& t) {
 }
 
 template <typename T>
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* b,
+          int64_t ldb, T beta, T* c, int64_t ldc) {
   auto trans = [](bool t) { return t ? CblasTrans : CblasNoTrans; };
   if constexpr (std::is_same_v<T, float>) {
     cblas_sgemm(CblasRowMajor, trans(ta), trans(tb), static_cast<int>(M), static_cast<int>(N),
-                static_cast<int>(K), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-                beta, c, static_cast<int>(ldc));
+                static_cast<int>(K), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+                c, static_cast<int>(ldc));
   } else {
     cblas_dgemm(CblasRowMajor, trans(ta), trans(tb), static_cast<int>(M), static_cast<int>(N),
                 static_cast<int>(K), 1.0, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,

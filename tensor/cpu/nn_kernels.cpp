@@ -82,7 +82,8 @@ void along_dim(const std::vector<Tensor>& inputs, const Tensor& out, int64_t dim
   std::vector<Tensor> rows;
   for (const Tensor& t : inputs) rows.push_back(contiguous_copy(dim_last(t, dim)));
   Tensor out_view = dim_last(out, dim);
-  Tensor out_rows = out_view.is_contiguous() ? out_view : Tensor::empty(out_view.shape(), out.dtype());
+  Tensor out_rows =
+      out_view.is_contiguous() ? out_view : Tensor::empty(out_view.shape(), out.dtype());
   const int64_t C = out.shape()[dim];
   kernel(rows, out_rows, C == 0 ? 0 : out.numel() / C, C);
   if (!out_rows.same_storage(out)) backend(out).copy(out_rows, out_view);
@@ -103,8 +104,8 @@ void CpuBackend::softmax_backward(const Tensor& grad, const Tensor& out, int64_t
   PIPIT_DISPATCH_FLOAT(out.dtype(), "softmax_backward", {
     along_dim({grad, out}, grad_in, dim, [&](auto& rows, const Tensor& o, int64_t R, int64_t C) {
       softmax_backward_rows<scalar_t>(rows[0].template data<scalar_t>(),
-                                      rows[1].template data<scalar_t>(), o.data<scalar_t>(), R,
-                                      C, log);
+                                      rows[1].template data<scalar_t>(), o.data<scalar_t>(), R, C,
+                                      log);
     });
   });
 }
@@ -282,6 +283,10 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
     const T* x = logits.data<T>();
     const int64_t* t = targets.data<int64_t>();
     T* g = grad_logits.data<T>();
+    for (int64_t i = 0; i < N; ++i) {
+      PIPIT_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < C), "cross_entropy: target ", t[i],
+                  " at row ", i, " is out of range for ", C, " classes");
+    }
     for_rows(N, C, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         T* gr = g + i * C;

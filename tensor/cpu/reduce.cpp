@@ -17,9 +17,12 @@ using acc_t = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
 template <typename T>
 acc_t<T> identity(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return 0;
-    case ReduceOp::max: return std::numeric_limits<T>::lowest();
-    case ReduceOp::min: return std::numeric_limits<T>::max();
+    case ReduceOp::sum:
+      return 0;
+    case ReduceOp::max:
+      return std::numeric_limits<T>::lowest();
+    case ReduceOp::min:
+      return std::numeric_limits<T>::max();
   }
   return 0;
 }
@@ -27,9 +30,12 @@ acc_t<T> identity(ReduceOp op) {
 template <typename T>
 acc_t<T> combine(ReduceOp op, acc_t<T> a, acc_t<T> b) {
   switch (op) {
-    case ReduceOp::sum: return a + b;
-    case ReduceOp::max: return (a > b || a != a) ? a : b;
-    case ReduceOp::min: return (a < b || a != a) ? a : b;
+    case ReduceOp::sum:
+      return a + b;
+    case ReduceOp::max:
+      return (a > b || a != a) ? a : b;
+    case ReduceOp::min:
+      return (a < b || a != a) ? a : b;
   }
   return a;
 }

@@ -1,0 +1,105 @@
+// pipit's half of bench/cpu_vs_torch.py: times training steps of one model and prints one
+// JSON line {"model": ..., "threads": ..., "ms": [per-step times]}. The driver alternates
+// this program with the same model in PyTorch and reports medians and ratios.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "loss/loss.h"
+#include "nn/builders.h"
+#include "optim/optimizer.h"
+#include "pipit.h"
+
+using namespace pipit;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+template <typename Step>
+std::vector<double> time_steps(int warmup, int steps, Step step) {
+  for (int i = 0; i < warmup; ++i) step();
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) {
+    auto start = Clock::now();
+    step();
+    times.push_back(ms_since(start));
+  }
+  return times;
+}
+
+std::vector<double> bench_mlp(int warmup, int steps) {
+  Generator generator(0);
+  auto model = mlp({784, 1024, 1024, 10}, "relu", &generator);
+  SGD optimizer(model->named_parameters(), {0.01, 0.9, 0.0});
+  CrossEntropyLoss loss_fn;
+  Tensor x = randn({256, 784}, &generator);
+  std::vector<int64_t> labels(256);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>(i % 10);
+  Tensor y = from_vector(labels, {256});
+  return time_steps(warmup, steps, [&] {
+    optimizer.zero_grad();
+    loss_fn.compute_loss(model->forward(x), y).backward();
+    optimizer.step();
+  });
+}
+
+std::vector<double> bench_gpt(int warmup, int steps) {
+  Generator generator(0);
+  auto model = gpt({65, 128, 4, 4, 128, 0.0}, &generator);
+  AdamW optimizer(model->named_parameters(), {3e-4, 0.9, 0.95, 1e-8, 0.01});
+  CrossEntropyLoss loss_fn;
+  std::vector<int64_t> tokens(16 * 128), targets(16 * 128);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int64_t>((i * 7) % 65);
+    targets[i] = static_cast<int64_t>((i * 7 + 3) % 65);
+  }
+  Tensor x = from_vector(tokens, {16, 128}), y = from_vector(targets, {16, 128});
+  return time_steps(warmup, steps, [&] {
+    optimizer.zero_grad();
+    loss_fn.compute_loss(model->forward(x), y).backward();
+    optimizer.step();
+  });
+}
+
+// Microseconds per 1-element add, measured over batches of 10000 adds.
+std::vector<double> bench_tiny_op(int warmup, int steps) {
+  Tensor a = tensor({1.0f}), b = tensor({2.0f});
+  constexpr int kOps = 10000;
+  std::vector<double> ms = time_steps(warmup, steps, [&] {
+    for (int i = 0; i < kOps; ++i) a = add(a, b);
+  });
+  for (double& v : ms) v = v * 1000.0 / kOps;
+  return ms;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: cpu_vs_torch mlp|gpt|tiny_op THREADS WARMUP STEPS\n");
+    return 2;
+  }
+  const std::string model = argv[1];
+  const int threads = std::stoi(argv[2]), warmup = std::stoi(argv[3]), steps = std::stoi(argv[4]);
+  set_num_threads(threads);
+  std::vector<double> times;
+  if (model == "mlp") {
+    times = bench_mlp(warmup, steps);
+  } else if (model == "gpt") {
+    times = bench_gpt(warmup, steps);
+  } else if (model == "tiny_op") {
+    times = bench_tiny_op(warmup, steps);
+  } else {
+    std::fprintf(stderr, "cpu_vs_torch: unknown model '%s' (mlp, gpt, tiny_op)\n", model.c_str());
+    return 2;
+  }
+  std::printf("{\"model\": \"%s\", \"threads\": %d, \"ms\": [", model.c_str(), threads);
+  for (size_t i = 0; i < times.size(); ++i) std::printf("%s%.4f", i ? ", " : "", times[i]);
+  std::printf("]}\n");
+  return 0;
+}

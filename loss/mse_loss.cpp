@@ -1,0 +1,31 @@
+#include "autograd/ops.h"
+#include "loss/loss.h"
+#include "tensor/backend.h"
+
+namespace pipit {
+namespace {
+void check_same(const Tensor& output, const Tensor& target) {
+  PIPIT_CHECK(output.shape() == target.shape(), "MSELoss: output shape ", shape_str(output.shape()),
+              " differs from target shape ", shape_str(target.shape()));
+  PIPIT_CHECK(output.dtype() == target.dtype(), "MSELoss: output dtype ", output.dtype(),
+              " differs from target dtype ", target.dtype());
+}
+}  // namespace
+
+Tensor MSELoss::compute_loss(const Tensor& output, const Tensor& target) const {
+  check_same(output, target);
+  Tensor diff = output - target;
+  return mean(diff * diff);
+}
+
+Tensor MSELoss::compute_gradient(const Tensor& output, const Tensor& target) const {
+  check_same(output, target);
+  NoGradGuard no_grad;
+  return (output - target) * (2.0 / static_cast<double>(output.numel()));
+}
+
+nlohmann::json MSELoss::config() const {
+  return {{"type", "MSELoss"}};
+}
+
+}  // namespace pipit

@@ -1,0 +1,72 @@
+#include "nn/builders.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "nn/layers.h"
+#include "nn/transformer.h"
+#include "tensor/backend.h"
+
+namespace pipit {
+namespace {
+
+std::shared_ptr<Module> activation_layer(const std::string& name) {
+  if (name == "relu") return std::make_shared<ReLU>();
+  if (name == "gelu") return std::make_shared<GELU>();
+  if (name == "tanh") return std::make_shared<Tanh>();
+  throw Error("mlp: unknown activation '" + name + "' (expected relu, gelu or tanh)");
+}
+
+void fill_normal(const Tensor& t, double std, Generator* generator) {
+  NoGradGuard no_grad;
+  backend(t).normal(t, generator ? *generator : default_generator(), 0.0, std);
+}
+
+void fill_zero(const Tensor& t) {
+  NoGradGuard no_grad;
+  backend(t).fill(t, 0.0);
+}
+
+}  // namespace
+
+std::shared_ptr<Sequential> mlp(const std::vector<int64_t>& sizes, const std::string& activation,
+                                Generator* generator) {
+  PIPIT_CHECK(sizes.size() >= 2, "mlp: needs at least an input and an output size");
+  auto model = std::make_shared<Sequential>();
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+    model->push_back(std::make_shared<Linear>(sizes[i], sizes[i + 1], true, generator));
+    if (i + 2 < sizes.size()) model->push_back(activation_layer(activation));
+  }
+  return model;
+}
+
+std::shared_ptr<Sequential> gpt(const GptConfig& c, Generator* generator) {
+  PIPIT_CHECK(c.vocab_size > 0 && c.context > 0 && c.layers > 0 && c.heads > 0 && c.width > 0,
+              "gpt: every size must be positive");
+  auto model = std::make_shared<Sequential>();
+  model->push_back(
+      std::make_shared<TokenPosEmbedding>(c.vocab_size, c.context, c.width, generator));
+  // GPT-2 initialisation: N(0, 0.02) weights, zero biases, and residual projections scaled by
+  // 1/sqrt(2 * layers) so the residual stream's variance does not grow with depth.
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+  for (int64_t i = 0; i < c.layers; ++i) {
+    auto block = std::make_shared<TransformerBlock>(c.width, c.heads, c.dropout, generator);
+    for (const auto& linear : {block->attn->qkv, block->fc}) {
+      fill_normal(linear->weight, 0.02, generator);
+      fill_zero(linear->bias);
+    }
+    for (const auto& linear : {block->attn->proj, block->proj}) {
+      fill_normal(linear->weight, residual_std, generator);
+      fill_zero(linear->bias);
+    }
+    model->push_back(block);
+  }
+  model->push_back(std::make_shared<LayerNorm>(c.width));
+  auto head = std::make_shared<Linear>(c.width, c.vocab_size, true, generator);
+  fill_normal(head->weight, 0.02, generator);
+  fill_zero(head->bias);
+  model->push_back(head);
+  return model;
+}
+
+}  // namespace pipit

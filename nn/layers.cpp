@@ -1,0 +1,104 @@
+#include "nn/layers.h"
+
+#include <cmath>
+
+#include "autograd/ops.h"
+#include "tensor/factory.h"
+
+namespace pipit {
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool use_bias, Generator* generator)
+    : in_(in_features), out_(out_features) {
+  PIPIT_CHECK(in_features > 0 && out_features > 0, "Linear: sizes must be positive, got ",
+              in_features, " -> ", out_features);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  weight = register_parameter("weight", uniform({out_, in_}, -bound, bound, generator));
+  if (use_bias) bias = register_parameter("bias", uniform({out_}, -bound, bound, generator));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  return linear(x, weight, bias);
+}
+
+json Linear::config() const {
+  return {{"type", "Linear"}, {"in", in_}, {"out", out_}, {"bias", bias.defined()}};
+}
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* generator)
+    : num_(num_embeddings), dim_(dim) {
+  PIPIT_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ",
+              num_embeddings, " x ", dim);
+  weight = register_parameter("weight", normal({num_, dim_}, 0.0, 0.02, generator));
+}
+
+Tensor Embedding::forward(const Tensor& indices) {
+  return embedding(weight, indices);
+}
+
+json Embedding::config() const {
+  return {{"type", "Embedding"}, {"num", num_}, {"dim", dim_}};
+}
+
+TokenPosEmbedding::TokenPosEmbedding(int64_t vocab_size, int64_t context, int64_t width,
+                                     Generator* generator)
+    : vocab_(vocab_size), context_(context), width_(width) {
+  tokens_ = register_module("tokens", std::make_shared<Embedding>(vocab_, width_, generator));
+  positions_ =
+      register_module("positions", std::make_shared<Embedding>(context_, width_, generator));
+}
+
+Tensor TokenPosEmbedding::forward(const Tensor& tokens) {
+  PIPIT_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i64,
+              "TokenPosEmbedding: expects I64 tokens [B, T], got ", tokens.dtype(), " ",
+              shape_str(tokens.shape()));
+  const int64_t T = tokens.shape()[1];
+  PIPIT_CHECK(T <= context_, "TokenPosEmbedding: sequence length ", T, " exceeds the context ",
+              context_);
+  Tensor positions = arange(0, static_cast<double>(T), 1.0, {DType::i64, tokens.device()});
+  return tokens_->forward(tokens) + positions_->forward(positions);
+}
+
+json TokenPosEmbedding::config() const {
+  return {
+      {"type", "TokenPosEmbedding"}, {"vocab", vocab_}, {"context", context_}, {"width", width_}};
+}
+
+LayerNorm::LayerNorm(int64_t dim, double eps) : dim_(dim), eps_(eps) {
+  PIPIT_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
+  weight = register_parameter("weight", ones({dim}));
+  bias = register_parameter("bias", zeros({dim}));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(x, weight, bias, eps_);
+}
+
+json LayerNorm::config() const {
+  return {{"type", "LayerNorm"}, {"dim", dim_}, {"eps", eps_}};
+}
+
+Dropout::Dropout(double p, Generator* generator) : p_(p) {
+  Generator& source = generator ? *generator : default_generator();
+  generator_.manual_seed(source.bits(source.reserve(1)));
+  PIPIT_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got ", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) {
+  return dropout(x, p_, is_training(), &generator_);
+}
+
+json Dropout::config() const {
+  return {{"type", "Dropout"}, {"p", p_}};
+}
+
+Tensor ReLU::forward(const Tensor& x) {
+  return relu(x);
+}
+Tensor GELU::forward(const Tensor& x) {
+  return gelu(x);
+}
+Tensor Tanh::forward(const Tensor& x) {
+  return tanh(x);
+}
+
+}  // namespace pipit

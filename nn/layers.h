@@ -1,0 +1,88 @@
+#pragma once
+// The basic layers: each one tensor in, one tensor out. Constructors that initialise weights
+// take a Generator (null: default_generator()) so a seeded run is reproducible.
+#include "nn/module.h"
+#include "tensor/generator.h"
+
+namespace pipit {
+
+// y = x W^T + b with W [out, in]. Default init: uniform(+-1/sqrt(in)), as PyTorch.
+class Linear final : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true,
+         Generator* generator = nullptr);
+  Tensor forward(const Tensor& x) override;
+  json config() const override;
+  Tensor weight, bias;  // bias undefined when disabled
+
+ private:
+  int64_t in_, out_;
+};
+
+// Rows of weight [num, dim] picked by i64 indices. Init: normal(0, 0.02), as GPT-2.
+class Embedding final : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, Generator* generator = nullptr);
+  Tensor forward(const Tensor& indices) override;
+  json config() const override;
+  Tensor weight;
+
+ private:
+  int64_t num_, dim_;
+};
+
+// Token embedding plus learned position embedding: i64 tokens [B, T] -> [B, T, width].
+class TokenPosEmbedding final : public Module {
+ public:
+  TokenPosEmbedding(int64_t vocab_size, int64_t context, int64_t width,
+                    Generator* generator = nullptr);
+  Tensor forward(const Tensor& tokens) override;
+  json config() const override;
+
+ private:
+  int64_t vocab_, context_, width_;
+  std::shared_ptr<Embedding> tokens_, positions_;
+};
+
+class LayerNorm final : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5);
+  Tensor forward(const Tensor& x) override;
+  json config() const override;
+  Tensor weight, bias;
+
+ private:
+  int64_t dim_;
+  double eps_;
+};
+
+class Dropout final : public Module {
+ public:
+  explicit Dropout(double p, Generator* generator = nullptr);
+  Tensor forward(const Tensor& x) override;
+  json config() const override;
+
+ private:
+  double p_;
+  Generator generator_;  // its own stream, seeded from the constructor's generator
+};
+
+class ReLU final : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  json config() const override { return {{"type", "ReLU"}}; }
+};
+
+class GELU final : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  json config() const override { return {{"type", "GELU"}}; }
+};
+
+class Tanh final : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  json config() const override { return {{"type", "Tanh"}}; }
+};
+
+}  // namespace pipit

@@ -1,0 +1,89 @@
+#include "nn/module.h"
+
+#include <set>
+
+#include "autograd/grad_mode.h"
+#include "tensor/backend.h"
+
+namespace pipit {
+
+Tensor& Module::register_parameter(const std::string& name, Tensor value) {
+  for (const auto& [existing, p] : parameters_) {
+    PIPIT_CHECK(existing != name, "register_parameter: '", name, "' is already registered");
+  }
+  value.requires_grad_(true);
+  parameters_.emplace_back(name, std::move(value));
+  return parameters_.back().second;
+}
+
+void Module::register_child(const std::string& name, std::shared_ptr<Module> module) {
+  PIPIT_CHECK(module != nullptr, "register_module: '", name, "' is null");
+  for (const auto& [existing, m] : children_) {
+    PIPIT_CHECK(existing != name, "register_module: '", name, "' is already registered");
+  }
+  children_.emplace_back(name, std::move(module));
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out = parameters_;
+  for (const auto& [child_name, child] : children_) {
+    for (auto& [name, p] : child->named_parameters()) out.emplace_back(child_name + "." + name, p);
+  }
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, p] : named_parameters()) out.push_back(p);
+  return out;
+}
+
+int64_t Module::parameter_count() const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  return n;
+}
+
+void Module::zero_grad() {
+  for (Tensor& p : parameters()) p.zero_grad();
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+StateDict Module::state_dict() const {
+  StateDict state;
+  for (auto& [name, p] : named_parameters()) state[name] = p;
+  return state;
+}
+
+void Module::load_state_dict(const StateDict& state, bool strict) {
+  std::set<std::string> used;
+  NoGradGuard no_grad;
+  auto params = named_parameters();
+  for (auto& [name, p] : params) {
+    auto it = state.find(name);
+    if (it == state.end()) {
+      PIPIT_CHECK(!strict, "load_state_dict: missing parameter '", name, "' of shape ",
+                  shape_str(p.shape()));
+      continue;
+    }
+    const Tensor& value = it->second;
+    PIPIT_CHECK(value.shape() == p.shape(), "load_state_dict: parameter '", name, "' has shape ",
+                shape_str(p.shape()), " but the state dict gives ", shape_str(value.shape()));
+    PIPIT_CHECK(value.dtype() == p.dtype(), "load_state_dict: parameter '", name, "' has dtype ",
+                p.dtype(), " but the state dict gives ", value.dtype());
+    backend(p).copy(value, p);
+    used.insert(name);
+  }
+  if (used.size() != state.size()) {
+    for (const auto& [name, value] : state) {
+      PIPIT_CHECK(used.count(name), "load_state_dict: unexpected parameter '", name, "' of shape ",
+                  shape_str(value.shape()), " (the module has no such parameter)");
+    }
+  }
+}
+
+}  // namespace pipit

@@ -1,0 +1,113 @@
+#include "nn/registry.h"
+
+#include <map>
+#include <mutex>
+
+#include "nn/layers.h"
+#include "nn/sequential.h"
+#include "nn/transformer.h"
+
+namespace pipit {
+namespace {
+
+std::string type_of(const json& config) {
+  return config.is_object() && config.contains("type") && config["type"].is_string()
+             ? config["type"].get<std::string>()
+             : std::string("<no type>");
+}
+
+const json& field(const json& config, const char* name) {
+  PIPIT_CHECK(config.is_object() && config.contains(name), "build_module: ", type_of(config),
+              " config is missing field \"", name, "\"");
+  return config[name];
+}
+
+// Built-in types are registered here, not by static initialisers, which a static library
+// drops when nothing references their object file.
+std::map<std::string, ModuleFactory> builtin_factories() {
+  std::map<std::string, ModuleFactory> f;
+  f["Linear"] = [](const json& c) {
+    const json& bias = field(c, "bias");
+    PIPIT_CHECK(bias.is_boolean(), "build_module: Linear field \"bias\" must be a boolean");
+    return std::make_shared<Linear>(config_int(c, "in"), config_int(c, "out"), bias.get<bool>());
+  };
+  f["Embedding"] = [](const json& c) {
+    return std::make_shared<Embedding>(config_int(c, "num"), config_int(c, "dim"));
+  };
+  f["TokenPosEmbedding"] = [](const json& c) {
+    return std::make_shared<TokenPosEmbedding>(config_int(c, "vocab"), config_int(c, "context"),
+                                               config_int(c, "width"));
+  };
+  f["LayerNorm"] = [](const json& c) {
+    return std::make_shared<LayerNorm>(config_int(c, "dim"), config_number(c, "eps"));
+  };
+  f["Dropout"] = [](const json& c) { return std::make_shared<Dropout>(config_number(c, "p")); };
+  f["ReLU"] = [](const json&) { return std::make_shared<ReLU>(); };
+  f["GELU"] = [](const json&) { return std::make_shared<GELU>(); };
+  f["Tanh"] = [](const json&) { return std::make_shared<Tanh>(); };
+  f["CausalSelfAttention"] = [](const json& c) {
+    return std::make_shared<CausalSelfAttention>(config_int(c, "width"), config_int(c, "heads"),
+                                                 config_number(c, "dropout"));
+  };
+  f["TransformerBlock"] = [](const json& c) {
+    return std::make_shared<TransformerBlock>(config_int(c, "width"), config_int(c, "heads"),
+                                              config_number(c, "dropout"));
+  };
+  f["Sequential"] = [](const json& c) {
+    const json& layers = field(c, "layers");
+    PIPIT_CHECK(layers.is_array(), "build_module: Sequential field \"layers\" must be an array");
+    std::vector<std::shared_ptr<Module>> built;
+    for (const json& layer : layers) built.push_back(build_module(layer));
+    const int64_t first = c.contains("first_index") ? config_int(c, "first_index") : 0;
+    PIPIT_CHECK(first >= 0, "build_module: Sequential field \"first_index\" must be >= 0");
+    return std::make_shared<Sequential>(std::move(built), static_cast<size_t>(first));
+  };
+  return f;
+}
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<std::string, ModuleFactory>& registry() {
+  static std::map<std::string, ModuleFactory> factories = builtin_factories();
+  return factories;
+}
+
+}  // namespace
+
+int64_t config_int(const json& config, const char* name) {
+  const json& value = field(config, name);
+  PIPIT_CHECK(value.is_number_integer(), "build_module: ", type_of(config), " field \"", name,
+              "\" must be an integer, got ", value.dump());
+  return value.get<int64_t>();
+}
+
+double config_number(const json& config, const char* name) {
+  const json& value = field(config, name);
+  PIPIT_CHECK(value.is_number(), "build_module: ", type_of(config), " field \"", name,
+              "\" must be a number, got ", value.dump());
+  return value.get<double>();
+}
+
+std::shared_ptr<Module> build_module(const json& config) {
+  PIPIT_CHECK(config.is_object(), "build_module: a module config must be a JSON object, got ",
+              config.dump());
+  const std::string type = type_of(config);
+  ModuleFactory factory;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(type);
+    PIPIT_CHECK(it != registry().end(), "build_module: unknown module type '", type, "'");
+    factory = it->second;
+  }
+  return factory(config);
+}
+
+void register_module_type(const std::string& type, ModuleFactory factory) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry()[type] = std::move(factory);
+}
+
+}  // namespace pipit

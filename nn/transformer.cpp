@@ -1,0 +1,68 @@
+#include "nn/transformer.h"
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/ops.h"
+#include "tensor/factory.h"
+
+namespace pipit {
+
+CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, double dropout,
+                                         Generator* generator)
+    : width_(width), heads_(heads), dropout_(dropout) {
+  PIPIT_CHECK(heads > 0 && width > 0 && width % heads == 0, "CausalSelfAttention: width ", width,
+              " must be a positive multiple of heads ", heads);
+  qkv = register_module("qkv", std::make_shared<Linear>(width, 3 * width, true, generator));
+  proj = register_module("proj", std::make_shared<Linear>(width, width, true, generator));
+  attn_dropout_ = register_module("attn_dropout", std::make_shared<Dropout>(dropout, generator));
+  out_dropout_ = register_module("out_dropout", std::make_shared<Dropout>(dropout, generator));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  PIPIT_CHECK(x.dim() == 3 && x.shape()[2] == width_, "CausalSelfAttention: expects [B, T, ",
+              width_, "], got ", shape_str(x.shape()));
+  const int64_t B = x.shape()[0], T = x.shape()[1], D = width_ / heads_;
+  // [B, T, 3, H, D] -> [3, B, H, T, D]: q, k and v are views, and GEMM reads them in place.
+  Tensor qkv_heads = permute(reshape(qkv->forward(x), {B, T, 3, heads_, D}), {2, 0, 3, 1, 4});
+  Tensor q = squeeze(narrow(qkv_heads, 0, 0, 1), 0);
+  Tensor k = squeeze(narrow(qkv_heads, 0, 1, 1), 0);
+  Tensor v = squeeze(narrow(qkv_heads, 0, 2, 1), 0);
+  Tensor scores = matmul(q, transpose(k, -1, -2)) * (1.0 / std::sqrt(static_cast<double>(D)));
+  Tensor positions = arange(0, static_cast<double>(T), 1.0, {DType::i64, x.device()});
+  Tensor future = gt(reshape(positions, {1, T}), reshape(positions, {T, 1}));
+  Tensor weights =
+      softmax(masked_fill(scores, future, -std::numeric_limits<double>::infinity()), -1);
+  weights = attn_dropout_->forward(weights);
+  Tensor y = reshape(permute(matmul(weights, v), {0, 2, 1, 3}), {B, T, width_});
+  return out_dropout_->forward(proj->forward(y));
+}
+
+json CausalSelfAttention::config() const {
+  return {
+      {"type", "CausalSelfAttention"}, {"width", width_}, {"heads", heads_}, {"dropout", dropout_}};
+}
+
+TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout,
+                                   Generator* generator)
+    : width_(width), heads_(heads), dropout_(dropout) {
+  ln1 = register_module("ln1", std::make_shared<LayerNorm>(width));
+  attn = register_module("attn",
+                         std::make_shared<CausalSelfAttention>(width, heads, dropout, generator));
+  ln2 = register_module("ln2", std::make_shared<LayerNorm>(width));
+  fc = register_module("fc", std::make_shared<Linear>(width, 4 * width, true, generator));
+  proj = register_module("proj", std::make_shared<Linear>(4 * width, width, true, generator));
+  mlp_dropout_ = register_module("mlp_dropout", std::make_shared<Dropout>(dropout, generator));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  Tensor h = x + attn->forward(ln1->forward(x));
+  return h + mlp_dropout_->forward(proj->forward(gelu(fc->forward(ln2->forward(h)))));
+}
+
+json TransformerBlock::config() const {
+  return {
+      {"type", "TransformerBlock"}, {"width", width_}, {"heads", heads_}, {"dropout", dropout_}};
+}
+
+}  // namespace pipit

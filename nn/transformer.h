@@ -1,0 +1,42 @@
+#pragma once
+// The GPT building blocks.
+#include "nn/layers.h"
+
+namespace pipit {
+
+// Multi-head causal self-attention: one Linear "qkv" (C -> 3C, laid out q | k | v, each split
+// into heads of C / heads), scaled dot products masked so position t sees positions <= t,
+// softmax, and a Linear "proj" (C -> C). Input and output [B, T, C].
+class CausalSelfAttention final : public Module {
+ public:
+  CausalSelfAttention(int64_t width, int64_t heads, double dropout = 0.0,
+                      Generator* generator = nullptr);
+  Tensor forward(const Tensor& x) override;
+  json config() const override;
+  std::shared_ptr<Linear> qkv, proj;
+
+ private:
+  int64_t width_, heads_;
+  double dropout_;
+  std::shared_ptr<Dropout> attn_dropout_, out_dropout_;
+};
+
+// Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)) where the MLP is
+// fc (C -> 4C), GELU, proj (4C -> C). Children: ln1, attn, ln2, fc, proj.
+class TransformerBlock final : public Module {
+ public:
+  TransformerBlock(int64_t width, int64_t heads, double dropout = 0.0,
+                   Generator* generator = nullptr);
+  Tensor forward(const Tensor& x) override;
+  json config() const override;
+  std::shared_ptr<LayerNorm> ln1, ln2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<Linear> fc, proj;
+
+ private:
+  int64_t width_, heads_;
+  double dropout_;
+  std::shared_ptr<Dropout> mlp_dropout_;
+};
+
+}  // namespace pipit

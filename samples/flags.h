@@ -1,0 +1,77 @@
+#pragma once
+// A tiny --name value flag parser shared by the sample programs. Unknown flags, missing
+// values and malformed numbers print the usage and exit with status 2.
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace samples {
+
+class Flags {
+ public:
+  Flags(std::string program, std::string summary)
+      : program_(std::move(program)), summary_(std::move(summary)) {}
+
+  void add(const std::string& name, const std::string& default_value, const std::string& help) {
+    order_.push_back(name);
+    values_[name] = default_value;
+    help_[name] = help;
+  }
+
+  void parse(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg == "--help" || arg == "-h") usage(0);
+      if (arg.rfind("--", 0) != 0 || !values_.count(arg.substr(2)))
+        fail("unknown flag '" + arg + "'");
+      if (i + 1 >= argc) fail("flag '" + arg + "' needs a value");
+      values_[arg.substr(2)] = argv[++i];
+    }
+  }
+
+  std::string str(const std::string& name) const { return values_.at(name); }
+
+  long long integer(const std::string& name, long long min_value = 1) const {
+    const std::string& text = values_.at(name);
+    char* end = nullptr;
+    long long value = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0') fail("--" + name + " expects an integer, got '" + text + "'");
+    if (value < min_value) {
+      fail("--" + name + " must be >= " + std::to_string(min_value) + ", got " + text);
+    }
+    return value;
+  }
+
+  double number(const std::string& name) const {
+    const std::string& text = values_.at(name);
+    char* end = nullptr;
+    double value = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0') fail("--" + name + " expects a number, got '" + text + "'");
+    return value;
+  }
+
+  [[noreturn]] void fail(const std::string& message) const {
+    std::cerr << program_ << ": " << message << "\n\n";
+    usage(2);
+  }
+
+  [[noreturn]] void usage(int status) const {
+    std::ostream& out = status == 0 ? std::cout : std::cerr;
+    out << "usage: " << program_ << " [--flag value ...]\n" << summary_ << "\n\nflags:\n";
+    for (const auto& name : order_) {
+      out << "  --" << name << " (default "
+          << (values_.at(name).empty() ? "none" : values_.at(name)) << ")\n      " << help_.at(name)
+          << "\n";
+    }
+    std::exit(status);
+  }
+
+ private:
+  std::string program_, summary_;
+  std::vector<std::string> order_;
+  std::map<std::string, std::string> values_, help_;
+};
+
+}  // namespace samples

@@ -1,0 +1,166 @@
+#include "serialize/safetensors.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "serialize/atomic_file.h"
+#include "tensor/backend.h"
+
+namespace pipit {
+
+static_assert(std::endian::native == std::endian::little,
+              "pipit writes tensors in host byte order, which must be little-endian");
+
+namespace {
+
+using json = nlohmann::json;
+
+// Headers beyond this are refused before any allocation: real ones are kilobytes.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+std::string fail_prefix(const std::string& source) {
+  return "safetensors '" + source + "': ";
+}
+
+}  // namespace
+
+std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) {
+    json meta = json::object();
+    for (const auto& [key, value] : metadata.items()) {
+      meta[key] = value.is_string() ? value.get<std::string>() : value.dump();
+    }
+    header["__metadata__"] = meta;
+  }
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    PIPIT_CHECK(name != "__metadata__", "encode_safetensors: '__metadata__' is not a tensor name");
+    header[name] = {{"dtype", dtype_name(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string header_text = header.dump();
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
+  std::string out(8, '\0');
+  const uint64_t header_size = header_text.size();
+  std::memcpy(out.data(), &header_size, 8);
+  out += header_text;
+  out.reserve(out.size() + offset);
+  for (const auto& [name, t] : tensors) {
+    Tensor host = Tensor::empty(t.shape(), t.dtype());
+    backend(Device::cpu()).copy(t.device().is_cpu() ? t : t.to(Device::cpu()), host);
+    out.append(static_cast<const char*>(host.raw_data()), host.nbytes());
+  }
+  return out;
+}
+
+StateDict decode_safetensors(const char* data, size_t size, const std::string& source,
+                             json* metadata) {
+  const std::string where = fail_prefix(source);
+  PIPIT_CHECK(size >= 8, where, "file of ", size,
+              " bytes is too short for the 8-byte header length");
+  uint64_t header_size;
+  std::memcpy(&header_size, data, 8);
+  PIPIT_CHECK(header_size <= kMaxHeaderBytes && header_size <= size - 8, where, "header length ",
+              header_size, " exceeds the ", size - 8, " bytes after the length field");
+  json header;
+  try {
+    header = json::parse(data + 8, data + 8 + header_size);
+  } catch (const json::exception& e) {
+    throw Error(where + "header is not valid JSON: " + e.what());
+  }
+  PIPIT_CHECK(header.is_object(), where, "header is not a JSON object");
+  const uint64_t data_size = size - 8 - header_size;
+  const char* bytes = data + 8 + header_size;
+
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
+  StateDict tensors;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      PIPIT_CHECK(entry.is_object(), where, "__metadata__ is not an object");
+      for (const auto& [key, value] : entry.items()) {
+        PIPIT_CHECK(value.is_string(), where, "__metadata__ value '", key, "' is not a string");
+      }
+      if (metadata) *metadata = entry;
+      continue;
+    }
+    const std::string field = where + "tensor '" + name + "': ";
+    PIPIT_CHECK(entry.is_object(), field, "entry is not an object");
+    PIPIT_CHECK(entry.contains("dtype") && entry["dtype"].is_string(), field,
+                "missing or non-string \"dtype\"");
+    PIPIT_CHECK(entry.contains("shape") && entry["shape"].is_array(), field,
+                "missing or non-array \"shape\"");
+    PIPIT_CHECK(entry.contains("data_offsets") && entry["data_offsets"].is_array() &&
+                    entry["data_offsets"].size() == 2,
+                field, "missing \"data_offsets\" [begin, end]");
+    DType dtype;
+    try {
+      dtype = dtype_from_name(entry["dtype"].get<std::string>());
+    } catch (const Error& e) {
+      throw Error(field + "\"dtype\": " + e.what());
+    }
+    Shape shape;
+    uint64_t count = 1;
+    for (const json& dim : entry["shape"]) {
+      PIPIT_CHECK(dim.is_number_unsigned(), field, "\"shape\" has a non-negative-integer entry ",
+                  dim.dump());
+      uint64_t d = dim.get<uint64_t>();
+      PIPIT_CHECK(!__builtin_mul_overflow(count, d, &count) &&
+                      d <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                  field, "\"shape\" ", entry["shape"].dump(), " is too large");
+      shape.push_back(static_cast<int64_t>(d));
+    }
+    for (const json& offset : entry["data_offsets"]) {
+      PIPIT_CHECK(offset.is_number_unsigned(), field,
+                  "\"data_offsets\" entries must be "
+                  "non-negative integers, got ",
+                  entry["data_offsets"].dump());
+    }
+    const uint64_t begin = entry["data_offsets"][0], end = entry["data_offsets"][1];
+    PIPIT_CHECK(begin <= end && end <= data_size, field, "\"data_offsets\" [", begin, ", ", end,
+                "] lie outside the ", data_size, " data bytes");
+    uint64_t nbytes = 0;
+    PIPIT_CHECK(!__builtin_mul_overflow(count, dtype_size(dtype), &nbytes) && nbytes == end - begin,
+                field, "\"shape\" ", entry["shape"].dump(), " of ",
+                entry["dtype"].get<std::string>(), " does not match the ", end - begin,
+                " bytes \"data_offsets\" span");
+    Tensor t = Tensor::empty(shape, dtype);
+    if (end > begin) std::memcpy(t.raw_data(), bytes + begin, end - begin);
+    tensors[name] = t;
+    ranges.push_back({begin, end, name});
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  uint64_t covered = 0;
+  for (const Range& r : ranges) {
+    PIPIT_CHECK(r.begin >= covered, where, "tensor '", r.name,
+                "': \"data_offsets\" overlap the "
+                "previous tensor's");
+    PIPIT_CHECK(r.begin == covered, where, "tensor '", r.name, "': ", r.begin - covered,
+                " unused bytes before its \"data_offsets\" (the layout must be dense)");
+    covered = r.end;
+  }
+  PIPIT_CHECK(covered == data_size, where, data_size - covered,
+              " bytes after the last tensor belong to none");
+  return tensors;
+}
+
+void save_safetensors(const std::string& path, const StateDict& tensors, const json& metadata) {
+  write_file_atomic(path, encode_safetensors(tensors, metadata));
+}
+
+StateDict load_safetensors(const std::string& path, json* metadata) {
+  const std::string bytes = read_file(path);
+  return decode_safetensors(bytes.data(), bytes.size(), path, metadata);
+}
+
+}  // namespace pipit

@@ -1,0 +1,26 @@
+#pragma once
+// The safetensors layout, pipit's one codec for tensors on disk and (later) on the wire:
+// 8-byte little-endian header length N, N bytes of JSON
+// {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}},
+// then the raw little-endian bytes, offsets counted from the end of the header.
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tensor/state_dict.h"
+
+namespace pipit {
+
+std::string encode_safetensors(const StateDict& tensors,
+                               const nlohmann::json& metadata = nlohmann::json::object());
+// Validates every field; errors name `source` (a file or frame) and the field. The returned
+// tensors own their memory.
+StateDict decode_safetensors(const char* data, size_t size, const std::string& source,
+                             nlohmann::json* metadata = nullptr);
+
+// Written to a temporary file, fsynced and renamed: a crash leaves the old file or the new.
+void save_safetensors(const std::string& path, const StateDict& tensors,
+                      const nlohmann::json& metadata = nlohmann::json::object());
+StateDict load_safetensors(const std::string& path, nlohmann::json* metadata = nullptr);
+
+}  // namespace pipit
