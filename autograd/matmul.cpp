@@ -59,7 +59,8 @@ struct LinearBackward : Node {
     Tensor gx, gw, gb;
     if (next[0]) gx = reshape(matmul_raw(g2, weight), x.shape());
     if (next[1]) gw = matmul_raw(mT(g2), reshape(x, {-1, x.shape().back()}));
-    if (next.size() > 2 && next[2]) gb = sum(g2, {0});
+    if (next.size() == 2) return {gx, gw};
+    if (next[2]) gb = sum(g2, {0});
     return {gx, gw, gb};
   }
   std::string name() const override { return "LinearBackward"; }
