@@ -1,0 +1,101 @@
+#include <catch2/catch.hpp>
+
+#include "nn/builders.h"
+#include "nn/layers.h"
+#include "nn/registry.h"
+#include "nn/transformer.h"
+#include "pipit.h"
+
+using namespace pipit;
+
+namespace {
+const GptConfig kTiny{13, 8, 2, 2, 16, 0.0};
+Tensor tokens_2x6() {
+  return from_vector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {2, 6});
+}
+}  // namespace
+
+TEST_CASE("gpt parameters have dotted names and the expected count", "[nn]") {
+  auto model = gpt(kTiny);
+  StateDict state = model->state_dict();
+  for (const char* name : {"0.tokens.weight", "0.positions.weight", "1.attn.qkv.weight",
+                           "2.proj.bias", "3.weight", "4.weight", "4.bias"}) {
+    CHECK(state.count(name) == 1);
+  }
+  const int64_t V = 13, T = 8, C = 16, L = 2;
+  const int64_t block =
+      2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C);
+  CHECK(model->parameter_count() == V * C + T * C + L * block + 2 * C + C * V + V);
+  CHECK(model->size() == 5);
+}
+
+TEST_CASE("load_state_dict checks names and shapes", "[nn]") {
+  auto model = mlp({3, 4, 2});
+  StateDict state = mlp({3, 4, 2})->state_dict();
+  model->load_state_dict(state);
+  CHECK(model->state_dict()["0.weight"].to_vector<float>() == state["0.weight"].to_vector<float>());
+
+  StateDict missing = state;
+  missing.erase("2.bias");
+  CHECK_THROWS_WITH(model->load_state_dict(missing), Catch::Contains("missing parameter '2.bias'"));
+  CHECK_NOTHROW(model->load_state_dict(missing, false));
+  StateDict extra = state;
+  extra["9.weight"] = zeros({1});
+  CHECK_THROWS_WITH(model->load_state_dict(extra),
+                    Catch::Contains("unexpected parameter '9.weight'"));
+  StateDict wrong = state;
+  wrong["0.weight"] = zeros({3, 4});
+  CHECK_THROWS_WITH(model->load_state_dict(wrong),
+                    Catch::Contains("'0.weight' has shape [4, 3]") && Catch::Contains("[3, 4]"));
+}
+
+TEST_CASE("the registry rebuilds a model from its config", "[nn]") {
+  auto model = gpt(kTiny);
+  auto rebuilt = build_module(model->config());
+  rebuilt->load_state_dict(model->state_dict());
+  CHECK(rebuilt->forward(tokens_2x6()).to_vector<float>() ==
+        model->forward(tokens_2x6()).to_vector<float>());
+  CHECK_THROWS_WITH(build_module({{"type", "Nope"}}),
+                    Catch::Contains("unknown module type 'Nope'"));
+  CHECK_THROWS_WITH(build_module({{"type", "Linear"}, {"in", 3}, {"bias", true}}),
+                    Catch::Contains("Linear") && Catch::Contains("\"out\""));
+  CHECK_THROWS_WITH(build_module({{"type", "Linear"}, {"in", "3"}, {"out", 2}, {"bias", true}}),
+                    Catch::Contains("\"in\" must be an integer"));
+}
+
+TEST_CASE("Sequential::slice shares parameters and keeps names", "[nn]") {
+  auto model = gpt(kTiny);
+  auto tail = model->slice(2, 5);
+  CHECK(tail->first_index() == 2);
+  CHECK(tail->state_dict().count("2.attn.qkv.weight") == 1);
+  CHECK(tail->state_dict().count("1.attn.qkv.weight") == 0);
+  Tensor w = tail->state_dict()["4.weight"];
+  CHECK(w.same_storage(model->state_dict()["4.weight"]));
+  auto head = model->slice(0, 2);
+  Tensor staged = tail->forward(head->forward(tokens_2x6()));
+  CHECK(staged.to_vector<float>() == model->forward(tokens_2x6()).to_vector<float>());
+  auto rebuilt = build_module(tail->config());
+  CHECK(rebuilt->state_dict().count("2.attn.qkv.weight") == 1);
+  CHECK_THROWS_WITH(model->slice(3, 9), Catch::Contains("not a range"));
+}
+
+TEST_CASE("attention is causal and TokenPosEmbedding checks the context", "[nn]") {
+  auto model = gpt(kTiny);
+  Tensor a = from_vector<int64_t>({1, 2, 3, 4, 5, 6}, {1, 6});
+  Tensor b = from_vector<int64_t>({1, 2, 3, 9, 0, 12}, {1, 6});
+  std::vector<float> out_a = narrow(model->forward(a), 1, 0, 3).contiguous().to_vector<float>();
+  std::vector<float> out_b = narrow(model->forward(b), 1, 0, 3).contiguous().to_vector<float>();
+  CHECK(out_a == out_b);
+  CHECK(model->forward(a).to_vector<float>() != model->forward(b).to_vector<float>());
+  CHECK_THROWS_WITH(model->forward(zeros({1, 9}, {DType::i64})),
+                    Catch::Contains("sequence length 9 exceeds the context 8"));
+}
+
+TEST_CASE("train and eval reach nested dropout", "[nn]") {
+  auto model = gpt({13, 8, 1, 2, 16, 0.5});
+  model->eval();
+  std::vector<float> first = model->forward(tokens_2x6()).to_vector<float>();
+  CHECK(model->forward(tokens_2x6()).to_vector<float>() == first);
+  model->train();
+  CHECK(model->forward(tokens_2x6()).to_vector<float>() != first);
+}
