@@ -1,4 +1,6 @@
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <sstream>
 
 #include "pipit.h"
 
@@ -8,8 +10,129 @@ using Catch::Approx;
 TEST_CASE("broadcast add and matmul values", "[tensor]") {
   Tensor a = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor b = from_vector<float>({10, 20, 30}, {3});
-  std::vector<float> sum_values = (a + b).to_vector<float>();
-  CHECK(sum_values == std::vector<float>{11, 22, 33, 14, 25, 36});
-  Tensor m = matmul(a, transpose(a, 0, 1));
-  CHECK(m.to_vector<float>() == std::vector<float>{14, 32, 32, 77});
+  CHECK((a + b).to_vector<float>() == std::vector<float>{11, 22, 33, 14, 25, 36});
+  CHECK(matmul(a, transpose(a, 0, 1)).to_vector<float>() == std::vector<float>{14, 32, 32, 77});
+}
+
+TEST_CASE("views share storage with their base", "[tensor]") {
+  Tensor base = arange(0, 12, 1, {DType::f32});
+  Tensor m = reshape(base, {3, 4});
+  Tensor column = narrow(transpose(m, 0, 1), 0, 2, 1);  // column 2 of m
+  CHECK(column.same_storage(base));
+  CHECK(column.contiguous().to_vector<float>() == std::vector<float>{2, 6, 10});
+  backend(column).fill(column, -1.0);
+  CHECK(base.to_vector<float>() == std::vector<float>{0, 1, -1, 3, 4, 5, -1, 7, 8, 9, -1, 11});
+  Tensor t = transpose(m, 0, 1);
+  CHECK_FALSE(t.is_contiguous());
+  CHECK(t.contiguous().is_contiguous());
+  CHECK(t.contiguous().to_vector<float>() ==
+        std::vector<float>{0, 4, 8, 1, 5, 9, -1, -1, -1, 3, 7, 11});
+  CHECK(expand(from_vector<float>({1, 2}, {2, 1}), {2, 3}).to_vector<float>() ==
+        std::vector<float>{1, 1, 1, 2, 2, 2});
+  CHECK(slice(base, 0, 1, 12, 5).to_vector<float>() == std::vector<float>{1, 6, 11});
+}
+
+TEST_CASE("factories and the seeded generator", "[tensor]") {
+  CHECK(zeros({2, 2}).to_vector<float>() == std::vector<float>(4, 0.0f));
+  CHECK(ones({3}, {DType::i64}).to_vector<int64_t>() == std::vector<int64_t>{1, 1, 1});
+  CHECK(full({2}, 2.5).to_vector<float>() == std::vector<float>{2.5f, 2.5f});
+  CHECK(arange(1, 2, 0.25, {DType::f64}).to_vector<double>() ==
+        std::vector<double>{1, 1.25, 1.5, 1.75});
+  Generator g1(42), g2(42);
+  CHECK(randn({100}, &g1).to_vector<float>() == randn({100}, &g2).to_vector<float>());
+  Generator g(7);
+  Tensor n = randn({100000}, &g, {DType::f64});
+  CHECK(mean(n).item<double>() == Approx(0.0).margin(0.02));
+  CHECK(std::sqrt(var(n).item<double>()) == Approx(1.0).epsilon(0.02));
+  Tensor u = rand({100000}, &g, {DType::f64});
+  CHECK(mean(u).item<double>() == Approx(0.5).margin(0.01));
+  CHECK(min(u).item<double>() >= 0.0);
+  CHECK(max(u).item<double>() < 1.0);
+}
+
+TEST_CASE("reductions and argmax on hand-computed cases", "[tensor]") {
+  Tensor x = from_vector<float>({1, 5, 2, 7, 0, 3}, {2, 3});
+  CHECK(sum(x, {0}).to_vector<float>() == std::vector<float>{8, 5, 5});
+  CHECK(sum(x, {1}, true).shape() == Shape{2, 1});
+  CHECK(mean(x, {1}).to_vector<float>() == std::vector<float>{8.0f / 3, 10.0f / 3});
+  CHECK(max(x, {1}).to_vector<float>() == std::vector<float>{5, 7});
+  CHECK(min(x).item<float>() == 0);
+  CHECK(argmax(x, 1).to_vector<int64_t>() == std::vector<int64_t>{1, 0});
+  CHECK(argmax(x, 0, true).shape() == Shape{1, 3});
+  CHECK(var(from_vector<float>({1, 2, 3, 4})).item<float>() == Approx(5.0 / 3));
+  CHECK(var(from_vector<float>({1, 2, 3, 4}), {}, false, 0).item<float>() == Approx(1.25));
+}
+
+TEST_CASE("large tensors take the parallel paths and agree with small ones", "[tensor]") {
+  Generator g(3);
+  Tensor big = randn({300, 400}, &g, {DType::f64});  // 120000 elements, above the parallel grain
+  std::vector<double> values = big.to_vector<double>();
+  double total = 0;
+  std::vector<double> columns(400, 0.0), rows(300, 0.0);
+  for (int64_t r = 0; r < 300; ++r) {
+    for (int64_t c = 0; c < 400; ++c) {
+      double v = values[static_cast<size_t>(r * 400 + c)];
+      total += v;
+      columns[static_cast<size_t>(c)] += v;
+      rows[static_cast<size_t>(r)] += v;
+    }
+  }
+  CHECK(sum(big).item<double>() == Approx(total).epsilon(1e-12));
+  std::vector<double> col = sum(big, {0}).to_vector<double>();
+  std::vector<double> row = sum(transpose(big, 0, 1), {0}).to_vector<double>();
+  for (size_t c = 0; c < 400; ++c) CHECK(col[c] == Approx(columns[c]).epsilon(1e-12));
+  for (size_t r = 0; r < 300; ++r) CHECK(row[r] == Approx(rows[r]).epsilon(1e-12));
+  Tensor doubled = big * 2.0 + big;
+  std::vector<double> d = doubled.to_vector<double>();
+  for (size_t i = 0; i < d.size(); i += 997) CHECK(d[i] == Approx(3 * values[i]));
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  const double single = sum(big * big).item<double>();
+  const std::vector<double> single_columns = sum(big * big, {0}).to_vector<double>();
+  set_num_threads(4);
+  CHECK(sum(big * big).item<double>() == single);  // bit-identical across thread counts
+  CHECK(sum(big * big, {0}).to_vector<double>() == single_columns);
+  set_num_threads(threads);
+}
+
+TEST_CASE("f16 and bf16 conversions round to nearest even", "[tensor]") {
+  Tensor x = from_vector<float>({1.0f, 0.1f, -65504.0f, 1e-8f, 3.0e38f});
+  CHECK(x.to(DType::f16).to_vector<float>() ==
+        std::vector<float>{1.0f, 0.0999755859375f, -65504.0f, 0.0f, INFINITY});
+  CHECK(x.to(DType::bf16).to_vector<float>()[1] == 0.10009765625f);
+  CHECK(half_to_float(float_to_half(5.9604645e-8f)) == 5.9604645e-8f);  // smallest subnormal
+  CHECK(bfloat16_to_float(float_to_bfloat16(1.00390625f)) == 1.0f);     // tie rounds to even
+}
+
+TEST_CASE("comparisons produce masks and where selects", "[tensor]") {
+  Tensor a = from_vector<float>({1, 5, 3}), b = from_vector<float>({2, 5, 1});
+  CHECK(gt(a, b).dtype() == DType::b8);
+  CHECK(gt(a, b).to_vector<bool>() == std::vector<bool>{false, false, true});
+  CHECK(eq(a, b).to_vector<bool>() == std::vector<bool>{false, true, false});
+  CHECK(where(le(a, b), a, b).to_vector<float>() == std::vector<float>{1, 5, 1});
+  CHECK(masked_fill(a, ne(a, b), 0.0).to_vector<float>() == std::vector<float>{0, 5, 0});
+}
+
+TEST_CASE("errors name the op and the shapes", "[tensor]") {
+  Tensor a = zeros({2, 3}), b = zeros({4});
+  CHECK_THROWS_WITH(a + b,
+                    Catch::Contains("add") && Catch::Contains("[2, 3]") && Catch::Contains("[4]"));
+  CHECK_THROWS_WITH(sum(a, {2}), Catch::Contains("sum") && Catch::Contains("dim 2"));
+  CHECK_THROWS_WITH(matmul(a, a), Catch::Contains("matmul") && Catch::Contains("inner dims"));
+  CHECK_THROWS_WITH(a * zeros({2, 3}, {DType::f64}), Catch::Contains("dtypes differ"));
+  CHECK_THROWS_WITH(reshape(a, {4, 2}), Catch::Contains("reshape") && Catch::Contains("[4, 2]"));
+  CHECK_THROWS_WITH(view(transpose(a, 0, 1), {6}), Catch::Contains("use reshape"));
+  CHECK_THROWS_WITH(embedding(zeros({3, 2}), from_vector<int64_t>({3})),
+                    Catch::Contains("index 3"));
+  CHECK_THROWS_WITH(a.item<float>(), Catch::Contains("6 elements"));
+  CHECK_THROWS_WITH(a.data<double>(), Catch::Contains("F32"));
+}
+
+TEST_CASE("printing shows shape, dtype and abbreviated values", "[tensor]") {
+  std::ostringstream out;
+  out << arange(0, 100, 1, {DType::f32});
+  const std::string text = out.str();
+  CHECK(text.find("shape=[100]") != std::string::npos);
+  CHECK(text.find("dtype=F32") != std::string::npos);
+  CHECK(text.find("0, 1, 2, ..., 97, 98, 99") != std::string::npos);
 }
