@@ -5,7 +5,6 @@
 #include "pipit.h"
 
 using namespace pipit;
-using Catch::Approx;
 
 TEST_CASE("broadcast add and matmul values", "[tensor]") {
   Tensor a = from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
@@ -29,7 +28,7 @@ TEST_CASE("views share storage with their base", "[tensor]") {
         std::vector<float>{0, 4, 8, 1, 5, 9, -1, -1, -1, 3, 7, 11});
   CHECK(expand(from_vector<float>({1, 2}, {2, 1}), {2, 3}).to_vector<float>() ==
         std::vector<float>{1, 1, 1, 2, 2, 2});
-  CHECK(slice(base, 0, 1, 12, 5).to_vector<float>() == std::vector<float>{1, 6, 11});
+  CHECK(slice(base, 0, 1, 12, 5).to_vector<float>() == std::vector<float>{1, -1, 11});
 }
 
 TEST_CASE("factories and the seeded generator", "[tensor]") {
@@ -54,7 +53,8 @@ TEST_CASE("reductions and argmax on hand-computed cases", "[tensor]") {
   Tensor x = from_vector<float>({1, 5, 2, 7, 0, 3}, {2, 3});
   CHECK(sum(x, {0}).to_vector<float>() == std::vector<float>{8, 5, 5});
   CHECK(sum(x, {1}, true).shape() == Shape{2, 1});
-  CHECK(mean(x, {1}).to_vector<float>() == std::vector<float>{8.0f / 3, 10.0f / 3});
+  CHECK(mean(x, {1}).to_vector<float>()[0] == Approx(8.0 / 3));
+  CHECK(mean(x, {1}).to_vector<float>()[1] == Approx(10.0 / 3));
   CHECK(max(x, {1}).to_vector<float>() == std::vector<float>{5, 7});
   CHECK(min(x).item<float>() == 0);
   CHECK(argmax(x, 1).to_vector<int64_t>() == std::vector<int64_t>{1, 0});

@@ -50,7 +50,8 @@ acc_t<T> reduce_run(ReduceOp op, const T* x, int64_t n) {
 // out[k] = reduce(x[k * R .. (k + 1) * R)).
 template <typename T>
 void reduce_rows(ReduceOp op, const T* x, int64_t rows, int64_t R, T* out) {
-  if (rows >= get_num_threads() || R <= kBlock) {
+  // The summation order depends only on R, never on the thread count.
+  if (R <= kBlock) {
     cpu::parallel_range(rows, cpu::threads_for(rows * R), [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) out[k] = static_cast<T>(reduce_run(op, x + k * R, R));
     });
