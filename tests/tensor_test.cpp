@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "pipit.h"
+#include "tensor/cpu/cpu_allocator.h"
 
 using namespace pipit;
 
@@ -135,4 +136,18 @@ TEST_CASE("printing shows shape, dtype and abbreviated values", "[tensor]") {
   CHECK(text.find("shape=[100]") != std::string::npos);
   CHECK(text.find("dtype=F32") != std::string::npos);
   CHECK(text.find("0, 1, 2, ..., 97, 98, 99") != std::string::npos);
+}
+
+TEST_CASE("the CPU allocator accounts for live and peak bytes", "[tensor]") {
+  const MemoryStats before = cpu_memory_stats();
+  reset_cpu_peak_memory();
+  {
+    Tensor big = zeros({1024, 256});  // 1 MiB
+    CHECK(cpu_memory_stats().allocated >= before.allocated + (1 << 20));
+  }
+  const MemoryStats after = cpu_memory_stats();
+  CHECK(after.allocated == before.allocated);
+  CHECK(after.peak_allocated >= before.allocated + (1 << 20));
+  cpu_empty_cache();
+  CHECK(cpu_memory_stats().reserved == 0);
 }

@@ -5,10 +5,10 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
+#include "tensor/cpu/cpu_allocator.h"
 #include "tensor/cpu/loop.h"
 
 namespace pipit {
@@ -65,10 +65,7 @@ int get_num_threads() {
 }
 
 std::shared_ptr<Storage> CpuBackend::allocate(size_t nbytes) {
-  size_t rounded = (std::max<size_t>(nbytes, 1) + 63) / 64 * 64;
-  void* data = std::aligned_alloc(64, rounded);
-  PIPIT_CHECK(data != nullptr, "allocate: out of memory allocating ", nbytes, " bytes");
-  return std::make_shared<Storage>(data, nbytes, Device::cpu(), [](void* p) { std::free(p); });
+  return cpu_allocate(nbytes);
 }
 
 void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
