@@ -6,8 +6,7 @@
 
 namespace pipit {
 
-double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
-  PIPIT_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive, got ", max_norm);
+double grad_norm_squared(const std::vector<Tensor>& parameters) {
   NoGradGuard no_grad;
   double total = 0;
   for (const Tensor& p : parameters) {
@@ -16,15 +15,28 @@ double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
     Tensor g64 = g.to(DType::f64);
     total += sum(g64 * g64).item<double>();
   }
-  const double norm = std::sqrt(total);
-  if (norm > max_norm) {
-    for (const Tensor& p : parameters) {
-      Tensor g = p.grad();
-      if (!g.defined()) continue;
-      Tensor scale = scalar_like(g, max_norm / (norm + 1e-6));
-      backend(g).binary(BinaryOp::mul, g, expand(scale, g.shape()), g);
-    }
+  return total;
+}
+
+void scale_gradients(const std::vector<Tensor>& parameters, double factor) {
+  NoGradGuard no_grad;
+  for (const Tensor& p : parameters) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor scale = scalar_like(g, factor);
+    backend(g).binary(BinaryOp::mul, g, expand(scale, g.shape()), g);
   }
+}
+
+double clip_coefficient(double norm, double max_norm) {
+  PIPIT_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive, got ", max_norm);
+  return norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
+double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
+  const double norm = std::sqrt(grad_norm_squared(parameters));
+  const double coefficient = clip_coefficient(norm, max_norm);
+  if (coefficient != 1.0) scale_gradients(parameters, coefficient);
   return norm;
 }
 

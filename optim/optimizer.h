@@ -87,6 +87,12 @@ std::unique_ptr<Optimizer> make_optimizer(const nlohmann::json& config, NamedPar
 
 // Scales all gradients so their joint L2 norm is at most max_norm; returns the norm before.
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm);
+// The two halves of clip_grad_norm, for gradients spread over pipeline stages: the sum of
+// squares of every gradient (in f64), and scaling every gradient in place.
+double grad_norm_squared(const std::vector<Tensor>& parameters);
+void scale_gradients(const std::vector<Tensor>& parameters, double factor);
+// max_norm / (norm + 1e-6) when norm > max_norm, else 1: the factor clip_grad_norm applies.
+double clip_coefficient(double norm, double max_norm);
 
 // lr(step) = max_lr * (step + 1) / warmup_steps during warm-up, then a cosine from max_lr
 // down to min_lr, reached at total_steps and kept after.

@@ -1,0 +1,39 @@
+#include "comm/message.h"
+
+namespace pipit {
+
+const char* message_kind_name(MessageKind kind) {
+  switch (kind) {
+    case MessageKind::StepBegin:
+      return "StepBegin";
+    case MessageKind::OptimizerStep:
+      return "OptimizerStep";
+    case MessageKind::Abort:
+      return "Abort";
+    case MessageKind::Shutdown:
+      return "Shutdown";
+    case MessageKind::Activation:
+      return "Activation";
+    case MessageKind::Gradient:
+      return "Gradient";
+    case MessageKind::StageDone:
+      return "StageDone";
+    case MessageKind::OptimizerDone:
+      return "OptimizerDone";
+    case MessageKind::StageError:
+      return "StageError";
+    case MessageKind::Hello:
+      return "Hello";
+    case MessageKind::StagePackage:
+      return "StagePackage";
+    case MessageKind::Ready:
+      return "Ready";
+    case MessageKind::Start:
+      return "Start";
+    case MessageKind::Heartbeat:
+      return "Heartbeat";
+  }
+  return "unknown";
+}
+
+}  // namespace pipit

@@ -1,0 +1,52 @@
+#pragma once
+// Message: everything stages and the coordinator say to each other. Data messages carry
+// tensors (activations forward, gradients backward); control messages carry JSON in `meta`.
+// The step number lets a receiver drop what is left of an aborted step.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace pipit {
+
+enum class MessageKind : uint8_t {
+  // Coordinator -> stage.
+  StepBegin = 1,  // meta: {"train": bool, "microbatches": m}
+  OptimizerStep,  // meta: {"lr": number or null, "grad_scale": factor applied first}
+  Abort,          // drop the step's state; the step number says which
+  Shutdown,
+  // Between neighbouring stages, and coordinator <-> first and last stage.
+  Activation,  // tensors: {activation}; to the coordinator: the model's output
+  Gradient,    // tensors: {dL/dactivation}
+  // Stage -> coordinator.
+  StageDone,      // meta: {"grad_norm_sq", "peak_stashed", "trace": [...]}
+  OptimizerDone,  // the stage applied the optimizer step
+  StageError,     // meta: {"message": what went wrong}
+  // Connection management (used by networked communicators).
+  Hello,
+  StagePackage,
+  Ready,
+  Start,
+  Heartbeat,
+};
+
+const char* message_kind_name(MessageKind kind);
+
+struct Message {
+  Message() = default;
+  Message(MessageKind kind, int64_t step, int microbatch = 0, int chunk = 0,
+          std::vector<Tensor> tensors = {})
+      : kind(kind), step(step), microbatch(microbatch), chunk(chunk), tensors(std::move(tensors)) {}
+
+  MessageKind kind = MessageKind::Heartbeat;
+  int64_t step = 0;
+  int microbatch = 0;
+  int chunk = 0;
+  std::vector<Tensor> tensors;
+  nlohmann::json meta = nlohmann::json::object();
+  int from = 0;  // set by the communicator on receipt: the sender's endpoint id
+};
+
+}  // namespace pipit

@@ -1,0 +1,183 @@
+#include "pipeline/coordinator.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "autograd/grad_mode.h"
+#include "optim/optimizer.h"
+#include "pipit.h"
+
+namespace pipit {
+namespace {
+
+std::string stage_list(const std::vector<bool>& done) {
+  std::string list;
+  for (size_t s = 0; s < done.size(); ++s) {
+    if (done[s]) continue;
+    list += (list.empty() ? "" : ", ") + std::to_string(s);
+  }
+  return list;
+}
+
+}  // namespace
+
+Coordinator::Coordinator(std::shared_ptr<Communicator> communicator, PipelineConfig config)
+    : comm_(std::move(communicator)), config_(std::move(config)) {
+  validate(config_);
+  loss_ = make_loss(config_.loss);
+}
+
+std::vector<Tensor> Coordinator::split_batch(const Tensor& batch, const char* what) const {
+  const int m = config_.microbatches;
+  PIPIT_CHECK(batch.defined() && batch.dim() >= 1, "pipeline: the ", what,
+              " needs a batch dimension");
+  PIPIT_CHECK(batch.size(0) % m == 0, "pipeline: the ", what, " batch of ", batch.size(0),
+              " (shape ", shape_str(batch.shape()), ") does not split into ", m,
+              " equal microbatches");
+  const int64_t size = batch.size(0) / m;
+  std::vector<Tensor> parts;
+  for (int i = 0; i < m; ++i) parts.push_back(narrow(batch.detach(), 0, i * size, size));
+  return parts;
+}
+
+void Coordinator::send_to_all(MessageKind kind, nlohmann::json meta) {
+  for (int s = 0; s < config_.stages; ++s) {
+    Message message{kind, step_};
+    message.meta = meta;
+    comm_->send(s, std::move(message));
+  }
+}
+
+void Coordinator::begin_step(bool train) {
+  ++step_;
+  grad_norm_sq_ = 0;
+  stats_ = StepStats{std::vector<int>(static_cast<size_t>(config_.stages), 0), 0};
+  send_to_all(MessageKind::StepBegin, {{"train", train},
+                                       {"microbatches", config_.microbatches},
+                                       {"trace", config_.trace},
+                                       {"grad_norm", train && config_.max_grad_norm > 0}});
+}
+
+void Coordinator::fail_step(const std::string& message) {
+  send_to_all(MessageKind::Abort);
+  throw Error("pipeline step " + std::to_string(step_) + ": " + message);
+}
+
+Message Coordinator::receive_step_message(const std::string& waiting_for) {
+  while (true) {
+    std::optional<Message> message = comm_->try_receive(config_.timeout);
+    if (!message) {
+      fail_step("no stage answered for " + std::to_string(config_.timeout.count()) +
+                " ms while waiting for " + waiting_for);
+    }
+    if (message->step != step_) continue;  // left over from an aborted step
+    if (message->kind == MessageKind::StageError) {
+      fail_step(message->meta.value(
+          "message", "stage " + std::to_string(message->from) + " reported an error"));
+    }
+    return std::move(*message);
+  }
+}
+
+void Coordinator::record_stage_done(const Message& message) {
+  const auto stage = static_cast<size_t>(message.from);
+  stats_.peak_stashed[stage] = message.meta.value("peak_stashed", 0);
+  grad_norm_sq_ += message.meta.value("grad_norm_sq", 0.0);
+  if (!message.meta.contains("trace")) return;
+  for (const auto& e : message.meta["trace"]) {
+    Task task{step_, e[0].get<int>(), e[1].get<int>(),
+              e[2].get<int>() == 0 ? Phase::Forward : Phase::Backward, message.from};
+    trace_.add({task, e[3].get<double>(), e[4].get<double>()});
+  }
+}
+
+double Coordinator::train_step(const Tensor& input, const Tensor& target) {
+  const int m = config_.microbatches, p = config_.stages;
+  std::vector<Tensor> inputs = split_batch(input, "input");
+  std::vector<Tensor> targets = split_batch(target, "target");
+  begin_step(true);
+  for (int i = 0; i < m; ++i) comm_->send(0, {MessageKind::Activation, step_, i, 0, {inputs[i]}});
+
+  const int last_stage = (p * config_.chunks_per_stage - 1) % p;
+  std::vector<double> losses(static_cast<size_t>(m), 0.0);
+  std::vector<bool> output_seen(static_cast<size_t>(m), false), stage_done(static_cast<size_t>(p));
+  int outputs = 0, done = 0;
+  while (outputs < m || done < p) {
+    Message message = receive_step_message(
+        outputs < m ? "microbatch outputs from stage " + std::to_string(last_stage)
+                    : "stages " + stage_list(stage_done) + " to finish");
+    if (message.kind == MessageKind::Activation) {
+      const int mb = message.microbatch;
+      PIPIT_CHECK(mb >= 0 && mb < m && !output_seen[mb] && message.tensors.size() == 1,
+                  "pipeline: unexpected output message for microbatch ", mb);
+      output_seen[mb] = true;
+      ++outputs;
+      NoGradGuard no_grad;
+      const Tensor& output = message.tensors[0];
+      Tensor grad;
+      try {
+        losses[mb] = loss_->compute_loss(output, targets[mb]).item<double>();
+        grad = loss_->compute_gradient(output, targets[mb]) * (1.0 / m);
+      } catch (const Error& e) {
+        fail_step(std::string("the loss failed on microbatch ") + std::to_string(mb) + ": " +
+                  e.what());
+      }
+      comm_->send(last_stage, {MessageKind::Gradient, step_, mb, message.chunk - 1, {grad}});
+    } else if (message.kind == MessageKind::StageDone) {
+      stage_done[static_cast<size_t>(message.from)] = true;
+      ++done;
+      record_stage_done(message);
+    }
+  }
+
+  nlohmann::json optimizer_meta = {{"grad_scale", 1.0}};
+  if (lr_) optimizer_meta["lr"] = *lr_;
+  if (config_.max_grad_norm > 0) {
+    stats_.grad_norm = std::sqrt(grad_norm_sq_);
+    optimizer_meta["grad_scale"] = clip_coefficient(stats_.grad_norm, config_.max_grad_norm);
+  }
+  send_to_all(MessageKind::OptimizerStep, optimizer_meta);
+  std::vector<bool> stepped(static_cast<size_t>(p));
+  for (int n = 0; n < p;) {
+    Message message =
+        receive_step_message("stages " + stage_list(stepped) + " to finish their optimizer step");
+    if (message.kind != MessageKind::OptimizerDone) continue;
+    stepped[static_cast<size_t>(message.from)] = true;
+    ++n;
+  }
+  double total = 0;
+  for (double loss : losses) total += loss;
+  return total / m;
+}
+
+Tensor Coordinator::forward(const Tensor& input) {
+  const int m = config_.microbatches, p = config_.stages;
+  std::vector<Tensor> inputs = split_batch(input, "input");
+  begin_step(false);
+  for (int i = 0; i < m; ++i) comm_->send(0, {MessageKind::Activation, step_, i, 0, {inputs[i]}});
+  std::vector<Tensor> outputs(static_cast<size_t>(m));
+  std::vector<bool> stage_done(static_cast<size_t>(p));
+  int received = 0, done = 0;
+  while (received < m || done < p) {
+    Message message = receive_step_message(received < m ? "microbatch outputs"
+                                                        : "stages " + stage_list(stage_done));
+    if (message.kind == MessageKind::Activation) {
+      const int mb = message.microbatch;
+      PIPIT_CHECK(mb >= 0 && mb < m && !outputs[mb].defined() && message.tensors.size() == 1,
+                  "pipeline: unexpected output message for microbatch ", mb);
+      outputs[mb] = message.tensors[0];
+      ++received;
+    } else if (message.kind == MessageKind::StageDone) {
+      stage_done[static_cast<size_t>(message.from)] = true;
+      ++done;
+      record_stage_done(message);
+    }
+  }
+  return cat(outputs, 0);
+}
+
+void Coordinator::shutdown() {
+  send_to_all(MessageKind::Shutdown);
+}
+
+}  // namespace pipit

@@ -1,0 +1,65 @@
+#pragma once
+// Coordinator: drives the stages of a pipeline through a Communicator. train_step splits a
+// batch into microbatches, feeds them to stage 0, turns the last stage's outputs into loss
+// gradients, waits for every stage to finish its schedule, then has every stage step its
+// optimizer. The same Coordinator drives stages in threads or in worker processes.
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "loss/loss.h"
+#include "pipeline/pipeline_config.h"
+#include "pipeline/trace.h"
+
+namespace pipit {
+
+// What the stages reported about the last step.
+struct StepStats {
+  std::vector<int> peak_stashed;  // per stage: most microbatches awaiting their backward
+  double grad_norm = 0;           // global gradient norm before clipping (when clipping)
+};
+
+class Coordinator {
+ public:
+  Coordinator(std::shared_ptr<Communicator> communicator, PipelineConfig config);
+
+  // One optimizer step on (input, target); returns the mean of the microbatch losses. The
+  // gradients sent back are compute_gradient / m, so the accumulated gradients are those of
+  // the full batch's mean loss. A stage failure or a silent pipeline throws an Error naming
+  // the stage and the cause; the stages are then ready for the next step.
+  double train_step(const Tensor& input, const Tensor& target);
+  // Pipelined inference (no gradients, layers in eval mode): the outputs of the m
+  // microbatches concatenated in order.
+  Tensor forward(const Tensor& input);
+
+  // The learning rate every stage uses from the next optimizer step on.
+  void set_lr(double lr) { lr_ = lr; }
+  // Tells every stage to stop serving.
+  void shutdown();
+
+  const PipelineConfig& config() const { return config_; }
+  const StepStats& last_step() const { return stats_; }
+  // Every task of every step so far, when config.trace is on.
+  const Trace& trace() const { return trace_; }
+  void clear_trace() { trace_.clear(); }
+
+ private:
+  std::vector<Tensor> split_batch(const Tensor& batch, const char* what) const;
+  void begin_step(bool train);
+  Message receive_step_message(const std::string& waiting_for);
+  [[noreturn]] void fail_step(const std::string& message);
+  void record_stage_done(const Message& message);
+  void send_to_all(MessageKind kind, nlohmann::json meta = nlohmann::json::object());
+
+  std::shared_ptr<Communicator> comm_;
+  PipelineConfig config_;
+  std::unique_ptr<Loss> loss_;
+  int64_t step_ = 0;
+  std::optional<double> lr_;
+  double grad_norm_sq_ = 0;
+  StepStats stats_;
+  Trace trace_;
+};
+
+}  // namespace pipit

@@ -1,0 +1,52 @@
+#pragma once
+// Pipeline: a Sequential model cut into stages that train concurrently in this process, one
+// thread per stage, talking through a LocalCommunicator. The stages share the model's
+// parameters, so after training the model itself holds the trained weights.
+//
+//   auto model = gpt(config);
+//   Pipeline pipeline(model, {.stages = 4, .microbatches = 8, .schedule = "1f1b"});
+//   for (...) double loss = pipeline.train_step(tokens, targets);
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "comm/local_communicator.h"
+#include "nn/sequential.h"
+#include "pipeline/coordinator.h"
+#include "pipeline/partition.h"
+#include "pipeline/stage.h"
+
+namespace pipit {
+
+// The chunk layer ranges `config.partition` gives for `model`.
+std::vector<LayerRange> partition_model(const Sequential& model, const PipelineConfig& config);
+// The spec of stage `stage`: its chunks as slices of `model`, the schedule and optimizer.
+StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>& ranges,
+                          const PipelineConfig& config, int stage);
+
+class Pipeline {
+ public:
+  Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config);
+  ~Pipeline();  // stops and joins the stage threads
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  double train_step(const Tensor& input, const Tensor& target) {
+    return coordinator_->train_step(input, target);
+  }
+  Tensor forward(const Tensor& input) { return coordinator_->forward(input); }
+
+  Coordinator& coordinator() { return *coordinator_; }
+  Stage& stage(int index) { return *stages_.at(static_cast<size_t>(index)); }
+  const std::vector<LayerRange>& chunk_ranges() const { return ranges_; }
+
+ private:
+  std::shared_ptr<Sequential> model_;
+  std::vector<LayerRange> ranges_;
+  std::shared_ptr<LocalHub> hub_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+  std::vector<std::thread> threads_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+}  // namespace pipit

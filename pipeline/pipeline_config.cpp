@@ -1,0 +1,24 @@
+#include "pipeline/pipeline_config.h"
+
+#include "pipeline/schedule.h"
+#include "tensor/error.h"
+
+namespace pipit {
+
+void validate(const PipelineConfig& config) {
+  PIPIT_CHECK(config.stages >= 1, "PipelineConfig: stages must be >= 1, got ", config.stages);
+  PIPIT_CHECK(config.microbatches >= 1, "PipelineConfig: microbatches must be >= 1, got ",
+              config.microbatches);
+  PIPIT_CHECK(config.chunks_per_stage >= 1, "PipelineConfig: chunks_per_stage must be >= 1, got ",
+              config.chunks_per_stage);
+  PIPIT_CHECK(config.partition == "uniform" || config.partition == "parameters",
+              "PipelineConfig: unknown partition '", config.partition,
+              "' (expected uniform or parameters)");
+  PIPIT_CHECK(config.max_grad_norm >= 0, "PipelineConfig: max_grad_norm must be >= 0, got ",
+              config.max_grad_norm);
+  PIPIT_CHECK(config.timeout.count() > 0, "PipelineConfig: timeout must be positive");
+  // Building the schedule checks the name and the (p, m, v) combination.
+  make_schedule(config.schedule, config.stages, config.microbatches, config.chunks_per_stage);
+}
+
+}  // namespace pipit

@@ -1,0 +1,27 @@
+#pragma once
+// PipelineConfig: how a model is cut and trained as a pipeline.
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace pipit {
+
+struct PipelineConfig {
+  int stages = 2;                     // p
+  int microbatches = 4;               // m: each batch splits into m equal parts along dim 0
+  int chunks_per_stage = 1;           // v: > 1 interleaves model chunks over the stages
+  std::string schedule = "1f1b";      // "gpipe", "1f1b" or "interleaved"
+  std::string partition = "uniform";  // "uniform" (layer count) or "parameters"
+  nlohmann::json loss = {{"type", "CrossEntropyLoss"}};
+  nlohmann::json optimizer = {{"type", "AdamW"}, {"lr", 1e-3}};
+  double max_grad_norm = 0;  // > 0: clip the global gradient norm across all stages
+  // A step fails when no stage has said anything for this long.
+  std::chrono::milliseconds timeout{30000};
+  bool trace = false;  // record every task's start and end
+};
+
+// Throws an Error naming the first invalid field (p, m, v < 1, unknown schedule or partition,
+// a schedule that cannot run with these p, m, v).
+void validate(const PipelineConfig& config);
+
+}  // namespace pipit

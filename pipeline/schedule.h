@@ -1,0 +1,50 @@
+#pragma once
+// Schedules: pure functions from (stages p, microbatches m, chunks per stage v) to the order
+// in which each stage runs its tasks. Every schedule runs a stage's backward passes of one
+// chunk in increasing microbatch order, so gradients accumulate in the same order as
+// sequential gradient accumulation and pipelined training is bit-for-bit equal to it.
+#include <string>
+#include <vector>
+
+#include "pipeline/task.h"
+
+namespace pipit {
+
+// All forwards, then all backwards.
+Schedule gpipe_schedule(int stages, int microbatches);
+// Stage s runs min(p - s - 1, m) warm-up forwards, then alternates one forward and one
+// backward, then drains the remaining backwards: at most p - s activations in flight.
+Schedule one_f_one_b_schedule(int stages, int microbatches);
+// Interleaved 1F1B (Megatron-LM) with v chunks per stage; m must be a multiple of p. Stage s
+// runs W warm-up forwards, W = m * v when m == p, else min(2 (p - s - 1) + (v - 1) p, m * v),
+// then alternates, then drains, so at most min(W + 1, m * v) activations are in flight. At
+// v == 1 it is one_f_one_b_schedule.
+Schedule interleaved_schedule(int stages, int microbatches, int chunks_per_stage);
+// Forward passes only, microbatch by microbatch (pipelined inference).
+Schedule forward_only_schedule(int stages, int microbatches, int chunks_per_stage);
+
+// By name: "gpipe", "1f1b", "interleaved". Invalid combinations throw an Error naming the
+// schedule and the numbers (v > 1 needs "interleaved"; "interleaved" needs m % p == 0).
+Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks_per_stage);
+
+// What simulating a schedule shows. The simulation runs every stage's list in order; a task
+// starts once its input exists (F(mb, c) after F(mb, c - 1); B(mb, c) after B(mb, c + 1), or
+// after F(mb, c) for the last chunk, whose gradient comes from the loss) and its stage is
+// free. Forwards cost forward_cost / v and backwards backward_cost / v, per chunk.
+struct ScheduleReport {
+  std::vector<int> peak_stashed;  // per stage: most forwards awaiting their backward
+  double makespan = 0;            // simulated time of the whole step
+};
+
+// Checks that every (microbatch, chunk, phase) appears exactly once, on stage chunk % p, and
+// that the simulated run never deadlocks; throws an Error describing the first violation.
+ScheduleReport validate_schedule(const Schedule& schedule, int stages, int microbatches,
+                                 int chunks_per_stage, double forward_cost = 1.0,
+                                 double backward_cost = 2.0);
+
+// The ideal step time with no communication cost: (m + p - 1)(tf + tb) for GPipe and 1F1B,
+// (m + (p - 1) / v)(tf + tb) for interleaved 1F1B, where tf and tb are a whole stage's costs.
+double theoretical_step_time(const std::string& name, int stages, int microbatches,
+                             int chunks_per_stage, double forward_cost, double backward_cost);
+
+}  // namespace pipit

@@ -1,0 +1,200 @@
+#include "pipeline/stage.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "autograd/grad_mode.h"
+#include "pipeline/schedule.h"
+#include "pipit.h"
+
+namespace pipit {
+
+Stage::Stage(StageSpec spec, std::shared_ptr<Communicator> communicator)
+    : spec_(std::move(spec)), comm_(std::move(communicator)) {
+  PIPIT_CHECK(spec_.stage >= 0 && spec_.stage < spec_.stages, "Stage: stage index ", spec_.stage,
+              " is outside [0, ", spec_.stages, ")");
+  PIPIT_CHECK(static_cast<int>(spec_.chunks.size()) == spec_.chunks_per_stage, "Stage ",
+              spec_.stage, ": expected ", spec_.chunks_per_stage, " chunks, got ",
+              spec_.chunks.size());
+  NamedParameters parameters;
+  for (const auto& c : spec_.chunks) {
+    PIPIT_CHECK(c != nullptr, "Stage ", spec_.stage, ": a chunk is null");
+    for (auto& named : c->named_parameters()) {
+      parameters_.push_back(named.second);
+      parameters.push_back(std::move(named));
+    }
+  }
+  optimizer_ = make_optimizer(spec_.optimizer, std::move(parameters));
+}
+
+Sequential& Stage::chunk(int global_chunk) {
+  return *spec_.chunks[static_cast<size_t>(global_chunk / spec_.stages)];
+}
+
+void Stage::run() {
+  try {
+    while (handle(comm_->receive())) {
+    }
+  } catch (const ClosedError&) {
+  }
+}
+
+bool Stage::handle(Message message) {
+  try {
+    return dispatch(std::move(message));
+  } catch (const std::exception& e) {
+    std::ostringstream what;
+    what << "stage " << spec_.stage << " failed";
+    if (active_ && next_task_ < tasks_.size()) what << " in task " << tasks_[next_task_];
+    what << " of step " << step_ << ": " << e.what();
+    Message error{MessageKind::StageError, step_};
+    error.meta = {{"message", what.str()}, {"stage", spec_.stage}};
+    reset();
+    comm_->send(kCoordinator, std::move(error));
+    return true;
+  }
+}
+
+bool Stage::dispatch(Message message) {
+  switch (message.kind) {
+    case MessageKind::Shutdown:
+      return false;
+    case MessageKind::StepBegin:
+      begin_step(message);
+      break;
+    case MessageKind::Abort:
+      if (message.step == step_) reset();
+      return true;
+    case MessageKind::Activation:
+    case MessageKind::Gradient: {
+      // Data from an aborted or finished step is dropped.
+      if (!active_ || message.step != step_) return true;
+      PIPIT_CHECK(message.tensors.size() == 1, message_kind_name(message.kind), " message carries ",
+                  message.tensors.size(), " tensors, expected 1");
+      const Phase phase =
+          message.kind == MessageKind::Activation ? Phase::Forward : Phase::Backward;
+      inputs_[{phase, message.microbatch, message.chunk}] = std::move(message.tensors[0]);
+      break;
+    }
+    case MessageKind::OptimizerStep:
+      if (message.step == step_) apply_optimizer(message);
+      return true;
+    default:
+      return true;
+  }
+  run_ready_tasks();
+  return true;
+}
+
+void Stage::begin_step(const Message& message) {
+  reset();
+  step_ = message.step;
+  active_ = true;
+  training_ = message.meta.value("train", true);
+  record_trace_ = message.meta.value("trace", false);
+  report_grad_norm_ = message.meta.value("grad_norm", false);
+  const int microbatches = message.meta.at("microbatches").get<int>();
+  const int p = spec_.stages, v = spec_.chunks_per_stage;
+  Schedule schedule = training_ ? make_schedule(spec_.schedule, p, microbatches, v)
+                                : forward_only_schedule(p, microbatches, v);
+  tasks_ = std::move(schedule[static_cast<size_t>(spec_.stage)]);
+  for (Task& task : tasks_) task.step = step_;
+  for (const auto& c : spec_.chunks) c->train(training_);
+}
+
+void Stage::run_ready_tasks() {
+  while (active_ && next_task_ < tasks_.size()) {
+    const Task& task = tasks_[next_task_];
+    auto input = inputs_.find({task.phase, task.microbatch, task.chunk});
+    if (input == inputs_.end()) return;
+    Tensor tensor = std::move(input->second);
+    inputs_.erase(input);
+    const double start = record_trace_ ? trace_clock_us() : 0;
+    if (task.phase == Phase::Forward) {
+      forward(task, tensor);
+    } else {
+      backward(task, tensor);
+    }
+    if (record_trace_) trace_.add({task, start, trace_clock_us()});
+    ++next_task_;
+  }
+  if (active_ && next_task_ == tasks_.size()) finish_step();
+}
+
+void Stage::forward(const Task& task, const Tensor& input) {
+  Message out{MessageKind::Activation, step_, task.microbatch, task.chunk + 1};
+  const int to = task.chunk == last_chunk() ? kCoordinator : (task.chunk + 1) % spec_.stages;
+  if (!training_) {
+    NoGradGuard no_grad;
+    out.tensors = {chunk(task.chunk).forward(input)};
+    comm_->send(to, std::move(out));
+    return;
+  }
+  // The received tensor starts this stage's own graph; its gradient is what goes upstream.
+  Tensor leaf = input.detach();
+  if (task.chunk > 0 && is_floating(leaf.dtype())) leaf.requires_grad_();
+  Tensor output = chunk(task.chunk).forward(leaf);
+  out.tensors = {output.detach()};
+  stash_[{task.microbatch, task.chunk}] = {leaf, output};
+  peak_stashed_ = std::max(peak_stashed_, stash_.size());
+  comm_->send(to, std::move(out));
+}
+
+void Stage::backward(const Task& task, const Tensor& grad) {
+  auto stashed = stash_.find({task.microbatch, task.chunk});
+  PIPIT_CHECK(stashed != stash_.end(), "no stashed forward for this backward");
+  auto [leaf, output] = std::move(stashed->second);
+  stash_.erase(stashed);
+  PIPIT_CHECK(grad.shape() == output.shape(), "the gradient has shape ", shape_str(grad.shape()),
+              " but the chunk's output has shape ", shape_str(output.shape()));
+  if (output.requires_grad()) output.backward(grad);
+  if (task.chunk == 0) return;
+  Tensor input_grad = leaf.grad();
+  if (!input_grad.defined()) input_grad = zeros_like(leaf);
+  Message out{MessageKind::Gradient, step_, task.microbatch, task.chunk - 1, {input_grad}};
+  comm_->send((task.chunk - 1) % spec_.stages, std::move(out));
+}
+
+void Stage::finish_step() {
+  Message done{MessageKind::StageDone, step_};
+  done.meta["peak_stashed"] = peak_stashed_;
+  if (report_grad_norm_) done.meta["grad_norm_sq"] = grad_norm_squared(parameters_);
+  if (record_trace_) {
+    nlohmann::json events = nlohmann::json::array();
+    for (const TraceEvent& e : trace_.events()) {
+      events.push_back({e.task.microbatch, e.task.chunk, e.task.phase == Phase::Forward ? 0 : 1,
+                        e.start_us, e.end_us});
+    }
+    done.meta["trace"] = std::move(events);
+  }
+  active_ = false;
+  if (!training_) {
+    for (const auto& c : spec_.chunks) c->train(true);
+  }
+  comm_->send(kCoordinator, std::move(done));
+}
+
+void Stage::apply_optimizer(const Message& message) {
+  const double grad_scale = message.meta.value("grad_scale", 1.0);
+  if (grad_scale != 1.0) scale_gradients(parameters_, grad_scale);
+  if (message.meta.contains("lr") && message.meta["lr"].is_number()) {
+    optimizer_->set_lr(message.meta["lr"].get<double>());
+  }
+  optimizer_->step();
+  optimizer_->zero_grad();
+  comm_->send(kCoordinator, Message{MessageKind::OptimizerDone, step_});
+}
+
+void Stage::reset() {
+  active_ = false;
+  tasks_.clear();
+  next_task_ = 0;
+  inputs_.clear();
+  stash_.clear();
+  peak_stashed_ = 0;
+  trace_.clear();
+  optimizer_->zero_grad();
+  for (const auto& c : spec_.chunks) c->train(true);
+}
+
+}  // namespace pipit

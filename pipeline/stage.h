@@ -1,0 +1,77 @@
+#pragma once
+// Stage: one worker of the pipeline. It owns its model chunks, their optimizer and a
+// Communicator, and serves steps: for each step it runs its schedule's tasks one at a time,
+// each as soon as its input (an activation or a gradient) is in its inbox, and sends each
+// result on to the neighbouring stage or to the coordinator.
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "nn/sequential.h"
+#include "optim/optimizer.h"
+#include "pipeline/task.h"
+#include "pipeline/trace.h"
+
+namespace pipit {
+
+// Everything a stage needs to run; a networked worker receives it as a stage package.
+struct StageSpec {
+  int stage = 0;
+  int stages = 1;            // p
+  int chunks_per_stage = 1;  // v
+  std::string schedule = "1f1b";
+  // Local chunk l is global chunk l * p + stage.
+  std::vector<std::shared_ptr<Sequential>> chunks;
+  nlohmann::json optimizer;
+};
+
+class Stage {
+ public:
+  Stage(StageSpec spec, std::shared_ptr<Communicator> communicator);
+  // Serves steps until a Shutdown message arrives or the communicator closes. A task that
+  // throws is reported to the coordinator as a StageError; the stage then awaits the next step.
+  void run();
+
+  const StageSpec& spec() const { return spec_; }
+  Optimizer& optimizer() { return *optimizer_; }
+
+ private:
+  // Returns false once the stage should stop.
+  bool handle(Message message);
+  bool dispatch(Message message);
+  void begin_step(const Message& message);
+  void run_ready_tasks();
+  void forward(const Task& task, const Tensor& input);
+  void backward(const Task& task, const Tensor& grad);
+  void finish_step();
+  void apply_optimizer(const Message& message);
+  void reset();
+  Sequential& chunk(int global_chunk);
+  int last_chunk() const { return spec_.stages * spec_.chunks_per_stage - 1; }
+
+  StageSpec spec_;
+  std::shared_ptr<Communicator> comm_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<Tensor> parameters_;
+
+  // The step in progress.
+  int64_t step_ = -1;
+  bool active_ = false;
+  bool training_ = false;
+  bool record_trace_ = false;
+  bool report_grad_norm_ = false;
+  std::vector<Task> tasks_;
+  size_t next_task_ = 0;
+  // Inputs that arrived, by (phase, microbatch, chunk).
+  std::map<std::tuple<Phase, int, int>, Tensor> inputs_;
+  // Forward results awaiting their backward: (microbatch, chunk) -> (input leaf, output).
+  std::map<std::pair<int, int>, std::pair<Tensor, Tensor>> stash_;
+  size_t peak_stashed_ = 0;
+  Trace trace_;
+};
+
+}  // namespace pipit

@@ -1,0 +1,29 @@
+#pragma once
+// Task: one unit of pipeline work, the forward or backward pass of one microbatch through one
+// model chunk. Chunks are numbered along the model: chunk c holds the c-th of p * v
+// consecutive layer ranges and lives on stage c % p, so with v > 1 each stage holds v chunks
+// spread round-robin over the model (Megatron's interleaving).
+#include <cstdint>
+#include <ostream>
+#include <vector>
+
+namespace pipit {
+
+enum class Phase { Forward, Backward };
+
+struct Task {
+  int64_t step = 0;
+  int microbatch = 0;
+  int chunk = 0;
+  Phase phase = Phase::Forward;
+  int stage = 0;
+
+  bool operator==(const Task&) const = default;
+};
+
+std::ostream& operator<<(std::ostream& out, const Task& task);  // "F3c1" / "B3c1"
+
+// One ordered task list per stage, for one optimizer step.
+using Schedule = std::vector<std::vector<Task>>;
+
+}  // namespace pipit

@@ -1,0 +1,348 @@
+// Pipelined training equals sequential gradient accumulation bit for bit, for every schedule;
+// stages stash what the schedules promise; failures surface as errors, never as hangs.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "loss/loss.h"
+#include "nn/builders.h"
+#include "optim/optimizer.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/schedule.h"
+#include "pipit.h"
+
+using namespace pipit;
+
+namespace {
+
+struct Model {
+  std::shared_ptr<Sequential> net;
+  Tensor input, target;
+  nlohmann::json loss;
+};
+
+// 9 layers each, so p * v = 8 chunks still fit.
+Model make_mlp() {
+  Generator generator(3);
+  Model m{mlp({6, 12, 12, 12, 12, 3}, "tanh", &generator),
+          randn({8, 6}, &generator),
+          Tensor(),
+          {{"type", "CrossEntropyLoss"}}};
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < 8; ++i) labels.push_back((i * 5) % 3);
+  m.target = from_vector(labels, {8});
+  return m;
+}
+
+Model make_gpt() {
+  Generator generator(5);
+  GptConfig config{11, 6, 6, 2, 16, 0.0};
+  std::vector<int64_t> x, y;
+  for (int64_t i = 0; i < 8 * 6; ++i) {
+    x.push_back((i * 7) % 11);
+    y.push_back((i * 7 + 3) % 11);
+  }
+  return {gpt(config, &generator),
+          from_vector(x, {8, 6}),
+          from_vector(y, {8, 6}),
+          {{"type", "CrossEntropyLoss"}}};
+}
+
+Model make_model(const std::string& name) {
+  return name == "mlp" ? make_mlp() : make_gpt();
+}
+
+const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
+
+// Sequential gradient accumulation over the same microbatches, on this thread.
+std::vector<double> accumulate_sequentially(Model& m, const nlohmann::json& optimizer_config,
+                                            int microbatches, int steps) {
+  auto optimizer = make_optimizer(optimizer_config, m.net->named_parameters());
+  auto loss = make_loss(m.loss);
+  std::vector<double> losses;
+  const int64_t size = m.input.size(0) / microbatches;
+  for (int step = 0; step < steps; ++step) {
+    optimizer->zero_grad();
+    double total = 0;
+    for (int i = 0; i < microbatches; ++i) {
+      Tensor x = narrow(m.input, 0, i * size, size), y = narrow(m.target, 0, i * size, size);
+      Tensor out = m.net->forward(x);
+      total += loss->compute_loss(out, y).item<double>();
+      out.backward(loss->compute_gradient(out, y) * (1.0 / microbatches));
+    }
+    optimizer->step();
+    losses.push_back(total / microbatches);
+  }
+  return losses;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
+}
+
+struct Combination {
+  std::string schedule;
+  int p, m, v;
+};
+
+std::vector<Combination> valid_combinations() {
+  std::vector<Combination> all;
+  for (int p : {1, 2, 3, 4}) {
+    for (int m : {1, 2, 4, 8}) {
+      all.push_back({"gpipe", p, m, 1});
+      all.push_back({"1f1b", p, m, 1});
+      if (m % p == 0) all.push_back({"interleaved", p, m, 2});
+    }
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("pipelined training equals sequential gradient accumulation bit for bit", "[pipeline]") {
+  for (const std::string model_name : {"mlp", "gpt"}) {
+    for (const Combination& c : valid_combinations()) {
+      INFO(model_name << " " << c.schedule << " p=" << c.p << " m=" << c.m << " v=" << c.v);
+      Model reference = make_model(model_name);
+      const std::vector<double> expected_losses =
+          accumulate_sequentially(reference, kAdamW, c.m, 3);
+
+      Model piped = make_model(model_name);
+      PipelineConfig config;
+      config.stages = c.p;
+      config.microbatches = c.m;
+      config.chunks_per_stage = c.v;
+      config.schedule = c.schedule;
+      config.loss = piped.loss;
+      config.optimizer = kAdamW;
+      std::vector<double> losses;
+      {
+        Pipeline pipeline(piped.net, config);
+        for (int step = 0; step < 3; ++step) {
+          losses.push_back(pipeline.train_step(piped.input, piped.target));
+        }
+      }
+      CHECK(losses == expected_losses);
+      StateDict want = reference.net->state_dict(), got = piped.net->state_dict();
+      for (const auto& [name, value] : want) {
+        INFO(name);
+        CHECK(bitwise_equal(got.at(name), value));
+      }
+    }
+  }
+}
+
+TEST_CASE("pipelined training matches full-batch training within 1e-5", "[pipeline]") {
+  const nlohmann::json sgd = {{"type", "SGD"}, {"lr", 0.1}, {"momentum", 0.9}};
+  for (const std::string model_name : {"mlp", "gpt"}) {
+    for (const Combination& c : {Combination{"gpipe", 4, 8, 1}, Combination{"1f1b", 3, 4, 1},
+                                 Combination{"interleaved", 2, 4, 2}}) {
+      INFO(model_name << " " << c.schedule);
+      Model full = make_model(model_name);
+      auto optimizer = make_optimizer(sgd, full.net->named_parameters());
+      auto loss = make_loss(full.loss);
+      for (int step = 0; step < 3; ++step) {
+        optimizer->zero_grad();
+        loss->compute_loss(full.net->forward(full.input), full.target).backward();
+        optimizer->step();
+      }
+      Model piped = make_model(model_name);
+      {
+        Pipeline pipeline(piped.net, {.stages = c.p,
+                                      .microbatches = c.m,
+                                      .chunks_per_stage = c.v,
+                                      .schedule = c.schedule,
+                                      .loss = piped.loss,
+                                      .optimizer = sgd});
+        for (int step = 0; step < 3; ++step) pipeline.train_step(piped.input, piped.target);
+      }
+      for (const auto& [name, value] : full.net->state_dict()) {
+        INFO(name);
+        Tensor got = piped.net->state_dict().at(name);
+        const double difference = std::sqrt(sum((got - value) * (got - value)).item<double>());
+        const double norm = std::sqrt(sum(value * value).item<double>());
+        CHECK(difference <= 1e-5 * norm);
+      }
+    }
+  }
+}
+
+TEST_CASE("stages stash at most what their schedule promises", "[pipeline]") {
+  for (const Combination& c : valid_combinations()) {
+    INFO(c.schedule << " p=" << c.p << " m=" << c.m << " v=" << c.v);
+    Model model = make_gpt();
+    Pipeline pipeline(model.net, {.stages = c.p,
+                                  .microbatches = c.m,
+                                  .chunks_per_stage = c.v,
+                                  .schedule = c.schedule,
+                                  .loss = model.loss});
+    pipeline.train_step(model.input, model.target);
+    const std::vector<int>& peak = pipeline.coordinator().last_step().peak_stashed;
+    const ScheduleReport report =
+        validate_schedule(make_schedule(c.schedule, c.p, c.m, c.v), c.p, c.m, c.v);
+    REQUIRE(peak.size() == static_cast<size_t>(c.p));
+    for (int s = 0; s < c.p; ++s) {
+      INFO("stage " << s);
+      if (c.schedule == "gpipe") CHECK(peak[s] == c.m);
+      if (c.schedule == "1f1b") CHECK(peak[s] == std::min(c.p - s, c.m));
+      CHECK(peak[s] == report.peak_stashed[s]);
+    }
+  }
+}
+
+TEST_CASE("pipelined inference returns the model's outputs in order", "[pipeline]") {
+  Model model = make_gpt();
+  Tensor expected;
+  {
+    NoGradGuard no_grad;
+    expected = model.net->forward(model.input);
+  }
+  Pipeline pipeline(model.net, {.stages = 2,
+                                .microbatches = 4,
+                                .chunks_per_stage = 2,
+                                .schedule = "interleaved",
+                                .loss = model.loss});
+  CHECK(bitwise_equal(pipeline.forward(model.input), expected));
+  // Inference leaves no gradients behind and training still works afterwards.
+  for (const Tensor& p : model.net->parameters()) CHECK_FALSE(p.grad().defined());
+  CHECK(std::isfinite(pipeline.train_step(model.input, model.target)));
+}
+
+TEST_CASE("global gradient clipping across stages matches clip_grad_norm", "[pipeline]") {
+  const nlohmann::json sgd = {{"type", "SGD"}, {"lr", 0.5}};
+  Model full = make_mlp();
+  auto optimizer = make_optimizer(sgd, full.net->named_parameters());
+  auto loss = make_loss(full.loss);
+  loss->compute_loss(full.net->forward(full.input), full.target).backward();
+  const double norm = clip_grad_norm(full.net->parameters(), 0.01);
+  REQUIRE(norm > 0.01);  // the clip really scales
+  optimizer->step();
+
+  Model piped = make_mlp();
+  Pipeline pipeline(piped.net, {.stages = 3,
+                                .microbatches = 1,
+                                .schedule = "1f1b",
+                                .loss = piped.loss,
+                                .optimizer = sgd,
+                                .max_grad_norm = 0.01});
+  pipeline.train_step(piped.input, piped.target);
+  CHECK(pipeline.coordinator().last_step().grad_norm == Approx(norm).epsilon(1e-6));
+  for (const auto& [name, value] : full.net->state_dict()) {
+    INFO(name);
+    const double difference = max(abs(piped.net->state_dict().at(name) - value)).item<double>();
+    CHECK(difference < 1e-6);
+  }
+}
+
+TEST_CASE("bad pipeline configurations are clear errors", "[pipeline]") {
+  Model model = make_mlp();  // 9 layers
+  auto build = [&](PipelineConfig config) { Pipeline pipeline(model.net, config); };
+  CHECK_THROWS_WITH(
+      build({.stages = 5, .microbatches = 5, .chunks_per_stage = 2, .schedule = "interleaved"}),
+      Catch::Contains("10") && Catch::Contains("9"));
+  CHECK_THROWS_WITH(
+      build({.stages = 3, .microbatches = 4, .chunks_per_stage = 2, .schedule = "interleaved"}),
+      Catch::Contains("interleaved") && Catch::Contains("multiple"));
+  CHECK_THROWS_WITH(
+      build({.stages = 2, .microbatches = 4, .chunks_per_stage = 2, .schedule = "1f1b"}),
+      Catch::Contains("interleaved"));
+  CHECK_THROWS_WITH(build({.stages = 2, .microbatches = 0}), Catch::Contains("microbatches"));
+  CHECK_THROWS_WITH(build({.stages = 2, .schedule = "zigzag"}), Catch::Contains("zigzag"));
+  CHECK_THROWS_WITH(build({.stages = 2, .partition = "random"}), Catch::Contains("random"));
+
+  Pipeline pipeline(model.net, {.stages = 2, .microbatches = 3});
+  CHECK_THROWS_WITH(pipeline.train_step(model.input, model.target),
+                    Catch::Contains("8") && Catch::Contains("3 equal microbatches"));
+}
+
+namespace {
+
+// Identity that throws (or sleeps) on chosen calls, to fail a stage mid-step.
+class FaultyLayer final : public Module {
+ public:
+  FaultyLayer(int throw_on_call, int sleep_ms)
+      : throw_on_call_(throw_on_call), sleep_ms_(sleep_ms) {}
+  Tensor forward(const Tensor& x) override {
+    if (++calls_ == throw_on_call_) throw Error("FaultyLayer: injected failure");
+    if (sleep_ms_ > 0 && calls_ == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+    }
+    return x;
+  }
+  json config() const override { return {{"type", "FaultyLayer"}}; }
+
+ private:
+  int throw_on_call_, sleep_ms_, calls_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("a layer that throws mid-step fails train_step with the stage named", "[pipeline]") {
+  Model model = make_mlp();
+  std::vector<std::shared_ptr<Module>> layers;
+  for (size_t i = 0; i < model.net->size(); ++i) layers.push_back((*model.net)[i]);
+  layers.insert(layers.begin() + 6, std::make_shared<FaultyLayer>(3, 0));  // third forward
+  auto net = std::make_shared<Sequential>(layers);
+  Pipeline pipeline(net, {.stages = 3,
+                          .microbatches = 2,
+                          .schedule = "1f1b",
+                          .loss = model.loss,
+                          .timeout = std::chrono::milliseconds(5000)});
+  pipeline.train_step(model.input, model.target);  // calls 1 and 2
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(
+      pipeline.train_step(model.input, model.target),
+      Catch::Contains("stage 1") && Catch::Contains("injected failure") && Catch::Contains("F0"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  // The stages dropped the failed step and serve the next one.
+  CHECK(std::isfinite(pipeline.train_step(model.input, model.target)));
+}
+
+TEST_CASE("a silent stage fails train_step after the timeout instead of hanging", "[pipeline]") {
+  Model model = make_mlp();
+  std::vector<std::shared_ptr<Module>> layers;
+  for (size_t i = 0; i < model.net->size(); ++i) layers.push_back((*model.net)[i]);
+  layers.push_back(std::make_shared<FaultyLayer>(0, 600));
+  auto net = std::make_shared<Sequential>(layers);
+  Pipeline pipeline(net, {.stages = 2,
+                          .microbatches = 2,
+                          .schedule = "gpipe",
+                          .loss = model.loss,
+                          .timeout = std::chrono::milliseconds(150)});
+  CHECK_THROWS_WITH(pipeline.train_step(model.input, model.target),
+                    Catch::Contains("no stage answered") && Catch::Contains("150 ms"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  CHECK(std::isfinite(pipeline.train_step(model.input, model.target)));
+}
+
+TEST_CASE("the trace has one track per stage and loads as Chrome trace JSON", "[pipeline]") {
+  Model model = make_gpt();
+  Pipeline pipeline(model.net, {.stages = 4,
+                                .microbatches = 4,
+                                .chunks_per_stage = 2,
+                                .schedule = "interleaved",
+                                .loss = model.loss,
+                                .trace = true});
+  pipeline.train_step(model.input, model.target);
+  const Trace& trace = pipeline.coordinator().trace();
+  CHECK(trace.events().size() == 4 * 2 * 4 * 2);  // p * v chunks, m microbatches, F and B
+  const nlohmann::json doc = nlohmann::json::parse(trace.chrome_json());
+  std::set<int> tracks, named;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "X") {
+      tracks.insert(e["tid"].get<int>());
+      CHECK(e["dur"].get<double>() >= 0);
+    }
+    if (e["ph"] == "M") named.insert(e["tid"].get<int>());
+  }
+  CHECK(tracks == std::set<int>{0, 1, 2, 3});
+  CHECK(named == tracks);
+  const std::string timeline = trace.timeline();
+  for (int s = 0; s < 4; ++s)
+    CHECK(timeline.find("stage " + std::to_string(s) + " |") != std::string::npos);
+  CHECK(timeline.find("B3.7") != std::string::npos);
+}
