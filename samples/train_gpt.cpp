@@ -1,16 +1,19 @@
-// Trains a character-level GPT: on --data FILE, or on text it generates itself.
-// One clear path: text -> token ids -> random windows -> forward -> loss -> backward -> AdamW.
+// Trains a character-level GPT as a pipeline: on --data FILE, or on text it generates itself.
+// One clear path: text -> token ids -> random windows -> Pipeline::train_step (microbatches
+// flow through the stages, the coordinator computes the loss, every stage steps AdamW).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "flags.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
+#include "pipeline/pipeline.h"
 #include "pipit.h"
 
 using namespace pipit;
@@ -120,7 +123,13 @@ int main(int argc, char** argv) {
   flags.add("steps", "200", "optimizer steps");
   flags.add("lr", "0.003", "peak learning rate (warm-up then cosine decay)");
   flags.add("seed", "1", "random seed (weights, batches, sampling)");
-  flags.add("threads", "0", "CPU threads (0: all cores)");
+  flags.add("threads", "0", "CPU threads per kernel (0: the cores shared out over the stages)");
+  flags.add("stages", "2", "pipeline stages");
+  flags.add("microbatches", "4", "microbatches per batch (must divide --batch)");
+  flags.add("schedule", "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved");
+  flags.add("partition", "parameters", "how layers are cut into stages: parameters or uniform");
+  flags.add("vpp", "1", "model chunks per stage (virtual pipeline; > 1 needs interleaved)");
+  flags.add("trace", "", "write a Chrome trace of the last steps to this file (Perfetto)");
   flags.add("print-every", "10", "steps between progress lines");
   flags.add("sample", "200", "characters to generate after training (0: none)");
   flags.parse(argc, argv);
@@ -135,8 +144,18 @@ int main(int argc, char** argv) {
     const double lr = flags.number("lr");
     if (!(lr > 0)) flags.fail("--lr must be positive");
     if (width % heads != 0) flags.fail("--width must be a multiple of --heads");
-    if (flags.integer("threads", 0) > 0)
+    const int stages = static_cast<int>(flags.integer("stages"));
+    const int microbatches = static_cast<int>(flags.integer("microbatches"));
+    const int vpp = static_cast<int>(flags.integer("vpp"));
+    const std::string schedule_name = flags.str("schedule");
+    if (batch % microbatches != 0) flags.fail("--microbatches must divide --batch");
+    if (flags.integer("threads", 0) > 0) {
       set_num_threads(static_cast<int>(flags.integer("threads")));
+    } else {
+      // Stages compute concurrently; sharing the cores out avoids oversubscribing them.
+      const int cores = static_cast<int>(std::thread::hardware_concurrency());
+      set_num_threads(std::max(1, cores / stages));
+    }
 
     const std::string text =
         flags.str("data").empty() ? generated_text(200000, seed) : read_file(flags.str("data"));
@@ -152,36 +171,50 @@ int main(int argc, char** argv) {
     Generator generator(seed);
     GptConfig config{static_cast<int64_t>(vocab.chars.size()), context, layers, heads, width, 0.0};
     auto model = gpt(config, &generator);
-    AdamW optimizer(model->named_parameters(), {lr, 0.9, 0.95, 1e-8, 0.01});
+    PipelineConfig pipeline_config;
+    pipeline_config.stages = stages;
+    pipeline_config.microbatches = microbatches;
+    pipeline_config.chunks_per_stage = vpp;
+    pipeline_config.schedule = schedule_name;
+    pipeline_config.partition = flags.str("partition");
+    pipeline_config.optimizer = {
+        {"type", "AdamW"}, {"lr", lr}, {"beta1", 0.9}, {"beta2", 0.95}, {"weight_decay", 0.01}};
+    pipeline_config.max_grad_norm = 1.0;
+    pipeline_config.trace = !flags.str("trace").empty();
+    Pipeline pipeline(model, pipeline_config);
     CosineSchedule schedule(lr, lr / 10, std::min<int64_t>(20, steps / 10), steps);
-    CrossEntropyLoss loss_fn;
 
-    std::printf("train_gpt: %zu characters, vocab %zu, %lld parameters, %d threads\n", text.size(),
-                vocab.chars.size(), static_cast<long long>(model->parameter_count()),
-                get_num_threads());
+    std::printf(
+        "train_gpt: %zu characters, vocab %zu, %lld parameters, %d stages x %d chunks, "
+        "%d microbatches, %s, %d threads per kernel\n",
+        text.size(), vocab.chars.size(), static_cast<long long>(model->parameter_count()), stages,
+        vpp, microbatches, schedule_name.c_str(), get_num_threads());
     const auto start = std::chrono::steady_clock::now();
     auto last_print = start;
     int64_t tokens_since_print = 0;
     for (int64_t step = 0; step < steps; ++step) {
       auto [x, y] = sample_batch(tokens, batch, context, generator);
-      optimizer.set_lr(schedule.lr(step));
-      optimizer.zero_grad();
-      Tensor loss = loss_fn.compute_loss(model->forward(x), y);
-      loss.backward();
-      clip_grad_norm(model->parameters(), 1.0);
-      optimizer.step();
+      pipeline.coordinator().set_lr(schedule.lr(step));
+      if (pipeline_config.trace && step + 3 == steps) pipeline.coordinator().clear_trace();
+      const double loss = pipeline.train_step(x, y);
       tokens_since_print += batch * context;
       if ((step + 1) % print_every == 0 || step == 0 || step + 1 == steps) {
         auto now = std::chrono::steady_clock::now();
         double since = std::chrono::duration<double>(now - last_print).count();
         double elapsed = std::chrono::duration<double>(now - start).count();
         std::printf("step %5lld  loss %.4f  tokens/s %9.0f  elapsed %.1fs\n",
-                    static_cast<long long>(step + 1), loss.item<double>(),
+                    static_cast<long long>(step + 1), loss,
                     static_cast<double>(tokens_since_print) / since, elapsed);
         std::fflush(stdout);
         last_print = now;
         tokens_since_print = 0;
       }
+    }
+    if (pipeline_config.trace) {
+      const Trace& trace = pipeline.coordinator().trace();
+      trace.write_chrome_json(flags.str("trace"));
+      std::printf("trace of the last steps written to %s\n%s", flags.str("trace").c_str(),
+                  trace.timeline().c_str());
     }
     if (sample_length > 0) {
       std::printf("--- sample ---\n%s\n",
