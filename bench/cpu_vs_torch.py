@@ -15,7 +15,17 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
+
+# torch.set_num_threads does not reach the BLAS that Debian's torch calls (OpenBLAS, with its
+# own thread pool), so each thread count runs in a child process whose environment pins every
+# pool to that count before torch is imported.
+if "--child" in sys.argv:
+    _threads = sys.argv[sys.argv.index("--threads") + 1]
+    assert _threads.isdigit(), "a child runs one thread count"
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = _threads
 
 import torch
 import torch.nn as nn
@@ -141,11 +151,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--no-append", action="store_true")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     binary = os.path.join(args.build, "cpu_vs_torch")
 
-    rows = []
-    for threads in [int(t) for t in args.threads.split(",")]:
+    if args.child:
+        threads = int(args.threads)
         torch.set_num_threads(threads)
         for model in ["mlp", "gpt", "tiny_op"]:
             warmup, steps = STEPS[model]
@@ -154,8 +165,20 @@ def main():
                 pipit_ms += pipit_times(binary, model, threads, warmup, steps)
                 torch_ms += TORCH[model](warmup, steps)
             p, t = statistics.median(pipit_ms), statistics.median(torch_ms)
-            rows.append((model, threads, p, t, t / p))
-            print(f"{model:8s} threads={threads}  pipit {p:9.3f}  torch {t:9.3f}  "
+            print(json.dumps({"model": model, "threads": threads, "pipit": p, "torch": t}),
+                  flush=True)
+        return
+
+    rows = []
+    for threads in [int(t) for t in args.threads.split(",")]:
+        child = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--threads",
+                                str(threads), "--build", args.build, "--rounds",
+                                str(args.rounds)], check=True, capture_output=True, text=True)
+        for line in child.stdout.splitlines():
+            r = json.loads(line)
+            p, t = r["pipit"], r["torch"]
+            rows.append((r["model"], threads, p, t, t / p))
+            print(f"{r['model']:8s} threads={threads}  pipit {p:9.3f}  torch {t:9.3f}  "
                   f"torch/pipit {t / p:5.2f}", flush=True)
 
     unit = {"mlp": "ms/step", "gpt": "ms/step", "tiny_op": "us/op"}
