@@ -12,6 +12,10 @@ const char* message_kind_name(MessageKind kind) {
       return "Abort";
     case MessageKind::Shutdown:
       return "Shutdown";
+    case MessageKind::FetchState:
+      return "FetchState";
+    case MessageKind::State:
+      return "State";
     case MessageKind::Activation:
       return "Activation";
     case MessageKind::Gradient:
@@ -32,6 +36,8 @@ const char* message_kind_name(MessageKind kind) {
       return "Start";
     case MessageKind::Heartbeat:
       return "Heartbeat";
+    case MessageKind::PeerLost:
+      return "PeerLost";
   }
   return "unknown";
 }

@@ -17,6 +17,8 @@ enum class MessageKind : uint8_t {
   OptimizerStep,  // meta: {"lr": number or null, "grad_scale": factor applied first}
   Abort,          // drop the step's state; the step number says which
   Shutdown,
+  FetchState,  // reply with a State message
+  State,  // tensors: weights then optimizer state; meta: {"weights": [names], "optimizer": [names]}
   // Between neighbouring stages, and coordinator <-> first and last stage.
   Activation,  // tensors: {activation}; to the coordinator: the model's output
   Gradient,    // tensors: {dL/dactivation}
@@ -30,6 +32,8 @@ enum class MessageKind : uint8_t {
   Ready,
   Start,
   Heartbeat,
+  // Made locally by a networked communicator, never sent: a peer's connection failed.
+  PeerLost,  // meta: {"peer": id, "address": "host:port", "reason": text}
 };
 
 const char* message_kind_name(MessageKind kind);

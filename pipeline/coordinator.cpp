@@ -70,6 +70,11 @@ Message Coordinator::receive_step_message(const std::string& waiting_for) {
       fail_step("no stage answered for " + std::to_string(config_.timeout.count()) +
                 " ms while waiting for " + waiting_for);
     }
+    if (message->kind == MessageKind::PeerLost) {
+      fail_step("lost the connection to stage " + std::to_string(message->from) + " at " +
+                message->meta.value("address", std::string("?")) + ": " +
+                message->meta.value("reason", std::string("?")));
+    }
     if (message->step != step_) continue;  // left over from an aborted step
     if (message->kind == MessageKind::StageError) {
       fail_step(message->meta.value(
@@ -174,6 +179,31 @@ Tensor Coordinator::forward(const Tensor& input) {
     }
   }
   return cat(outputs, 0);
+}
+
+std::pair<StateDict, StateDict> Coordinator::fetch_state() {
+  ++step_;
+  stats_ = StepStats{std::vector<int>(static_cast<size_t>(config_.stages), 0), 0};
+  send_to_all(MessageKind::FetchState);
+  StateDict weights, optimizer_state;
+  std::vector<bool> answered(static_cast<size_t>(config_.stages));
+  for (int n = 0; n < config_.stages;) {
+    Message message = receive_step_message("the state of stages " + stage_list(answered));
+    if (message.kind != MessageKind::State) continue;
+    const auto& weight_names = message.meta.at("weights");
+    const auto& optimizer_names = message.meta.at("optimizer");
+    PIPIT_CHECK(weight_names.size() + optimizer_names.size() == message.tensors.size(),
+                "fetch_state: stage ", message.from, " sent ", message.tensors.size(),
+                " tensors for ", weight_names.size() + optimizer_names.size(), " names");
+    size_t i = 0;
+    for (const auto& name : weight_names) weights[name.get<std::string>()] = message.tensors[i++];
+    for (const auto& name : optimizer_names) {
+      optimizer_state[name.get<std::string>()] = message.tensors[i++];
+    }
+    answered[static_cast<size_t>(message.from)] = true;
+    ++n;
+  }
+  return {weights, optimizer_state};
 }
 
 void Coordinator::shutdown() {

@@ -5,12 +5,14 @@
 // optimizer. The same Coordinator drives stages in threads or in worker processes.
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "loss/loss.h"
 #include "pipeline/pipeline_config.h"
 #include "pipeline/trace.h"
+#include "tensor/state_dict.h"
 
 namespace pipit {
 
@@ -35,6 +37,9 @@ class Coordinator {
 
   // The learning rate every stage uses from the next optimizer step on.
   void set_lr(double lr) { lr_ = lr; }
+  // Every stage's weights and optimizer state by name (the whole model's, for checkpoints).
+  // Every stage's optimizer has a "step"; they agree, and one of them is kept.
+  std::pair<StateDict, StateDict> fetch_state();
   // Tells every stage to stop serving.
   void shutdown();
 

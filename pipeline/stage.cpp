@@ -79,6 +79,23 @@ bool Stage::dispatch(Message message) {
     case MessageKind::OptimizerStep:
       if (message.step == step_) apply_optimizer(message);
       return true;
+    case MessageKind::FetchState:
+      send_state(message.step);
+      return true;
+    case MessageKind::PeerLost: {
+      if (message.from == kCoordinator) return false;  // the run is over
+      // A neighbour is gone: this step cannot finish, and the coordinator should know why.
+      Message error{MessageKind::StageError, step_};
+      error.meta = {
+          {"message", "stage " + std::to_string(spec_.stage) + " lost its connection to stage " +
+                          std::to_string(message.from) + " at " +
+                          message.meta.value("address", std::string("?")) + ": " +
+                          message.meta.value("reason", std::string("?"))},
+          {"stage", spec_.stage}};
+      reset();
+      comm_->send(kCoordinator, std::move(error));
+      return true;
+    }
     default:
       return true;
   }
@@ -183,6 +200,23 @@ void Stage::apply_optimizer(const Message& message) {
   optimizer_->step();
   optimizer_->zero_grad();
   comm_->send(kCoordinator, Message{MessageKind::OptimizerDone, step_});
+}
+
+void Stage::send_state(int64_t step) {
+  Message reply{MessageKind::State, step};
+  nlohmann::json weight_names = nlohmann::json::array(), optimizer_names = nlohmann::json::array();
+  for (const auto& c : spec_.chunks) {
+    for (const auto& [name, value] : c->named_parameters()) {
+      weight_names.push_back(name);
+      reply.tensors.push_back(value.detach());
+    }
+  }
+  for (const auto& [name, value] : optimizer_->state_dict()) {
+    optimizer_names.push_back(name);
+    reply.tensors.push_back(value.detach());
+  }
+  reply.meta = {{"weights", weight_names}, {"optimizer", optimizer_names}};
+  comm_->send(kCoordinator, std::move(reply));
 }
 
 void Stage::reset() {

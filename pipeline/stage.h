@@ -32,7 +32,8 @@ struct StageSpec {
 class Stage {
  public:
   Stage(StageSpec spec, std::shared_ptr<Communicator> communicator);
-  // Serves steps until a Shutdown message arrives or the communicator closes. A task that
+  // Serves steps until a Shutdown message arrives, the coordinator's connection is lost or the
+  // communicator closes. A task that
   // throws is reported to the coordinator as a StageError; the stage then awaits the next step.
   void run();
 
@@ -49,6 +50,7 @@ class Stage {
   void backward(const Task& task, const Tensor& grad);
   void finish_step();
   void apply_optimizer(const Message& message);
+  void send_state(int64_t step);
   void reset();
   Sequential& chunk(int global_chunk);
   int last_chunk() const { return spec_.stages * spec_.chunks_per_stage - 1; }

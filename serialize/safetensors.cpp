@@ -27,7 +27,7 @@ std::string fail_prefix(const std::string& source) {
 
 }  // namespace
 
-std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
+std::string encode_safetensors_header(const OrderedTensors& tensors, const json& metadata) {
   json header = json::object();
   if (!metadata.empty()) {
     json meta = json::object();
@@ -39,6 +39,8 @@ std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     PIPIT_CHECK(name != "__metadata__", "encode_safetensors: '__metadata__' is not a tensor name");
+    PIPIT_CHECK(!header.contains(name), "encode_safetensors: tensor name '", name,
+                "' appears twice");
     header[name] = {{"dtype", dtype_name(t.dtype())},
                     {"shape", t.shape()},
                     {"data_offsets", {offset, offset + t.nbytes()}}};
@@ -50,7 +52,15 @@ std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
   const uint64_t header_size = header_text.size();
   std::memcpy(out.data(), &header_size, 8);
   out += header_text;
-  out.reserve(out.size() + offset);
+  return out;
+}
+
+std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
+  std::string out =
+      encode_safetensors_header(OrderedTensors(tensors.begin(), tensors.end()), metadata);
+  size_t data_size = 0;
+  for (const auto& [name, t] : tensors) data_size += t.nbytes();
+  out.reserve(out.size() + data_size);
   for (const auto& [name, t] : tensors) {
     Tensor host = Tensor::empty(t.shape(), t.dtype());
     backend(Device::cpu()).copy(t.device().is_cpu() ? t : t.to(Device::cpu()), host);
@@ -59,8 +69,8 @@ std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
   return out;
 }
 
-StateDict decode_safetensors(const char* data, size_t size, const std::string& source,
-                             json* metadata) {
+OrderedTensors decode_safetensors_ordered(const char* data, size_t size, const std::string& source,
+                                          json* metadata) {
   const std::string where = fail_prefix(source);
   PIPIT_CHECK(size >= 8, where, "file of ", size,
               " bytes is too short for the 8-byte header length");
@@ -81,9 +91,9 @@ StateDict decode_safetensors(const char* data, size_t size, const std::string& s
   struct Range {
     uint64_t begin, end;
     std::string name;
+    Tensor tensor;
   };
   std::vector<Range> ranges;
-  StateDict tensors;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       PIPIT_CHECK(entry.is_object(), where, "__metadata__ is not an object");
@@ -135,12 +145,12 @@ StateDict decode_safetensors(const char* data, size_t size, const std::string& s
                 " bytes \"data_offsets\" span");
     Tensor t = Tensor::empty(shape, dtype);
     if (end > begin) std::memcpy(t.raw_data(), bytes + begin, end - begin);
-    tensors[name] = t;
-    ranges.push_back({begin, end, name});
+    ranges.push_back({begin, end, name, t});
   }
   std::sort(ranges.begin(), ranges.end(),
             [](const Range& a, const Range& b) { return a.begin < b.begin; });
   uint64_t covered = 0;
+  OrderedTensors tensors;
   for (const Range& r : ranges) {
     PIPIT_CHECK(r.begin >= covered, where, "tensor '", r.name,
                 "': \"data_offsets\" overlap the "
@@ -148,10 +158,18 @@ StateDict decode_safetensors(const char* data, size_t size, const std::string& s
     PIPIT_CHECK(r.begin == covered, where, "tensor '", r.name, "': ", r.begin - covered,
                 " unused bytes before its \"data_offsets\" (the layout must be dense)");
     covered = r.end;
+    tensors.emplace_back(r.name, r.tensor);
   }
   PIPIT_CHECK(covered == data_size, where, data_size - covered,
               " bytes after the last tensor belong to none");
   return tensors;
+}
+
+StateDict decode_safetensors(const char* data, size_t size, const std::string& source,
+                             json* metadata) {
+  OrderedTensors tensors = decode_safetensors_ordered(data, size, source, metadata);
+  return StateDict(std::make_move_iterator(tensors.begin()),
+                   std::make_move_iterator(tensors.end()));
 }
 
 void save_safetensors(const std::string& path, const StateDict& tensors, const json& metadata) {

@@ -6,17 +6,30 @@
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tensor/state_dict.h"
 
 namespace pipit {
 
+// Named tensors in the order their bytes lie in a blob (a StateDict would sort the names).
+using OrderedTensors = std::vector<std::pair<std::string, Tensor>>;
+
 std::string encode_safetensors(const StateDict& tensors,
                                const nlohmann::json& metadata = nlohmann::json::object());
+// The blob up to its data: the length field and the padded JSON header describing `tensors`
+// laid out in the given order, each taking nbytes(). Appending each tensor's contiguous bytes
+// in that order completes the blob, which lets a socket writer send them from where they lie.
+std::string encode_safetensors_header(const OrderedTensors& tensors,
+                                      const nlohmann::json& metadata = nlohmann::json::object());
 // Validates every field; errors name `source` (a file or frame) and the field. The returned
 // tensors own their memory.
 StateDict decode_safetensors(const char* data, size_t size, const std::string& source,
                              nlohmann::json* metadata = nullptr);
+// The same, with the tensors in the order of their data.
+OrderedTensors decode_safetensors_ordered(const char* data, size_t size, const std::string& source,
+                                          nlohmann::json* metadata = nullptr);
 
 // Written to a temporary file, fsynced and renamed: a crash leaves the old file or the new.
 void save_safetensors(const std::string& path, const StateDict& tensors,

@@ -3,6 +3,7 @@
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loop.h"
+#include "tensor/cpu/vec_math.h"
 
 namespace pipit {
 namespace {
@@ -12,18 +13,32 @@ using cpu::byte_ptr;
 constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kGeluCoeff = 0.044715;
 
+// The tanh form 0.5 x (1 + tanh(u)) is x * sigmoid(2u). With e = exp(-|2u|) <= 1 the sigmoid
+// is 1 / (1 + e) or e / (1 + e) and s (1 - s) is e / (1 + e)^2, so nothing overflows or
+// cancels, and the float path needs only the vectorizable exp.
+template <typename T>
+struct GeluTerms {
+  T s, s_one_minus_s;
+};
+
+template <typename T>
+GeluTerms<T> gelu_terms(T x) {
+  const T z = T(2 * kSqrt2OverPi) * (x + T(kGeluCoeff) * x * x * x);
+  const T e = cpu::exp_of(-std::abs(z));
+  const T q = T(1) / (T(1) + e);
+  return {z >= T(0) ? q : e * q, e * q * q};
+}
+
 template <typename T>
 T gelu(T x) {
-  T inner = T(kSqrt2OverPi) * (x + T(kGeluCoeff) * x * x * x);
-  return T(0.5) * x * (T(1) + std::tanh(inner));
+  return x * gelu_terms(x).s;
 }
 
 template <typename T>
 T gelu_derivative(T x) {
-  T inner = T(kSqrt2OverPi) * (x + T(kGeluCoeff) * x * x * x);
-  T t = std::tanh(inner);
-  T dinner = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCoeff) * x * x);
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner;
+  const GeluTerms<T> t = gelu_terms(x);
+  const T dz = T(2 * kSqrt2OverPi) * (T(1) + T(3 * kGeluCoeff) * x * x);
+  return t.s + x * t.s_one_minus_s * dz;
 }
 
 template <typename O, typename I, typename F>

@@ -5,6 +5,7 @@
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loop.h"
+#include "tensor/cpu/vec_math.h"
 
 namespace pipit {
 namespace {
@@ -40,16 +41,14 @@ void softmax_rows(const T* x, T* y, int64_t rows, int64_t C, bool log) {
       T* yr = y + r * C;
       T mx = xr[0];
       for (int64_t c = 1; c < C; ++c) mx = std::max(mx, xr[c]);
+      // The exps go in their own loop so that they vectorize; the sum stays in order.
+      for (int64_t c = 0; c < C; ++c) yr[c] = cpu::exp_of(xr[c] - mx);
       T sum = 0;
+      for (int64_t c = 0; c < C; ++c) sum += yr[c];
       if (log) {
-        for (int64_t c = 0; c < C; ++c) sum += std::exp(xr[c] - mx);
         T lse = mx + std::log(sum);
         for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] - lse;
       } else {
-        for (int64_t c = 0; c < C; ++c) {
-          yr[c] = std::exp(xr[c] - mx);
-          sum += yr[c];
-        }
         T inv = T(1) / sum;
         for (int64_t c = 0; c < C; ++c) yr[c] *= inv;
       }
@@ -67,7 +66,7 @@ void softmax_backward_rows(const T* g, const T* y, T* gx, int64_t rows, int64_t 
       T dot = 0;
       if (log) {
         for (int64_t c = 0; c < C; ++c) dot += gr[c];
-        for (int64_t c = 0; c < C; ++c) out[c] = gr[c] - std::exp(yr[c]) * dot;
+        for (int64_t c = 0; c < C; ++c) out[c] = gr[c] - cpu::exp_of(yr[c]) * dot;
       } else {
         for (int64_t c = 0; c < C; ++c) dot += gr[c] * yr[c];
         for (int64_t c = 0; c < C; ++c) out[c] = yr[c] * (gr[c] - dot);
@@ -297,11 +296,9 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
         const T* row = x + i * C;
         T mx = row[0];
         for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+        for (int64_t c = 0; c < C; ++c) gr[c] = cpu::exp_of(row[c] - mx);
         T sum = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          gr[c] = std::exp(row[c] - mx);
-          sum += gr[c];
-        }
+        for (int64_t c = 0; c < C; ++c) sum += gr[c];
         T inv = T(scale) / sum;
         for (int64_t c = 0; c < C; ++c) gr[c] *= inv;
         gr[t[i]] -= T(scale);

@@ -1,0 +1,223 @@
+#include "comm/frame.h"
+
+#include <charconv>
+#include <iomanip>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+#include "serialize/safetensors.h"
+#include "tensor/backend.h"
+
+namespace pipit {
+
+namespace {
+
+using json = nlohmann::json;
+
+template <typename... Args>
+void require(bool condition, const Args&... parts) {
+  if (!condition) throw FrameError(detail::concat(parts...));
+}
+
+void put_le(std::string& out, uint64_t value, size_t bytes) {
+  for (size_t i = 0; i < bytes; ++i) out += static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+uint64_t get_le(const uint8_t* bytes, size_t count) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < count; ++i) value |= uint64_t{bytes[i]} << (8 * i);
+  return value;
+}
+
+std::string hex(uint64_t value) {
+  std::ostringstream out;
+  out << "0x" << std::hex << value;
+  return out.str();
+}
+
+void encode_frame_header(std::string& out, const FrameHeader& header) {
+  put_le(out, header.magic, 4);
+  put_le(out, header.version, 2);
+  put_le(out, static_cast<uint8_t>(header.kind), 1);
+  put_le(out, header.flags, 1);
+  put_le(out, header.header_length, 4);
+  put_le(out, header.reserved, 4);
+  put_le(out, header.body_length, 8);
+}
+
+// The bytes of a tensor must be host memory in row-major order to be written as they lie.
+Tensor host_contiguous(const Tensor& t) {
+  if (t.device().is_cpu() && t.is_contiguous()) return t;
+  Tensor host = Tensor::empty(t.shape(), t.dtype());
+  backend(Device::cpu()).copy(t.device().is_cpu() ? t : t.to(Device::cpu()), host);
+  return host;
+}
+
+std::string describe(const FrameHeader& header) {
+  return detail::concat("frame (", message_kind_name(header.kind), "): ");
+}
+
+// The canonical decimal index `name` stands for, when it is one of "0".."count-1".
+bool parse_index(const std::string& name, size_t count, size_t* index) {
+  if (name.empty() || (name.size() > 1 && name[0] == '0')) return false;
+  const auto [end, error] = std::from_chars(name.data(), name.data() + name.size(), *index);
+  return error == std::errc() && end == name.data() + name.size() && *index < count;
+}
+
+template <typename T>
+T integer_field(const json& fields, const char* name, const std::string& where) {
+  require(fields.contains(name), where, "JSON header lacks \"", name, "\"");
+  const json& value = fields[name];
+  bool fits = false;
+  if (value.is_number_unsigned()) {
+    fits = value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  } else if (value.is_number_integer()) {
+    const int64_t v = value.get<int64_t>();
+    fits = v >= std::numeric_limits<T>::min() && v <= std::numeric_limits<T>::max();
+  }
+  require(fits, where, "JSON header field \"", name, "\" is ", value.dump(),
+          ", not an integer in [", std::numeric_limits<T>::min(), ", ",
+          std::numeric_limits<T>::max(), "]");
+  return value.get<T>();
+}
+
+std::vector<Tensor> decode_body(std::string_view body, const std::string& where) {
+  if (body.empty()) return {};
+  OrderedTensors named;
+  try {
+    named = decode_safetensors_ordered(body.data(), body.size(), where + "body");
+  } catch (const Error& e) {
+    throw FrameError(e.what());
+  }
+  std::vector<Tensor> tensors(named.size());
+  std::optional<size_t> last_with_data;
+  for (auto& [name, t] : named) {
+    size_t index = 0;
+    require(parse_index(name, named.size(), &index), where, "body tensor name '", name,
+            "' is not one of \"0\"..\"", named.size() - 1, "\"");
+    // Empty tensors have no place in the data, so only those with bytes can be out of order.
+    if (t.nbytes() > 0) {
+      require(!last_with_data || index > *last_with_data, where, "body tensor '", name,
+              "' lies after tensor '", last_with_data.value_or(0), "': tensors are out of order");
+      last_with_data = index;
+    }
+    tensors[index] = std::move(t);
+  }
+  return tensors;
+}
+
+}  // namespace
+
+size_t EncodedFrame::size() const {
+  size_t total = prefix.size();
+  for (const auto& [data, bytes] : tensor_bytes) total += bytes;
+  return total;
+}
+
+EncodedFrame encode_frame_parts(const Message& message) {
+  const std::string where =
+      detail::concat("encode_frame (", message_kind_name(message.kind), " message): ");
+  std::string json_header;
+  try {
+    json_header = json{{"step", message.step},
+                       {"microbatch", message.microbatch},
+                       {"chunk", message.chunk},
+                       {"meta", message.meta}}
+                      .dump();
+  } catch (const json::exception& e) {
+    throw Error(where + "meta cannot be written as JSON: " + e.what());
+  }
+  PIPIT_CHECK(json_header.size() <= std::numeric_limits<uint32_t>::max(), where, "JSON header of ",
+              json_header.size(), " bytes does not fit the 32-bit header_length");
+
+  EncodedFrame frame;
+  OrderedTensors named;
+  for (size_t i = 0; i < message.tensors.size(); ++i) {
+    PIPIT_CHECK(message.tensors[i].defined(), where, "tensor ", i, " is undefined");
+    Tensor host = host_contiguous(message.tensors[i]);
+    frame.tensor_bytes.emplace_back(host.raw_data(), host.nbytes());
+    named.emplace_back(std::to_string(i), host);
+    frame.keep_alive.push_back(std::move(host));
+  }
+  const std::string body_prefix = named.empty() ? std::string() : encode_safetensors_header(named);
+
+  FrameHeader header;
+  header.kind = message.kind;
+  header.header_length = static_cast<uint32_t>(json_header.size());
+  header.body_length = body_prefix.size();
+  for (const auto& [data, bytes] : frame.tensor_bytes) header.body_length += bytes;
+  frame.prefix.reserve(kFrameHeaderSize + json_header.size() + body_prefix.size());
+  encode_frame_header(frame.prefix, header);
+  frame.prefix += json_header;
+  frame.prefix += body_prefix;
+  return frame;
+}
+
+std::string encode_frame(const Message& message) {
+  const EncodedFrame parts = encode_frame_parts(message);
+  std::string out;
+  out.reserve(parts.size());
+  out += parts.prefix;
+  for (const auto& [data, bytes] : parts.tensor_bytes) {
+    out.append(static_cast<const char*>(data), bytes);
+  }
+  return out;
+}
+
+FrameHeader decode_frame_header(const uint8_t* bytes, const FrameLimits& limits) {
+  FrameHeader header;
+  header.magic = static_cast<uint32_t>(get_le(bytes, 4));
+  require(header.magic == kFrameMagic, "frame: bad magic ", hex(header.magic), " (expected ",
+          hex(kFrameMagic), ", \"PIPT\"): not a pipit peer or out of step with the stream");
+  header.version = static_cast<uint16_t>(get_le(bytes + 4, 2));
+  require(header.version == kProtocolVersion, "frame: unsupported protocol version ",
+          header.version, " (this build speaks version ", kProtocolVersion, ")");
+  const uint8_t kind = bytes[6];
+  // message_kind_name knows exactly the enumerators, so new kinds are accepted without edits.
+  require(std::string_view(message_kind_name(static_cast<MessageKind>(kind))) != "unknown",
+          "frame: unknown message kind ", static_cast<int>(kind));
+  header.kind = static_cast<MessageKind>(kind);
+  header.flags = bytes[7];
+  require(header.flags == 0, "frame: unknown flags ", hex(header.flags),
+          " (version 1 defines none)");
+  header.header_length = static_cast<uint32_t>(get_le(bytes + 8, 4));
+  header.reserved = static_cast<uint32_t>(get_le(bytes + 12, 4));
+  require(header.reserved == 0, "frame: reserved field is ", hex(header.reserved), ", not 0");
+  header.body_length = get_le(bytes + 16, 8);
+  require(header.header_length <= limits.max_header_bytes, "frame: header_length ",
+          header.header_length, " exceeds the limit of ", limits.max_header_bytes, " bytes");
+  require(header.body_length <= limits.max_body_bytes, "frame: body_length ", header.body_length,
+          " exceeds the limit of ", limits.max_body_bytes, " bytes");
+  return header;
+}
+
+Message decode_frame_payload(const FrameHeader& header, std::string_view json_header,
+                             std::string_view body) {
+  const std::string where = describe(header);
+  require(json_header.size() == header.header_length, where, "JSON header has ", json_header.size(),
+          " bytes but header_length says ", header.header_length);
+  require(body.size() == header.body_length, where, "body has ", body.size(),
+          " bytes but body_length says ", header.body_length);
+  json fields;
+  try {
+    fields = json::parse(json_header.begin(), json_header.end());
+  } catch (const json::exception& e) {
+    throw FrameError(where + "JSON header is not valid JSON: " + e.what());
+  }
+  require(fields.is_object(), where, "JSON header is ", fields.type_name(), ", not an object");
+  for (const auto& [key, value] : fields.items()) {
+    require(key == "step" || key == "microbatch" || key == "chunk" || key == "meta", where,
+            "JSON header has the unknown field \"", key, "\"");
+  }
+  // Fields first, in order, so a frame with several faults always reports the same one.
+  const int64_t step = integer_field<int64_t>(fields, "step", where);
+  const int microbatch = integer_field<int>(fields, "microbatch", where);
+  const int chunk = integer_field<int>(fields, "chunk", where);
+  require(fields.contains("meta"), where, "JSON header lacks \"meta\"");
+  Message message(header.kind, step, microbatch, chunk, decode_body(body, where));
+  message.meta = std::move(fields["meta"]);
+  return message;
+}
+
+}  // namespace pipit

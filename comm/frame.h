@@ -1,0 +1,83 @@
+#pragma once
+// The wire format of networked communicators: one Message per frame.
+//
+//   offset size  field           (integers little-endian)
+//        0    4  magic           kFrameMagic, the bytes "PIPT"
+//        4    2  version         kProtocolVersion
+//        6    1  kind            a MessageKind
+//        7    1  flags           0 (none defined yet)
+//        8    4  header_length   bytes of the JSON header
+//       12    4  reserved        0
+//       16    8  body_length     bytes of the body
+//       24       JSON header     {"step": int, "microbatch": int, "chunk": int, "meta": any}
+//                body            empty without tensors, else a safetensors blob whose tensors
+//                                are named "0".."n-1" and lie in that order
+//
+// `from` is not sent: the receiver knows which connection a frame came on. A reader takes the
+// fixed header first, so it can refuse a frame by its lengths before allocating for it.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "comm/message.h"
+
+namespace pipit {
+
+constexpr uint32_t kFrameMagic = 0x54504950;  // "PIPT" little-endian
+constexpr uint16_t kProtocolVersion = 1;
+constexpr size_t kFrameHeaderSize = 24;
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint16_t version = kProtocolVersion;
+  MessageKind kind = MessageKind::Heartbeat;
+  uint8_t flags = 0;
+  uint32_t header_length = 0;
+  uint32_t reserved = 0;
+  uint64_t body_length = 0;
+};
+
+// What a receiver accepts; a peer announcing more is refused before anything is allocated.
+struct FrameLimits {
+  size_t max_header_bytes = size_t{1} << 20;
+  size_t max_body_bytes = size_t{1} << 31;
+};
+
+// A received frame is malformed or exceeds the limits: the connection it came on is not to be
+// trusted further.
+class FrameError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A frame in pieces for a gathering write: `prefix` (fixed header, JSON header, the body's
+// safetensors length and header), then each tensor's bytes in message order, read from where
+// they lie. `keep_alive` holds every tensor those pointers refer to (contiguous host copies of
+// tensors that were strided or on a device). The bytes are read at write time, so a sender
+// must not modify the tensors in place until the frame is written.
+struct EncodedFrame {
+  std::string prefix;
+  std::vector<std::pair<const void*, size_t>> tensor_bytes;
+  std::vector<Tensor> keep_alive;
+
+  size_t size() const;
+};
+
+EncodedFrame encode_frame_parts(const Message& message);
+// The whole frame in one string: the prefix and the tensor bytes concatenated.
+std::string encode_frame(const Message& message);
+
+// Reads the kFrameHeaderSize bytes at `bytes`. Throws FrameError naming the field and value
+// for a wrong magic, version, kind, flags or reserved field, or a length over `limits`.
+FrameHeader decode_frame_header(const uint8_t* bytes, const FrameLimits& limits = {});
+// The Message of a frame whose header decoded to `header`, from the header_length bytes of
+// JSON and body_length bytes of body that followed it. Throws FrameError when the sizes do not
+// match the header, the JSON lacks a field or has one of the wrong type, or the body is not
+// a safetensors blob of tensors "0".."n-1" in order. The tensors own their memory.
+Message decode_frame_payload(const FrameHeader& header, std::string_view json_header,
+                             std::string_view body);
+
+}  // namespace pipit

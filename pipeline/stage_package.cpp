@@ -1,0 +1,136 @@
+#include "pipeline/stage_package.h"
+
+#include <climits>
+
+#include "nn/registry.h"
+#include "pipeline/pipeline.h"
+#include "serialize/checkpoint.h"
+#include "serialize/safetensors.h"
+
+namespace pipit {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kFormat = "pipit-stage-package";
+constexpr int kVersion = 1;
+
+// The package's place in the pipeline, checked before anything indexes by it.
+void check_layout(const StagePackage& package, const char* operation) {
+  PIPIT_CHECK(package.stages >= 1 && package.chunks_per_stage >= 1, operation,
+              ": stages and chunks_per_stage must be >= 1, got ", package.stages, " and ",
+              package.chunks_per_stage);
+  PIPIT_CHECK(package.stage >= 0 && package.stage < package.stages, operation, ": stage ",
+              package.stage, " is outside [0, ", package.stages, ")");
+  PIPIT_CHECK(package.chunk_configs.size() == static_cast<size_t>(package.chunks_per_stage),
+              operation, ": stage ", package.stage, " has ", package.chunk_configs.size(),
+              " chunk configs but chunks_per_stage is ", package.chunks_per_stage);
+}
+
+}  // namespace
+
+StagePackage make_stage_package(const Sequential& model, const std::vector<LayerRange>& ranges,
+                                const PipelineConfig& config, int stage,
+                                const StateDict& optimizer_state) {
+  PIPIT_CHECK(stage >= 0 && stage < config.stages, "make_stage_package: stage ", stage,
+              " is outside [0, ", config.stages, ")");
+  PIPIT_CHECK(ranges.size() == static_cast<size_t>(config.stages * config.chunks_per_stage),
+              "make_stage_package: ", ranges.size(), " layer ranges for ", config.stages,
+              " stages of ", config.chunks_per_stage, " chunks");
+  const StageSpec spec = make_stage_spec(model, ranges, config, stage);
+  StagePackage package;
+  package.stage = stage;
+  package.stages = config.stages;
+  package.chunks_per_stage = config.chunks_per_stage;
+  package.schedule = config.schedule;
+  package.optimizer_config = config.optimizer;
+  for (const auto& chunk : spec.chunks) {
+    package.chunk_configs.push_back(chunk->config());
+    package.weights.merge(chunk->state_dict());
+  }
+  // Optimizer entries are "<param>.<buffer>" with no dot in the buffer name.
+  for (const auto& [key, value] : optimizer_state) {
+    const size_t dot = key.rfind('.');
+    if (key == "step" || (dot != std::string::npos && package.weights.count(key.substr(0, dot)))) {
+      package.optimizer_state[key] = value;
+    }
+  }
+  return package;
+}
+
+std::string encode_stage_package(const StagePackage& package) {
+  check_layout(package, "encode_stage_package");
+  json metadata = tagged_metadata(kFormat, kVersion);
+  metadata["stage"] = std::to_string(package.stage);
+  metadata["stages"] = std::to_string(package.stages);
+  metadata["chunks_per_stage"] = std::to_string(package.chunks_per_stage);
+  metadata["schedule"] = package.schedule;
+  metadata["chunk_configs"] = json(package.chunk_configs).dump();
+  metadata["optimizer_config"] = package.optimizer_config.dump();
+  metadata["peers"] = package.peers.dump();
+  StateDict tensors;
+  add_prefixed(tensors, "model.", package.weights);
+  add_prefixed(tensors, "optim.", package.optimizer_state);
+  return encode_safetensors(tensors, metadata);
+}
+
+StagePackage decode_stage_package(const std::string& bytes, const std::string& source) {
+  json metadata = json::object();
+  const StateDict tensors = decode_safetensors(bytes.data(), bytes.size(), source, &metadata);
+  const TaggedReader reader(std::move(metadata), source, kFormat, kVersion, "pipit stage package");
+  StagePackage package;
+  package.stages = static_cast<int>(reader.integer("stages", 1, INT_MAX));
+  package.stage = static_cast<int>(reader.integer("stage", 0, package.stages - 1));
+  package.chunks_per_stage = static_cast<int>(reader.integer("chunks_per_stage", 1, INT_MAX));
+  package.schedule = reader.text("schedule");
+  const json chunks = reader.parse("chunk_configs");
+  if (!chunks.is_array() || chunks.size() != static_cast<size_t>(package.chunks_per_stage)) {
+    reader.fail("chunk_configs", "must be an array of chunks_per_stage = " +
+                                     std::to_string(package.chunks_per_stage) +
+                                     " module configs, got " + reader.text("chunk_configs"));
+  }
+  package.chunk_configs.assign(chunks.begin(), chunks.end());
+  package.optimizer_config = reader.parse("optimizer_config");
+  package.peers = reader.parse("peers");
+  std::vector<StateDict> groups = reader.split(tensors, {"model.", "optim."});
+  package.weights = std::move(groups[0]);
+  package.optimizer_state = std::move(groups[1]);
+  return package;
+}
+
+StageSpec build_stage_spec(const StagePackage& package) {
+  check_layout(package, "build_stage_spec");
+  StageSpec spec;
+  spec.stage = package.stage;
+  spec.stages = package.stages;
+  spec.chunks_per_stage = package.chunks_per_stage;
+  spec.schedule = package.schedule;
+  spec.optimizer = package.optimizer_config;
+  StateDict unclaimed = package.weights;
+  for (int local = 0; local < package.chunks_per_stage; ++local) {
+    const int global = local * package.stages + package.stage;
+    try {
+      std::shared_ptr<Module> module = build_module(package.chunk_configs[size_t(local)]);
+      auto chunk = std::dynamic_pointer_cast<Sequential>(module);
+      PIPIT_CHECK(chunk != nullptr, "the config builds a ", module->config().value("type", "?"),
+                  ", not a Sequential");
+      StateDict own;
+      for (const auto& [name, parameter] : chunk->named_parameters()) {
+        if (auto it = unclaimed.find(name); it != unclaimed.end()) {
+          own.insert(unclaimed.extract(it));
+        }
+      }
+      chunk->load_state_dict(own);  // strict: names the first missing or misshapen weight
+      spec.chunks.push_back(std::move(chunk));
+    } catch (const Error& e) {
+      throw Error("build_stage_spec: stage " + std::to_string(package.stage) + " chunk " +
+                  std::to_string(local) + " (global chunk " + std::to_string(global) +
+                  "): " + e.what());
+    }
+  }
+  PIPIT_CHECK(unclaimed.empty(), "build_stage_spec: stage ", package.stage, ": weight '",
+              unclaimed.begin()->first, "' belongs to none of its chunks");
+  return spec;
+}
+
+}  // namespace pipit

@@ -1,0 +1,86 @@
+#include "pipeline/worker.h"
+
+#include <memory>
+#include <set>
+
+#include "pipeline/stage.h"
+#include "pipeline/stage_package.h"
+#include "serialize/atomic_file.h"
+
+namespace pipit {
+namespace {
+
+constexpr int kUnassigned = -2;  // a worker's endpoint id before it knows its stage
+
+// Builds the stage from the package and connects to its neighbours; replies READY or, when
+// anything is wrong with the package, a StageError naming it.
+std::unique_ptr<Stage> build_stage(const std::shared_ptr<TcpCommunicator>& comm,
+                                   const Message& message, const TcpOptions& options) {
+  StagePackage package = stage_package_from_message(message, "stage package from the coordinator");
+  comm->set_id(package.stage);
+  auto stage = std::make_unique<Stage>(build_stage_spec(package), comm);
+  if (!package.optimizer_state.empty()) stage->optimizer().load_state_dict(package.optimizer_state);
+  const int p = package.stages, s = package.stage;
+  std::set<int> neighbours;
+  if (p > 1) neighbours = {(s + 1) % p, (s + p - 1) % p};
+  for (int peer : neighbours) {
+    const std::string key = std::to_string(peer);
+    PIPIT_CHECK(package.peers.contains(key) && package.peers[key].is_string(),
+                "stage package: no address for neighbouring stage ", peer);
+    auto [host, port] = parse_endpoint(package.peers[key].get<std::string>());
+    comm->connect(peer, host, port);
+  }
+  options.log("[worker] stage " + std::to_string(s) + " of " + std::to_string(p) + " ready (" +
+              std::to_string(package.chunks_per_stage) + " chunks, " + package.schedule + ")");
+  return stage;
+}
+
+}  // namespace
+
+void run_worker(const WorkerOptions& options) {
+  TcpOptions tcp = options.tcp;
+  if (!tcp.log)
+    tcp.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  auto [host, port] = parse_endpoint(options.listen);
+  for (int run = 0; options.runs < 0 || run < options.runs; ++run) {
+    // One coordinator per run: a second one that connects while this run lasts (or is being
+    // torn down) is told to retry, and reaches the next run's listener instead.
+    TcpOptions run_tcp = tcp;
+    run_tcp.admit = [coordinator_seen = false](int peer) mutable -> std::string {
+      if (peer != kCoordinator) return "";
+      if (coordinator_seen) return "busy: this worker is serving another run";
+      coordinator_seen = true;
+      return "";
+    };
+    auto comm = std::make_shared<TcpCommunicator>(kUnassigned, run_tcp);
+    // Later runs listen on the port the first one bound, so coordinators find the worker again.
+    port = comm->listen(host, port);
+    if (run == 0 && !options.port_file.empty()) {
+      write_file_atomic(options.port_file, std::to_string(port) + "\n");
+    }
+    tcp.log("[worker] waiting for a coordinator on " + host + ":" + std::to_string(port));
+    std::unique_ptr<Stage> stage;
+    while (!stage) {
+      Message message = comm->receive();
+      if (message.kind != MessageKind::StagePackage || message.from != kCoordinator) continue;
+      try {
+        stage = build_stage(comm, message, tcp);
+        comm->send(kCoordinator, Message(MessageKind::Ready, 0));
+      } catch (const std::exception& e) {
+        tcp.log(std::string("[worker] refused the stage package: ") + e.what());
+        Message error(MessageKind::StageError, 0);
+        error.meta = {{"message", std::string("worker ") + options.listen +
+                                      " could not build its stage: " + e.what()}};
+        comm->send(kCoordinator, std::move(error));
+        break;
+      }
+    }
+    if (stage) {
+      stage->run();
+      tcp.log("[worker] run finished");
+    }
+    comm->close();
+  }
+}
+
+}  // namespace pipit

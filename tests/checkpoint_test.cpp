@@ -1,0 +1,281 @@
+// Checkpoints restore training exactly: weights, optimizer state and data order come back bit
+// for bit, so a resumed run equals an uninterrupted one; damaged or foreign files are errors
+// that name the file and the key, and a crashed writer never costs the previous checkpoint.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "loss/loss.h"
+#include "nn/builders.h"
+#include "nn/registry.h"
+#include "optim/optimizer.h"
+#include "pipit.h"
+#include "serialize/atomic_file.h"
+#include "serialize/checkpoint.h"
+#include "serialize/model_io.h"
+#include "serialize/safetensors.h"
+
+using namespace pipit;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const GptConfig kGpt{11, 6, 2, 2, 16, 0.0};
+const json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
+// Past INT64_MAX, so the seed's full unsigned range is exercised.
+constexpr uint64_t kDataSeed = 0xfedcba9876543210ull;
+
+// Removed on every exit, failed REQUIREs included.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name)
+      : path(fs::temp_directory_path() /
+             ("pipit_test_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  fs::path operator/(const std::string& name) const { return path / name; }
+};
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  return std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()) == 0;
+}
+
+void check_same(const StateDict& actual, const StateDict& expected) {
+  REQUIRE(actual.size() == expected.size());
+  for (const auto& [name, tensor] : expected) {
+    INFO(name);
+    REQUIRE(actual.count(name));
+    CHECK(same_bits(actual.at(name), tensor));
+  }
+}
+
+// Batches come from `data`, so where it stands is part of what a checkpoint must restore.
+void train(Module& model, Optimizer& optimizer, Generator& data, int steps) {
+  CrossEntropyLoss loss;
+  for (int s = 0; s < steps; ++s) {
+    const uint64_t first = data.reserve(2 * 2 * 6);
+    std::vector<int64_t> x, y;
+    for (uint64_t i = 0; i < 2 * 6; ++i) {
+      x.push_back(static_cast<int64_t>(data.bits(first + i) % 11));
+      y.push_back(static_cast<int64_t>(data.bits(first + 12 + i) % 11));
+    }
+    optimizer.zero_grad();
+    loss.compute_loss(model.forward(from_vector(x, {2, 6})), from_vector(y, {2, 6})).backward();
+    optimizer.step();
+  }
+}
+
+struct Run {
+  std::shared_ptr<Module> model;
+  std::unique_ptr<Optimizer> optimizer;
+  Generator data{kDataSeed};
+};
+
+Run fresh_run() {
+  Generator init(21);
+  Run run;
+  run.model = gpt(kGpt, &init);
+  run.optimizer = make_optimizer(kAdamW, run.model->named_parameters());
+  return run;
+}
+
+StateDict snapshot(const StateDict& state) {
+  StateDict copy;
+  for (const auto& [name, tensor] : state) copy[name] = tensor.detach().clone();
+  return copy;
+}
+
+// state_dict() tensors share storage with the live model and optimizer, which further
+// training overwrites; a snapshot keeps the values to compare against.
+Checkpoint checkpoint_of(const Run& run, int64_t step) {
+  return {run.model->config(),
+          snapshot(run.model->state_dict()),
+          run.optimizer->config(),
+          snapshot(run.optimizer->state_dict()),
+          step,
+          run.data.seed(),
+          run.data.offset(),
+          {{"epoch", 3}, {"note", "warm"}}};
+}
+
+// Rewrites the checkpoint at `path` with `edit` applied to its metadata and tensors.
+void tamper(const std::string& path, const std::function<void(json&, StateDict&)>& edit) {
+  json metadata;
+  StateDict tensors = load_safetensors(path, &metadata);
+  edit(metadata, tensors);
+  save_safetensors(path, tensors, metadata);
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint round trips every field bit for bit", "[checkpoint]") {
+  const TempDir dir("checkpoint_round_trip");
+  const std::string path = (dir / "ckpt.safetensors").string();
+  Run run = fresh_run();
+  train(*run.model, *run.optimizer, run.data, 2);
+  const Checkpoint saved = checkpoint_of(run, 2);
+  save_checkpoint(path, saved);
+
+  const Checkpoint loaded = load_checkpoint(path);
+  CHECK(loaded.model_config == saved.model_config);
+  CHECK(loaded.optimizer_config == saved.optimizer_config);
+  check_same(loaded.weights, saved.weights);
+  check_same(loaded.optimizer_state, saved.optimizer_state);
+  CHECK(loaded.optimizer_state.count("step"));
+  CHECK(loaded.step == 2);
+  CHECK(loaded.rng_seed == kDataSeed);
+  CHECK(loaded.rng_offset == run.data.offset());
+  CHECK(loaded.extra == saved.extra);
+
+  // The file is plain safetensors: another reader sees the prefixed tensors and the tag.
+  json metadata;
+  StateDict raw = load_safetensors(path, &metadata);
+  CHECK(metadata["format"] == "pipit-checkpoint");
+  CHECK(metadata["version"] == "1");
+  CHECK(raw.count("model." + saved.weights.begin()->first));
+  CHECK(raw.count("optim.step"));
+}
+
+TEST_CASE("resuming from a checkpoint equals training without a break", "[checkpoint]") {
+  const TempDir dir("checkpoint_resume");
+  const std::string path = (dir / "ckpt.safetensors").string();
+  Run straight = fresh_run();
+  train(*straight.model, *straight.optimizer, straight.data, 4);
+
+  {
+    Run first_half = fresh_run();
+    train(*first_half.model, *first_half.optimizer, first_half.data, 2);
+    save_checkpoint(path, checkpoint_of(first_half, 2));
+  }
+  const Checkpoint checkpoint = load_checkpoint(path);
+  std::shared_ptr<Module> model = build_module(checkpoint.model_config);
+  model->load_state_dict(checkpoint.weights);
+  auto optimizer = make_optimizer(checkpoint.optimizer_config, model->named_parameters());
+  optimizer->load_state_dict(checkpoint.optimizer_state);
+  Generator data;
+  data.set_state(checkpoint.rng_seed, checkpoint.rng_offset);
+  train(*model, *optimizer, data, 2);
+
+  check_same(model->state_dict(), straight.model->state_dict());
+  check_same(optimizer->state_dict(), straight.optimizer->state_dict());
+  CHECK(data.offset() == straight.data.offset());
+}
+
+TEST_CASE("every truncated checkpoint is an error naming the file", "[checkpoint]") {
+  const TempDir dir("checkpoint_truncated");
+  const std::string path = (dir / "whole.safetensors").string();
+  Run run = fresh_run();
+  save_checkpoint(path, checkpoint_of(run, 0));
+  const std::string bytes = read_file(path);
+  const std::string cut_path = (dir / "cut.safetensors").string();
+  constexpr size_t kCuts = 40;
+  for (size_t k = 0; k < kCuts; ++k) {
+    const size_t n = bytes.size() * k / kCuts;
+    INFO("truncated to " << n << " of " << bytes.size() << " bytes");
+    std::ofstream(cut_path, std::ios::binary | std::ios::trunc).write(bytes.data(), long(n));
+    CHECK_THROWS_WITH(load_checkpoint(cut_path), Catch::Contains("cut.safetensors"));
+  }
+}
+
+TEST_CASE("a writer that crashed mid-save leaves the previous checkpoint intact", "[checkpoint]") {
+  const TempDir dir("checkpoint_crash");
+  const std::string path = (dir / "ckpt.safetensors").string();
+  Run run = fresh_run();
+  train(*run.model, *run.optimizer, run.data, 1);
+  const Checkpoint previous = checkpoint_of(run, 1);
+  save_checkpoint(path, previous);
+  train(*run.model, *run.optimizer, run.data, 1);
+  const Checkpoint next = checkpoint_of(run, 2);
+  const std::string next_bytes = [&] {
+    const std::string scratch = (dir / "scratch.safetensors").string();
+    save_checkpoint(scratch, next);
+    std::string bytes = read_file(scratch);
+    fs::remove(scratch);
+    return bytes;
+  }();
+
+  // write_file_atomic's temporary is ".<name>.tmp.<pid>" beside the target: leave half of the
+  // next checkpoint there, as a writer killed before its rename would (once from another
+  // process, once from this one, whose next save must overwrite it).
+  for (const int pid : {::getpid() + 1, ::getpid()}) {
+    const fs::path temp = dir / (".ckpt.safetensors.tmp." + std::to_string(pid));
+    std::ofstream(temp, std::ios::binary).write(next_bytes.data(), long(next_bytes.size() / 2));
+    const Checkpoint loaded = load_checkpoint(path);
+    CHECK(loaded.step == 1);
+    check_same(loaded.weights, previous.weights);
+    check_same(loaded.optimizer_state, previous.optimizer_state);
+  }
+  save_checkpoint(path, next);
+  const Checkpoint loaded = load_checkpoint(path);
+  CHECK(loaded.step == 2);
+  check_same(loaded.weights, next.weights);
+  CHECK_FALSE(fs::exists(dir / (".ckpt.safetensors.tmp." + std::to_string(::getpid()))));
+}
+
+TEST_CASE("missing or garbled checkpoint metadata is named in the error", "[checkpoint]") {
+  const TempDir dir("checkpoint_metadata");
+  const std::string path = (dir / "ckpt.safetensors").string();
+  Run run = fresh_run();
+  const Checkpoint good = checkpoint_of(run, 0);
+
+  struct Case {
+    const char* key;
+    std::function<void(json&, StateDict&)> edit;
+    const char* fragment;
+  };
+  const std::vector<Case> cases = {
+      {"step", [](json& m, StateDict&) { m.erase("step"); }, "is missing"},
+      {"step", [](json& m, StateDict&) { m["step"] = "-3"; }, "must be in [0, "},
+      {"step", [](json& m, StateDict&) { m["step"] = "two"; }, "not valid JSON"},
+      {"step", [](json& m, StateDict&) { m["step"] = "2.5"; }, "64-bit integer"},
+      {"rng_seed", [](json& m, StateDict&) { m["rng_seed"] = "-1"; }, "unsigned"},
+      {"rng_offset", [](json& m, StateDict&) { m.erase("rng_offset"); }, "is missing"},
+      {"model_config", [](json& m, StateDict&) { m["model_config"] = "{\"type\":"; },
+       "not valid JSON"},
+      {"model_config", [](json& m, StateDict&) { m["model_config"] = "[1, 2]"; },
+       "module config object"},
+      {"optimizer_config", [](json& m, StateDict&) { m.erase("optimizer_config"); }, "is missing"},
+      {"extra", [](json& m, StateDict&) { m["extra"] = "{]"; }, "not valid JSON"},
+      {"version", [](json& m, StateDict&) { m["version"] = "2"; }, "reads only version 1"},
+      {"version", [](json& m, StateDict&) { m.erase("version"); }, "is missing"},
+      {"format", [](json& m, StateDict&) { m["format"] = "pipit-stage-package"; },
+       "is not a pipit checkpoint"},
+      {"stray", [](json&, StateDict& t) { t["stray"] = from_vector<float>({1}); },
+       "none of the name prefixes"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.key << ": " << c.fragment);
+    save_checkpoint(path, good);
+    tamper(path, c.edit);
+    CHECK_THROWS_WITH(load_checkpoint(path), Catch::Contains(c.key) &&
+                                                 Catch::Contains(c.fragment) &&
+                                                 Catch::Contains("ckpt.safetensors"));
+  }
+}
+
+TEST_CASE("files that are not checkpoints are refused", "[checkpoint]") {
+  const TempDir dir("checkpoint_foreign");
+  Run run = fresh_run();
+  save_model(*run.model, dir.path.string());
+  CHECK_THROWS_WITH(
+      load_checkpoint((dir / "model.safetensors").string()),
+      Catch::Contains("model.safetensors") && Catch::Contains("is not a pipit checkpoint"));
+  CHECK_THROWS_WITH(load_checkpoint((dir / "absent.safetensors").string()),
+                    Catch::Contains("absent.safetensors"));
+
+  Checkpoint no_model = checkpoint_of(run, 0);
+  no_model.model_config = nullptr;
+  const std::string path = (dir / "ckpt.safetensors").string();
+  CHECK_THROWS_WITH(save_checkpoint(path, no_model),
+                    Catch::Contains("model_config") && Catch::Contains("ckpt.safetensors"));
+  CHECK_FALSE(fs::exists(path));
+}

@@ -1,0 +1,270 @@
+// The frame codec: messages survive a round trip bit for bit, the layout is the documented
+// one, and every malformed or oversized frame is refused with an error naming what was wrong.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "comm/frame.h"
+#include "pipit.h"
+#include "serialize/safetensors.h"
+
+using namespace pipit;
+using nlohmann::json;
+
+namespace {
+
+// Decodes a frame as a reader would: the fixed header, then what it announces.
+Message decode(const std::string& frame, const FrameLimits& limits = {}) {
+  REQUIRE(frame.size() >= kFrameHeaderSize);
+  const FrameHeader header =
+      decode_frame_header(reinterpret_cast<const uint8_t*>(frame.data()), limits);
+  const std::string_view rest = std::string_view(frame).substr(kFrameHeaderSize);
+  return decode_frame_payload(header, rest.substr(0, header.header_length),
+                              rest.substr(std::min<size_t>(header.header_length, rest.size())));
+}
+
+Message payload(const std::string& json_header, const std::string& body = "") {
+  FrameHeader header;
+  header.kind = MessageKind::Activation;
+  header.header_length = static_cast<uint32_t>(json_header.size());
+  header.body_length = body.size();
+  return decode_frame_payload(header, json_header, body);
+}
+
+// A safetensors body laid out in exactly the given order.
+std::string body_of(const OrderedTensors& tensors) {
+  std::string out = encode_safetensors_header(tensors);
+  for (const auto& [name, t] : tensors) {
+    out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+  }
+  return out;
+}
+
+void expect_frame_error(const std::function<void()>& decode_bad, const std::string& fragment) {
+  INFO("expected a FrameError mentioning: " << fragment);
+  CHECK_THROWS_AS(decode_bad(), FrameError);
+  CHECK_THROWS_WITH(decode_bad(), Catch::Contains(fragment));
+}
+
+void check_same(const Message& out, const Message& in) {
+  CHECK(out.kind == in.kind);
+  CHECK(out.step == in.step);
+  CHECK(out.microbatch == in.microbatch);
+  CHECK(out.chunk == in.chunk);
+  CHECK(out.meta == in.meta);
+  REQUIRE(out.tensors.size() == in.tensors.size());
+  for (size_t i = 0; i < in.tensors.size(); ++i) {
+    INFO("tensor " << i);
+    CHECK(out.tensors[i].shape() == in.tensors[i].shape());
+    CHECK(out.tensors[i].dtype() == in.tensors[i].dtype());
+    CHECK(out.tensors[i].is_contiguous());
+    CHECK(out.tensors[i].to_vector<double>() == in.tensors[i].to_vector<double>());
+  }
+}
+
+Message three_tensors() {
+  Message m(MessageKind::Gradient, 7, 3, 1,
+            {from_vector<float>({1.5f, -2.25f, 3e8f, 0.0f, 1e-30f, -7.0f}, {2, 3}),
+             from_vector<int64_t>({int64_t(1) << 50, -3, 0}),
+             from_vector<double>({3.141592653589793, -1e-300})});
+  return m;
+}
+
+std::string valid_frame() {
+  return encode_frame(three_tensors());
+}
+
+}  // namespace
+
+TEST_CASE("frame round trip without tensors keeps the fields and meta", "[frame]") {
+  Message in(MessageKind::StepBegin, int64_t(1) << 40, -2, 5);
+  in.meta = {{"train", true}, {"microbatches", 4}, {"nested", {{"a", {1, 2.5, nullptr}}}}};
+  const std::string frame = encode_frame(in);
+  const Message out = decode(frame);
+  check_same(out, in);
+  CHECK(out.from == 0);
+  // No tensors: no body at all.
+  const FrameHeader header = decode_frame_header(reinterpret_cast<const uint8_t*>(frame.data()));
+  CHECK(header.body_length == 0);
+  CHECK(frame.size() == kFrameHeaderSize + header.header_length);
+}
+
+TEST_CASE("frame round trip with one and three tensors of f32, i64 and f64", "[frame]") {
+  check_same(decode(encode_frame(Message(MessageKind::Activation, 1, 0, 0,
+                                         {from_vector<float>({1, 2, 3, 4}, {2, 2})}))),
+             Message(MessageKind::Activation, 1, 0, 0, {from_vector<float>({1, 2, 3, 4}, {2, 2})}));
+  Message in = three_tensors();
+  in.meta = {{"note", "gradients"}};
+  check_same(decode(encode_frame(in)), in);
+}
+
+TEST_CASE("frame sends a non-contiguous tensor's values in row-major order", "[frame]") {
+  const Tensor strided = transpose(from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}), 0, 1);
+  REQUIRE_FALSE(strided.is_contiguous());
+  Message in(MessageKind::Activation, 2, 1, 0, {strided, from_vector<double>({9.0})});
+  const Message out = decode(encode_frame(in));
+  check_same(out, in);
+  CHECK(out.tensors[0].to_vector<float>() == std::vector<float>{1, 4, 2, 5, 3, 6});
+}
+
+TEST_CASE("frame keeps tensor positions past ten and around empty tensors", "[frame]") {
+  // Names "10" and "11" sort before "2": positions must come from the numbers.
+  Message in(MessageKind::Activation, 3);
+  for (int i = 0; i < 12; ++i) {
+    in.tensors.push_back(i == 4 || i == 5 ? Tensor::empty({0, 3}) : full({i + 1}, i, {DType::i32}));
+  }
+  check_same(decode(encode_frame(in)), in);
+}
+
+TEST_CASE("frame body is a safetensors blob of tensors named by position", "[frame]") {
+  const std::string frame = valid_frame();
+  const FrameHeader header = decode_frame_header(reinterpret_cast<const uint8_t*>(frame.data()));
+  const std::string body = frame.substr(kFrameHeaderSize + header.header_length);
+  const StateDict tensors = decode_safetensors(body.data(), body.size(), "frame body");
+  REQUIRE(tensors.size() == 3);
+  CHECK(tensors.at("0").dtype() == DType::f32);
+  CHECK(tensors.at("1").dtype() == DType::i64);
+  CHECK(tensors.at("2").dtype() == DType::f64);
+}
+
+TEST_CASE("frame fixed header has the documented little-endian layout", "[frame]") {
+  const std::string frame = valid_frame();
+  const auto byte = [&](size_t i) { return static_cast<uint8_t>(frame[i]); };
+  CHECK(frame.substr(0, 4) == "PIPT");
+  CHECK(byte(4) == 1);
+  CHECK(byte(5) == 0);
+  CHECK(byte(6) == static_cast<uint8_t>(MessageKind::Gradient));
+  CHECK(byte(7) == 0);
+  const FrameHeader header = decode_frame_header(reinterpret_cast<const uint8_t*>(frame.data()));
+  CHECK(header.kind == MessageKind::Gradient);
+  uint32_t header_length = 0;
+  for (size_t i = 0; i < 4; ++i) header_length |= uint32_t{byte(8 + i)} << (8 * i);
+  CHECK(header_length == header.header_length);
+  for (size_t i = 12; i < 16; ++i) CHECK(byte(i) == 0);
+  uint64_t body_length = 0;
+  for (size_t i = 0; i < 8; ++i) body_length |= uint64_t{byte(16 + i)} << (8 * i);
+  CHECK(body_length == header.body_length);
+  CHECK(frame.size() == kFrameHeaderSize + header.header_length + header.body_length);
+  CHECK(json::parse(frame.substr(kFrameHeaderSize, header.header_length)) ==
+        json{{"step", 7}, {"microbatch", 3}, {"chunk", 1}, {"meta", json::object()}});
+}
+
+TEST_CASE("encode_frame is the concatenation of encode_frame_parts", "[frame]") {
+  Message in = three_tensors();
+  const Tensor strided = transpose(from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2}), 0, 1);
+  in.tensors.push_back(strided);
+  const EncodedFrame parts = encode_frame_parts(in);
+  std::string joined = parts.prefix;
+  for (const auto& [data, bytes] : parts.tensor_bytes) {
+    joined.append(static_cast<const char*>(data), bytes);
+  }
+  CHECK(joined == encode_frame(in));
+  CHECK(parts.size() == joined.size());
+  REQUIRE(parts.tensor_bytes.size() == 4);
+  // Contiguous tensors are sent from where they lie; the strided one from a kept copy.
+  for (size_t i = 0; i < 3; ++i) CHECK(parts.tensor_bytes[i].first == in.tensors[i].raw_data());
+  CHECK(parts.tensor_bytes[3].first != strided.raw_data());
+  CHECK(parts.tensor_bytes[3].second == strided.nbytes());
+  bool kept = false;
+  for (const Tensor& t : parts.keep_alive)
+    kept = kept || t.raw_data() == parts.tensor_bytes[3].first;
+  CHECK(kept);
+  CHECK(encode_frame_parts(Message(MessageKind::Heartbeat, 0)).tensor_bytes.empty());
+}
+
+TEST_CASE("encode_frame refuses an undefined tensor and meta that is not UTF-8", "[frame]") {
+  Message in(MessageKind::Activation, 1, 0, 0, {from_vector<float>({1}), Tensor()});
+  CHECK_THROWS_WITH(encode_frame(in), Catch::Contains("tensor 1 is undefined"));
+  Message bad_meta(MessageKind::StageError, 1);
+  bad_meta.meta = {{"message", "\xff"}};
+  CHECK_THROWS_WITH(encode_frame(bad_meta),
+                    Catch::Contains("StageError") && Catch::Contains("meta cannot be written"));
+}
+
+TEST_CASE("frame header rejects bad magic, version, kind, flags and reserved bytes", "[frame]") {
+  const auto with_byte = [](size_t index, uint8_t value) {
+    std::string frame = valid_frame();
+    frame[index] = static_cast<char>(value);
+    return frame;
+  };
+  expect_frame_error([&] { decode(with_byte(0, 'X')); }, "magic");
+  expect_frame_error([&] { decode(with_byte(4, 2)); }, "version 2");
+  expect_frame_error([&] { decode(with_byte(5, 1)); }, "version 257");
+  expect_frame_error([&] { decode(with_byte(6, 0)); }, "unknown message kind 0");
+  expect_frame_error([&] { decode(with_byte(6, 200)); }, "unknown message kind 200");
+  expect_frame_error([&] { decode(with_byte(7, 1)); }, "flags");
+  expect_frame_error([&] { decode(with_byte(13, 1)); }, "reserved");
+}
+
+TEST_CASE("frame header rejects lengths over the limits", "[frame]") {
+  const std::string frame = valid_frame();
+  const FrameHeader header = decode_frame_header(reinterpret_cast<const uint8_t*>(frame.data()));
+  FrameLimits limits;
+  limits.max_header_bytes = header.header_length - 1;
+  expect_frame_error([&] { decode(frame, limits); }, "header_length");
+  limits = FrameLimits();
+  limits.max_body_bytes = header.body_length - 1;
+  expect_frame_error([&] { decode(frame, limits); }, "body_length");
+  // The defaults refuse a body announced at 2^63 bytes before anything is allocated.
+  std::string huge = frame;
+  huge[23] = static_cast<char>(0x80);
+  expect_frame_error([&] { decode(huge); }, "body_length 92233720368547");
+}
+
+TEST_CASE("frame payload rejects malformed JSON headers", "[frame]") {
+  expect_frame_error([] { payload(R"({"step": 1, "microbatch")"); }, "not valid JSON");
+  expect_frame_error([] { payload("[1, 2]"); }, "not an object");
+  expect_frame_error([] { payload(R"({"microbatch": 0, "chunk": 0, "meta": {}})"); },
+                     "lacks \"step\"");
+  expect_frame_error([] { payload(R"({"step": "1", "microbatch": 0, "chunk": 0, "meta": {}})"); },
+                     "\"step\" is \"1\", not an integer");
+  expect_frame_error([] { payload(R"({"step": 1.5, "microbatch": 0, "chunk": 0, "meta": {}})"); },
+                     "\"step\"");
+  expect_frame_error(
+      [] { payload(R"({"step": 18446744073709551615, "microbatch": 0, "chunk": 0, "meta": {}})"); },
+      "\"step\"");
+  expect_frame_error(
+      [] { payload(R"({"step": 1, "microbatch": 4294967296, "chunk": 0, "meta": {}})"); },
+      "\"microbatch\"");
+  expect_frame_error([] { payload(R"({"step": 1, "microbatch": 0, "chunk": null, "meta": {}})"); },
+                     "\"chunk\"");
+  expect_frame_error([] { payload(R"({"step": 1, "microbatch": 0, "chunk": 0})"); },
+                     "lacks \"meta\"");
+  expect_frame_error(
+      [] { payload(R"({"step": 1, "microbatch": 0, "chunk": 0, "meta": {}, "from": 2})"); },
+      "unknown field \"from\"");
+  CHECK(payload(R"({"step": -1, "microbatch": 0, "chunk": 0, "meta": [1]})").meta == json{1});
+}
+
+TEST_CASE("frame payload rejects sizes that differ from the header", "[frame]") {
+  const std::string frame = valid_frame();
+  // The header claims more body than was given.
+  expect_frame_error([&] { decode(frame.substr(0, frame.size() - 1)); }, "body has");
+  const FrameHeader header = decode_frame_header(reinterpret_cast<const uint8_t*>(frame.data()));
+  const std::string json_header = frame.substr(kFrameHeaderSize, header.header_length);
+  expect_frame_error([&] { decode_frame_payload(header, json_header.substr(1), ""); },
+                     "JSON header has");
+}
+
+TEST_CASE("frame payload rejects bodies that are not position-named safetensors", "[frame]") {
+  const std::string fields = R"({"step": 1, "microbatch": 0, "chunk": 0, "meta": {}})";
+  expect_frame_error([&] { payload(fields, "not a safetensors blob"); }, "safetensors");
+  std::string blob = body_of({{"0", from_vector<float>({1, 2})}});
+  expect_frame_error([&] { payload(fields, blob.substr(0, blob.size() - 4)); }, "safetensors");
+
+  const Tensor a = from_vector<float>({1, 2}), b = from_vector<double>({3});
+  expect_frame_error([&] { payload(fields, body_of({{"1", a}, {"0", b}})); }, "out of order");
+  expect_frame_error(
+      [&] {
+        payload(fields, body_of({{"0", a}, {"2", b}}));
+      },
+      "'2' is not one of \"0\"..\"1\"");
+  expect_frame_error([&] { payload(fields, body_of({{"00", a}})); }, "'00'");
+  expect_frame_error([&] { payload(fields, body_of({{"weight", a}})); }, "'weight'");
+  expect_frame_error([&] { payload(fields, body_of({{"-0", a}})); }, "'-0'");
+
+  const Message out = payload(fields, body_of({{"0", a}, {"1", b}}));
+  REQUIRE(out.tensors.size() == 2);
+  CHECK(out.tensors[1].to_vector<double>() == std::vector<double>{3});
+}

@@ -1,0 +1,43 @@
+// pipit-worker: serves pipeline stages to coordinators over TCP, one run after another.
+//   pipit-worker --listen 127.0.0.1:7001 [--token-file FILE]
+#include <cstdio>
+
+#include "pipeline/worker.h"
+#include "samples/flags.h"
+#include "serialize/atomic_file.h"
+
+int main(int argc, char** argv) {
+  samples::Flags flags("pipit-worker",
+                       "Serves one pipeline stage per run to a coordinator (train_gpt --workers).");
+  flags.add("listen", "127.0.0.1:7001",
+            "address to accept coordinators and stages on (port 0: any)");
+  flags.add("token-file", "", "file holding the shared token peers must prove (default: none)");
+  flags.add("port-file", "", "write the bound port to this file");
+  flags.add("runs", "-1", "serve this many runs, then exit (-1: forever)");
+  flags.add("heartbeat-ms", "500", "heartbeat interval on idle connections");
+  flags.add("peer-timeout-ms", "5000", "a peer silent this long is reported lost");
+  flags.add("max-frame-mb", "2048", "largest frame body accepted, in MiB");
+  flags.parse(argc, argv);
+  try {
+    pipit::WorkerOptions options;
+    options.listen = flags.str("listen");
+    options.port_file = flags.str("port-file");
+    options.runs = static_cast<int>(flags.integer("runs", -1));
+    options.tcp.heartbeat_interval = std::chrono::milliseconds(flags.integer("heartbeat-ms"));
+    options.tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
+    options.tcp.limits.max_body_bytes = static_cast<size_t>(flags.integer("max-frame-mb")) << 20;
+    if (!flags.str("token-file").empty()) {
+      options.tcp.token = pipit::read_file(flags.str("token-file"));
+      while (!options.tcp.token.empty() &&
+             (options.tcp.token.back() == '\n' || options.tcp.token.back() == '\r')) {
+        options.tcp.token.pop_back();
+      }
+      if (options.tcp.token.empty()) flags.fail("--token-file holds an empty token");
+    }
+    pipit::run_worker(options);
+  } catch (const pipit::Error& e) {
+    std::fprintf(stderr, "pipit-worker: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
