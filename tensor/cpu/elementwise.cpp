@@ -10,54 +10,30 @@ namespace {
 
 using cpu::byte_ptr;
 
-constexpr double kSqrt2OverPi = 0.7978845608028654;
-constexpr double kGeluCoeff = 0.044715;
+// map1 and map2 apply f elementwise; a row kernel, when given, takes over contiguous runs.
+struct NoRowKernel {};
 
-// The tanh form 0.5 x (1 + tanh(u)) is x * sigmoid(2u). With e = exp(-|2u|) <= 1 the sigmoid
-// is 1 / (1 + e) or e / (1 + e) and s (1 - s) is e / (1 + e)^2, so nothing overflows or
-// cancels, and the float path needs only the vectorizable exp.
-template <typename T>
-struct GeluTerms {
-  T s, s_one_minus_s;
-};
-
-template <typename T>
-GeluTerms<T> gelu_terms(T x) {
-  const T z = T(2 * kSqrt2OverPi) * (x + T(kGeluCoeff) * x * x * x);
-  const T e = cpu::exp_of(-std::abs(z));
-  const T q = T(1) / (T(1) + e);
-  return {z >= T(0) ? q : e * q, e * q * q};
-}
-
-template <typename T>
-T gelu(T x) {
-  return x * gelu_terms(x).s;
-}
-
-template <typename T>
-T gelu_derivative(T x) {
-  const GeluTerms<T> t = gelu_terms(x);
-  const T dz = T(2 * kSqrt2OverPi) * (T(1) + T(3 * kGeluCoeff) * x * x);
-  return t.s + x * t.s_one_minus_s * dz;
-}
-
-template <typename O, typename I, typename F>
-void map1(const Tensor& in, const Tensor& out, F f) {
+template <typename O, typename I, typename F, typename Row = NoRowKernel>
+void map1(const Tensor& in, const Tensor& out, F f, Row row = {}) {
   auto loop = cpu::make_loop<2>(out.shape(), {&out, &in});
   cpu::for_each_row<2>(loop, {byte_ptr(out), byte_ptr(in)}, {sizeof(O), sizeof(I)},
                        [&](auto p, int64_t n, auto s) {
                          O* o = reinterpret_cast<O*>(p[0]);
                          const I* x = reinterpret_cast<const I*>(p[1]);
                          if (s[0] == 1 && s[1] == 1) {
-                           for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+                           if constexpr (std::is_same_v<Row, NoRowKernel>) {
+                             for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+                           } else {
+                             row(x, o, n);
+                           }
                          } else {
                            for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(x[i * s[1]]);
                          }
                        });
 }
 
-template <typename O, typename T, typename F>
-void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+template <typename O, typename T, typename F, typename Row = NoRowKernel>
+void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f, Row row = {}) {
   auto loop = cpu::make_loop<3>(out.shape(), {&out, &a, &b});
   cpu::for_each_row<3>(loop, {byte_ptr(out), byte_ptr(a), byte_ptr(b)},
                        {sizeof(O), sizeof(T), sizeof(T)}, [&](auto p, int64_t n, auto s) {
@@ -65,7 +41,11 @@ void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
                          const T* x = reinterpret_cast<const T*>(p[1]);
                          const T* y = reinterpret_cast<const T*>(p[2]);
                          if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
-                           for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+                           if constexpr (std::is_same_v<Row, NoRowKernel>) {
+                             for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+                           } else {
+                             row(x, y, o, n);
+                           }
                          } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
                            const T yv = *y;
                            for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], yv);
@@ -101,7 +81,12 @@ void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
       case UnaryOp::sigmoid:
         return map1<T, T>(in, out, [](T x) { return T(1) / (T(1) + std::exp(-x)); });
       case UnaryOp::gelu:
-        return map1<T, T>(in, out, [](T x) { return gelu(x); });
+        if constexpr (std::is_same_v<T, float>) {
+          return map1<T, T>(
+              in, out, [](T x) { return cpu::gelu(x); }, cpu::gelu_row);
+        } else {
+          return map1<T, T>(in, out, [](T x) { return cpu::gelu(x); });
+        }
       default:
         break;
     }
@@ -157,7 +142,13 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
       case BinaryOp::relu_backward:
         return map2<T, T>(a, b, out, [](T g, T x) { return x > 0 ? g : T(0); });
       case BinaryOp::gelu_backward:
-        return map2<T, T>(a, b, out, [](T g, T x) { return g * gelu_derivative(x); });
+        if constexpr (std::is_same_v<T, float>) {
+          return map2<T, T>(
+              a, b, out, [](T g, T x) { return g * cpu::gelu_derivative(x); },
+              cpu::gelu_backward_row);
+        } else {
+          return map2<T, T>(a, b, out, [](T g, T x) { return g * cpu::gelu_derivative(x); });
+        }
       default:
         break;
     }
@@ -195,6 +186,17 @@ void CpuBackend::where(const Tensor& mask, const Tensor& a, const Tensor& b, con
                            const bool* m = reinterpret_cast<const bool*>(p[1]);
                            const T* x = reinterpret_cast<const T*>(p[2]);
                            const T* y = reinterpret_cast<const T*>(p[3]);
+                           // masked_fill and its backward: a scalar against a contiguous run.
+                           // GCC vectorizes the select on mask bytes read as uint8_t, not bool.
+                           if (s[0] == 1 && s[1] == 1 && s[2] == 0 && s[3] == 1) {
+                             const uint8_t* mb = reinterpret_cast<const uint8_t*>(m);
+                             const T xv = *x;
+                             for (int64_t i = 0; i < n; ++i) {
+                               const T yv = y[i];
+                               o[i] = mb[i] != 0 ? xv : yv;
+                             }
+                             return;
+                           }
                            for (int64_t i = 0; i < n; ++i) {
                              o[i * s[0]] = m[i * s[1]] ? x[i * s[2]] : y[i * s[3]];
                            }

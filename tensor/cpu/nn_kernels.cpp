@@ -27,6 +27,14 @@ Tensor dim_last(const Tensor& t, int64_t dim) {
   return Tensor::from_storage(t.storage(), shape, strides, t.offset(), t.dtype());
 }
 
+// y = e^(x - shift) over n elements.
+void exp_shifted(const float* x, float shift, float* y, int64_t n) {
+  cpu::exp_shifted_row(x, shift, y, n);
+}
+void exp_shifted(const double* x, double shift, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - shift);
+}
+
 // Runs rows(begin, end) over `rows` rows of `cols` elements each, in parallel when large.
 template <typename Body>
 void for_rows(int64_t rows, int64_t cols, Body&& body) {
@@ -39,12 +47,9 @@ void softmax_rows(const T* x, T* y, int64_t rows, int64_t C, bool log) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * C;
       T* yr = y + r * C;
-      T mx = xr[0];
-      for (int64_t c = 1; c < C; ++c) mx = std::max(mx, xr[c]);
-      // The exps go in their own loop so that they vectorize; the sum stays in order.
-      for (int64_t c = 0; c < C; ++c) yr[c] = cpu::exp_of(xr[c] - mx);
-      T sum = 0;
-      for (int64_t c = 0; c < C; ++c) sum += yr[c];
+      const T mx = cpu::lane_max(xr, C);
+      exp_shifted(xr, mx, yr, C);
+      const T sum = cpu::lane_sum<T>(C, [&](int64_t c) { return yr[c]; });
       if (log) {
         T lse = mx + std::log(sum);
         for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] - lse;
@@ -63,12 +68,11 @@ void softmax_backward_rows(const T* g, const T* y, T* gx, int64_t rows, int64_t 
       const T* gr = g + r * C;
       const T* yr = y + r * C;
       T* out = gx + r * C;
-      T dot = 0;
       if (log) {
-        for (int64_t c = 0; c < C; ++c) dot += gr[c];
+        const T dot = cpu::lane_sum<T>(C, [&](int64_t c) { return gr[c]; });
         for (int64_t c = 0; c < C; ++c) out[c] = gr[c] - cpu::exp_of(yr[c]) * dot;
       } else {
-        for (int64_t c = 0; c < C; ++c) dot += gr[c] * yr[c];
+        const T dot = cpu::lane_sum<T>(C, [&](int64_t c) { return gr[c] * yr[c]; });
         for (int64_t c = 0; c < C; ++c) out[c] = yr[c] * (gr[c] - dot);
       }
     }
@@ -126,12 +130,9 @@ void CpuBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Tens
     for_rows(rows, C, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* xr = px + r * C;
-        T m = 0;
-        for (int64_t c = 0; c < C; ++c) m += xr[c];
-        m /= T(C);
-        T var = 0;
-        for (int64_t c = 0; c < C; ++c) var += (xr[c] - m) * (xr[c] - m);
-        var /= T(C);
+        const T m = cpu::lane_sum<T>(C, [&](int64_t c) { return xr[c]; }) / T(C);
+        const T var =
+            cpu::lane_sum<T>(C, [&](int64_t c) { return (xr[c] - m) * (xr[c] - m); }) / T(C);
         T rs = T(1) / std::sqrt(var + T(eps));
         mean[r] = m;
         rstd[r] = rs;
@@ -171,20 +172,18 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
           const T* xr = px + r * C;
           const T* gr = pg + r * C;
           T* gxr = gx + r * C;
-          T sum_gw = 0, sum_gw_xhat = 0;
+          const T m = mean[r], rs = rstd[r];
           for (int64_t c = 0; c < C; ++c) {
-            T xhat = (xr[c] - mean[r]) * rstd[r];
-            T gw = gr[c] * w[c];
-            sum_gw += gw;
-            sum_gw_xhat += gw * xhat;
-            pw[c] += gr[c] * xhat;
+            pw[c] += gr[c] * ((xr[c] - m) * rs);
             pb[c] += gr[c];
           }
-          sum_gw /= T(C);
-          sum_gw_xhat /= T(C);
+          const T sum_gw = cpu::lane_sum<T>(C, [&](int64_t c) { return gr[c] * w[c]; }) / T(C);
+          const T sum_gw_xhat =
+              cpu::lane_sum<T>(C, [&](int64_t c) { return gr[c] * w[c] * ((xr[c] - m) * rs); }) /
+              T(C);
           for (int64_t c = 0; c < C; ++c) {
-            T xhat = (xr[c] - mean[r]) * rstd[r];
-            gxr[c] = rstd[r] * (gr[c] * w[c] - sum_gw - xhat * sum_gw_xhat);
+            const T xhat = (xr[c] - m) * rs;
+            gxr[c] = rs * (gr[c] * w[c] - sum_gw - xhat * sum_gw_xhat);
           }
         }
       }
@@ -296,7 +295,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
         const T* row = x + i * C;
         T mx = row[0];
         for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
-        for (int64_t c = 0; c < C; ++c) gr[c] = cpu::exp_of(row[c] - mx);
+        exp_shifted(row, mx, gr, C);
         T sum = 0;
         for (int64_t c = 0; c < C; ++c) sum += gr[c];
         T inv = T(scale) / sum;

@@ -72,17 +72,21 @@ void reduce_rows(ReduceOp op, const T* x, int64_t rows, int64_t R, T* out) {
   }
 }
 
+// acc[k] = combine(acc[k], row[k]), with the op fixed at compile time so the loop vectorizes.
+template <typename T, ReduceOp Op>
+void combine_row(acc_t<T>* acc, const T* row, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) acc[k] = combine<T>(Op, acc[k], static_cast<acc_t<T>>(row[k]));
+}
+
 // out[k] = reduce over r of x[r * K + k].
 template <typename T>
 void reduce_columns(ReduceOp op, const T* x, int64_t R, int64_t K, T* out) {
+  auto row_op = op == ReduceOp::sum   ? combine_row<T, ReduceOp::sum>
+                : op == ReduceOp::max ? combine_row<T, ReduceOp::max>
+                                      : combine_row<T, ReduceOp::min>;
   cpu::parallel_range(K, cpu::threads_for(R * K), [&](int64_t begin, int64_t end) {
     std::vector<acc_t<T>> acc(static_cast<size_t>(end - begin), identity<T>(op));
-    for (int64_t r = 0; r < R; ++r) {
-      const T* row = x + r * K;
-      for (int64_t k = begin; k < end; ++k) {
-        acc[k - begin] = combine<T>(op, acc[k - begin], static_cast<acc_t<T>>(row[k]));
-      }
-    }
+    for (int64_t r = 0; r < R; ++r) row_op(acc.data(), x + r * K + begin, end - begin);
     for (int64_t k = begin; k < end; ++k) out[k] = static_cast<T>(acc[k - begin]);
   });
 }

@@ -2,6 +2,8 @@
 // Branch-free float math that GCC vectorizes inside plain loops. libm's expf and tanhf are
 // scalar calls (about 10 ns each), which made GELU and softmax the costliest non-GEMM kernels of
 // a GPT step. Double keeps libm: it is the dtype of the gradient checks, not of training.
+// Everything here is [[gnu::always_inline]]: called out of line, the loops around it would not
+// vectorize.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -13,7 +15,7 @@ namespace pipit::cpu {
 // and NaN behave as std::exp does. Cephes' reduction x = n ln2 + r, |r| <= ln2 / 2, and its
 // degree-5 polynomial; 2^n is applied in two halves so that no partial scale leaves the
 // normal range.
-inline float fast_exp(float x) {
+[[gnu::always_inline]] inline float fast_exp(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;  // few mantissa bits: n * kLn2Hi is exact
   constexpr float kLn2Lo = -2.12194440e-4f;
@@ -38,12 +40,81 @@ inline float fast_exp(float x) {
 }
 
 template <typename T>
-T exp_of(T x) {
+[[gnu::always_inline]] inline T exp_of(T x) {
   if constexpr (std::is_same_v<T, float>) {
     return fast_exp(x);
   } else {
     return std::exp(x);
   }
+}
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCoeff = 0.044715;
+
+// GELU, tanh form: 0.5 x (1 + tanh(u)) is x * sigmoid(2u). With e = exp(-|2u|) <= 1 the
+// sigmoid is 1 / (1 + e) or e / (1 + e) and s (1 - s) is e / (1 + e)^2, so nothing overflows
+// or cancels, and the float path needs only the vectorizable exp.
+template <typename T>
+struct GeluTerms {
+  T s, s_one_minus_s;
+};
+
+template <typename T>
+[[gnu::always_inline]] inline GeluTerms<T> gelu_terms(T x) {
+  const T z = T(2 * kSqrt2OverPi) * (x + T(kGeluCoeff) * x * x * x);
+  const T e = exp_of(-std::abs(z));
+  const T q = T(1) / (T(1) + e);
+  return {z >= T(0) ? q : e * q, e * q * q};
+}
+
+template <typename T>
+[[gnu::always_inline]] inline T gelu(T x) {
+  return x * gelu_terms(x).s;
+}
+
+template <typename T>
+[[gnu::always_inline]] inline T gelu_derivative(T x) {
+  const GeluTerms<T> t = gelu_terms(x);
+  const T dz = T(2 * kSqrt2OverPi) * (T(1) + T(3 * kGeluCoeff) * x * x);
+  return t.s + x * t.s_one_minus_s * dz;
+}
+
+// Loops over contiguous floats (tensor/cpu/vec_kernels.cpp), compiled for AVX2 and for the
+// baseline ISA and picked when the program loads. Neither build contracts to FMA, so both do
+// the same IEEE operations and give identical bits on any x86-64 machine.
+void exp_shifted_row(const float* x, float shift, float* y, int64_t n);  // y = e^(x - shift)
+void gelu_row(const float* x, float* y, int64_t n);
+void gelu_backward_row(const float* grad, const float* x, float* y, int64_t n);
+
+// sum of term(i) over [0, n) in kLanes interleaved partial sums added in a fixed tree. It
+// vectorizes, where one running sum cannot, and like a running sum its rounding depends only
+// on n, never on how work is split across threads.
+template <typename T, typename Term>
+[[gnu::always_inline]] inline T lane_sum(int64_t n, Term term) {
+  constexpr int kLanes = 8;
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += term(i + j);
+  }
+  for (int j = 0; i + j < n; ++j) acc[j] += term(i + j);
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// max of x[0, n), n >= 1, in lanes as lane_sum; NaNs may be skipped, callers see them later.
+template <typename T>
+[[gnu::always_inline]] inline T lane_max(const T* x, int64_t n) {
+  constexpr int kLanes = 8;
+  T acc[kLanes];
+  for (int j = 0; j < kLanes; ++j) acc[j] = x[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+  }
+  for (int j = 0; i + j < n; ++j) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+  T m = acc[0];
+  for (int j = 1; j < kLanes; ++j) m = acc[j] > m ? acc[j] : m;
+  return m;
 }
 
 }  // namespace pipit::cpu
