@@ -64,6 +64,7 @@ struct Connection {
   bool close_after_write = false;
   std::string nonce;       // the challenge we sent
   std::string peer_nonce;  // the challenge we answer
+  std::string peer_session;
   std::deque<EncodedFrame> queue;
   bool writing = false;
   Clock::time_point opened = Clock::now(), last_received = Clock::now(), last_sent = Clock::now();
@@ -94,6 +95,12 @@ struct TcpCommunicator::Impl {
   std::set<std::shared_ptr<Connection>> connections;  // io thread only
   std::atomic<size_t> open_connections{0};
   std::atomic<bool> closing{false};
+  mutable std::mutex session_mutex;
+  std::string session_text;
+  std::string session() const {
+    std::lock_guard<std::mutex> lock(session_mutex);
+    return session_text;
+  }
   mutable std::mutex addresses_mutex;
   std::map<int, std::string> addresses;
 
@@ -110,7 +117,10 @@ struct TcpCommunicator::Impl {
     conn->socket.set_option(tcp::no_delay(true), ignored);
     conn->nonce = random_nonce();
     Message hello(MessageKind::Hello, 0);
-    hello.meta = {{"version", kProtocolVersion}, {"id", id.load()}, {"nonce", conn->nonce}};
+    hello.meta = {{"version", kProtocolVersion},
+                  {"id", id.load()},
+                  {"nonce", conn->nonce},
+                  {"session", session()}};
     queue_frame(conn, encode_frame_parts(hello));
     read_header(conn);
   }
@@ -130,7 +140,9 @@ struct TcpCommunicator::Impl {
     connections.erase(conn);
     --open_connections;
     if (conn->handshake_result) {
-      conn->handshake_result->set_value(reason);
+      // A listener closing with our connection still in its backlog resets it before any
+      // Hello: connect() retries that like a refused connect.
+      conn->handshake_result->set_value(conn->hello_received ? reason : "refused:" + reason);
       conn->handshake_result.reset();
     }
     if (closing) return;
@@ -234,6 +246,7 @@ struct TcpCommunicator::Impl {
       conn->hello_received = true;
       conn->announced_id = meta["id"].get<int>();
       conn->peer_nonce = meta["nonce"].get<std::string>();
+      conn->peer_session = meta.value("session", std::string());
       if (!conn->peer_known) conn->peer = conn->announced_id;
       if (conn->peer_known) send_proof(conn);
       return true;
@@ -245,7 +258,8 @@ struct TcpCommunicator::Impl {
       return fail("the peer did not prove the shared token (wrong or missing --token-file?)");
     }
     if (!conn->peer_known) {
-      const std::string refusal = options.admit ? options.admit(conn->announced_id) : "";
+      const std::string refusal =
+          options.admit ? options.admit(conn->announced_id, conn->peer_session) : "";
       if (!refusal.empty()) {
         log("refused peer " + std::to_string(conn->announced_id) + " at " + conn->address + ": " +
             refusal);
@@ -350,7 +364,9 @@ struct TcpCommunicator::Impl {
 };
 
 TcpCommunicator::TcpCommunicator(int id, TcpOptions options)
-    : impl_(std::make_unique<Impl>(id, std::move(options))) {}
+    : impl_(std::make_unique<Impl>(id, std::move(options))) {
+  set_session(impl_->options.session);
+}
 
 TcpCommunicator::~TcpCommunicator() {
   close();
@@ -362,6 +378,11 @@ int TcpCommunicator::id() const {
 
 void TcpCommunicator::set_id(int id) {
   impl_->id = id;
+}
+
+void TcpCommunicator::set_session(const std::string& session) {
+  std::lock_guard<std::mutex> lock(impl_->session_mutex);
+  impl_->session_text = session;
 }
 
 uint16_t TcpCommunicator::listen(const std::string& host, uint16_t port) {

@@ -25,10 +25,13 @@ struct TcpOptions {
   std::chrono::milliseconds peer_timeout{5000};
   std::chrono::milliseconds connect_timeout{10000};  // connect() retries refused connects
   std::function<void(const std::string&)> log;       // one line per event; default: stderr
-  // Decides on each incoming connection by the id its peer announces: empty admits it, any
-  // other text refuses it with that reason. A refusal starting with "busy" makes the
-  // connecting side's connect() retry until its timeout. Runs on the io thread.
-  std::function<std::string(int peer)> admit;
+  // Sent in every Hello: which run this endpoint belongs to (see admit).
+  std::string session;
+  // Decides on each authenticated incoming connection by the id and session its peer
+  // announces: empty admits it, any other text refuses it with that reason. A refusal
+  // starting with "busy" makes the connecting side's connect() retry until its timeout.
+  // Runs on the io thread.
+  std::function<std::string(int peer, const std::string& session)> admit;
 };
 
 // "host:port" -> (host, port); throws an Error naming the text when malformed.
@@ -43,6 +46,8 @@ class TcpCommunicator final : public Communicator {
   // Changes this endpoint's id (a worker learns its stage index from the coordinator).
   // Only before connect().
   void set_id(int id);
+  // Changes the session sent in later Hellos. Only before connect().
+  void set_session(const std::string& session);
   // Accepts connections on host:port (port 0: any free port); returns the bound port.
   uint16_t listen(const std::string& host, uint16_t port);
   // Connects to the endpoint at host:port, which must identify itself as `peer`, and

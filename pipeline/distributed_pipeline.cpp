@@ -3,7 +3,17 @@
 #include "pipeline/pipeline.h"
 #include "pipeline/stage_package.h"
 
+#include <random>
+
 namespace pipit {
+namespace {
+
+std::string new_session_name() {
+  std::random_device device;
+  return std::to_string(device()) + "-" + std::to_string(device());
+}
+
+}  // namespace
 
 DistributedPipeline::DistributedPipeline(const Sequential& model, PipelineConfig config,
                                          std::vector<std::string> workers, TcpOptions tcp,
@@ -16,6 +26,8 @@ DistributedPipeline::DistributedPipeline(const Sequential& model, PipelineConfig
   nlohmann::json peers = nlohmann::json::object();
   for (size_t s = 0; s < workers_.size(); ++s) peers[std::to_string(s)] = workers_[s];
 
+  // A fresh session name per run keeps stages of an older run from joining this one.
+  if (tcp.session.empty()) tcp.session = new_session_name();
   comm_ = std::make_shared<TcpCommunicator>(kCoordinator, tcp);
   for (int s = 0; s < config.stages; ++s) {
     auto [host, port] = parse_endpoint(workers_[static_cast<size_t>(s)]);

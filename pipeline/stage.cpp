@@ -67,10 +67,15 @@ bool Stage::dispatch(Message message) {
       return true;
     case MessageKind::Activation:
     case MessageKind::Gradient: {
-      // Data from an aborted or finished step is dropped.
-      if (!active_ || message.step != step_) return true;
       PIPIT_CHECK(message.tensors.size() == 1, message_kind_name(message.kind), " message carries ",
                   message.tensors.size(), " tensors, expected 1");
+      // Over TCP a neighbour's data can overtake the coordinator's StepBegin: keep it until
+      // then. Data from an aborted or finished step is dropped.
+      if (message.step > step_) {
+        early_.push_back(std::move(message));
+        return true;
+      }
+      if (!active_ || message.step != step_) return true;
       const Phase phase =
           message.kind == MessageKind::Activation ? Phase::Forward : Phase::Backward;
       inputs_[{phase, message.microbatch, message.chunk}] = std::move(message.tensors[0]);
@@ -116,6 +121,16 @@ void Stage::begin_step(const Message& message) {
                                 : forward_only_schedule(p, microbatches, v);
   tasks_ = std::move(schedule[static_cast<size_t>(spec_.stage)]);
   for (Task& task : tasks_) task.step = step_;
+  std::vector<Message> early = std::move(early_);
+  early_.clear();
+  for (Message& m : early) {
+    if (m.step > step_) {
+      early_.push_back(std::move(m));
+    } else if (m.step == step_) {
+      const Phase phase = m.kind == MessageKind::Activation ? Phase::Forward : Phase::Backward;
+      inputs_[{phase, m.microbatch, m.chunk}] = std::move(m.tensors[0]);
+    }
+  }
   for (const auto& c : spec_.chunks) c->train(training_);
 }
 

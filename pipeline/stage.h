@@ -70,6 +70,8 @@ class Stage {
   size_t next_task_ = 0;
   // Inputs that arrived, by (phase, microbatch, chunk).
   std::map<std::tuple<Phase, int, int>, Tensor> inputs_;
+  // Data of a later step that arrived before that step's StepBegin.
+  std::vector<Message> early_;
   // Forward results awaiting their backward: (microbatch, chunk) -> (input leaf, output).
   std::map<std::pair<int, int>, std::pair<Tensor, Tensor>> stash_;
   size_t peak_stashed_ = 0;

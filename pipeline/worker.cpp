@@ -43,13 +43,21 @@ void run_worker(const WorkerOptions& options) {
     tcp.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   auto [host, port] = parse_endpoint(options.listen);
   for (int run = 0; options.runs < 0 || run < options.runs; ++run) {
-    // One coordinator per run: a second one that connects while this run lasts (or is being
-    // torn down) is told to retry, and reaches the next run's listener instead.
+    // One coordinator per run, and stages only of its run: a coordinator or stage of another
+    // run that reaches this listener (this run lasting, or being torn down) is told to
+    // retry, and finds the next run's listener instead.
+    auto run_session = std::make_shared<std::string>();
     TcpOptions run_tcp = tcp;
-    run_tcp.admit = [coordinator_seen = false](int peer) mutable -> std::string {
-      if (peer != kCoordinator) return "";
-      if (coordinator_seen) return "busy: this worker is serving another run";
-      coordinator_seen = true;
+    run_tcp.admit = [run_session](int peer, const std::string& session) -> std::string {
+      if (peer == kCoordinator) {
+        if (!run_session->empty()) return "busy: this worker is serving another run";
+        if (session.empty()) return "a coordinator must name its run (session)";
+        *run_session = session;
+        return "";
+      }
+      // The coordinator claims every worker before it sends any stage package, so a stage
+      // of this run always finds the session set; any other session is a stale run.
+      if (session.empty() || session != *run_session) return "not in this run";
       return "";
     };
     auto comm = std::make_shared<TcpCommunicator>(kUnassigned, run_tcp);
@@ -64,6 +72,8 @@ void run_worker(const WorkerOptions& options) {
       Message message = comm->receive();
       if (message.kind != MessageKind::StagePackage || message.from != kCoordinator) continue;
       try {
+        // run_session is written on the io thread before the coordinator's messages arrive.
+        comm->set_session(*run_session);
         stage = build_stage(comm, message, tcp);
         comm->send(kCoordinator, Message(MessageKind::Ready, 0));
       } catch (const std::exception& e) {

@@ -105,6 +105,14 @@ PipelineConfig config_for(const std::string& schedule, int v) {
   return config;
 }
 
+std::string logs(const std::vector<std::unique_ptr<WorkerProcess>>& workers) {
+  std::string out;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    out += "--- worker " + std::to_string(i) + " log:\n" + workers[i]->log();
+  }
+  return out;
+}
+
 std::vector<std::string> endpoints(const std::vector<std::unique_ptr<WorkerProcess>>& workers) {
   std::vector<std::string> out;
   for (const auto& w : workers) out.push_back(w->endpoint());
@@ -122,9 +130,9 @@ void send_raw(uint16_t port, const std::string& bytes) {
   asio::ip::tcp::socket socket(io);
   socket.connect({asio::ip::make_address("127.0.0.1"), port});
   asio::write(socket, asio::buffer(bytes));
-  socket.shutdown(asio::ip::tcp::socket::shutdown_send);
-  char sink[4096];
   asio::error_code ec;
+  socket.shutdown(asio::ip::tcp::socket::shutdown_send, ec);
+  char sink[4096];
   while (!ec) socket.read_some(asio::buffer(sink), ec);
 }
 
@@ -150,6 +158,7 @@ TEST_CASE("training over 4 worker processes equals training in-process, bit for 
     StateDict weights;
     {
       DistributedPipeline pipeline(*remote_model, config_for(schedule, v), endpoints(workers));
+      INFO(logs(workers));
       for (int step = 0; step < 3; ++step) {
         remote_losses.push_back(pipeline.train_step(batch.input, batch.target));
       }
@@ -186,6 +195,7 @@ TEST_CASE("a worker killed mid-step fails train_step naming the stage and endpoi
   // The survivors went back to waiting and serve a new run.
   workers[2] = std::make_unique<WorkerProcess>();
   DistributedPipeline pipeline(*model, config_for("1f1b", 1), endpoints(workers), tcp);
+  INFO(logs(workers));
   CHECK(std::isfinite(pipeline.train_step(batch.input, batch.target)));
 }
 
