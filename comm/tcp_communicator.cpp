@@ -103,6 +103,7 @@ struct TcpCommunicator::Impl {
   }
   mutable std::mutex addresses_mutex;
   std::map<int, std::string> addresses;
+  std::map<int, std::string> dialed;  // peer -> the address connect() reached it at
 
   void log(const std::string& line) {
     options.log("[tcp " + std::to_string(id.load()) + "] " + line);
@@ -149,9 +150,19 @@ struct TcpCommunicator::Impl {
     if (conn->ready) {
       Message lost(MessageKind::PeerLost, -1);
       lost.from = conn->peer;
-      lost.meta = {{"peer", conn->peer}, {"address", conn->address}, {"reason", reason}};
+      // Name the peer by the address it listens on (which we dialed) when we know it: the
+      // address of a connection it opened is just an ephemeral port.
+      lost.meta = {{"peer", conn->peer},
+                   {"address", listening_address(conn->peer, conn->address)},
+                   {"reason", reason}};
       inbox.push(std::move(lost));
     }
+  }
+
+  std::string listening_address(int peer, const std::string& fallback) {
+    std::lock_guard<std::mutex> lock(addresses_mutex);
+    auto it = dialed.find(peer);
+    return it == dialed.end() ? fallback : it->second;
   }
 
   void read_header(const std::shared_ptr<Connection>& conn) {
@@ -411,6 +422,10 @@ uint16_t TcpCommunicator::listen(const std::string& host, uint16_t port) {
 
 void TcpCommunicator::connect(int peer, const std::string& host, uint16_t port) {
   const std::string where = host + ":" + std::to_string(port);
+  {
+    std::lock_guard<std::mutex> lock(impl_->addresses_mutex);
+    impl_->dialed[peer] = where;
+  }
   const auto deadline = Clock::now() + impl_->options.connect_timeout;
   asio::error_code ec;
   tcp::resolver resolver(impl_->io);

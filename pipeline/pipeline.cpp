@@ -11,23 +11,30 @@ std::vector<LayerRange> partition_model(const Sequential& model, const PipelineC
 }
 
 StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>& ranges,
-                          const PipelineConfig& config, int stage) {
-  StageSpec spec{stage, config.stages,   config.chunks_per_stage, config.schedule,
-                 {},    config.optimizer};
+                          const PipelineConfig& config, int stage,
+                          const StateDict& optimizer_state) {
+  StageSpec spec;
+  spec.stage = stage;
+  spec.stages = config.stages;
+  spec.chunks_per_stage = config.chunks_per_stage;
+  spec.schedule = config.schedule;
+  spec.optimizer = config.optimizer;
   for (int local = 0; local < config.chunks_per_stage; ++local) {
     const LayerRange& range = ranges.at(static_cast<size_t>(local * config.stages + stage));
     spec.chunks.push_back(model.slice(range.begin, range.end));
   }
+  spec.optimizer_state = optimizer_state;
   return spec;
 }
 
-Pipeline::Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config)
+Pipeline::Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config,
+                   const StateDict& optimizer_state)
     : model_(std::move(model)), hub_(LocalHub::create()) {
   PIPIT_CHECK(model_ != nullptr, "Pipeline: the model is null");
   ranges_ = partition_model(*model_, config);
   for (int s = 0; s < config.stages; ++s) {
-    stages_.push_back(
-        std::make_unique<Stage>(make_stage_spec(*model_, ranges_, config, s), hub_->endpoint(s)));
+    stages_.push_back(std::make_unique<Stage>(
+        make_stage_spec(*model_, ranges_, config, s, optimizer_state), hub_->endpoint(s)));
   }
   coordinator_ = std::make_unique<Coordinator>(hub_->endpoint(kCoordinator), std::move(config));
   for (auto& stage : stages_) threads_.emplace_back([&stage] { stage->run(); });

@@ -22,11 +22,14 @@ namespace pipit {
 std::vector<LayerRange> partition_model(const Sequential& model, const PipelineConfig& config);
 // The spec of stage `stage`: its chunks as slices of `model`, the schedule and optimizer.
 StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>& ranges,
-                          const PipelineConfig& config, int stage);
+                          const PipelineConfig& config, int stage,
+                          const StateDict& optimizer_state = {});
 
 class Pipeline {
  public:
-  Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config);
+  // `optimizer_state` (a checkpoint's, or empty) restores every stage's optimizer.
+  Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config,
+           const StateDict& optimizer_state = {});
   ~Pipeline();  // stops and joins the stage threads
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;

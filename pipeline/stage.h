@@ -27,6 +27,10 @@ struct StageSpec {
   // Local chunk l is global chunk l * p + stage.
   std::vector<std::shared_ptr<Sequential>> chunks;
   nlohmann::json optimizer;
+  // Restored into the optimizer when not empty: "step" and the entries of this stage's
+  // parameters ("<param>.<buffer>"); entries of other stages' parameters are ignored, so a
+  // whole model's optimizer state (a checkpoint's) can be given to every stage.
+  StateDict optimizer_state;
 };
 
 class Stage {

@@ -106,6 +106,7 @@ StageSpec build_stage_spec(const StagePackage& package) {
   spec.chunks_per_stage = package.chunks_per_stage;
   spec.schedule = package.schedule;
   spec.optimizer = package.optimizer_config;
+  spec.optimizer_state = package.optimizer_state;
   StateDict unclaimed = package.weights;
   for (int local = 0; local < package.chunks_per_stage; ++local) {
     const int global = local * package.stages + package.stage;

@@ -19,7 +19,6 @@ std::unique_ptr<Stage> build_stage(const std::shared_ptr<TcpCommunicator>& comm,
   StagePackage package = stage_package_from_message(message, "stage package from the coordinator");
   comm->set_id(package.stage);
   auto stage = std::make_unique<Stage>(build_stage_spec(package), comm);
-  if (!package.optimizer_state.empty()) stage->optimizer().load_state_dict(package.optimizer_state);
   const int p = package.stages, s = package.stage;
   std::set<int> neighbours;
   if (p > 1) neighbours = {(s + 1) % p, (s + p - 1) % p};

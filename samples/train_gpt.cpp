@@ -12,9 +12,13 @@
 #include "flags.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
+#include "nn/registry.h"
 #include "optim/optimizer.h"
+#include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
+#include "serialize/atomic_file.h"
+#include "serialize/checkpoint.h"
 
 using namespace pipit;
 
@@ -39,14 +43,6 @@ std::string generated_text(size_t length, uint64_t seed) {
     text += pick(subjects) + " " + pick(verbs) + " " + pick(objects) + pick(endings) + "\n";
   }
   return text;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  PIPIT_CHECK(in, "train_gpt: cannot open --data file '", path, "'");
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
 }
 
 struct Vocabulary {
@@ -130,6 +126,13 @@ int main(int argc, char** argv) {
   flags.add("partition", "parameters", "how layers are cut into stages: parameters or uniform");
   flags.add("vpp", "1", "model chunks per stage (virtual pipeline; > 1 needs interleaved)");
   flags.add("trace", "", "write a Chrome trace of the last steps to this file (Perfetto)");
+  flags.add("workers", "",
+            "host:port,... of pipit-worker processes, one per stage (default: "
+            "stages in threads of this process)");
+  flags.add("token-file", "", "file holding the token the workers expect");
+  flags.add("checkpoint-dir", "", "directory for checkpoint.safetensors");
+  flags.add("checkpoint-every", "0", "steps between checkpoints (0: only at the end)");
+  flags.add("resume", "false", "true: continue from the checkpoint in --checkpoint-dir");
   flags.add("print-every", "10", "steps between progress lines");
   flags.add("sample", "200", "characters to generate after training (0: none)");
   flags.parse(argc, argv);
@@ -144,7 +147,25 @@ int main(int argc, char** argv) {
     const double lr = flags.number("lr");
     if (!(lr > 0)) flags.fail("--lr must be positive");
     if (width % heads != 0) flags.fail("--width must be a multiple of --heads");
-    const int stages = static_cast<int>(flags.integer("stages"));
+    std::vector<std::string> workers;
+    for (size_t begin = 0; begin < flags.str("workers").size();) {
+      const size_t comma =
+          std::min(flags.str("workers").find(',', begin), flags.str("workers").size());
+      workers.push_back(flags.str("workers").substr(begin, comma - begin));
+      begin = comma + 1;
+    }
+    const int stages = workers.empty() ? static_cast<int>(flags.integer("stages"))
+                                       : static_cast<int>(workers.size());
+    const std::string checkpoint_dir = flags.str("checkpoint-dir");
+    const int64_t checkpoint_every = flags.integer("checkpoint-every", 0);
+    if (flags.str("resume") != "true" && flags.str("resume") != "false") {
+      flags.fail("--resume expects true or false");
+    }
+    const bool resume = flags.str("resume") == "true";
+    if ((resume || checkpoint_every > 0) && checkpoint_dir.empty()) {
+      flags.fail("--resume and --checkpoint-every need --checkpoint-dir");
+    }
+    const std::string checkpoint_path = checkpoint_dir + "/checkpoint.safetensors";
     const int microbatches = static_cast<int>(flags.integer("microbatches"));
     const int vpp = static_cast<int>(flags.integer("vpp"));
     const std::string schedule_name = flags.str("schedule");
@@ -171,6 +192,22 @@ int main(int argc, char** argv) {
     Generator generator(seed);
     GptConfig config{static_cast<int64_t>(vocab.chars.size()), context, layers, heads, width, 0.0};
     auto model = gpt(config, &generator);
+    const std::string vocab_text(vocab.chars.begin(), vocab.chars.end());
+    int64_t first_step = 0;
+    StateDict optimizer_state;
+    if (resume) {
+      Checkpoint checkpoint = load_checkpoint(checkpoint_path);
+      PIPIT_CHECK(checkpoint.extra.value("vocab", std::string()) == vocab_text, "checkpoint '",
+                  checkpoint_path, "' was trained on text with another vocabulary");
+      model = std::dynamic_pointer_cast<Sequential>(build_module(checkpoint.model_config));
+      PIPIT_CHECK(model != nullptr, "checkpoint '", checkpoint_path, "' holds no Sequential");
+      model->load_state_dict(checkpoint.weights);
+      optimizer_state = std::move(checkpoint.optimizer_state);
+      first_step = checkpoint.step;
+      generator.set_state(checkpoint.rng_seed, checkpoint.rng_offset);
+      std::printf("resumed from %s at step %lld\n", checkpoint_path.c_str(),
+                  static_cast<long long>(first_step));
+    }
     PipelineConfig pipeline_config;
     pipeline_config.stages = stages;
     pipeline_config.microbatches = microbatches;
@@ -181,7 +218,34 @@ int main(int argc, char** argv) {
         {"type", "AdamW"}, {"lr", lr}, {"beta1", 0.9}, {"beta2", 0.95}, {"weight_decay", 0.01}};
     pipeline_config.max_grad_norm = 1.0;
     pipeline_config.trace = !flags.str("trace").empty();
-    Pipeline pipeline(model, pipeline_config);
+    TcpOptions tcp;
+    if (!flags.str("token-file").empty()) {
+      tcp.token = read_file(flags.str("token-file"));
+      while (!tcp.token.empty() && (tcp.token.back() == '\n' || tcp.token.back() == '\r')) {
+        tcp.token.pop_back();
+      }
+    }
+    // Stages in threads of this process, or in worker processes: the same Coordinator.
+    std::unique_ptr<Pipeline> local;
+    std::unique_ptr<DistributedPipeline> remote;
+    if (workers.empty()) {
+      local = std::make_unique<Pipeline>(model, pipeline_config, optimizer_state);
+    } else {
+      remote = std::make_unique<DistributedPipeline>(*model, pipeline_config, workers, tcp,
+                                                     optimizer_state);
+    }
+    Coordinator& coordinator = local ? local->coordinator() : remote->coordinator();
+    auto save = [&](int64_t steps_done) {
+      auto [weights, optimizer] = coordinator.fetch_state();
+      save_checkpoint(checkpoint_path, {model->config(),
+                                        weights,
+                                        pipeline_config.optimizer,
+                                        optimizer,
+                                        steps_done,
+                                        generator.seed(),
+                                        generator.offset(),
+                                        {{"vocab", vocab_text}}});
+    };
     CosineSchedule schedule(lr, lr / 10, std::min<int64_t>(20, steps / 10), steps);
 
     std::printf(
@@ -192,11 +256,11 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     auto last_print = start;
     int64_t tokens_since_print = 0;
-    for (int64_t step = 0; step < steps; ++step) {
+    for (int64_t step = first_step; step < steps; ++step) {
       auto [x, y] = sample_batch(tokens, batch, context, generator);
-      pipeline.coordinator().set_lr(schedule.lr(step));
-      if (pipeline_config.trace && step + 3 == steps) pipeline.coordinator().clear_trace();
-      const double loss = pipeline.train_step(x, y);
+      coordinator.set_lr(schedule.lr(step));
+      if (pipeline_config.trace && step + 3 == steps) coordinator.clear_trace();
+      const double loss = coordinator.train_step(x, y);
       tokens_since_print += batch * context;
       if ((step + 1) % print_every == 0 || step == 0 || step + 1 == steps) {
         auto now = std::chrono::steady_clock::now();
@@ -209,9 +273,16 @@ int main(int argc, char** argv) {
         last_print = now;
         tokens_since_print = 0;
       }
+      if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0) save(step + 1);
     }
+    if (!checkpoint_dir.empty()) {
+      save(std::max(first_step, steps));
+      std::printf("checkpoint written to %s\n", checkpoint_path.c_str());
+    }
+    // Worker processes trained their own copies of the weights: bring them home to sample.
+    if (remote) model->load_state_dict(coordinator.fetch_state().first);
     if (pipeline_config.trace) {
-      const Trace& trace = pipeline.coordinator().trace();
+      const Trace& trace = coordinator.trace();
       trace.write_chrome_json(flags.str("trace"));
       std::printf("trace of the last steps written to %s\n%s", flags.str("trace").c_str(),
                   trace.timeline().c_str());

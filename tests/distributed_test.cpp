@@ -16,10 +16,12 @@
 
 #include "comm/frame.h"
 #include "nn/builders.h"
+#include "nn/registry.h"
 #include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
+#include "serialize/checkpoint.h"
 
 extern char** environ;
 
@@ -60,6 +62,7 @@ class WorkerProcess {
     std::error_code ignored;
     fs::remove_all(dir_, ignored);
   }
+  void pause() { ::kill(pid_, SIGSTOP); }
   void kill() {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGKILL);
@@ -174,29 +177,99 @@ TEST_CASE("training over 4 worker processes equals training in-process, bit for 
   }
 }
 
-TEST_CASE("a worker killed mid-step fails train_step naming the stage and endpoint",
+TEST_CASE("a worker killed mid-step fails the step; resuming from a checkpoint continues exactly",
           "[distributed]") {
+  // Big enough that a step lasts well beyond the 30 ms after which the worker is killed.
+  auto make_model = [] {
+    Generator g(9);
+    return gpt({11, 32, 6, 2, 64, 0.0}, &g);
+  };
+  std::vector<int64_t> x, y;
+  for (int64_t i = 0; i < 64 * 32; ++i) {
+    x.push_back((i * 7) % 11);
+    y.push_back((i * 5 + 1) % 11);
+  }
+  const Batch batch{from_vector(x, {64, 32}), from_vector(y, {64, 32})};
+  const PipelineConfig config = config_for("1f1b", 1);
+
+  // The run that never stops: 4 steps in-process.
+  auto uninterrupted = make_model();
+  {
+    Pipeline pipeline(uninterrupted, config);
+    for (int step = 0; step < 4; ++step) pipeline.train_step(batch.input, batch.target);
+  }
+
   std::vector<std::unique_ptr<WorkerProcess>> workers;
   for (int i = 0; i < 4; ++i) workers.push_back(std::make_unique<WorkerProcess>());
-  const Batch batch = gpt_batch();
-  auto model = small_gpt();
   TcpOptions tcp;
   tcp.peer_timeout = std::chrono::milliseconds(2000);
+  const std::string path =
+      (fs::temp_directory_path() / ("pipit_resume_" + std::to_string(getpid()) + ".safetensors"))
+          .string();
+  auto model = make_model();
   {
-    DistributedPipeline pipeline(*model, config_for("1f1b", 1), endpoints(workers), tcp);
+    DistributedPipeline pipeline(*model, config, endpoints(workers), tcp);
+    const auto first = std::chrono::steady_clock::now();
     pipeline.train_step(batch.input, batch.target);
+    REQUIRE(std::chrono::steady_clock::now() - first > std::chrono::milliseconds(60));
+    pipeline.train_step(batch.input, batch.target);
+    auto [weights, optimizer_state] = pipeline.coordinator().fetch_state();
+    save_checkpoint(path, {model->config(), weights, config.optimizer, optimizer_state, 2, 0, 0});
+
     const std::string victim = workers[2]->endpoint();
-    workers[2]->kill();
+    std::thread killer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      workers[2]->kill();
+    });
     const auto start = std::chrono::steady_clock::now();
     CHECK_THROWS_WITH(pipeline.train_step(batch.input, batch.target),
                       Catch::Contains("stage 2") && Catch::Contains(victim));
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+    killer.join();
   }
-  // The survivors went back to waiting and serve a new run.
+
+  // The survivors went back to waiting; with a new worker for stage 2 the run resumes from
+  // the checkpoint and ends where the uninterrupted run ended, bit for bit.
   workers[2] = std::make_unique<WorkerProcess>();
-  DistributedPipeline pipeline(*model, config_for("1f1b", 1), endpoints(workers), tcp);
+  Checkpoint checkpoint = load_checkpoint(path);
+  fs::remove(path);
+  auto resumed = std::dynamic_pointer_cast<Sequential>(build_module(checkpoint.model_config));
+  REQUIRE(resumed != nullptr);
+  resumed->load_state_dict(checkpoint.weights);
+  DistributedPipeline pipeline(*resumed, config, endpoints(workers), tcp,
+                               checkpoint.optimizer_state);
   INFO(logs(workers));
-  CHECK(std::isfinite(pipeline.train_step(batch.input, batch.target)));
+  for (int64_t step = checkpoint.step; step < 4; ++step) {
+    pipeline.train_step(batch.input, batch.target);
+  }
+  const StateDict weights = pipeline.coordinator().fetch_state().first;
+  for (const auto& [name, value] : uninterrupted->state_dict()) {
+    INFO(name);
+    CHECK(bitwise_equal(weights.at(name), value));
+  }
+}
+
+TEST_CASE("a worker that stops answering is reported within the heartbeat timeout",
+          "[distributed]") {
+  std::vector<std::unique_ptr<WorkerProcess>> workers;
+  for (int i = 0; i < 2; ++i) workers.push_back(std::make_unique<WorkerProcess>());
+  auto model = small_gpt(2);
+  PipelineConfig config = config_for("1f1b", 1);
+  config.stages = 2;
+  TcpOptions tcp;
+  tcp.heartbeat_interval = std::chrono::milliseconds(100);
+  tcp.peer_timeout = std::chrono::milliseconds(800);
+  DistributedPipeline pipeline(*model, config, endpoints(workers), tcp);
+  const Batch batch = gpt_batch();
+  pipeline.train_step(batch.input, batch.target);
+  workers[1]->pause();  // SIGSTOP: the process and its connections go silent
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(pipeline.train_step(batch.input, batch.target),
+                    Catch::Contains("stage 1") && Catch::Contains(workers[1]->endpoint()) &&
+                        Catch::Contains("heartbeat"));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(waited >= std::chrono::milliseconds(800));
+  CHECK(waited < std::chrono::milliseconds(3000));
 }
 
 TEST_CASE("bad bytes on a worker port are refused and the worker keeps serving", "[distributed]") {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "pipeline/worker.h"
+#include "tensor/parallel.h"
 
 int main(int argc, char** argv) {
   if (argc >= 4 && std::strcmp(argv[1], "--worker") == 0) {
@@ -14,6 +15,9 @@ int main(int argc, char** argv) {
     options.port_file = argv[3];
     if (argc >= 5) options.tcp.token = argv[4];
     options.tcp.peer_timeout = std::chrono::milliseconds(3000);
+    // Several workers share the machine's cores; one thread each keeps them from spinning
+    // against each other.
+    pipit::set_num_threads(1);
     pipit::run_worker(options);
     return 0;
   }

@@ -5,6 +5,7 @@
 #include "pipeline/worker.h"
 #include "samples/flags.h"
 #include "serialize/atomic_file.h"
+#include "tensor/parallel.h"
 
 int main(int argc, char** argv) {
   samples::Flags flags("pipit-worker",
@@ -17,8 +18,12 @@ int main(int argc, char** argv) {
   flags.add("heartbeat-ms", "500", "heartbeat interval on idle connections");
   flags.add("peer-timeout-ms", "5000", "a peer silent this long is reported lost");
   flags.add("max-frame-mb", "2048", "largest frame body accepted, in MiB");
+  flags.add("threads", "0", "CPU threads per kernel (0: all cores)");
   flags.parse(argc, argv);
   try {
+    if (flags.integer("threads", 0) > 0) {
+      pipit::set_num_threads(static_cast<int>(flags.integer("threads")));
+    }
     pipit::WorkerOptions options;
     options.listen = flags.str("listen");
     options.port_file = flags.str("port-file");
