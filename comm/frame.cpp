@@ -1,6 +1,7 @@
 #include "comm/frame.h"
 
 #include <charconv>
+#include <cstring>
 #include <iomanip>
 #include <limits>
 #include <optional>
@@ -82,27 +83,22 @@ T integer_field(const json& fields, const char* name, const std::string& where) 
   return value.get<T>();
 }
 
-std::vector<Tensor> decode_body(std::string_view body, const std::string& where) {
-  if (body.empty()) return {};
-  OrderedTensors named;
-  try {
-    named = decode_safetensors_ordered(body.data(), body.size(), where + "body");
-  } catch (const Error& e) {
-    throw FrameError(e.what());
-  }
-  std::vector<Tensor> tensors(named.size());
+// The body's tensors in message order, from its layout (tensors named "0".."n-1", those
+// with bytes lying in index order).
+std::vector<Tensor> order_body(SafetensorsLayout layout, const std::string& where) {
+  std::vector<Tensor> tensors(layout.size());
   std::optional<size_t> last_with_data;
-  for (auto& [name, t] : named) {
+  for (SafetensorsEntry& e : layout) {
     size_t index = 0;
-    require(parse_index(name, named.size(), &index), where, "body tensor name '", name,
-            "' is not one of \"0\"..\"", named.size() - 1, "\"");
+    require(parse_index(e.name, layout.size(), &index), where, "body tensor name '", e.name,
+            "' is not one of \"0\"..\"", layout.size() - 1, "\"");
     // Empty tensors have no place in the data, so only those with bytes can be out of order.
-    if (t.nbytes() > 0) {
-      require(!last_with_data || index > *last_with_data, where, "body tensor '", name,
+    if (e.end > e.begin) {
+      require(!last_with_data || index > *last_with_data, where, "body tensor '", e.name,
               "' lies after tensor '", last_with_data.value_or(0), "': tensors are out of order");
       last_with_data = index;
     }
-    tensors[index] = std::move(t);
+    tensors[index] = std::move(e.tensor);
   }
   return tensors;
 }
@@ -192,13 +188,41 @@ FrameHeader decode_frame_header(const uint8_t* bytes, const FrameLimits& limits)
   return header;
 }
 
-Message decode_frame_payload(const FrameHeader& header, std::string_view json_header,
-                             std::string_view body) {
+size_t frame_body_prefix_length(const FrameHeader& header, const uint8_t* first8) {
+  const std::string where = describe(header);
+  require(header.body_length >= 8, where, "body of ", header.body_length,
+          " bytes is too short for its tensor header length");
+  try {
+    return 8 + safetensors_header_length(reinterpret_cast<const char*>(first8), header.body_length,
+                                         where + "body");
+  } catch (const FrameError&) {
+    throw;
+  } catch (const Error& e) {
+    throw FrameError(e.what());
+  }
+}
+
+std::vector<Tensor> plan_frame_body(const FrameHeader& header, std::string_view body_prefix) {
+  const std::string where = describe(header);
+  require(body_prefix.size() >= 8 && body_prefix.size() <= header.body_length, where,
+          "body prefix of ", body_prefix.size(), " bytes does not fit the ", header.body_length,
+          "-byte body");
+  try {
+    return order_body(plan_safetensors(body_prefix.substr(8),
+                                       header.body_length - body_prefix.size(), where + "body"),
+                      where);
+  } catch (const FrameError&) {
+    throw;
+  } catch (const Error& e) {
+    throw FrameError(e.what());
+  }
+}
+
+Message decode_frame_message(const FrameHeader& header, std::string_view json_header,
+                             std::vector<Tensor> tensors) {
   const std::string where = describe(header);
   require(json_header.size() == header.header_length, where, "JSON header has ", json_header.size(),
           " bytes but header_length says ", header.header_length);
-  require(body.size() == header.body_length, where, "body has ", body.size(),
-          " bytes but body_length says ", header.body_length);
   json fields;
   try {
     fields = json::parse(json_header.begin(), json_header.end());
@@ -215,9 +239,30 @@ Message decode_frame_payload(const FrameHeader& header, std::string_view json_he
   const int microbatch = integer_field<int>(fields, "microbatch", where);
   const int chunk = integer_field<int>(fields, "chunk", where);
   require(fields.contains("meta"), where, "JSON header lacks \"meta\"");
-  Message message(header.kind, step, microbatch, chunk, decode_body(body, where));
+  Message message(header.kind, step, microbatch, chunk, std::move(tensors));
   message.meta = std::move(fields["meta"]);
   return message;
+}
+
+Message decode_frame_payload(const FrameHeader& header, std::string_view json_header,
+                             std::string_view body) {
+  const std::string where = describe(header);
+  require(json_header.size() == header.header_length, where, "JSON header has ", json_header.size(),
+          " bytes but header_length says ", header.header_length);
+  require(body.size() == header.body_length, where, "body has ", body.size(),
+          " bytes but body_length says ", header.body_length);
+  std::vector<Tensor> tensors;
+  if (!body.empty()) {
+    const size_t prefix =
+        frame_body_prefix_length(header, reinterpret_cast<const uint8_t*>(body.data()));
+    tensors = plan_frame_body(header, body.substr(0, prefix));
+    const char* data = body.data() + prefix;
+    for (Tensor& t : tensors) {
+      std::memcpy(t.raw_data(), data, t.nbytes());
+      data += t.nbytes();
+    }
+  }
+  return decode_frame_message(header, json_header, std::move(tensors));
 }
 
 }  // namespace pipit

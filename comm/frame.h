@@ -80,4 +80,15 @@ FrameHeader decode_frame_header(const uint8_t* bytes, const FrameLimits& limits 
 Message decode_frame_payload(const FrameHeader& header, std::string_view json_header,
                              std::string_view body);
 
+// The same in steps, so a reader can receive tensor bytes straight into tensor memory:
+// the first 8 body bytes give the length of the body's prefix (its safetensors length field
+// and JSON header); plan_frame_body validates that prefix and returns the message's tensors,
+// allocated and not yet filled, in message order, which is also the order their bytes follow
+// the prefix in (empty tensors take none); decode_frame_message completes the Message. Each
+// throws FrameError naming what is wrong.
+size_t frame_body_prefix_length(const FrameHeader& header, const uint8_t* first8);
+std::vector<Tensor> plan_frame_body(const FrameHeader& header, std::string_view body_prefix);
+Message decode_frame_message(const FrameHeader& header, std::string_view json_header,
+                             std::vector<Tensor> tensors);
+
 }  // namespace pipit

@@ -69,31 +69,18 @@ std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
   return out;
 }
 
-OrderedTensors decode_safetensors_ordered(const char* data, size_t size, const std::string& source,
-                                          json* metadata) {
+SafetensorsLayout plan_safetensors(std::string_view header_text, uint64_t data_size,
+                                   const std::string& source, json* metadata) {
   const std::string where = fail_prefix(source);
-  PIPIT_CHECK(size >= 8, where, "file of ", size,
-              " bytes is too short for the 8-byte header length");
-  uint64_t header_size;
-  std::memcpy(&header_size, data, 8);
-  PIPIT_CHECK(header_size <= kMaxHeaderBytes && header_size <= size - 8, where, "header length ",
-              header_size, " exceeds the ", size - 8, " bytes after the length field");
   json header;
   try {
-    header = json::parse(data + 8, data + 8 + header_size);
+    header = json::parse(header_text.begin(), header_text.end());
   } catch (const json::exception& e) {
     throw Error(where + "header is not valid JSON: " + e.what());
   }
   PIPIT_CHECK(header.is_object(), where, "header is not a JSON object");
-  const uint64_t data_size = size - 8 - header_size;
-  const char* bytes = data + 8 + header_size;
 
-  struct Range {
-    uint64_t begin, end;
-    std::string name;
-    Tensor tensor;
-  };
-  std::vector<Range> ranges;
+  SafetensorsLayout layout;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       PIPIT_CHECK(entry.is_object(), where, "__metadata__ is not an object");
@@ -143,25 +130,47 @@ OrderedTensors decode_safetensors_ordered(const char* data, size_t size, const s
                 field, "\"shape\" ", entry["shape"].dump(), " of ",
                 entry["dtype"].get<std::string>(), " does not match the ", end - begin,
                 " bytes \"data_offsets\" span");
-    Tensor t = Tensor::empty(shape, dtype);
-    if (end > begin) std::memcpy(t.raw_data(), bytes + begin, end - begin);
-    ranges.push_back({begin, end, name, t});
+    layout.push_back({name, Tensor(), begin, end});
+    layout.back().tensor = Tensor::empty(shape, dtype);
   }
-  std::sort(ranges.begin(), ranges.end(),
-            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  std::sort(layout.begin(), layout.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
   uint64_t covered = 0;
-  OrderedTensors tensors;
-  for (const Range& r : ranges) {
-    PIPIT_CHECK(r.begin >= covered, where, "tensor '", r.name,
+  for (const SafetensorsEntry& e : layout) {
+    PIPIT_CHECK(e.begin >= covered, where, "tensor '", e.name,
                 "': \"data_offsets\" overlap the "
                 "previous tensor's");
-    PIPIT_CHECK(r.begin == covered, where, "tensor '", r.name, "': ", r.begin - covered,
+    PIPIT_CHECK(e.begin == covered, where, "tensor '", e.name, "': ", e.begin - covered,
                 " unused bytes before its \"data_offsets\" (the layout must be dense)");
-    covered = r.end;
-    tensors.emplace_back(r.name, r.tensor);
+    covered = e.end;
   }
   PIPIT_CHECK(covered == data_size, where, data_size - covered,
               " bytes after the last tensor belong to none");
+  return layout;
+}
+
+uint64_t safetensors_header_length(const char* data, size_t size, const std::string& source) {
+  const std::string where = fail_prefix(source);
+  PIPIT_CHECK(size >= 8, where, "file of ", size,
+              " bytes is too short for the 8-byte header length");
+  uint64_t header_size;
+  std::memcpy(&header_size, data, 8);
+  PIPIT_CHECK(header_size <= kMaxHeaderBytes && header_size <= size - 8, where, "header length ",
+              header_size, " exceeds the ", size - 8, " bytes after the length field");
+  return header_size;
+}
+
+OrderedTensors decode_safetensors_ordered(const char* data, size_t size, const std::string& source,
+                                          json* metadata) {
+  const uint64_t header_size = safetensors_header_length(data, size, source);
+  const uint64_t data_size = size - 8 - header_size;
+  const char* bytes = data + 8 + header_size;
+  OrderedTensors tensors;
+  for (SafetensorsEntry& e :
+       plan_safetensors({data + 8, header_size}, data_size, source, metadata)) {
+    if (e.end > e.begin) std::memcpy(e.tensor.raw_data(), bytes + e.begin, e.end - e.begin);
+    tensors.emplace_back(std::move(e.name), std::move(e.tensor));
+  }
   return tensors;
 }
 

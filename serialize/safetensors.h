@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,20 @@ StateDict decode_safetensors(const char* data, size_t size, const std::string& s
 // The same, with the tensors in the order of their data.
 OrderedTensors decode_safetensors_ordered(const char* data, size_t size, const std::string& source,
                                           nlohmann::json* metadata = nullptr);
+
+// Decoding in two steps, for readers that place the data themselves (a socket reading
+// straight into tensor memory): the header length from the first 8 bytes of a blob of
+// `size` bytes, then the validated layout of the data section (`data_size` bytes) with
+// every tensor allocated but not filled, in data order.
+struct SafetensorsEntry {
+  std::string name;
+  Tensor tensor;
+  uint64_t begin = 0, end = 0;  // byte range in the data section
+};
+using SafetensorsLayout = std::vector<SafetensorsEntry>;
+uint64_t safetensors_header_length(const char* data, size_t size, const std::string& source);
+SafetensorsLayout plan_safetensors(std::string_view header_text, uint64_t data_size,
+                                   const std::string& source, nlohmann::json* metadata = nullptr);
 
 // Written to a temporary file, fsynced and renamed: a crash leaves the old file or the new.
 void save_safetensors(const std::string& path, const StateDict& tensors,
