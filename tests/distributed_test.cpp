@@ -19,6 +19,7 @@
 #include "nn/registry.h"
 #include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/stage_package.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
@@ -343,4 +344,27 @@ TEST_CASE("a stage package the worker cannot build is reported, not crashed on",
   const Batch batch = gpt_batch();
   INFO("worker 0 log:\n" << workers[0]->log() << "worker 1 log:\n" << workers[1]->log());
   CHECK(std::isfinite(pipeline.train_step(batch.input, batch.target)));
+}
+
+TEST_CASE("a stage package whose weights do not fit its layers is refused by name",
+          "[distributed]") {
+  WorkerProcess worker;
+  auto model = small_gpt(2);
+  PipelineConfig config = config_for("1f1b", 1);
+  config.stages = 1;
+  StagePackage package = make_stage_package(*model, partition_model(*model, config), config, 0);
+  const std::string victim = package.weights.begin()->first;
+  package.weights[victim] = zeros({3, 3});
+
+  TcpOptions options;
+  options.session = "shape-test";
+  TcpCommunicator coordinator(kCoordinator, options);
+  coordinator.connect(0, "127.0.0.1", worker.port());
+  coordinator.send(0, stage_package_message(package));
+  std::optional<Message> reply = coordinator.try_receive(std::chrono::seconds(20));
+  REQUIRE(reply.has_value());
+  CHECK(reply->kind == MessageKind::StageError);
+  const std::string message = reply->meta.value("message", std::string());
+  CHECK_THAT(message, Catch::Contains(victim) && Catch::Contains("[3, 3]"));
+  CHECK_THAT(worker.log(), Catch::Contains("refused the stage package"));
 }
