@@ -13,6 +13,7 @@
 
 #include "comm/inbox.h"
 #include "comm/sha256.h"
+#include "serialize/atomic_file.h"
 
 namespace pipit {
 
@@ -39,6 +40,13 @@ std::string endpoint_text(const tcp::endpoint& endpoint) {
 }
 
 }  // namespace
+
+std::string read_token_file(const std::string& path) {
+  std::string token = read_file(path);
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  PIPIT_CHECK(!token.empty(), "token file '", path, "' holds an empty token");
+  return token;
+}
 
 std::pair<std::string, uint16_t> parse_endpoint(const std::string& text) {
   const size_t colon = text.rfind(':');
@@ -144,9 +152,11 @@ struct TcpCommunicator::Impl {
     connections.erase(conn);
     --open_connections;
     if (conn->handshake_result) {
-      // A listener closing with our connection still in its backlog resets it before any
-      // Hello: connect() retries that like a refused connect.
-      conn->handshake_result->set_value(conn->hello_received ? reason : "refused:" + reason);
+      // A connection that drops during the handshake without a verdict (a worker's listener
+      // closing at the end of a run, with ours in its backlog or just accepted) is retried by
+      // connect() like a refused one; a handshake refused on its merits is final.
+      const bool verdict = reason.rfind("handshake refused", 0) == 0;
+      conn->handshake_result->set_value(verdict ? reason : "refused:" + reason);
       conn->handshake_result.reset();
     }
     if (closing) return;

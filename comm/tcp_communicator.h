@@ -34,6 +34,10 @@ struct TcpOptions {
   std::function<std::string(int peer, const std::string& session)> admit;
 };
 
+// The token in `path`, without a trailing newline; an unreadable file or an empty token is
+// an Error naming the file.
+std::string read_token_file(const std::string& path);
+
 // "host:port" -> (host, port); throws an Error naming the text when malformed.
 std::pair<std::string, uint16_t> parse_endpoint(const std::string& text);
 

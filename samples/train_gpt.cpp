@@ -219,12 +219,7 @@ int main(int argc, char** argv) {
     pipeline_config.max_grad_norm = 1.0;
     pipeline_config.trace = !flags.str("trace").empty();
     TcpOptions tcp;
-    if (!flags.str("token-file").empty()) {
-      tcp.token = read_file(flags.str("token-file"));
-      while (!tcp.token.empty() && (tcp.token.back() == '\n' || tcp.token.back() == '\r')) {
-        tcp.token.pop_back();
-      }
-    }
+    if (!flags.str("token-file").empty()) tcp.token = read_token_file(flags.str("token-file"));
     // Stages in threads of this process, or in worker processes: the same Coordinator.
     std::unique_ptr<Pipeline> local;
     std::unique_ptr<DistributedPipeline> remote;

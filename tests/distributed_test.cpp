@@ -52,10 +52,10 @@ class WorkerProcess {
     REQUIRE(posix_spawn(&pid_, exe.c_str(), &actions, nullptr, argv.data(), environ) == 0);
     posix_spawn_file_actions_destroy(&actions);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (!fs::exists(port_file)) {
-      REQUIRE(std::chrono::steady_clock::now() < deadline);
+    while (!fs::exists(port_file) && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    REQUIRE(fs::exists(port_file));
     port_ = static_cast<uint16_t>(std::stoi(read_file(port_file)));
   }
   ~WorkerProcess() {
@@ -178,8 +178,9 @@ TEST_CASE("training over 4 worker processes equals training in-process, bit for 
   }
 }
 
-TEST_CASE("a worker killed mid-step fails the step; resuming from a checkpoint continues exactly",
-          "[distributed]") {
+TEST_CASE(
+    "a worker killed mid-step fails the step, and resuming from a checkpoint continues exactly",
+    "[distributed]") {
   // Big enough that a step lasts well beyond the 30 ms after which the worker is killed.
   auto make_model = [] {
     Generator g(9);

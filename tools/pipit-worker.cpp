@@ -4,7 +4,6 @@
 
 #include "pipeline/worker.h"
 #include "samples/flags.h"
-#include "serialize/atomic_file.h"
 #include "tensor/parallel.h"
 
 int main(int argc, char** argv) {
@@ -32,12 +31,7 @@ int main(int argc, char** argv) {
     options.tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
     options.tcp.limits.max_body_bytes = static_cast<size_t>(flags.integer("max-frame-mb")) << 20;
     if (!flags.str("token-file").empty()) {
-      options.tcp.token = pipit::read_file(flags.str("token-file"));
-      while (!options.tcp.token.empty() &&
-             (options.tcp.token.back() == '\n' || options.tcp.token.back() == '\r')) {
-        options.tcp.token.pop_back();
-      }
-      if (options.tcp.token.empty()) flags.fail("--token-file holds an empty token");
+      options.tcp.token = pipit::read_token_file(flags.str("token-file"));
     }
     pipit::run_worker(options);
   } catch (const pipit::Error& e) {
