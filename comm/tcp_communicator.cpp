@@ -79,6 +79,9 @@ struct Connection {
   uint8_t header_bytes[kFrameHeaderSize] = {};
   FrameHeader header;
   std::string json, body_prefix;
+  std::vector<Tensor> tensors;               // the frame being received
+  std::vector<asio::mutable_buffer> pieces;  // its bytes still to come
+  size_t remaining = 0;
   std::shared_ptr<std::promise<std::string>> handshake_result;  // connect() waits on it
 };
 
@@ -225,22 +228,49 @@ struct TcpCommunicator::Impl {
   }
 
   void read_tensors(const std::shared_ptr<Connection>& conn) {
-    std::vector<Tensor> tensors;
     try {
-      tensors = plan_frame_body(conn->header, conn->body_prefix);
+      conn->tensors = plan_frame_body(conn->header, conn->body_prefix);
     } catch (const FrameError& e) {
       return close_connection(conn, e.what());
     }
-    std::vector<asio::mutable_buffer> buffers;
-    for (const Tensor& t : tensors) {
-      if (t.nbytes() > 0) buffers.push_back(asio::buffer(t.raw_data(), t.nbytes()));
+    conn->pieces.clear();
+    conn->remaining = 0;
+    for (const Tensor& t : conn->tensors) {
+      if (t.nbytes() == 0) continue;
+      conn->pieces.push_back(asio::buffer(t.raw_data(), t.nbytes()));
+      conn->remaining += t.nbytes();
     }
-    auto shared = std::make_shared<std::vector<Tensor>>(std::move(tensors));
-    asio::async_read(conn->socket, buffers,
-                     [this, conn, shared](const asio::error_code& ec, size_t) {
-                       if (ec) return close_connection(conn, describe(ec, "mid-frame"));
-                       finish_frame(conn, std::move(*shared));
-                     });
+    read_tensor_bytes(conn);
+  }
+
+  // Reads the tensor bytes in pieces. The kernel would wake this thread for every 64 KiB
+  // that arrives; a receive low-water mark lets it wake once per kLargeRead (or for the
+  // frame's last bytes), which keeps large transfers near raw socket speed.
+  void read_tensor_bytes(const std::shared_ptr<Connection>& conn) {
+    constexpr size_t kLargeRead = 1 << 20;
+    asio::error_code ignored;
+    if (conn->remaining == 0) {
+      conn->socket.set_option(asio::socket_base::receive_low_watermark(1), ignored);
+      return finish_frame(conn, std::move(conn->tensors));
+    }
+    conn->socket.set_option(asio::socket_base::receive_low_watermark(
+                                static_cast<int>(std::min(conn->remaining, kLargeRead))),
+                            ignored);
+    conn->socket.async_read_some(
+        conn->pieces, [this, conn](const asio::error_code& ec, size_t bytes) {
+          if (ec) return close_connection(conn, describe(ec, "mid-frame"));
+          conn->remaining -= bytes;
+          while (bytes > 0) {  // drop what was filled from the front of the piece list
+            asio::mutable_buffer& front = conn->pieces.front();
+            if (bytes < front.size()) {
+              front += bytes;
+              break;
+            }
+            bytes -= front.size();
+            conn->pieces.erase(conn->pieces.begin());
+          }
+          read_tensor_bytes(conn);
+        });
   }
 
   void finish_frame(const std::shared_ptr<Connection>& conn, std::vector<Tensor> tensors) {
@@ -368,12 +398,18 @@ struct TcpCommunicator::Impl {
     const EncodedFrame& frame = conn->queue.front();
     std::vector<asio::const_buffer> buffers{asio::buffer(frame.prefix)};
     for (const auto& [data, size] : frame.tensor_bytes) buffers.push_back(asio::buffer(data, size));
-    asio::async_write(conn->socket, buffers, [this, conn](const asio::error_code& ec, size_t) {
-      if (ec) return close_connection(conn, "write failed: " + ec.message());
-      conn->queue.pop_front();
-      conn->last_sent = Clock::now();
-      write_next(conn);
-    });
+    // Asio's default completion condition caps every write at 64 KiB; a frame goes in as few
+    // system calls as the socket buffer allows.
+    auto whole_frame = [](const asio::error_code& ec, size_t) -> size_t {
+      return ec ? 0 : size_t{1} << 30;
+    };
+    asio::async_write(conn->socket, buffers, whole_frame,
+                      [this, conn](const asio::error_code& ec, size_t) {
+                        if (ec) return close_connection(conn, "write failed: " + ec.message());
+                        conn->queue.pop_front();
+                        conn->last_sent = Clock::now();
+                        write_next(conn);
+                      });
   }
 
   std::shared_ptr<Connection> route(int peer) {

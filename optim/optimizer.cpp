@@ -1,5 +1,7 @@
 #include "optim/optimizer.h"
 
+#include <set>
+
 #include "autograd/grad_mode.h"
 #include "optim/optimizer_state.h"
 #include "tensor/backend.h"
@@ -8,6 +10,20 @@ namespace pipit {
 
 void Optimizer::zero_grad() {
   for (auto& [name, p] : parameters_) p.zero_grad();
+}
+
+StateDict optimizer_state_for(const StateDict& state, const NamedParameters& parameters) {
+  std::set<std::string> names;
+  for (const auto& [name, p] : parameters) names.insert(name);
+  StateDict own;
+  // Entries are "<param>.<buffer>", and buffer names have no dot.
+  for (const auto& [key, value] : state) {
+    const size_t dot = key.rfind('.');
+    if (key == "step" || (dot != std::string::npos && names.count(key.substr(0, dot)))) {
+      own[key] = value;
+    }
+  }
+  return own;
 }
 
 namespace detail {

@@ -82,6 +82,10 @@ class AdamW final : public Optimizer {
   int64_t step_ = 0;
 };
 
+// The part of an optimizer state dict that belongs to `parameters` (by name): "step" and
+// every "<param>.<buffer>" entry of theirs. How one model's state is shared out over stages.
+StateDict optimizer_state_for(const StateDict& state, const NamedParameters& parameters);
+
 // Builds an optimizer from its config() over `parameters`; unknown types or fields are errors.
 std::unique_ptr<Optimizer> make_optimizer(const nlohmann::json& config, NamedParameters parameters);
 

@@ -1,7 +1,6 @@
 #include "pipeline/stage.h"
 
 #include <cmath>
-#include <set>
 #include <sstream>
 
 #include "autograd/grad_mode.h"
@@ -27,18 +26,8 @@ Stage::Stage(StageSpec spec, std::shared_ptr<Communicator> communicator)
   }
   optimizer_ = make_optimizer(spec_.optimizer, std::move(parameters));
   if (!spec_.optimizer_state.empty()) {
-    StateDict own;
-    std::set<std::string> names;
-    for (const auto& c : spec_.chunks) {
-      for (const auto& [name, value] : c->named_parameters()) names.insert(name);
-    }
-    for (const auto& [key, value] : spec_.optimizer_state) {
-      const size_t dot = key.rfind('.');
-      if (key == "step" || (dot != std::string::npos && names.count(key.substr(0, dot)))) {
-        own[key] = value;
-      }
-    }
-    optimizer_->load_state_dict(own);
+    optimizer_->load_state_dict(
+        optimizer_state_for(spec_.optimizer_state, optimizer_->parameters()));
     spec_.optimizer_state.clear();
   }
 }

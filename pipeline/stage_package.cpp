@@ -3,6 +3,7 @@
 #include <climits>
 
 #include "nn/registry.h"
+#include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
 #include "serialize/checkpoint.h"
 #include "serialize/safetensors.h"
@@ -48,13 +49,8 @@ StagePackage make_stage_package(const Sequential& model, const std::vector<Layer
     package.chunk_configs.push_back(chunk->config());
     package.weights.merge(chunk->state_dict());
   }
-  // Optimizer entries are "<param>.<buffer>" with no dot in the buffer name.
-  for (const auto& [key, value] : optimizer_state) {
-    const size_t dot = key.rfind('.');
-    if (key == "step" || (dot != std::string::npos && package.weights.count(key.substr(0, dot)))) {
-      package.optimizer_state[key] = value;
-    }
-  }
+  package.optimizer_state = optimizer_state_for(
+      optimizer_state, NamedParameters(package.weights.begin(), package.weights.end()));
   return package;
 }
 
