@@ -139,9 +139,8 @@ TEST_CASE("pipelined training equals sequential gradient accumulation bit for bi
 TEST_CASE("pipelined training matches full-batch training within 1e-5", "[pipeline]") {
   const nlohmann::json sgd = {{"type", "SGD"}, {"lr", 0.1}, {"momentum", 0.9}};
   for (const std::string model_name : {"mlp", "gpt"}) {
-    for (const Combination& c : {Combination{"gpipe", 4, 8, 1}, Combination{"1f1b", 3, 4, 1},
-                                 Combination{"interleaved", 2, 4, 2}}) {
-      INFO(model_name << " " << c.schedule);
+    for (const Combination& c : valid_combinations()) {
+      INFO(model_name << " " << c.schedule << " p=" << c.p << " m=" << c.m << " v=" << c.v);
       Model full = make_model(model_name);
       auto optimizer = make_optimizer(sgd, full.net->named_parameters());
       auto loss = make_loss(full.loss);
