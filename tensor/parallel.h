@@ -3,7 +3,8 @@
 
 namespace pipit {
 
-// Threads used by CPU kernels (OpenMP loops and OpenBLAS). Defaults to the machine's cores.
+// Threads used by CPU kernels: OpenMP loops, GEMM tiles included (OpenBLAS itself runs
+// single-threaded, so the two never compete for cores). Defaults to the machine's cores.
 void set_num_threads(int threads);
 int get_num_threads();
 

@@ -86,13 +86,24 @@ TEST_CASE("large tensors take the parallel paths and agree with small ones", "[t
   Tensor doubled = big * 2.0 + big;
   std::vector<double> d = doubled.to_vector<double>();
   for (size_t i = 0; i < d.size(); i += 997) CHECK(d[i] == Approx(3 * values[i]));
+  // Large enough that GEMMs are split into tiles run on several threads.
+  Tensor lhs = randn({256, 512}, &g), rhs = randn({512, 384}, &g);
+  Tensor batch_lhs = randn({4, 128, 256}, &g), batch_rhs = randn({4, 256, 128}, &g);
+  auto products = [&] {
+    return std::vector<std::vector<float>>{
+        matmul(lhs, rhs).to_vector<float>(),
+        matmul(transpose(rhs, 0, 1), transpose(lhs, 0, 1)).to_vector<float>(),
+        matmul(batch_lhs, batch_rhs).to_vector<float>()};
+  };
   const int threads = get_num_threads();
   set_num_threads(1);
   const double single = sum(big * big).item<double>();
   const std::vector<double> single_columns = sum(big * big, {0}).to_vector<double>();
+  const std::vector<std::vector<float>> single_products = products();
   set_num_threads(4);
   CHECK(sum(big * big).item<double>() == single);  // bit-identical across thread counts
   CHECK(sum(big * big, {0}).to_vector<double>() == single_columns);
+  CHECK(products() == single_products);
   set_num_threads(threads);
 }
 

@@ -17,7 +17,14 @@ using cpu::byte_ptr;
 
 namespace {
 
-std::atomic<int> g_threads{static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+int initial_threads() {
+  // OpenBLAS starts a thread per core; a second pool would spin against pipit's OpenMP threads
+  // for the same cores, so GEMMs are split over pipit's threads instead (matmul.cpp).
+  openblas_set_num_threads(1);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+std::atomic<int> g_threads{initial_threads()};
 
 template <typename D, typename S>
 void copy_typed(const Tensor& src, const Tensor& dst) {
@@ -57,7 +64,7 @@ void fill_indexed(const Tensor& out, F value_at) {
 void set_num_threads(int threads) {
   PIPIT_CHECK(threads >= 1, "set_num_threads: threads must be >= 1, got ", threads);
   g_threads = threads;
-  openblas_set_num_threads(threads);
+  openblas_set_num_threads(1);  // in case the application raised it since start-up
 }
 
 int get_num_threads() {

@@ -1,6 +1,13 @@
 // Matrix products through OpenBLAS. Each operand is passed to GEMM as it lies in memory when
 // its last two dims are row- or column-major; only other layouts are copied first.
+//
+// OpenBLAS runs single threaded (see set_num_threads): a second thread pool would spin
+// against pipit's OpenMP threads for the same cores. Products are split here instead, into
+// tiles of the output whose bounds depend only on the shape, each tile one BLAS call, so
+// every element comes from the same call whatever the thread count.
 #include <cblas.h>
+
+#include <limits>
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loop.h"
@@ -22,6 +29,49 @@ MatrixLayout layout_of(const Tensor& t) {
   if ((s_col == 1 || cols == 1) && s_row >= std::max<int64_t>(1, cols)) return {false, s_row, true};
   if ((s_row == 1 || rows == 1) && s_col >= std::max<int64_t>(1, rows)) return {true, s_col, true};
   return {};
+}
+
+// Multiply-adds per tile below which a thread is not worth waking.
+constexpr int64_t kTileWork = int64_t{1} << 23;
+// Each tile packs its own copy of its rows of A and columns of B, a cost that a single thread
+// pays too; 4 tiles (a power of two, to balance over 2 or 4 threads) keep it to a few percent.
+constexpr int64_t kMaxTiles = 4;
+// Tile edges are multiples of BLAS micro-kernel widths, so that only the matrix's own edge
+// takes the slower edge kernels.
+constexpr int64_t kTileAlign = 16;
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+struct Tiling {
+  int64_t rows = 0, cols = 0;  // of one tile; the last row and column of tiles may be short
+  int64_t row_tiles = 1, col_tiles = 1;
+  int64_t count() const { return row_tiles * col_tiles; }
+};
+
+Tiling tiling_for(int64_t M, int64_t N, int64_t K) {
+  int64_t want = 1;
+  while (want < kMaxTiles && 2 * want * kTileWork <= M * N * K) want *= 2;
+  const int64_t max_rt = ceil_div(M, kTileAlign), max_ct = ceil_div(N, kTileAlign);
+  // The most tiles, then the least packing: each row of tiles packs all of B once more, each
+  // column of tiles all of A.
+  int64_t best_rt = 1, best_ct = 1, best_cost = std::numeric_limits<int64_t>::max();
+  for (int64_t rt = 1; rt <= std::min(want, max_rt); ++rt) {
+    const int64_t ct = std::min(want / rt, max_ct);
+    const int64_t cost = ct * M + rt * N;
+    if (rt * ct > best_rt * best_ct || (rt * ct == best_rt * best_ct && cost < best_cost)) {
+      best_rt = rt;
+      best_ct = ct;
+      best_cost = cost;
+    }
+  }
+  Tiling t;
+  t.rows = ceil_div(ceil_div(M, best_rt), kTileAlign) * kTileAlign;
+  t.cols = ceil_div(ceil_div(N, best_ct), kTileAlign) * kTileAlign;
+  t.row_tiles = ceil_div(M, t.rows);
+  t.col_tiles = ceil_div(N, t.cols);
+  return t;
 }
 
 template <typename T>
@@ -80,21 +130,32 @@ void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, boo
     if (!accumulate) std::fill(c, c + out.numel(), T(0));
     return;
   }
-  if (batch == 1 || (b_broadcast && batch_folds_into_rows(a, la))) {
-    gemm<T>(la.transposed, lb.transposed, M * batch, N, K, pa, la.ld, pb, lb.ld, beta, c, N);
-    return;
-  }
-  Shape index(static_cast<size_t>(r - 2), 0);
-  for (int64_t i = 0; i < batch; ++i) {
+  const bool folded = batch == 1 || (b_broadcast && batch_folds_into_rows(a, la));
+  const int64_t rows = folded ? M * batch : M, products = folded ? 1 : batch;
+  const Tiling tiling = tiling_for(rows, N, K);
+  auto run_tile = [&](int64_t task) {
     int64_t off_a = 0, off_b = 0;
-    for (int64_t d = 0; d < r - 2; ++d) {
-      off_a += index[d] * a.strides()[d];
-      off_b += index[d] * b.strides()[d];
+    for (int64_t d = r - 3, rest = task / tiling.count(); d >= 0; --d) {
+      const int64_t i = rest % out.shape()[d];
+      rest /= out.shape()[d];
+      off_a += i * a.strides()[d];
+      off_b += i * b.strides()[d];
     }
-    gemm<T>(la.transposed, lb.transposed, M, N, K, pa + off_a, la.ld, pb + off_b, lb.ld, beta,
-            c + i * M * N, N);
-    for (int64_t d = r - 3; d >= 0 && ++index[d] == out.shape()[d]; --d) index[d] = 0;
-  }
+    const int64_t tile = task % tiling.count();
+    const int64_t r0 = tile / tiling.col_tiles * tiling.rows;
+    const int64_t c0 = tile % tiling.col_tiles * tiling.cols;
+    off_a += la.transposed ? r0 : r0 * la.ld;
+    off_b += lb.transposed ? c0 * lb.ld : c0;
+    gemm<T>(la.transposed, lb.transposed, std::min(tiling.rows, rows - r0),
+            std::min(tiling.cols, N - c0), K, pa + off_a, la.ld, pb + off_b, lb.ld, beta,
+            c + task / tiling.count() * M * N + r0 * N + c0, N);
+  };
+  const int64_t tasks = products * tiling.count();
+  const int threads = static_cast<int>(std::min<int64_t>(
+      {get_num_threads(), tasks, std::max<int64_t>(1, products * rows * N * K / kTileWork)}));
+  cpu::parallel_range(tasks, threads, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) run_tile(task);
+  });
 }
 
 }  // namespace
