@@ -167,11 +167,4 @@ void CpuBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tenso
   });
 }
 
-Backend& backend(Device device) {
-  static CpuBackend cpu_backend;
-  if (device.is_cpu()) return cpu_backend;
-  throw Error("backend: device " + device.str() +
-              " is not available (pipit was built without a backend for it)");
-}
-
 }  // namespace pipit

@@ -1,0 +1,218 @@
+#pragma once
+// Internal helpers for the CUDA kernels: dtype dispatch, strided indexing, launches and block
+// reductions. Included only by tensor/cuda/*.cu.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <type_traits>
+
+#include "tensor/cuda/cuda_backend.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/cuda_device.h"
+
+namespace pipit::cuda {
+
+#define PIPIT_CUDA_CASE(DT, T, ...) \
+  case DT: {                        \
+    using scalar_t = T;             \
+    __VA_ARGS__;                    \
+    break;                          \
+  }
+
+#define PIPIT_CUDA_DISPATCH_FLOAT(dtype, op, ...)                                      \
+  switch (dtype) {                                                                     \
+    PIPIT_CUDA_CASE(DType::f32, float, __VA_ARGS__)                                    \
+    PIPIT_CUDA_CASE(DType::f64, double, __VA_ARGS__)                                   \
+    default:                                                                           \
+      throw Error(::pipit::detail::concat(op, ": dtype ", dtype,                       \
+                                          " is not supported (expected F32 or F64)")); \
+  }
+
+#define PIPIT_CUDA_DISPATCH_NUMERIC(dtype, op, ...)                                     \
+  switch (dtype) {                                                                      \
+    PIPIT_CUDA_CASE(DType::f32, float, __VA_ARGS__)                                     \
+    PIPIT_CUDA_CASE(DType::f64, double, __VA_ARGS__)                                    \
+    PIPIT_CUDA_CASE(DType::i32, int32_t, __VA_ARGS__)                                   \
+    PIPIT_CUDA_CASE(DType::i64, int64_t, __VA_ARGS__)                                   \
+    default:                                                                            \
+      throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
+  }
+
+#define PIPIT_CUDA_DISPATCH_ALL(dtype, op, ...)                                         \
+  switch (dtype) {                                                                      \
+    PIPIT_CUDA_CASE(DType::f32, float, __VA_ARGS__)                                     \
+    PIPIT_CUDA_CASE(DType::f64, double, __VA_ARGS__)                                    \
+    PIPIT_CUDA_CASE(DType::i32, int32_t, __VA_ARGS__)                                   \
+    PIPIT_CUDA_CASE(DType::i64, int64_t, __VA_ARGS__)                                   \
+    PIPIT_CUDA_CASE(DType::b8, bool, __VA_ARGS__)                                       \
+    PIPIT_CUDA_CASE(DType::f16, __half, __VA_ARGS__)                                    \
+    PIPIT_CUDA_CASE(DType::bf16, __nv_bfloat16, __VA_ARGS__)                            \
+    default:                                                                            \
+      throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
+  }
+
+constexpr int kThreads = 256;
+// Merged dims an elementwise operand may have; real tensors merge to far fewer.
+constexpr int kMaxDims = 12;
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.raw_data());
+}
+
+// Element offsets of N operands sharing one iteration shape, row-major.
+template <int N>
+struct Indexer {
+  int rank = 0;
+  bool contiguous = false;  // one dim, unit stride for every operand: offsets equal the index
+  int64_t sizes[kMaxDims];
+  int64_t strides[N][kMaxDims];
+
+  __device__ void offsets(int64_t i, int64_t (&off)[N]) const {
+    for (int k = 0; k < N; ++k) off[k] = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int64_t pos = i % sizes[d];
+      i /= sizes[d];
+      for (int k = 0; k < N; ++k) off[k] += pos * strides[k][d];
+    }
+  }
+};
+
+// Merges dims that are contiguous for every operand (as the CPU loop does), so most
+// elementwise ops index one or two dims.
+template <int N>
+Indexer<N> make_indexer(const char* op, const Shape& shape,
+                        const std::array<const Tensor*, N>& operands) {
+  Indexer<N> ix;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = ix.rank > 0;
+    for (int k = 0; k < N && merge; ++k) {
+      merge = ix.strides[k][ix.rank - 1] == operands[k]->strides()[d] * shape[d];
+    }
+    if (merge) {
+      ix.sizes[ix.rank - 1] *= shape[d];
+      for (int k = 0; k < N; ++k) ix.strides[k][ix.rank - 1] = operands[k]->strides()[d];
+      continue;
+    }
+    PIPIT_CHECK(ix.rank < kMaxDims, op, ": shape ", shape_str(shape), " merges into more than ",
+                kMaxDims, " strided dims");
+    ix.sizes[ix.rank] = shape[d];
+    for (int k = 0; k < N; ++k) ix.strides[k][ix.rank] = operands[k]->strides()[d];
+    ++ix.rank;
+  }
+  if (ix.rank == 0) {
+    ix.rank = 1;
+    ix.sizes[0] = 1;
+    for (int k = 0; k < N; ++k) ix.strides[k][0] = 1;
+  }
+  ix.contiguous = ix.rank == 1;
+  for (int k = 0; k < N; ++k) ix.contiguous = ix.contiguous && ix.strides[k][0] == 1;
+  return ix;
+}
+
+template <typename F>
+__global__ void for_each_kernel(int64_t n, F f) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    f(i);
+  }
+}
+
+// Runs f(i) for i in [0, n) on the current device, a grid-stride loop so any n fits a grid.
+template <typename F>
+void for_each(const char* op, int64_t n, F f) {
+  if (n <= 0) return;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t{1} << 16);
+  for_each_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(n, f);
+  PIPIT_CUDA_CHECK_LAUNCH(op);
+}
+
+// Calls f(offsets) for every element of an N-operand strided iteration.
+template <int N, typename F>
+void for_each_strided(const char* op, const Shape& shape,
+                      const std::array<const Tensor*, N>& operands, F f) {
+  const Indexer<N> ix = make_indexer<N>(op, shape, operands);
+  const int64_t n = shape_numel(shape);
+  if (ix.contiguous) {
+    for_each(op, n, [=] __device__(int64_t i) {
+      int64_t off[N];
+      for (int k = 0; k < N; ++k) off[k] = i;
+      f(off);
+    });
+  } else {
+    for_each(op, n, [=] __device__(int64_t i) {
+      int64_t off[N];
+      ix.offsets(i, off);
+      f(off);
+    });
+  }
+}
+
+// Conversions through double, as the CPU backend converts; half types round to nearest even.
+template <typename T>
+__device__ __forceinline__ double to_double(T x) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return static_cast<double>(__half2float(x));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return static_cast<double>(__bfloat162float(x));
+  } else {
+    return static_cast<double>(x);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T from_double(double v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v != 0.0;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+template <typename T>
+__device__ T block_sum(T v) {
+  __shared__ T warp_sums[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();  // warp_sums may still be read by a previous call
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  T total = T(0);
+  for (int w = 0; w < warps; ++w) total += warp_sums[w];
+  return total;
+}
+
+template <typename T>
+__device__ T block_max(T v) {
+  __shared__ T warp_max[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 16; o > 0; o /= 2) {
+    const T other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = other > v ? other : v;
+  }
+  __syncthreads();
+  if (lane == 0) warp_max[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  T total = warp_max[0];
+  for (int w = 1; w < warps; ++w) total = warp_max[w] > total ? warp_max[w] : total;
+  return total;
+}
+
+// A contiguous copy of t on its device (t itself when already contiguous).
+Tensor contiguous_on_device(const Tensor& t);
+// A view of t with `dim` moved last.
+Tensor dim_last(const Tensor& t, int64_t dim);
+
+}  // namespace pipit::cuda

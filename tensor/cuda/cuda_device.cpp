@@ -1,0 +1,134 @@
+#include "tensor/cuda/cuda_device.h"
+
+#include <bit>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "tensor/cuda/cuda_check.h"
+
+namespace pipit::cuda {
+
+int device_count() {
+  // No driver, no device or a driver too old all come back as errors here; each means "no
+  // usable device", never a reason to abort. The error is cleared so it does not stick.
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+bool is_available() {
+  return device_count() > 0;
+}
+
+DeviceGuard::DeviceGuard(int index) : previous_(index), index_(index) {
+  PIPIT_CHECK(index >= 0 && index < device_count(), "cuda: device cuda:", index,
+              " does not exist (", device_count(), " CUDA devices present)");
+  PIPIT_CUDA_CHECK("cuda device", cudaGetDevice(&previous_));
+  if (previous_ != index_) PIPIT_CUDA_CHECK("cuda device", cudaSetDevice(index_));
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ != index_) cudaSetDevice(previous_);
+}
+
+namespace {
+
+// Sizes round up to 512 bytes (cudaMalloc's own granularity), then above 1 MiB to one of 8
+// classes per power of two, so a block is at most 1/8 too big and classes stay few.
+size_t size_class(size_t nbytes) {
+  size_t n = (std::max<size_t>(nbytes, 1) + 511) / 512 * 512;
+  if (n < (size_t{1} << 20)) return n;
+  const size_t step = std::bit_floor(n) / 8;
+  return (n + step - 1) / step * step;
+}
+
+struct Cache {
+  std::mutex mutex;
+  std::unordered_map<size_t, std::vector<void*>> free_blocks;
+  MemoryStats stats;
+};
+
+Cache& cache(int device) {
+  // Never destroyed: tensors may outlive static teardown, and by then the driver may be gone.
+  static std::mutex mutex;
+  static std::unordered_map<int, Cache*> caches;
+  std::lock_guard<std::mutex> lock(mutex);
+  Cache*& c = caches[device];
+  if (!c) c = new Cache();
+  return *c;
+}
+
+void free_cached(int device, Cache& c) {
+  DeviceGuard guard(device);
+  for (auto& [size, blocks] : c.free_blocks) {
+    for (void* p : blocks) PIPIT_CUDA_CHECK("empty_cache", cudaFree(p));
+  }
+  c.free_blocks.clear();
+  c.stats.reserved = 0;
+}
+
+void release(Cache& c, void* data, size_t size) {
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.stats.allocated -= size;
+  c.free_blocks[size].push_back(data);
+  c.stats.reserved += size;
+}
+
+}  // namespace
+
+std::shared_ptr<Storage> allocate(int device, size_t nbytes) {
+  const size_t size = size_class(nbytes);
+  Cache& c = cache(device);
+  DeviceGuard guard(device);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  void* data = nullptr;
+  auto it = c.free_blocks.find(size);
+  if (it != c.free_blocks.end() && !it->second.empty()) {
+    data = it->second.back();
+    it->second.pop_back();
+    c.stats.reserved -= size;
+  } else if (cudaMalloc(&data, size) != cudaSuccess) {
+    // Cached blocks of other sizes may be what the device is missing: give them back, retry.
+    cudaGetLastError();
+    free_cached(device, c);
+    const cudaError_t status = cudaMalloc(&data, size);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(detail::concat("allocate: out of memory on cuda:", device, " allocating ", nbytes,
+                                 " bytes (", c.stats.allocated, " bytes held by tensors; ",
+                                 cudaGetErrorString(status), ")"));
+    }
+  }
+  c.stats.allocated += size;
+  c.stats.peak_allocated = std::max(c.stats.peak_allocated, c.stats.allocated);
+  Cache* owner = &c;
+  return std::make_shared<Storage>(data, nbytes, Device::cuda(device),
+                                   [owner, size](void* p) { release(*owner, p, size); });
+}
+
+MemoryStats memory_stats(int device) {
+  Cache& c = cache(device);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.stats;
+}
+
+void reset_peak_memory(int device) {
+  Cache& c = cache(device);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.stats.peak_allocated = c.stats.allocated;
+}
+
+void empty_cache(int device) {
+  Cache& c = cache(device);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  free_cached(device, c);
+}
+
+}  // namespace pipit::cuda

@@ -1,0 +1,410 @@
+// Copies, fills, random numbers, elementwise maps and optimizer updates on CUDA.
+#include <cmath>
+
+#include "tensor/cpu/cpu_backend.h"
+#include "tensor/cuda/common.cuh"
+
+namespace pipit {
+namespace cuda {
+
+Tensor contiguous_on_device(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
+  backend(t).copy(t, out);
+  return out;
+}
+
+Tensor dim_last(const Tensor& t, int64_t dim) {
+  Shape shape = t.shape(), strides = t.strides();
+  shape.erase(shape.begin() + dim);
+  strides.erase(strides.begin() + dim);
+  shape.push_back(t.shape()[dim]);
+  strides.push_back(t.strides()[dim]);
+  return Tensor::from_storage(t.storage(), shape, strides, t.offset(), t.dtype());
+}
+
+namespace elementwise {
+
+template <typename T>
+__device__ __forceinline__ T exp_(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return expf(x);
+  } else {
+    return exp(x);
+  }
+}
+
+// GELU, tanh form, with the same overflow-free terms as tensor/cpu/vec_math.h.
+template <typename T>
+struct GeluTerms {
+  T s, s_one_minus_s;
+};
+
+template <typename T>
+__device__ __forceinline__ GeluTerms<T> gelu_terms(T x) {
+  constexpr double kSqrt2OverPi = 0.7978845608028654;
+  constexpr double kGeluCoeff = 0.044715;
+  const T z = T(2 * kSqrt2OverPi) * (x + T(kGeluCoeff) * x * x * x);
+  const T e = exp_(-(z < T(0) ? -z : z));
+  const T q = T(1) / (T(1) + e);
+  return {z >= T(0) ? q : e * q, e * q * q};
+}
+
+template <typename T>
+__device__ __forceinline__ T gelu_derivative(T x) {
+  constexpr double kSqrt2OverPi = 0.7978845608028654;
+  constexpr double kGeluCoeff = 0.044715;
+  const GeluTerms<T> t = gelu_terms(x);
+  const T dz = T(2 * kSqrt2OverPi) * (T(1) + T(3 * kGeluCoeff) * x * x);
+  return t.s + x * t.s_one_minus_s * dz;
+}
+
+// Same-dtype copies move the element's bytes, so every value (i64 above 2^53 included)
+// arrives exactly.
+template <typename Word>
+void copy_words(const Tensor& src, const Tensor& dst) {
+  const Word* s = ptr<Word>(src);
+  Word* d = ptr<Word>(dst);
+  for_each_strided<2>("copy", dst.shape(), {&dst, &src},
+                      [=] __device__(const int64_t(&off)[2]) { d[off[0]] = s[off[1]]; });
+}
+
+template <typename D, typename S>
+void convert(const Tensor& src, const Tensor& dst) {
+  const S* s = ptr<S>(src);
+  D* d = ptr<D>(dst);
+  for_each_strided<2>("copy", dst.shape(), {&dst, &src}, [=] __device__(const int64_t(&off)[2]) {
+    d[off[0]] = from_double<D>(to_double(s[off[1]]));
+  });
+}
+
+// dst = src with both on the current device.
+void copy_on_device(const Tensor& src, const Tensor& dst) {
+  if (src.dtype() == dst.dtype()) {
+    switch (dtype_size(src.dtype())) {
+      case 1:
+        return copy_words<uint8_t>(src, dst);
+      case 2:
+        return copy_words<uint16_t>(src, dst);
+      case 4:
+        return copy_words<uint32_t>(src, dst);
+      default:
+        return copy_words<uint64_t>(src, dst);
+    }
+  }
+  PIPIT_CUDA_DISPATCH_ALL(dst.dtype(), "copy", {
+    using D = scalar_t;
+    PIPIT_CUDA_DISPATCH_ALL(src.dtype(), "copy", convert<D, scalar_t>(src, dst));
+  });
+}
+
+template <typename O, typename I, typename F>
+void map1(const char* op, const Tensor& in, const Tensor& out, F f) {
+  const I* x = ptr<I>(in);
+  O* o = ptr<O>(out);
+  for_each_strided<2>(op, out.shape(), {&out, &in},
+                      [=] __device__(const int64_t(&off)[2]) { o[off[0]] = f(x[off[1]]); });
+}
+
+template <typename O, typename T, typename F>
+void map2(const char* op, const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  const T* x = ptr<T>(a);
+  const T* y = ptr<T>(b);
+  O* o = ptr<O>(out);
+  for_each_strided<3>(op, out.shape(), {&out, &a, &b}, [=] __device__(const int64_t(&off)[3]) {
+    o[off[0]] = f(x[off[1]], y[off[2]]);
+  });
+}
+
+template <typename T>
+void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
+  switch (op) {
+    case UnaryOp::neg:
+      return map1<T, T>("unary", in, out, [] __device__(T x) { return T(-x); });
+    case UnaryOp::abs:
+      return map1<T, T>("unary", in, out, [] __device__(T x) { return T(x < 0 ? -x : x); });
+    case UnaryOp::relu:
+      return map1<T, T>("unary", in, out, [] __device__(T x) { return T(x > 0 ? x : 0); });
+    default:
+      break;
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case UnaryOp::exp:
+        return map1<T, T>("unary", in, out, [] __device__(T x) { return exp_(x); });
+      case UnaryOp::log:
+        return map1<T, T>("unary", in, out, [] __device__(T x) { return T(log(x)); });
+      case UnaryOp::sqrt:
+        return map1<T, T>("unary", in, out, [] __device__(T x) { return T(sqrt(x)); });
+      case UnaryOp::tanh:
+        return map1<T, T>("unary", in, out, [] __device__(T x) { return T(tanh(x)); });
+      case UnaryOp::sigmoid:
+        return map1<T, T>("unary", in, out,
+                          [] __device__(T x) { return T(1) / (T(1) + exp_(-x)); });
+      case UnaryOp::gelu:
+        return map1<T, T>("unary", in, out, [] __device__(T x) { return x * gelu_terms(x).s; });
+      default:
+        break;
+    }
+  }
+  throw Error(detail::concat("unary: op not supported for dtype ", in.dtype()));
+}
+
+template <typename T>
+void compare_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  switch (op) {
+    case BinaryOp::eq:
+      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x == y; });
+    case BinaryOp::ne:
+      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x != y; });
+    case BinaryOp::lt:
+      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x < y; });
+    case BinaryOp::le:
+      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x <= y; });
+    case BinaryOp::gt:
+      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x > y; });
+    case BinaryOp::ge:
+      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x >= y; });
+    default:
+      throw Error("compare: not a comparison");
+  }
+}
+
+template <typename T>
+void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  switch (op) {
+    case BinaryOp::add:
+      return map2<T, T>("binary", a, b, out, [] __device__(T x, T y) { return T(x + y); });
+    case BinaryOp::sub:
+      return map2<T, T>("binary", a, b, out, [] __device__(T x, T y) { return T(x - y); });
+    case BinaryOp::mul:
+      return map2<T, T>("binary", a, b, out, [] __device__(T x, T y) { return T(x * y); });
+    case BinaryOp::maximum:
+      return map2<T, T>("binary", a, b, out,
+                        [] __device__(T x, T y) { return x > y || x != x ? x : y; });
+    case BinaryOp::minimum:
+      return map2<T, T>("binary", a, b, out,
+                        [] __device__(T x, T y) { return x < y || x != x ? x : y; });
+    case BinaryOp::div:
+      PIPIT_CHECK(!std::is_integral_v<T>,
+                  "div: integer division is not supported; convert to a float dtype");
+      return map2<T, T>("binary", a, b, out, [] __device__(T x, T y) { return T(x / y); });
+    default:
+      break;
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case BinaryOp::pow:
+        return map2<T, T>("binary", a, b, out, [] __device__(T x, T y) { return T(pow(x, y)); });
+      case BinaryOp::relu_backward:
+        return map2<T, T>("binary", a, b, out,
+                          [] __device__(T g, T x) { return x > 0 ? g : T(0); });
+      case BinaryOp::gelu_backward:
+        return map2<T, T>("binary", a, b, out,
+                          [] __device__(T g, T x) { return g * gelu_derivative(x); });
+      default:
+        break;
+    }
+  }
+  throw Error(detail::concat("binary: op not supported for dtype ", a.dtype()));
+}
+
+bool is_comparison(BinaryOp op) {
+  return op == BinaryOp::eq || op == BinaryOp::ne || op == BinaryOp::lt || op == BinaryOp::le ||
+         op == BinaryOp::gt || op == BinaryOp::ge;
+}
+
+// The generator's mixing function (tensor/generator.cpp), so that CUDA draws the very numbers
+// the CPU draws for the same seed and counters.
+__host__ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ uint64_t random_bits(uint64_t mixed_seed, uint64_t index) {
+  return mix64(mixed_seed + (index + 1) * 0x9e3779b97f4a7c15ull);
+}
+
+template <typename T, typename F>
+void fill_indexed(const char* op, const Tensor& out, F value_at) {
+  PIPIT_CHECK(out.is_contiguous(), op, ": output must be contiguous");
+  T* o = ptr<T>(out);
+  for_each(op, out.numel(), [=] __device__(int64_t i) { o[i] = T(value_at(i)); });
+}
+
+}  // namespace elementwise
+}  // namespace cuda
+
+using namespace cuda::elementwise;
+using cuda::DeviceGuard;
+using cuda::ptr;
+
+void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  PIPIT_CHECK(src.shape() == dst.shape(), "copy: source shape ", shape_str(src.shape()),
+              " differs from destination shape ", shape_str(dst.shape()));
+  if (src.numel() == 0) return;
+  if (src.device().is_cpu()) {
+    // Host to device: convert and compact on the host, then one transfer.
+    DeviceGuard guard(dst.device().index);
+    Tensor host = src;
+    if (src.dtype() != dst.dtype() || !src.is_contiguous()) {
+      host = Tensor::empty(src.shape(), dst.dtype());
+      backend(src).copy(src, host);
+    }
+    Tensor landing =
+        dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), dst.device());
+    PIPIT_CUDA_CHECK("copy", cudaMemcpy(landing.raw_data(), host.raw_data(), host.nbytes(),
+                                        cudaMemcpyHostToDevice));
+    if (!landing.same_storage(dst)) copy_on_device(landing, dst);
+    return;
+  }
+  if (dst.device().is_cpu()) {
+    // Device to host: compact on the device, one transfer, convert on the host.
+    DeviceGuard guard(src.device().index);
+    Tensor compact = cuda::contiguous_on_device(src);
+    const bool direct = dst.is_contiguous() && dst.dtype() == src.dtype();
+    Tensor host = direct ? dst : Tensor::empty(src.shape(), src.dtype());
+    PIPIT_CUDA_CHECK("copy", cudaMemcpy(host.raw_data(), compact.raw_data(), compact.nbytes(),
+                                        cudaMemcpyDeviceToHost));
+    if (!direct) backend(dst).copy(host, dst);
+    return;
+  }
+  if (src.device() != dst.device()) {
+    // Between GPUs: compact on the source, copy the bytes across, finish on the destination.
+    Tensor compact;
+    {
+      DeviceGuard guard(src.device().index);
+      compact = cuda::contiguous_on_device(src);
+    }
+    DeviceGuard guard(dst.device().index);
+    Tensor landing = Tensor::empty(src.shape(), src.dtype(), dst.device());
+    PIPIT_CUDA_CHECK("copy",
+                     cudaMemcpyPeer(landing.raw_data(), dst.device().index, compact.raw_data(),
+                                    src.device().index, compact.nbytes()));
+    copy_on_device(landing, dst);
+    return;
+  }
+  DeviceGuard guard(dst.device().index);
+  copy_on_device(src, dst);
+}
+
+void CudaBackend::fill(const Tensor& out, double value) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_ALL(out.dtype(), "fill", {
+    scalar_t* o = ptr<scalar_t>(out);
+    cuda::for_each_strided<1>("fill", out.shape(), {&out}, [=] __device__(const int64_t(&off)[1]) {
+      o[off[0]] = cuda::from_double<scalar_t>(value);
+    });
+  });
+}
+
+void CudaBackend::arange(const Tensor& out, double start, double step) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_NUMERIC(out.dtype(), "arange", {
+    fill_indexed<scalar_t>(
+        "arange", out, [=] __device__(int64_t i) { return start + step * static_cast<double>(i); });
+  });
+}
+
+void CudaBackend::uniform(const Tensor& out, Generator& generator, double low, double high) {
+  DeviceGuard guard(index_);
+  const uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));
+  const uint64_t seed = mix64(generator.seed() ^ 0x632be59bd9b4e019ull);
+  PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "uniform", {
+    fill_indexed<scalar_t>("uniform", out, [=] __device__(int64_t i) {
+      const uint64_t bits = random_bits(seed, base + static_cast<uint64_t>(i));
+      return low + (high - low) * (static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0));
+    });
+  });
+}
+
+void CudaBackend::normal(const Tensor& out, Generator& generator, double mean, double std) {
+  DeviceGuard guard(index_);
+  const uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));
+  const uint64_t seed = mix64(generator.seed() ^ 0x632be59bd9b4e019ull);
+  // Box-Muller on the two 32-bit halves of one counter's bits, as on the CPU.
+  PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "normal", {
+    fill_indexed<scalar_t>("normal", out, [=] __device__(int64_t i) {
+      const uint64_t bits = random_bits(seed, base + static_cast<uint64_t>(i));
+      const double u1 = (static_cast<double>(bits >> 32) + 1.0) / 4294967296.0;
+      const double u2 = static_cast<double>(bits & 0xffffffffu) / 4294967296.0;
+      return mean + std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+    });
+  });
+}
+
+void CudaBackend::unary(UnaryOp op, const Tensor& in, const Tensor& out) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_NUMERIC(in.dtype(), "unary", unary_typed<scalar_t>(op, in, out));
+}
+
+void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  DeviceGuard guard(index_);
+  if (is_comparison(op)) {
+    if (a.dtype() == DType::b8) return compare_typed<bool>(op, a, b, out);
+    PIPIT_CUDA_DISPATCH_NUMERIC(a.dtype(), "compare", compare_typed<scalar_t>(op, a, b, out));
+    return;
+  }
+  PIPIT_CUDA_DISPATCH_NUMERIC(a.dtype(), "binary", binary_typed<scalar_t>(op, a, b, out));
+}
+
+void CudaBackend::where(const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_NUMERIC(out.dtype(), "where", {
+    using T = scalar_t;
+    T* o = ptr<T>(out);
+    const bool* m = ptr<bool>(mask);
+    const T* x = ptr<T>(a);
+    const T* y = ptr<T>(b);
+    cuda::for_each_strided<4>(
+        "where", out.shape(), {&out, &mask, &a, &b},
+        [=] __device__(const int64_t(&off)[4]) { o[off[0]] = m[off[1]] ? x[off[2]] : y[off[3]]; });
+  });
+}
+
+void CudaBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
+                           double lr, double momentum, double weight_decay, bool first_step) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_FLOAT(param.dtype(), "sgd_step", {
+    using T = scalar_t;
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* buf = momentum > 0 ? momentum_buffer.data<T>() : nullptr;
+    cuda::for_each("sgd_step", param.numel(), [=] __device__(int64_t i) {
+      T d = g[i] + T(weight_decay) * p[i];
+      if (buf) {
+        buf[i] = first_step ? d : T(momentum) * buf[i] + d;
+        d = buf[i];
+      }
+      p[i] -= T(lr) * d;
+    });
+  });
+}
+
+void CudaBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                             const Tensor& exp_avg_sq, const AdamWParams& a) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_FLOAT(param.dtype(), "adamw_step", {
+    using T = scalar_t;
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* m = exp_avg.data<T>();
+    T* v = exp_avg_sq.data<T>();
+    // Scalars are formed on the host exactly as the CPU backend forms them.
+    const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
+    const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
+    const T step_size = T(a.lr / bc1);
+    const T bc2_sqrt = T(std::sqrt(bc2));
+    const T decay = T(1.0 - a.lr * a.weight_decay);
+    const T b1 = T(a.beta1), b2 = T(a.beta2), eps = T(a.eps);
+    cuda::for_each("adamw_step", param.numel(), [=] __device__(int64_t i) {
+      p[i] *= decay;
+      m[i] = b1 * m[i] + (T(1) - b1) * g[i];
+      v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
+      p[i] -= step_size * m[i] / (T(sqrt(v[i])) / bc2_sqrt + eps);
+    });
+  });
+}
+
+}  // namespace pipit

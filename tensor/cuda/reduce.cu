@@ -1,0 +1,569 @@
+// Reductions, argmax and the fused nn kernels (softmax, layer norm, embedding, cross-entropy)
+// on CUDA. Every sum is taken in a fixed order (per-thread strides, then a fixed tree), so
+// results do not change between runs; only embedding_backward adds with atomics.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "tensor/cuda/common.cuh"
+
+namespace pipit {
+namespace cuda {
+namespace reduce {
+
+template <typename T>
+using acc_t = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+
+template <typename A>
+__device__ __forceinline__ A combine(ReduceOp op, A a, A b) {
+  switch (op) {
+    case ReduceOp::sum:
+      return a + b;
+    case ReduceOp::max:
+      return (a > b || a != a) ? a : b;
+    default:
+      return (a < b || a != a) ? a : b;
+  }
+}
+
+// Combines v over a group of Lanes consecutive threads (1, 32, or the whole block of
+// kThreads); the first thread of the group gets the result.
+template <int Lanes, typename A>
+__device__ A group_combine(ReduceOp op, A v) {
+  if constexpr (Lanes == 1) {
+    return v;
+  } else {
+    for (int o = 16; o > 0; o /= 2) v = combine(op, v, __shfl_xor_sync(0xffffffffu, v, o));
+    if constexpr (Lanes == 32) {
+      return v;
+    } else {
+      __shared__ A partial[kThreads / 32];
+      if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+      __syncthreads();
+      A total = partial[0];
+      for (int w = 1; w < kThreads / 32; ++w) total = combine(op, total, partial[w]);
+      __syncthreads();  // partial is reused by the next output
+      return total;
+    }
+  }
+}
+
+// out[k] = reduce over r of in[kept(k) + reduced(r)], Lanes threads per output.
+template <int Lanes, typename T>
+__global__ void reduce_kernel(ReduceOp op, const T* in, Indexer<1> kept, Indexer<1> reduced,
+                              int64_t K, int64_t R, acc_t<T> identity, T* out) {
+  const int64_t groups_per_block = kThreads / Lanes;
+  const int lane = threadIdx.x % Lanes;
+  for (int64_t k0 = static_cast<int64_t>(blockIdx.x) * groups_per_block; k0 < K;
+       k0 += static_cast<int64_t>(gridDim.x) * groups_per_block) {
+    // Every thread of the block walks the same k0 so the block-wide combine stays uniform.
+    const int64_t k = k0 + threadIdx.x / Lanes;
+    acc_t<T> acc = identity;
+    if (k < K) {
+      int64_t base[1];
+      kept.offsets(k, base);
+      for (int64_t r = lane; r < R; r += Lanes) {
+        int64_t off[1];
+        reduced.offsets(r, off);
+        acc = combine(op, acc, static_cast<acc_t<T>>(in[base[0] + off[0]]));
+      }
+    }
+    acc = group_combine<Lanes>(op, acc);
+    if (k < K && lane == 0) out[k] = static_cast<T>(acc);
+  }
+}
+
+// The indexers of `in` restricted to the dims with flag == want.
+Indexer<1> sub_indexer(const Tensor& in, const std::vector<bool>& flag, bool want) {
+  Shape shape, strides;
+  for (int64_t d = 0; d < in.dim(); ++d) {
+    if (flag[static_cast<size_t>(d)] != want) continue;
+    shape.push_back(in.shape()[d]);
+    strides.push_back(in.strides()[d]);
+  }
+  Tensor view = Tensor::from_storage(in.storage(), shape, strides, in.offset(), in.dtype());
+  return make_indexer<1>("reduce", shape, {&view});
+}
+
+template <int Lanes>
+int64_t grid_for(int64_t K) {
+  return std::max<int64_t>(1, std::min<int64_t>((K * Lanes + kThreads - 1) / kThreads, 65535));
+}
+
+template <typename T>
+void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduced,
+                  const Tensor& out) {
+  const Indexer<1> kept_ix = sub_indexer(in, reduced, false);
+  const Indexer<1> reduced_ix = sub_indexer(in, reduced, true);
+  int64_t R = 1;
+  for (int64_t d = 0; d < in.dim(); ++d) {
+    if (reduced[static_cast<size_t>(d)]) R *= in.shape()[d];
+  }
+  const int64_t K = out.numel();
+  if (K == 0) return;
+  const acc_t<T> identity = op == ReduceOp::sum   ? acc_t<T>(0)
+                            : op == ReduceOp::max ? acc_t<T>(std::numeric_limits<T>::lowest())
+                                                  : acc_t<T>(std::numeric_limits<T>::max());
+  const T* x = ptr<T>(in);
+  T* o = ptr<T>(out);
+  // Enough lanes per output to keep threads busy without leaving most of them idle.
+  if (R >= 1024) {
+    reduce_kernel<kThreads, T>
+        <<<grid_for<kThreads>(K), kThreads>>>(op, x, kept_ix, reduced_ix, K, R, identity, o);
+  } else if (R >= 32) {
+    reduce_kernel<32, T>
+        <<<grid_for<32>(K), kThreads>>>(op, x, kept_ix, reduced_ix, K, R, identity, o);
+  } else {
+    reduce_kernel<1, T>
+        <<<grid_for<1>(K), kThreads>>>(op, x, kept_ix, reduced_ix, K, R, identity, o);
+  }
+  PIPIT_CUDA_CHECK_LAUNCH("reduce");
+}
+
+// argmax over contiguous rows of R: the first index of the largest value, as on the CPU.
+template <typename T>
+__global__ void argmax_kernel(const T* x, int64_t K, int64_t R, int64_t* out) {
+  __shared__ T best_value[kThreads];
+  __shared__ int64_t best_index[kThreads];
+  for (int64_t k = blockIdx.x; k < K; k += gridDim.x) {
+    const T* row = x + k * R;
+    int64_t bi = -1;
+    T bv = T(0);
+    for (int64_t r = threadIdx.x; r < R; r += kThreads) {
+      if (bi < 0 || row[r] > bv) {
+        bv = row[r];
+        bi = r;
+      }
+    }
+    best_value[threadIdx.x] = bv;
+    best_index[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = kThreads / 2; s > 0; s /= 2) {
+      if (threadIdx.x < s) {
+        const int64_t oi = best_index[threadIdx.x + s];
+        const T ov = best_value[threadIdx.x + s];
+        const int64_t mi = best_index[threadIdx.x];
+        if (oi >= 0 && (mi < 0 || ov > best_value[threadIdx.x] ||
+                        (ov == best_value[threadIdx.x] && oi < mi))) {
+          best_value[threadIdx.x] = ov;
+          best_index[threadIdx.x] = oi;
+        }
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) out[k] = best_index[0] < 0 ? 0 : best_index[0];
+    __syncthreads();
+  }
+}
+
+int rows_grid(int64_t rows) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(rows, 65535)));
+}
+
+// Threads per row for a row kernel: a warp multiple, no more than the row needs.
+int row_threads(int64_t C) {
+  return static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(32, (C + 31) / 32 * 32)));
+}
+
+template <typename T>
+__device__ __forceinline__ T exp_(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return expf(x);
+  } else {
+    return exp(x);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T log_(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return logf(x);
+  } else {
+    return log(x);
+  }
+}
+
+template <typename T>
+__device__ T row_max(const T* row, int64_t C) {
+  T m = -T(INFINITY);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = row[c] > m ? row[c] : m;
+  return block_max(m);
+}
+
+template <typename T>
+__global__ void softmax_kernel(const T* x, T* y, int64_t rows, int64_t C, bool log) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * C;
+    T* yr = y + r * C;
+    const T mx = row_max(xr, C);
+    T s = T(0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(xr[c] - mx);
+    const T sum = block_sum(s);
+    if (log) {
+      const T lse = mx + log_(sum);
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = xr[c] - lse;
+    } else {
+      const T inv = T(1) / sum;
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = exp_(xr[c] - mx) * inv;
+    }
+  }
+}
+
+template <typename T>
+__global__ void softmax_backward_kernel(const T* g, const T* y, T* gx, int64_t rows, int64_t C,
+                                        bool log) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* gr = g + r * C;
+    const T* yr = y + r * C;
+    T* out = gx + r * C;
+    T s = T(0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += log ? gr[c] : gr[c] * yr[c];
+    const T dot = block_sum(s);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      out[c] = log ? gr[c] - exp_(yr[c]) * dot : yr[c] * (gr[c] - dot);
+    }
+  }
+}
+
+// Runs a row kernel on contiguous rows along `dim`, copying in and out only when needed.
+template <typename Kernel>
+void along_dim(const std::vector<Tensor>& inputs, const Tensor& out, int64_t dim, Kernel kernel) {
+  std::vector<Tensor> rows;
+  for (const Tensor& t : inputs) rows.push_back(contiguous_on_device(dim_last(t, dim)));
+  Tensor out_view = dim_last(out, dim);
+  Tensor out_rows = out_view.is_contiguous()
+                        ? out_view
+                        : Tensor::empty(out_view.shape(), out.dtype(), out.device());
+  const int64_t C = out.shape()[dim];
+  if (out.numel() > 0) kernel(rows, out_rows, out.numel() / C, C);
+  if (!out_rows.same_storage(out)) backend(out).copy(out_rows, out_view);
+}
+
+template <typename T>
+__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T eps, int64_t rows,
+                                  int64_t C, T* y, T* mean, T* rstd) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * C;
+    T s = T(0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += xr[c];
+    const T m = block_sum(s) / T(C);
+    T v = T(0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) v += (xr[c] - m) * (xr[c] - m);
+    const T rs = T(1) / sqrt(block_sum(v) / T(C) + eps);
+    if (threadIdx.x == 0) {
+      mean[r] = m;
+      rstd[r] = rs;
+    }
+    T* yr = y + r * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+  }
+}
+
+template <typename T>
+__global__ void layer_norm_grad_x_kernel(const T* g, const T* x, const T* w, const T* mean,
+                                         const T* rstd, int64_t rows, int64_t C, T* gx) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * C;
+    const T* gr = g + r * C;
+    const T m = mean[r], rs = rstd[r];
+    T s1 = T(0), s2 = T(0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      s1 += gr[c] * w[c];
+      s2 += gr[c] * w[c] * ((xr[c] - m) * rs);
+    }
+    const T sum_gw = block_sum(s1) / T(C);
+    const T sum_gw_xhat = block_sum(s2) / T(C);
+    T* out = gx + r * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const T xhat = (xr[c] - m) * rs;
+      out[c] = rs * (gr[c] * w[c] - sum_gw - xhat * sum_gw_xhat);
+    }
+  }
+}
+
+// Weight and bias gradients: each block of kRowsPerBlock rows writes partial column sums, then
+// one thread per column adds the blocks in order, so the sum order is fixed.
+constexpr int64_t kRowsPerBlock = 64;
+
+template <typename T>
+__global__ void layer_norm_partial_kernel(const T* g, const T* x, const T* mean, const T* rstd,
+                                          int64_t rows, int64_t C, int64_t blocks, T* pw, T* pb) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int64_t blk = blockIdx.y; blk < blocks; blk += gridDim.y) {
+    T sw = T(0), sb = T(0);
+    const int64_t end = min(rows, (blk + 1) * kRowsPerBlock);
+    for (int64_t r = blk * kRowsPerBlock; r < end; ++r) {
+      const T gr = g[r * C + c];
+      sw += gr * ((x[r * C + c] - mean[r]) * rstd[r]);
+      sb += gr;
+    }
+    pw[blk * C + c] = sw;
+    pb[blk * C + c] = sb;
+  }
+}
+
+// The smallest position i whose indices[i] lies outside [0, limit) and is not `ignore` (when
+// use_ignore), or n when all are valid.
+__global__ void first_invalid_kernel(const int64_t* idx, int64_t n, int64_t limit, bool use_ignore,
+                                     int64_t ignore, unsigned long long* first) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    if (!(use_ignore && idx[i] == ignore) && (idx[i] < 0 || idx[i] >= limit)) {
+      atomicMin(first, static_cast<unsigned long long>(i));
+    }
+  }
+}
+
+// Position and value of the first invalid index, if any. Reads one word back, so it waits for
+// the device: the CPU backend raises the same errors and callers rely on them.
+struct InvalidIndex {
+  int64_t position = -1, value = 0;
+};
+
+InvalidIndex first_invalid(const char* op, const Tensor& indices, int64_t limit, bool use_ignore,
+                           int64_t ignore) {
+  const int64_t n = indices.numel();
+  if (n == 0) return {};
+  Tensor first = Tensor::empty({1}, DType::i64, indices.device());
+  backend(first).fill(first, static_cast<double>(n));
+  first_invalid_kernel<<<
+      static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1024)), kThreads>>>(
+      ptr<int64_t>(indices), n, limit, use_ignore, ignore, ptr<unsigned long long>(first));
+  PIPIT_CUDA_CHECK_LAUNCH(op);
+  int64_t position = 0;
+  PIPIT_CUDA_CHECK(
+      op, cudaMemcpy(&position, first.raw_data(), sizeof(int64_t), cudaMemcpyDeviceToHost));
+  if (position >= n) return {};
+  InvalidIndex bad{position, 0};
+  PIPIT_CUDA_CHECK(op, cudaMemcpy(&bad.value, ptr<int64_t>(indices) + position, sizeof(int64_t),
+                                  cudaMemcpyDeviceToHost));
+  return bad;
+}
+
+template <typename T>
+__global__ void cross_entropy_kernel(const T* x, const int64_t* t, int64_t N, int64_t C,
+                                     int64_t ignore, T* loss) {
+  for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+    if (t[i] == ignore) {  // the same for the whole block, so barriers stay uniform
+      if (threadIdx.x == 0) loss[i] = T(0);
+      continue;
+    }
+    const T* row = x + i * C;
+    const T mx = row_max(row, C);
+    T s = T(0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(row[c] - mx);
+    const T sum = block_sum(s);
+    if (threadIdx.x == 0) loss[i] = mx + log_(sum) - row[t[i]];
+  }
+}
+
+template <typename T>
+__global__ void cross_entropy_backward_kernel(const T* x, const int64_t* t, int64_t N, int64_t C,
+                                              int64_t ignore, T scale, T* g) {
+  for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+    T* gr = g + i * C;
+    if (t[i] == ignore) {
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) gr[c] = T(0);
+      continue;
+    }
+    const T* row = x + i * C;
+    const T mx = row_max(row, C);
+    T s = T(0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(row[c] - mx);
+    const T inv = scale / block_sum(s);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      gr[c] = exp_(row[c] - mx) * inv - (c == t[i] ? scale : T(0));
+    }
+  }
+}
+
+void check_targets(const char* op, const Tensor& targets, int64_t C, int64_t ignore_index) {
+  const InvalidIndex bad = first_invalid(op, targets, C, true, ignore_index);
+  PIPIT_CHECK(bad.position < 0, "cross_entropy: target ", bad.value, " at row ", bad.position,
+              " is out of range for ", C, " classes");
+}
+
+}  // namespace reduce
+}  // namespace cuda
+
+using namespace cuda::reduce;
+using cuda::contiguous_on_device;
+using cuda::DeviceGuard;
+using cuda::ptr;
+
+void CudaBackend::reduce(ReduceOp op, const Tensor& in, std::span<const int64_t> dims,
+                         const Tensor& out) {
+  DeviceGuard guard(index_);
+  PIPIT_CHECK(out.is_contiguous(), "reduce: output must be contiguous");
+  std::vector<bool> reduced(static_cast<size_t>(in.dim()), false);
+  for (int64_t d : dims) reduced[static_cast<size_t>(d)] = true;
+  PIPIT_CUDA_DISPATCH_NUMERIC(in.dtype(), "reduce", reduce_typed<scalar_t>(op, in, reduced, out));
+}
+
+void CudaBackend::argmax(const Tensor& in, int64_t dim, const Tensor& out) {
+  DeviceGuard guard(index_);
+  Tensor rows = contiguous_on_device(cuda::dim_last(in, dim));
+  const int64_t R = in.shape()[dim];
+  const int64_t K = out.numel();
+  if (K == 0) return;
+  PIPIT_CUDA_DISPATCH_NUMERIC(in.dtype(), "argmax", {
+    argmax_kernel<scalar_t>
+        <<<rows_grid(K), cuda::kThreads>>>(ptr<scalar_t>(rows), K, R, ptr<int64_t>(out));
+  });
+  PIPIT_CUDA_CHECK_LAUNCH("argmax");
+}
+
+void CudaBackend::softmax(const Tensor& in, int64_t dim, bool log, const Tensor& out) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_FLOAT(in.dtype(), "softmax", {
+    along_dim({in}, out, dim, [&](auto& rows, const Tensor& o, int64_t R, int64_t C) {
+      softmax_kernel<scalar_t>
+          <<<rows_grid(R), row_threads(C)>>>(ptr<scalar_t>(rows[0]), ptr<scalar_t>(o), R, C, log);
+      PIPIT_CUDA_CHECK_LAUNCH("softmax");
+    });
+  });
+}
+
+void CudaBackend::softmax_backward(const Tensor& grad, const Tensor& out, int64_t dim, bool log,
+                                   const Tensor& grad_in) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "softmax_backward", {
+    along_dim({grad, out}, grad_in, dim, [&](auto& rows, const Tensor& o, int64_t R, int64_t C) {
+      softmax_backward_kernel<scalar_t><<<rows_grid(R), row_threads(C)>>>(
+          ptr<scalar_t>(rows[0]), ptr<scalar_t>(rows[1]), ptr<scalar_t>(o), R, C, log);
+      PIPIT_CUDA_CHECK_LAUNCH("softmax_backward");
+    });
+  });
+}
+
+void CudaBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
+                             double eps, const Tensor& out, const Tensor& mean,
+                             const Tensor& rstd) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_FLOAT(x_in.dtype(), "layer_norm", {
+    using T = scalar_t;
+    Tensor x = contiguous_on_device(x_in);
+    Tensor w = contiguous_on_device(weight), b = contiguous_on_device(bias);
+    const int64_t C = x.shape().back();
+    const int64_t rows = C == 0 ? 0 : x.numel() / C;
+    if (rows == 0) break;
+    layer_norm_kernel<T><<<rows_grid(rows), row_threads(C)>>>(ptr<T>(x), ptr<T>(w), ptr<T>(b),
+                                                              T(eps), rows, C, out.data<T>(),
+                                                              mean.data<T>(), rstd.data<T>());
+    PIPIT_CUDA_CHECK_LAUNCH("layer_norm");
+  });
+}
+
+void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
+                                      const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                      const Tensor& grad_x, const Tensor& grad_weight,
+                                      const Tensor& grad_bias) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_FLOAT(x_in.dtype(), "layer_norm_backward", {
+    using T = scalar_t;
+    Tensor x = contiguous_on_device(x_in), g = contiguous_on_device(grad_in);
+    Tensor w = contiguous_on_device(weight);
+    const int64_t C = x.shape().back();
+    const int64_t rows = C == 0 ? 0 : x.numel() / C;
+    if (rows > 0) {
+      layer_norm_grad_x_kernel<T>
+          <<<rows_grid(rows), row_threads(C)>>>(ptr<T>(g), ptr<T>(x), ptr<T>(w), mean.data<T>(),
+                                                rstd.data<T>(), rows, C, grad_x.data<T>());
+      PIPIT_CUDA_CHECK_LAUNCH("layer_norm_backward");
+    }
+    const int64_t blocks = std::max<int64_t>(1, (rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    Tensor pw = Tensor::empty({blocks, C}, x.dtype(), x.device());
+    Tensor pb = Tensor::empty({blocks, C}, x.dtype(), x.device());
+    if (C == 0) break;
+    const dim3 grid(static_cast<unsigned>((C + cuda::kThreads - 1) / cuda::kThreads),
+                    static_cast<unsigned>(std::min<int64_t>(blocks, 65535)));
+    layer_norm_partial_kernel<T><<<grid, cuda::kThreads>>>(ptr<T>(g), ptr<T>(x), mean.data<T>(),
+                                                           rstd.data<T>(), rows, C, blocks,
+                                                           ptr<T>(pw), ptr<T>(pb));
+    PIPIT_CUDA_CHECK_LAUNCH("layer_norm_backward");
+    // With rows == 0 the partials are zero: one block, no rows.
+    const T* pwp = ptr<T>(pw);
+    const T* pbp = ptr<T>(pb);
+    T* gw = grad_weight.data<T>();
+    T* gb = grad_bias.data<T>();
+    cuda::for_each("layer_norm_backward", C, [=] __device__(int64_t c) {
+      T sw = T(0), sb = T(0);
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        sw += pwp[blk * C + c];
+        sb += pbp[blk * C + c];
+      }
+      gw[c] = sw;
+      gb[c] = sb;
+    });
+  });
+}
+
+void CudaBackend::embedding(const Tensor& weight_in, const Tensor& indices_in, const Tensor& out) {
+  DeviceGuard guard(index_);
+  PIPIT_CHECK(out.is_contiguous(), "embedding: output must be contiguous");
+  Tensor indices = contiguous_on_device(indices_in), weight = contiguous_on_device(weight_in);
+  const int64_t V = weight.shape()[0], C = weight.shape()[1];
+  const InvalidIndex bad = first_invalid("embedding", indices, V, false, 0);
+  PIPIT_CHECK(bad.position < 0, "embedding: index ", bad.value, " at position ", bad.position,
+              " is out of range for ", V, " rows");
+  const int64_t* idx = indices.data<int64_t>();
+  PIPIT_CUDA_DISPATCH_ALL(weight.dtype(), "embedding", {
+    const scalar_t* w = ptr<scalar_t>(weight);
+    scalar_t* o = ptr<scalar_t>(out);
+    cuda::for_each("embedding", out.numel(),
+                   [=] __device__(int64_t i) { o[i] = w[idx[i / C] * C + i % C]; });
+  });
+}
+
+void CudaBackend::embedding_backward(const Tensor& grad_in, const Tensor& indices_in,
+                                     const Tensor& grad_weight) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_FLOAT(grad_weight.dtype(), "embedding_backward", {
+    using T = scalar_t;
+    Tensor indices = contiguous_on_device(indices_in), g = contiguous_on_device(grad_in);
+    const int64_t C = grad_weight.shape()[1];
+    const int64_t* idx = indices.data<int64_t>();
+    const T* pg = ptr<T>(g);
+    T* gw = grad_weight.data<T>();
+    // Repeated indices add in whatever order the atomics land: unlike the CPU, the last bits
+    // of a row gathered many times can differ between runs.
+    cuda::for_each("embedding_backward", indices.numel() * C,
+                   [=] __device__(int64_t i) { atomicAdd(gw + idx[i / C] * C + i % C, pg[i]); });
+  });
+}
+
+void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
+                                int64_t ignore_index, const Tensor& losses) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy", {
+    using T = scalar_t;
+    Tensor logits = contiguous_on_device(logits_in), targets = contiguous_on_device(targets_in);
+    const int64_t N = logits.shape()[0], C = logits.shape()[1];
+    check_targets("cross_entropy", targets, C, ignore_index);
+    if (N == 0) break;
+    cross_entropy_kernel<T><<<rows_grid(N), row_threads(C)>>>(
+        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, losses.data<T>());
+    PIPIT_CUDA_CHECK_LAUNCH("cross_entropy");
+  });
+}
+
+void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& targets_in,
+                                         int64_t ignore_index, double scale,
+                                         const Tensor& grad_logits) {
+  DeviceGuard guard(index_);
+  PIPIT_CUDA_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy_backward", {
+    using T = scalar_t;
+    Tensor logits = contiguous_on_device(logits_in), targets = contiguous_on_device(targets_in);
+    const int64_t N = logits.shape()[0], C = logits.shape()[1];
+    check_targets("cross_entropy_backward", targets, C, ignore_index);
+    if (N == 0) break;
+    cross_entropy_backward_kernel<T>
+        <<<rows_grid(N), row_threads(C)>>>(ptr<T>(logits), targets.data<int64_t>(), N, C,
+                                           ignore_index, T(scale), grad_logits.data<T>());
+    PIPIT_CUDA_CHECK_LAUNCH("cross_entropy_backward");
+  });
+}
+
+}  // namespace pipit
