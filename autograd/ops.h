@@ -1,5 +1,6 @@
 #pragma once
 // Every differentiable operation.
+#include "autograd/conv.h"
 #include "autograd/elementwise.h"
 #include "autograd/grad_mode.h"
 #include "autograd/matmul.h"

@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 
+#include "nn/conv.h"
 #include "nn/layers.h"
 #include "nn/sequential.h"
 #include "nn/transformer.h"
@@ -22,6 +23,16 @@ const json& field(const json& config, const char* name) {
   return config[name];
 }
 
+// A [height, width] pair of integers, as Conv2d and the pools write them.
+Size2 config_pair(const json& config, const char* name) {
+  const json& value = field(config, name);
+  PIPIT_CHECK(value.is_array() && value.size() == 2 && value[0].is_number_integer() &&
+                  value[1].is_number_integer(),
+              "build_module: ", type_of(config), " field \"", name,
+              "\" must be [height, width] integers, got ", value.dump());
+  return {value[0].get<int64_t>(), value[1].get<int64_t>()};
+}
+
 // Built-in types are registered here, not by static initialisers, which a static library
 // drops when nothing references their object file.
 std::map<std::string, ModuleFactory> builtin_factories() {
@@ -30,6 +41,24 @@ std::map<std::string, ModuleFactory> builtin_factories() {
     const json& bias = field(c, "bias");
     PIPIT_CHECK(bias.is_boolean(), "build_module: Linear field \"bias\" must be a boolean");
     return std::make_shared<Linear>(config_int(c, "in"), config_int(c, "out"), bias.get<bool>());
+  };
+  f["Conv2d"] = [](const json& c) {
+    const json& bias = field(c, "bias");
+    PIPIT_CHECK(bias.is_boolean(), "build_module: Conv2d field \"bias\" must be a boolean");
+    return std::make_shared<Conv2d>(config_int(c, "in"), config_int(c, "out"),
+                                    config_pair(c, "kernel"), config_pair(c, "stride"),
+                                    config_pair(c, "padding"), bias.get<bool>());
+  };
+  f["MaxPool2d"] = [](const json& c) {
+    return std::make_shared<MaxPool2d>(config_pair(c, "kernel"), config_pair(c, "stride"),
+                                       config_pair(c, "padding"));
+  };
+  f["AvgPool2d"] = [](const json& c) {
+    return std::make_shared<AvgPool2d>(config_pair(c, "kernel"), config_pair(c, "stride"),
+                                       config_pair(c, "padding"));
+  };
+  f["Flatten"] = [](const json& c) {
+    return std::make_shared<Flatten>(config_int(c, "start_dim"), config_int(c, "end_dim"));
   };
   f["Embedding"] = [](const json& c) {
     return std::make_shared<Embedding>(config_int(c, "num"), config_int(c, "dim"));
