@@ -7,12 +7,11 @@
 #include <iostream>
 #include <map>
 #include <mutex>
-#include <random>
 #include <set>
 #include <thread>
 
+#include "comm/handshake.h"
 #include "comm/inbox.h"
-#include "comm/sha256.h"
 #include "serialize/atomic_file.h"
 
 namespace pipit {
@@ -21,19 +20,6 @@ using asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-std::string random_nonce() {
-  std::random_device device;
-  std::string bytes(32, '\0');
-  for (char& c : bytes) c = static_cast<char>(device());
-  return to_hex(sha256(bytes));
-}
-
-// What a peer proves: that it knows the token, bound to our challenge and to its own id, so
-// a proof can be neither replayed on another connection nor reflected back to us.
-std::string proof(const std::string& token, const std::string& nonce, int id) {
-  return to_hex(hmac_sha256(token, nonce + "|" + std::to_string(id)));
-}
 
 std::string endpoint_text(const tcp::endpoint& endpoint) {
   return endpoint.address().to_string() + ":" + std::to_string(endpoint.port());
@@ -131,12 +117,7 @@ struct TcpCommunicator::Impl {
     // per large frame; the kernel caps it at net.core.wmem_max.
     conn->socket.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
     conn->nonce = random_nonce();
-    Message hello(MessageKind::Hello, 0);
-    hello.meta = {{"version", kProtocolVersion},
-                  {"id", id.load()},
-                  {"nonce", conn->nonce},
-                  {"session", session()}};
-    queue_frame(conn, encode_frame_parts(hello));
+    queue_frame(conn, encode_frame_parts(hello_message(id.load(), conn->nonce, session())));
     read_header(conn);
   }
 
@@ -312,6 +293,7 @@ struct TcpCommunicator::Impl {
   // over the acceptor's nonce; the acceptor checks that proof and admits the peer before it
   // answers with its own proof (or a refusal), so a refused peer never believes it is
   // connected. Each side is ready once it has checked the other's proof.
+  // The protocol is in comm/handshake.h; this drives it over one connection.
   bool handshake(const std::shared_ptr<Connection>& conn, const Message& message) {
     auto fail = [&](const std::string& reason) {
       close_connection(conn, "handshake refused: " + reason);
@@ -320,32 +302,23 @@ struct TcpCommunicator::Impl {
     if (message.kind != MessageKind::Hello) {
       return fail(std::string("expected Hello, got ") + message_kind_name(message.kind));
     }
-    const nlohmann::json& meta = message.meta;
-    if (meta.contains("refused") && meta["refused"].is_string()) {
-      return fail("refused by the peer: " + meta["refused"].get<std::string>());
-    }
+    if (auto reason = refusal_reason(message.meta)) return fail("refused by the peer: " + *reason);
     if (!conn->hello_received) {
-      if (!meta.contains("version") || meta["version"] != kProtocolVersion) {
-        return fail("protocol version " +
-                    (meta.contains("version") ? meta["version"].dump() : "?") +
-                    ", this side speaks " + std::to_string(kProtocolVersion));
-      }
-      if (!meta.contains("id") || !meta["id"].is_number_integer() || !meta.contains("nonce") ||
-          !meta["nonce"].is_string()) {
-        return fail("Hello without an integer id and a nonce");
+      Hello hello;
+      try {
+        hello = parse_hello(message.meta);
+      } catch (const Error& e) {
+        return fail(e.what());
       }
       conn->hello_received = true;
-      conn->announced_id = meta["id"].get<int>();
-      conn->peer_nonce = meta["nonce"].get<std::string>();
-      conn->peer_session = meta.value("session", std::string());
-      if (!conn->peer_known) conn->peer = conn->announced_id;
+      conn->announced_id = hello.id;
+      conn->peer_nonce = hello.nonce;
+      conn->peer_session = hello.session;
+      if (!conn->peer_known) conn->peer = hello.id;
       if (conn->peer_known) send_proof(conn);
       return true;
     }
-    if (!meta.contains("proof") || !meta["proof"].is_string()) return fail("Hello without a proof");
-    if (!options.token.empty() &&
-        !constant_time_equal(meta["proof"].get<std::string>(),
-                             proof(options.token, conn->nonce, conn->announced_id))) {
+    if (!proof_is_valid(message.meta, options.token, conn->nonce, conn->announced_id)) {
       return fail("the peer did not prove the shared token (wrong or missing --token-file?)");
     }
     if (!conn->peer_known) {
@@ -354,10 +327,8 @@ struct TcpCommunicator::Impl {
       if (!refusal.empty()) {
         log("refused peer " + std::to_string(conn->announced_id) + " at " + conn->address + ": " +
             refusal);
-        Message refuse(MessageKind::Hello, 0);
-        refuse.meta = {{"refused", refusal}};
         conn->close_after_write = true;
-        queue_frame(conn, encode_frame_parts(refuse));
+        queue_frame(conn, encode_frame_parts(refusal_message(refusal)));
         return false;
       }
       send_proof(conn);
@@ -376,10 +347,8 @@ struct TcpCommunicator::Impl {
   }
 
   void send_proof(const std::shared_ptr<Connection>& conn) {
-    Message answer(MessageKind::Hello, 0);
-    answer.meta = {
-        {"proof", options.token.empty() ? "" : proof(options.token, conn->peer_nonce, id.load())}};
-    queue_frame(conn, encode_frame_parts(answer));
+    queue_frame(conn,
+                encode_frame_parts(proof_message(options.token, conn->peer_nonce, id.load())));
   }
 
   void queue_frame(const std::shared_ptr<Connection>& conn, EncodedFrame frame) {
