@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,10 +27,21 @@ class Flags {
       if (arg == "--help" || arg == "-h") usage(0);
       if (arg.rfind("--", 0) != 0 || !values_.count(arg.substr(2)))
         fail("unknown flag '" + arg + "'");
+      if (switches_.count(arg.substr(2))) {
+        values_[arg.substr(2)] = "true";
+        continue;
+      }
       if (i + 1 >= argc) fail("flag '" + arg + "' needs a value");
       values_[arg.substr(2)] = argv[++i];
     }
   }
+
+  // A flag without a value: present means true.
+  void add_switch(const std::string& name, const std::string& help) {
+    add(name, "false", help);
+    switches_.insert(name);
+  }
+  bool on(const std::string& name) const { return values_.at(name) == "true"; }
 
   std::string str(const std::string& name) const { return values_.at(name); }
 
@@ -72,6 +84,7 @@ class Flags {
   std::string program_, summary_;
   std::vector<std::string> order_;
   std::map<std::string, std::string> values_, help_;
+  std::set<std::string> switches_;
 };
 
 }  // namespace samples

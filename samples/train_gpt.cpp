@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -132,7 +133,7 @@ int main(int argc, char** argv) {
   flags.add("token-file", "", "file holding the token the workers expect");
   flags.add("checkpoint-dir", "", "directory for checkpoint.safetensors");
   flags.add("checkpoint-every", "0", "steps between checkpoints (0: only at the end)");
-  flags.add("resume", "false", "true: continue from the checkpoint in --checkpoint-dir");
+  flags.add_switch("resume", "continue from the checkpoint in --checkpoint-dir");
   flags.add("print-every", "10", "steps between progress lines");
   flags.add("sample", "200", "characters to generate after training (0: none)");
   flags.parse(argc, argv);
@@ -158,14 +159,12 @@ int main(int argc, char** argv) {
                                        : static_cast<int>(workers.size());
     const std::string checkpoint_dir = flags.str("checkpoint-dir");
     const int64_t checkpoint_every = flags.integer("checkpoint-every", 0);
-    if (flags.str("resume") != "true" && flags.str("resume") != "false") {
-      flags.fail("--resume expects true or false");
-    }
-    const bool resume = flags.str("resume") == "true";
+    const bool resume = flags.on("resume");
     if ((resume || checkpoint_every > 0) && checkpoint_dir.empty()) {
       flags.fail("--resume and --checkpoint-every need --checkpoint-dir");
     }
     const std::string checkpoint_path = checkpoint_dir + "/checkpoint.safetensors";
+    if (!checkpoint_dir.empty()) std::filesystem::create_directories(checkpoint_dir);
     const int microbatches = static_cast<int>(flags.integer("microbatches"));
     const int vpp = static_cast<int>(flags.integer("vpp"));
     const std::string schedule_name = flags.str("schedule");
@@ -286,7 +285,7 @@ int main(int argc, char** argv) {
       std::printf("--- sample ---\n%s\n",
                   sample_text(*model, vocab, tokens[0], context, sample_length, generator).c_str());
     }
-  } catch (const pipit::Error& e) {
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 1;
   }

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
       options.tcp.token = pipit::read_token_file(flags.str("token-file"));
     }
     pipit::run_worker(options);
-  } catch (const pipit::Error& e) {
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "pipit-worker: %s\n", e.what());
     return 1;
   }
