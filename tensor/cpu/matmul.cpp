@@ -11,25 +11,10 @@
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loop.h"
+#include "tensor/gemm_layout.h"
 
 namespace pipit {
 namespace {
-
-// How one operand's trailing [rows, cols] matrix is laid out for GEMM.
-struct MatrixLayout {
-  bool transposed = false;
-  int64_t ld = 0;
-  bool usable = false;
-};
-
-MatrixLayout layout_of(const Tensor& t) {
-  const int64_t r = t.dim();
-  const int64_t rows = t.shape()[r - 2], cols = t.shape()[r - 1];
-  const int64_t s_row = t.strides()[r - 2], s_col = t.strides()[r - 1];
-  if ((s_col == 1 || cols == 1) && s_row >= std::max<int64_t>(1, cols)) return {false, s_row, true};
-  if ((s_row == 1 || rows == 1) && s_col >= std::max<int64_t>(1, rows)) return {true, s_col, true};
-  return {};
-}
 
 // Multiply-adds per tile below which a thread is not worth waking.
 constexpr int64_t kTileWork = int64_t{1} << 23;
@@ -94,19 +79,6 @@ Tensor gemm_ready(const Tensor& t) {
   Tensor copy = Tensor::empty(t.shape(), t.dtype(), t.device());
   backend(t).copy(t, copy);
   return copy;
-}
-
-// True when a's batch dims and rows merge into one row-major run of matrices, so that a
-// batch against a broadcast b is a single GEMM with M * batch rows.
-bool batch_folds_into_rows(const Tensor& a, const MatrixLayout& la) {
-  if (la.transposed) return false;
-  const int64_t r = a.dim();
-  int64_t expected = a.strides()[r - 2] * a.shape()[r - 2];
-  for (int64_t d = r - 3; d >= 0; --d) {
-    if (a.shape()[d] != 1 && a.strides()[d] != expected) return false;
-    expected *= a.shape()[d];
-  }
-  return true;
 }
 
 template <typename T>

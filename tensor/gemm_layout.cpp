@@ -1,0 +1,27 @@
+#include "tensor/gemm_layout.h"
+
+#include <algorithm>
+
+namespace pipit {
+
+MatrixLayout layout_of(const Tensor& t) {
+  const int64_t r = t.dim();
+  const int64_t rows = t.shape()[r - 2], cols = t.shape()[r - 1];
+  const int64_t s_row = t.strides()[r - 2], s_col = t.strides()[r - 1];
+  if ((s_col == 1 || cols == 1) && s_row >= std::max<int64_t>(1, cols)) return {false, s_row, true};
+  if ((s_row == 1 || rows == 1) && s_col >= std::max<int64_t>(1, rows)) return {true, s_col, true};
+  return {};
+}
+
+bool batch_folds_into_rows(const Tensor& a, const MatrixLayout& la) {
+  if (la.transposed) return false;
+  const int64_t r = a.dim();
+  int64_t expected = a.strides()[r - 2] * a.shape()[r - 2];
+  for (int64_t d = r - 3; d >= 0; --d) {
+    if (a.shape()[d] != 1 && a.strides()[d] != expected) return false;
+    expected *= a.shape()[d];
+  }
+  return true;
+}
+
+}  // namespace pipit

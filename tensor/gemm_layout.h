@@ -1,0 +1,22 @@
+#pragma once
+// How matmul operands lie in memory, as every BLAS-backed backend needs to know: a trailing
+// [rows, cols] matrix that is row- or column-major can go to GEMM as it lies (a transpose is
+// free), and a batch whose matrices follow each other as rows can fold into one GEMM.
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace pipit {
+
+struct MatrixLayout {
+  bool transposed = false;  // column-major: hand GEMM the transpose
+  int64_t ld = 0;           // leading dimension
+  bool usable = false;      // false: neither layout, copy to contiguous first
+};
+
+MatrixLayout layout_of(const Tensor& t);
+// True when a's batch dims and rows merge into one row-major run of matrices, so that a
+// batch against a broadcast b is a single GEMM with M * batch rows.
+bool batch_folds_into_rows(const Tensor& a, const MatrixLayout& la);
+
+}  // namespace pipit
