@@ -8,42 +8,6 @@
 namespace pipit {
 namespace {
 
-const char* op_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::add:
-      return "add";
-    case BinaryOp::sub:
-      return "sub";
-    case BinaryOp::mul:
-      return "mul";
-    case BinaryOp::div:
-      return "div";
-    case BinaryOp::pow:
-      return "pow";
-    case BinaryOp::maximum:
-      return "maximum";
-    case BinaryOp::minimum:
-      return "minimum";
-    case BinaryOp::relu_backward:
-      return "relu_backward";
-    case BinaryOp::gelu_backward:
-      return "gelu_backward";
-    case BinaryOp::eq:
-      return "eq";
-    case BinaryOp::ne:
-      return "ne";
-    case BinaryOp::lt:
-      return "lt";
-    case BinaryOp::le:
-      return "le";
-    case BinaryOp::gt:
-      return "gt";
-    case BinaryOp::ge:
-      return "ge";
-  }
-  return "binary";
-}
-
 void check_pair(const Tensor& a, const Tensor& b, const char* op) {
   PIPIT_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ (", a.dtype(), " ", shape_str(a.shape()),
               " and ", b.dtype(), " ", shape_str(b.shape()), ")");

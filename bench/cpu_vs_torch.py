@@ -50,7 +50,7 @@ class Block(nn.Module):
         h = self.ln1(x)
         q, k, v = self.qkv(h).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
         att = (q @ k.transpose(-1, -2)) / math.sqrt(C // self.heads)
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         att = att.masked_fill(mask, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + self.proj(y)
@@ -67,7 +67,7 @@ class Gpt(nn.Module):
         self.head = nn.Linear(width, vocab)
 
     def forward(self, idx):
-        pos = torch.arange(idx.shape[1])
+        pos = torch.arange(idx.shape[1], device=idx.device)
         return self.head(self.ln(self.blocks(self.wte(idx) + self.wpe(pos))))
 
 

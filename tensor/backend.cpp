@@ -1,6 +1,9 @@
 // backend(device): the one place that maps a device to its kernels.
 #include "tensor/backend.h"
 
+#include <array>
+#include <atomic>
+
 #include "tensor/cpu/cpu_backend.h"
 #ifdef PIPIT_WITH_CUDA
 #include <vector>
@@ -10,8 +13,101 @@
 #endif
 
 namespace pipit {
+namespace {
+
+// Overrides by device: slot 0 is the CPU, 1 + i is cuda:i. Every op looks here first, so
+// the check is one atomic load.
+std::array<std::atomic<Backend*>, 17> overrides{};
+
+std::atomic<Backend*>* override_slot(Device device) {
+  const size_t slot = device.is_cpu() ? 0 : 1 + static_cast<size_t>(device.index);
+  return device.index >= 0 && slot < overrides.size() ? &overrides[slot] : nullptr;
+}
+
+}  // namespace
+
+const char* op_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::neg:
+      return "neg";
+    case UnaryOp::exp:
+      return "exp";
+    case UnaryOp::log:
+      return "log";
+    case UnaryOp::sqrt:
+      return "sqrt";
+    case UnaryOp::abs:
+      return "abs";
+    case UnaryOp::tanh:
+      return "tanh";
+    case UnaryOp::sigmoid:
+      return "sigmoid";
+    case UnaryOp::relu:
+      return "relu";
+    case UnaryOp::gelu:
+      return "gelu";
+  }
+  return "unary";
+}
+
+const char* op_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::add:
+      return "add";
+    case BinaryOp::sub:
+      return "sub";
+    case BinaryOp::mul:
+      return "mul";
+    case BinaryOp::div:
+      return "div";
+    case BinaryOp::pow:
+      return "pow";
+    case BinaryOp::maximum:
+      return "maximum";
+    case BinaryOp::minimum:
+      return "minimum";
+    case BinaryOp::relu_backward:
+      return "relu_backward";
+    case BinaryOp::gelu_backward:
+      return "gelu_backward";
+    case BinaryOp::eq:
+      return "eq";
+    case BinaryOp::ne:
+      return "ne";
+    case BinaryOp::lt:
+      return "lt";
+    case BinaryOp::le:
+      return "le";
+    case BinaryOp::gt:
+      return "gt";
+    case BinaryOp::ge:
+      return "ge";
+  }
+  return "binary";
+}
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
+  }
+  return "reduce";
+}
+
+Backend* set_backend_override(Device device, Backend* backend) {
+  std::atomic<Backend*>* slot = override_slot(device);
+  PIPIT_CHECK(slot, "set_backend_override: device ", device, " has no override slot");
+  return slot->exchange(backend);
+}
 
 Backend& backend(Device device) {
+  if (std::atomic<Backend*>* slot = override_slot(device)) {
+    if (Backend* replaced = slot->load(std::memory_order_acquire)) return *replaced;
+  }
   static CpuBackend cpu_backend;
   if (device.is_cpu()) return cpu_backend;
 #ifdef PIPIT_WITH_CUDA

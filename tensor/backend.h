@@ -31,6 +31,10 @@ enum class BinaryOp {
   ge  // comparisons write b8 masks
 };
 enum class ReduceOp { sum, max, min };
+// "gelu", "relu_backward", "sum": for error messages and profiles.
+const char* op_name(UnaryOp op);
+const char* op_name(BinaryOp op);
+const char* op_name(ReduceOp op);
 
 struct AdamWParams {
   double lr, beta1, beta2, eps, weight_decay;
@@ -94,6 +98,10 @@ class Backend {
 };
 
 Backend& backend(Device device);
+// Makes backend(device) return `backend` (null: the device's own again) and returns the
+// previous override, for decorators such as cuda::OpTimer. Swap while no other thread is
+// running ops on `device`: a call already inside the old backend finishes there.
+Backend* set_backend_override(Device device, Backend* backend);
 inline Backend& backend(const Tensor& tensor) {
   return backend(tensor.device());
 }

@@ -1,0 +1,63 @@
+"""What bench/gpu_gemm.py and bench/gpu_gpt2.py share: the device check, running pipit's
+binary, and appending a dated table to bench/RESULTS.md."""
+import ctypes
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def cuda_device_count():
+    """Devices the driver reports, asked of libcuda itself: neither PyTorch nor pipit's build
+    is needed to tell that a machine has no GPU."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def require_gpu(program, build):
+    """Exits 0 with a message where there is no GPU; exits 1 where there is one but pipit's
+    binary or PyTorch with CUDA is missing. Returns (binary path, torch)."""
+    if cuda_device_count() == 0:
+        print(f"{program}: needs a CUDA device; none found")
+        sys.exit(0)
+    binary = os.path.join(build, program.removesuffix(".py"))
+    if not os.path.exists(binary):
+        sys.exit(f"{program}: {binary} not found: build pipit with CUDA (nvcc on PATH or "
+                 "-DPIPIT_CUDA=ON) and pass --build DIR")
+    try:
+        import torch
+    except ImportError as e:
+        sys.exit(f"{program}: needs PyTorch with CUDA for the comparison ({e})")
+    if not torch.cuda.is_available():
+        sys.exit(f"{program}: PyTorch {torch.__version__} sees no CUDA device "
+                 "(a CPU-only build?)")
+    return binary, torch
+
+
+def run_pipit(binary, args):
+    """Runs pipit's binary; returns its JSON lines and prints everything else it says."""
+    out = subprocess.run([binary] + args, check=True, capture_output=True, text=True).stdout
+    rows = []
+    for line in out.splitlines():
+        if line.startswith("{"):
+            rows.append(json.loads(line))
+        else:
+            print(line)
+    return rows
+
+
+def append_results(title, torch, table):
+    """Appends `table` (markdown lines) under a dated heading naming the GPU and torch."""
+    heading = (f"\n## {title}, {datetime.date.today()}, {torch.cuda.get_device_name(0)}, "
+               f"torch {torch.__version__}, CUDA {torch.version.cuda}\n\n")
+    with open(os.path.join(HERE, "RESULTS.md"), "a") as f:
+        f.write(heading + "\n".join(table) + "\n")

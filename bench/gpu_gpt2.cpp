@@ -1,0 +1,146 @@
+// pipit's half of bench/gpu_gpt2.py: training steps of a GPT (GPT-2 small by default) on
+// cuda:0, AdamW, random tokens. Prints one JSON line per mode:
+// {"mode", "tokens", "parameters", "ms": [per step], "loss", "peak_bytes"}.
+// modes: f32, tf32 (set_float32_matmul_precision("high")), bf16 (AutocastGuard(bf16) around
+// forward and backward). With --profile, one more step per mode runs under cuda::OpTimer and
+// its top ops are printed as a table before the JSON line.
+//
+// usage: gpu_gpt2 [--modes f32,tf32,bf16] [--layers 12] [--heads 12] [--width 768]
+//                 [--context 1024] [--vocab 50257] [--batch 8] [--warmup 3] [--steps 10]
+//                 [--profile] [--top 25]
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "autograd/autocast.h"
+#include "bench/gpu_bench.h"
+#include "loss/loss.h"
+#include "nn/builders.h"
+#include "optim/optimizer.h"
+#include "pipit.h"
+#include "tensor/cuda/cuda_device.h"
+#include "tensor/cuda/op_timer.h"
+#include "tensor/precision.h"
+#include "tensor/stream.h"
+
+using namespace pipit;
+
+namespace {
+
+struct Options {
+  GptConfig model;
+  int64_t batch, warmup, steps, top;
+  bool profile;
+};
+
+Tensor random_tokens(int64_t batch, int64_t context, int64_t vocab, std::mt19937_64& rng,
+                     Device device) {
+  std::uniform_int_distribution<int64_t> token(0, vocab - 1);
+  std::vector<int64_t> values(static_cast<size_t>(batch * context));
+  for (int64_t& v : values) v = token(rng);
+  return from_vector(values, {batch, context}).to(device);
+}
+
+void print_profile(const std::string& mode, const std::vector<cuda::OpTime>& ops, double step_ms,
+                   int64_t top) {
+  double gpu_ms = 0, host_ms = 0;
+  for (const auto& op : ops) {
+    gpu_ms += op.gpu_ms;
+    host_ms += op.host_ms;
+  }
+  std::printf(
+      "\npipit, %s, one step under the op timer: %.2f ms wall; backend ops %.2f ms between "
+      "their events, %.2f ms on the host inside them; %.2f ms outside backend ops (autograd "
+      "bookkeeping, gaps between launches)\n\n",
+      mode.c_str(), step_ms, gpu_ms, host_ms, step_ms - gpu_ms);
+  std::printf("| op | calls | GPU ms | share | host ms |\n| --- | --- | --- | --- | --- |\n");
+  for (size_t i = 0; i < ops.size() && static_cast<int64_t>(i) < top; ++i) {
+    const auto& op = ops[i];
+    std::printf("| %s | %lld | %.3f | %.1f %% | %.3f |\n", op.name.c_str(),
+                static_cast<long long>(op.calls), op.gpu_ms, 100.0 * op.gpu_ms / step_ms,
+                op.host_ms);
+  }
+  std::printf("\n");
+}
+
+nlohmann::json run_mode(const std::string& mode, const Options& o) {
+  PIPIT_CHECK(mode == "f32" || mode == "tf32" || mode == "bf16", "unknown mode '", mode,
+              "' (f32, tf32, bf16)");
+  const Device device = Device::cuda(0);
+  set_float32_matmul_precision(mode == "tf32" ? "high" : "highest");
+  cuda::reset_peak_memory(device.index);
+  Generator generator(0);
+  auto model = gpt(o.model, &generator);
+  model->to(device);
+  AdamW optimizer(model->named_parameters(), {3e-4, 0.9, 0.95, 1e-8, 0.1});
+  CrossEntropyLoss loss_fn;
+  std::mt19937_64 rng(0);
+  const Tensor x = random_tokens(o.batch, o.model.context, o.model.vocab_size, rng, device);
+  const Tensor y = random_tokens(o.batch, o.model.context, o.model.vocab_size, rng, device);
+
+  // Detached, so the last step's graph and activations are freed before the next forward.
+  Tensor last_loss;
+  auto step = [&] {
+    optimizer.zero_grad();
+    {
+      AutocastGuard autocast(mode == "bf16" ? DType::bf16 : DType::f32);
+      Tensor loss = loss_fn.compute_loss(model->forward(x), y);
+      loss.backward();
+      last_loss = loss.detach();
+    }
+    optimizer.step();
+    synchronize(device);
+  };
+  const auto times = bench::time_ms(o.warmup, o.steps, step);
+  const float loss = last_loss.to(Device::cpu()).item<float>();
+  const size_t peak = cuda::memory_stats(device.index).peak_allocated;
+
+  if (o.profile) {
+    cuda::OpTimer timer(backend(device));
+    Backend* previous = set_backend_override(device, &timer);
+    timer.set_enabled(true);
+    const double step_ms = bench::time_ms(0, 1, step)[0];
+    timer.set_enabled(false);
+    set_backend_override(device, previous);
+    print_profile(mode, timer.report(), step_ms, o.top);
+  }
+  return {{"mode", mode},
+          {"tokens", o.batch * o.model.context},
+          {"parameters", model->parameter_count()},
+          {"ms", times},
+          {"loss", loss},
+          {"peak_bytes", peak}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    bench::Flags flags(argc, argv, {"profile"});
+    const auto modes = bench::split(flags.take("modes", "f32,tf32,bf16"));
+    Options o;
+    o.model.layers = flags.take_int("layers", 12);
+    o.model.heads = flags.take_int("heads", 12);
+    o.model.width = flags.take_int("width", 768);
+    o.model.context = flags.take_int("context", 1024);
+    o.model.vocab_size = flags.take_int("vocab", 50257);
+    o.model.dropout = 0.0;
+    o.batch = flags.take_int("batch", 8);
+    o.warmup = flags.take_int("warmup", 3);
+    o.steps = flags.take_int("steps", 10);
+    o.top = flags.take_int("top", 25);
+    o.profile = flags.take_switch("profile");
+    flags.finish();
+    if (!bench::has_cuda_device("gpu_gpt2")) return 0;
+    for (const auto& mode : modes) {
+      std::printf("%s\n", run_mode(mode, o).dump().c_str());
+      std::fflush(stdout);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_gpt2: %s\n", e.what());
+    return 1;
+  }
+}
