@@ -1,5 +1,6 @@
 #include "autograd/matmul.h"
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "autograd/reduce.h"
 #include "autograd/shape_ops.h"
@@ -7,6 +8,25 @@
 
 namespace pipit {
 namespace {
+
+// The dtype a product of these operands computes in: the autocast dtype for f32 operands
+// inside an AutocastGuard, else their own.
+DType compute_dtype(const Tensor& a, const Tensor& b) {
+  const DType autocast = autocast_dtype();
+  return a.dtype() == DType::f32 && b.dtype() == DType::f32 ? autocast : a.dtype();
+}
+
+// t rounded to `dtype` (a copy only when it differs), outside the graph.
+Tensor operand(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  NoGradGuard no_grad;
+  return t.to(dtype);
+}
+
+// Half operands produce f32 results: the f32 accumulation is kept, not rounded away.
+DType result_dtype(DType operands) {
+  return operands == DType::bf16 || operands == DType::f16 ? DType::f32 : operands;
+}
 
 Tensor matmul_raw(const Tensor& a, const Tensor& b) {
   PIPIT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs tensors of rank >= 2, got ",
@@ -23,7 +43,7 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b) {
   a_shape.insert(a_shape.end(), {M, K});
   b_shape.insert(b_shape.end(), {K, N});
   out_shape.insert(out_shape.end(), {M, N});
-  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+  Tensor out = Tensor::empty(out_shape, result_dtype(a.dtype()), a.device());
   NoGradGuard no_grad;
   backend(a).matmul(expand(a, a_shape), expand(b, b_shape), out, false);
   return out;
@@ -33,9 +53,12 @@ Tensor mT(const Tensor& t) {
   return transpose(t, -1, -2);
 }
 
+// a and b are saved in the compute dtype: under autocast the backward reads the same rounded
+// operands the forward multiplied, and they take half the memory.
 struct MatmulBackward : Node {
   Tensor a, b;
-  std::vector<Tensor> apply(const Tensor& g) override {
+  std::vector<Tensor> apply(const Tensor& g_out) override {
+    const Tensor g = operand(g_out, a.dtype());
     Tensor ga, gb;
     if (next[0]) ga = sum_to(matmul_raw(g, mT(b)), a.shape());
     if (next[1]) {
@@ -52,13 +75,14 @@ struct MatmulBackward : Node {
 };
 
 struct LinearBackward : Node {
-  Tensor x, weight;
+  Tensor x, weight;  // in the compute dtype, as for MatmulBackward
   std::vector<Tensor> apply(const Tensor& g) override {
     const int64_t out_features = weight.shape()[0];
     Tensor g2 = reshape(g, {-1, out_features});
+    Tensor g2_compute = operand(g2, weight.dtype());
     Tensor gx, gw, gb;
-    if (next[0]) gx = reshape(matmul_raw(g2, weight), x.shape());
-    if (next[1]) gw = matmul_raw(mT(g2), reshape(x, {-1, x.shape().back()}));
+    if (next[0]) gx = reshape(matmul_raw(g2_compute, weight), x.shape());
+    if (next[1]) gw = matmul_raw(mT(g2_compute), reshape(x, {-1, x.shape().back()}));
     if (next.size() == 2) return {gx, gw};
     if (next[2]) gb = sum(g2, {0});
     return {gx, gw, gb};
@@ -69,10 +93,12 @@ struct LinearBackward : Node {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  Tensor out = matmul_raw(a, b);
+  const DType compute = compute_dtype(a, b);
+  const Tensor a_compute = operand(a, compute), b_compute = operand(b, compute);
+  Tensor out = matmul_raw(a_compute, b_compute);
   if (auto node = detail::make_node<MatmulBackward>(out, {a, b})) {
-    node->a = a.detach();
-    node->b = b.detach();
+    node->a = a_compute.detach();
+    node->b = b_compute.detach();
   }
   return out;
 }
@@ -84,12 +110,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   PIPIT_CHECK(x.dtype() == weight.dtype(), "linear: input dtype ", x.dtype(),
               " differs from weight dtype ", weight.dtype());
   const int64_t out_features = weight.shape()[0];
+  const DType compute = compute_dtype(x, weight);
+  const Tensor x_compute = operand(x, compute), weight_compute = operand(weight, compute);
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   {
     NoGradGuard no_grad;
-    Tensor x2 = reshape(x, {-1, x.shape().back()});
+    Tensor x2 = reshape(x_compute, {-1, x.shape().back()});
     Tensor out2 = Tensor::from_storage(out.storage(), {x2.shape()[0], out_features},
                                        {out_features, 1}, 0, out.dtype());
     if (bias.defined()) {
@@ -97,13 +125,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                   shape_str(bias.shape()), " does not match ", out_features, " outputs");
       backend(x).copy(expand(bias, out2.shape()), out2);
     }
-    backend(x).matmul(x2, mT(weight), out2, bias.defined());
+    backend(x).matmul(x2, mT(weight_compute), out2, bias.defined());
   }
   auto node = bias.defined() ? detail::make_node<LinearBackward>(out, {x, weight, bias})
                              : detail::make_node<LinearBackward>(out, {x, weight});
   if (node) {
-    node->x = x.detach();
-    node->weight = weight.detach();
+    node->x = x_compute.detach();
+    node->weight = weight_compute.detach();
   }
   return out;
 }

@@ -29,6 +29,9 @@ class Communicator {
   virtual std::optional<Message> try_receive(std::chrono::milliseconds timeout) = 0;
   // Wakes a blocked receive(), which then throws ClosedError; later sends are dropped.
   virtual void close() = 0;
+  // Whether a message's tensors may stay on a GPU: true in one process, false over a wire,
+  // which carries host memory only (the sender copies to the CPU first).
+  virtual bool carries_device_tensors() const { return false; }
 };
 
 }  // namespace pipit

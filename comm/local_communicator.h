@@ -34,6 +34,7 @@ class LocalCommunicator final : public Communicator {
     return inbox_->pop_for(timeout);
   }
   void close() override { inbox_->close(); }
+  bool carries_device_tensors() const override { return true; }
 
  private:
   std::shared_ptr<LocalHub> hub_;

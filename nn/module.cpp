@@ -48,6 +48,21 @@ void Module::zero_grad() {
   for (Tensor& p : parameters()) p.zero_grad();
 }
 
+void Module::to(Device device) {
+  for (Tensor& p : parameters()) {
+    if (p.device() == device) continue;
+    // The parameter's TensorImpl is shared by every handle to it, so swapping its storage in
+    // place moves the module's fields, parameters_ and an optimizer's handles at once.
+    const Tensor moved = p.detach().to(device);
+    const Tensor grad = p.grad();
+    TensorImpl& impl = p.impl();
+    impl.storage = moved.storage();
+    impl.strides = moved.strides();
+    impl.offset = moved.offset();
+    if (grad.defined()) p.set_grad(grad.to(device));
+  }
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [name, child] : children_) child->train(on);

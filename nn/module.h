@@ -40,6 +40,9 @@ class Module {
   // Copies values in. Every name must exist with the same shape and dtype; with strict, every
   // parameter must be given. Errors name the parameter and both shapes.
   void load_state_dict(const StateDict& state, bool strict = true);
+  // Moves every parameter (and its gradient) to `device` in place: handles held elsewhere,
+  // an optimizer's included, see the moved tensors.
+  void to(Device device);
 
  protected:
   // Marks `value` as requiring grad and returns the registered handle.

@@ -1,3 +1,7 @@
+#include <map>
+#include <utility>
+#include <vector>
+
 #include "autograd/grad_mode.h"
 #include "optim/optimizer.h"
 #include "optim/optimizer_state.h"
@@ -19,6 +23,8 @@ void AdamW::step() {
   ++step_;
   const AdamWParams params{options_.lr,  options_.beta1,        options_.beta2,
                            options_.eps, options_.weight_decay, step_};
+  // One fused update per (device, dtype) group rather than one per parameter.
+  std::map<std::pair<std::string, DType>, std::vector<AdamWSlot>> groups;
   for (auto& [name, p] : parameters_) {
     if (!p.grad().defined()) continue;
     Tensor g = detail::contiguous_grad(name, p);
@@ -27,8 +33,9 @@ void AdamW::step() {
       m = exp_avg_.emplace(name, zeros_like(p)).first;
       exp_avg_sq_.emplace(name, zeros_like(p));
     }
-    backend(p).adamw_step(p, g, m->second, exp_avg_sq_.at(name), params);
+    groups[{p.device().str(), p.dtype()}].push_back({p, g, m->second, exp_avg_sq_.at(name)});
   }
+  for (const auto& [key, slots] : groups) backend(slots[0].param).adamw_step(slots, params);
 }
 
 StateDict AdamW::state_dict() const {

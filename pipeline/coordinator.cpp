@@ -52,10 +52,12 @@ void Coordinator::begin_step(bool train) {
   ++step_;
   grad_norm_sq_ = 0;
   stats_ = StepStats{std::vector<int>(static_cast<size_t>(config_.stages), 0), 0};
-  send_to_all(MessageKind::StepBegin, {{"train", train},
-                                       {"microbatches", config_.microbatches},
-                                       {"trace", config_.trace},
-                                       {"grad_norm", train && config_.max_grad_norm > 0}});
+  stats_.loss_scale = loss_scale();
+  send_to_all(MessageKind::StepBegin,
+              {{"train", train},
+               {"microbatches", config_.microbatches},
+               {"trace", config_.trace},
+               {"grad_norm", train && (config_.max_grad_norm > 0 || config_.dtype == "f16")}});
 }
 
 void Coordinator::fail_step(const std::string& message) {
@@ -96,6 +98,28 @@ void Coordinator::record_stage_done(const Message& message) {
   }
 }
 
+double Coordinator::loss_scale() const {
+  return config_.dtype == "f16" ? scaler_.get_scale() : 1.0;
+}
+
+nlohmann::json Coordinator::optimizer_step_meta() {
+  nlohmann::json meta = {{"grad_scale", 1.0}};
+  if (lr_) meta["lr"] = *lr_;
+  if (config_.dtype == "f16") {
+    // The stages' squared norms add up to the global one, inf or NaN when any gradient is.
+    stats_.skipped = !std::isfinite(grad_norm_sq_);
+    scaler_.update(stats_.skipped);
+    if (stats_.skipped) return {{"skip", true}};
+  }
+  const double unscale = 1.0 / stats_.loss_scale;
+  meta["grad_scale"] = unscale;
+  if (config_.max_grad_norm > 0) {
+    stats_.grad_norm = std::sqrt(grad_norm_sq_) * unscale;
+    meta["grad_scale"] = unscale * clip_coefficient(stats_.grad_norm, config_.max_grad_norm);
+  }
+  return meta;
+}
+
 double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   const int m = config_.microbatches, p = config_.stages;
   std::vector<Tensor> inputs = split_batch(input, "input");
@@ -121,8 +145,9 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
       const Tensor& output = message.tensors[0];
       Tensor grad;
       try {
-        losses[mb] = loss_->compute_loss(output, targets[mb]).item<double>();
-        grad = loss_->compute_gradient(output, targets[mb]) * (1.0 / m);
+        const Tensor target = targets[mb].to(output.device());
+        losses[mb] = loss_->compute_loss(output, target).item<double>();
+        grad = loss_->compute_gradient(output, target) * (stats_.loss_scale / m);
       } catch (const Error& e) {
         fail_step(std::string("the loss failed on microbatch ") + std::to_string(mb) + ": " +
                   e.what());
@@ -135,13 +160,7 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
     }
   }
 
-  nlohmann::json optimizer_meta = {{"grad_scale", 1.0}};
-  if (lr_) optimizer_meta["lr"] = *lr_;
-  if (config_.max_grad_norm > 0) {
-    stats_.grad_norm = std::sqrt(grad_norm_sq_);
-    optimizer_meta["grad_scale"] = clip_coefficient(stats_.grad_norm, config_.max_grad_norm);
-  }
-  send_to_all(MessageKind::OptimizerStep, optimizer_meta);
+  send_to_all(MessageKind::OptimizerStep, optimizer_step_meta());
   std::vector<bool> stepped(static_cast<size_t>(p));
   for (int n = 0; n < p;) {
     Message message =

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "loss/loss.h"
+#include "optim/grad_scaler.h"
 #include "pipeline/pipeline_config.h"
 #include "pipeline/trace.h"
 #include "tensor/state_dict.h"
@@ -20,6 +21,8 @@ namespace pipit {
 struct StepStats {
   std::vector<int> peak_stashed;  // per stage: most microbatches awaiting their backward
   double grad_norm = 0;           // global gradient norm before clipping (when clipping)
+  bool skipped = false;           // f16: a gradient overflowed and the update was dropped
+  double loss_scale = 1;          // f16: the scale the step's loss gradients were sent with
 };
 
 class Coordinator {
@@ -55,6 +58,9 @@ class Coordinator {
   Message receive_step_message(const std::string& waiting_for);
   [[noreturn]] void fail_step(const std::string& message);
   void record_stage_done(const Message& message);
+  double loss_scale() const;
+  // The OptimizerStep every stage gets: unscaling, clipping, lr, or skip after an overflow.
+  nlohmann::json optimizer_step_meta();
   void send_to_all(MessageKind kind, nlohmann::json meta = nlohmann::json::object());
 
   std::shared_ptr<Communicator> comm_;
@@ -64,6 +70,8 @@ class Coordinator {
   std::optional<double> lr_;
   double grad_norm_sq_ = 0;
   StepStats stats_;
+  // Dynamic loss scaling when config_.dtype is f16; unused otherwise.
+  GradScaler scaler_;
   Trace trace_;
 };
 

@@ -24,6 +24,12 @@ StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>
     spec.chunks.push_back(model.slice(range.begin, range.end));
   }
   spec.optimizer_state = optimizer_state;
+  if (!config.devices.empty()) {
+    spec.device = Device::parse(config.devices[static_cast<size_t>(stage) % config.devices.size()]);
+  }
+  spec.compute_dtype = dtype_from_name(config.dtype == "f32"    ? "F32"
+                                       : config.dtype == "bf16" ? "BF16"
+                                                                : "F16");
   return spec;
 }
 

@@ -1,6 +1,7 @@
 #include "pipeline/pipeline_config.h"
 
 #include "pipeline/schedule.h"
+#include "tensor/device.h"
 #include "tensor/error.h"
 
 namespace pipit {
@@ -17,6 +18,15 @@ void validate(const PipelineConfig& config) {
   PIPIT_CHECK(config.max_grad_norm >= 0, "PipelineConfig: max_grad_norm must be >= 0, got ",
               config.max_grad_norm);
   PIPIT_CHECK(config.timeout.count() > 0, "PipelineConfig: timeout must be positive");
+  PIPIT_CHECK(config.dtype == "f32" || config.dtype == "bf16" || config.dtype == "f16",
+              "PipelineConfig: unknown dtype '", config.dtype, "' (expected f32, bf16 or f16)");
+  for (const std::string& device : config.devices) {
+    try {
+      Device::parse(device);
+    } catch (const Error& e) {
+      throw Error(std::string("PipelineConfig: devices: ") + e.what());
+    }
+  }
   // Building the schedule checks the name and the (p, m, v) combination.
   make_schedule(config.schedule, config.stages, config.microbatches, config.chunks_per_stage);
 }

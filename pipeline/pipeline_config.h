@@ -3,6 +3,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace pipit {
 
@@ -18,6 +19,12 @@ struct PipelineConfig {
   // A step fails when no stage has said anything for this long.
   std::chrono::milliseconds timeout{30000};
   bool trace = false;  // record every task's start and end
+  // Stage s runs on devices[s % devices.size()] ("cpu", "cuda", "cuda:1"); empty: the CPU.
+  // The model's parameters move to their stage's device.
+  std::vector<std::string> devices = {};
+  // "f32"; "bf16" or "f16": mixed precision (autograd/autocast.h) with f32 master weights,
+  // and for f16 dynamic loss scaling by the coordinator.
+  std::string dtype = "f32";
 };
 
 // Throws an Error naming the first invalid field (p, m, v < 1, unknown schedule or partition,

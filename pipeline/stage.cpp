@@ -10,7 +10,10 @@
 namespace pipit {
 
 Stage::Stage(StageSpec spec, std::shared_ptr<Communicator> communicator)
-    : spec_(std::move(spec)), comm_(std::move(communicator)) {
+    : spec_(std::move(spec)),
+      comm_(std::move(communicator)),
+      stream_(spec_.device.is_cuda() ? Stream::create(spec_.device)
+                                     : Stream::default_stream(spec_.device)) {
   PIPIT_CHECK(spec_.stage >= 0 && spec_.stage < spec_.stages, "Stage: stage index ", spec_.stage,
               " is outside [0, ", spec_.stages, ")");
   PIPIT_CHECK(static_cast<int>(spec_.chunks.size()) == spec_.chunks_per_stage, "Stage ",
@@ -19,6 +22,7 @@ Stage::Stage(StageSpec spec, std::shared_ptr<Communicator> communicator)
   NamedParameters parameters;
   for (const auto& c : spec_.chunks) {
     PIPIT_CHECK(c != nullptr, "Stage ", spec_.stage, ": a chunk is null");
+    c->to(spec_.device);
     for (auto& named : c->named_parameters()) {
       parameters_.push_back(named.second);
       parameters.push_back(std::move(named));
@@ -37,11 +41,27 @@ Sequential& Stage::chunk(int global_chunk) {
 }
 
 void Stage::run() {
+  // The stage's thread queues its GPU work on a stream of its own, so stages sharing a GPU
+  // overlap, and computes in the stage's autocast dtype.
+  StreamGuard stream(stream_);
+  AutocastGuard autocast(spec_.compute_dtype);
   try {
     while (handle(comm_->receive())) {
     }
   } catch (const ClosedError&) {
   }
+}
+
+void Stage::send(int to, Message message) {
+  if (spec_.device.is_cuda()) {
+    if (comm_->carries_device_tensors()) {
+      // The receiver queues on another stream: our work on these tensors must be done.
+      stream_.synchronize();
+    } else {
+      for (Tensor& t : message.tensors) t = t.to(Device::cpu());
+    }
+  }
+  comm_->send(to, std::move(message));
 }
 
 bool Stage::handle(Message message) {
@@ -163,18 +183,18 @@ void Stage::forward(const Task& task, const Tensor& input) {
   const int to = task.chunk == last_chunk() ? kCoordinator : (task.chunk + 1) % spec_.stages;
   if (!training_) {
     NoGradGuard no_grad;
-    out.tensors = {chunk(task.chunk).forward(input)};
-    comm_->send(to, std::move(out));
+    out.tensors = {chunk(task.chunk).forward(input.to(spec_.device))};
+    send(to, std::move(out));
     return;
   }
   // The received tensor starts this stage's own graph; its gradient is what goes upstream.
-  Tensor leaf = input.detach();
+  Tensor leaf = input.to(spec_.device).detach();
   if (task.chunk > 0 && is_floating(leaf.dtype())) leaf.requires_grad_();
   Tensor output = chunk(task.chunk).forward(leaf);
   out.tensors = {output.detach()};
   stash_[{task.microbatch, task.chunk}] = {leaf, output};
   peak_stashed_ = std::max(peak_stashed_, stash_.size());
-  comm_->send(to, std::move(out));
+  send(to, std::move(out));
 }
 
 void Stage::backward(const Task& task, const Tensor& grad) {
@@ -184,12 +204,12 @@ void Stage::backward(const Task& task, const Tensor& grad) {
   stash_.erase(stashed);
   PIPIT_CHECK(grad.shape() == output.shape(), "the gradient has shape ", shape_str(grad.shape()),
               " but the chunk's output has shape ", shape_str(output.shape()));
-  if (output.requires_grad()) output.backward(grad);
+  if (output.requires_grad()) output.backward(grad.to(output.device()));
   if (task.chunk == 0) return;
   Tensor input_grad = leaf.grad();
   if (!input_grad.defined()) input_grad = zeros_like(leaf);
   Message out{MessageKind::Gradient, step_, task.microbatch, task.chunk - 1, {input_grad}};
-  comm_->send((task.chunk - 1) % spec_.stages, std::move(out));
+  send((task.chunk - 1) % spec_.stages, std::move(out));
 }
 
 void Stage::finish_step() {
@@ -212,6 +232,12 @@ void Stage::finish_step() {
 }
 
 void Stage::apply_optimizer(const Message& message) {
+  if (message.meta.value("skip", false)) {
+    // The coordinator found an inf or NaN gradient (f16 loss scaling): drop this step's update.
+    optimizer_->zero_grad();
+    comm_->send(kCoordinator, Message{MessageKind::OptimizerDone, step_});
+    return;
+  }
   const double grad_scale = message.meta.value("grad_scale", 1.0);
   if (grad_scale != 1.0) scale_gradients(parameters_, grad_scale);
   if (message.meta.contains("lr") && message.meta["lr"].is_number()) {
@@ -228,12 +254,12 @@ void Stage::send_state(int64_t step) {
   for (const auto& c : spec_.chunks) {
     for (const auto& [name, value] : c->named_parameters()) {
       weight_names.push_back(name);
-      reply.tensors.push_back(value.detach());
+      reply.tensors.push_back(value.detach().to(Device::cpu()));
     }
   }
   for (const auto& [name, value] : optimizer_->state_dict()) {
     optimizer_names.push_back(name);
-    reply.tensors.push_back(value.detach());
+    reply.tensors.push_back(value.detach().to(Device::cpu()));
   }
   reply.meta = {{"weights", weight_names}, {"optimizer", optimizer_names}};
   comm_->send(kCoordinator, std::move(reply));

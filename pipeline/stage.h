@@ -15,6 +15,7 @@
 #include "optim/optimizer.h"
 #include "pipeline/task.h"
 #include "pipeline/trace.h"
+#include "tensor/stream.h"
 
 namespace pipit {
 
@@ -31,6 +32,10 @@ struct StageSpec {
   // parameters ("<param>.<buffer>"); entries of other stages' parameters are ignored, so a
   // whole model's optimizer state (a checkpoint's) can be given to every stage.
   StateDict optimizer_state;
+  // Where the chunks and their optimizer live, and the autocast dtype (f32: off) of the
+  // stage's thread.
+  Device device = Device::cpu();
+  DType compute_dtype = DType::f32;
 };
 
 class Stage {
@@ -55,12 +60,16 @@ class Stage {
   void finish_step();
   void apply_optimizer(const Message& message);
   void send_state(int64_t step);
+  // Sends a result, making its tensors readable by the receiver (see Communicator).
+  void send(int to, Message message);
   void reset();
   Sequential& chunk(int global_chunk);
   int last_chunk() const { return spec_.stages * spec_.chunks_per_stage - 1; }
 
   StageSpec spec_;
   std::shared_ptr<Communicator> comm_;
+  // The stream run() queues this stage's GPU work on (a stream of its own on a CUDA device).
+  Stream stream_;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<Tensor> parameters_;
 

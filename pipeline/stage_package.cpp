@@ -14,7 +14,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kFormat = "pipit-stage-package";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;
 
 // The package's place in the pipeline, checked before anything indexes by it.
 void check_layout(const StagePackage& package, const char* operation) {
@@ -45,6 +45,8 @@ StagePackage make_stage_package(const Sequential& model, const std::vector<Layer
   package.chunks_per_stage = config.chunks_per_stage;
   package.schedule = config.schedule;
   package.optimizer_config = config.optimizer;
+  package.device = spec.device.str();
+  package.compute_dtype = spec.compute_dtype;
   for (const auto& chunk : spec.chunks) {
     package.chunk_configs.push_back(chunk->config());
     package.weights.merge(chunk->state_dict());
@@ -64,6 +66,8 @@ std::string encode_stage_package(const StagePackage& package) {
   metadata["chunk_configs"] = json(package.chunk_configs).dump();
   metadata["optimizer_config"] = package.optimizer_config.dump();
   metadata["peers"] = package.peers.dump();
+  metadata["device"] = package.device;
+  metadata["compute_dtype"] = dtype_name(package.compute_dtype);
   StateDict tensors;
   add_prefixed(tensors, "model.", package.weights);
   add_prefixed(tensors, "optim.", package.optimizer_state);
@@ -88,6 +92,17 @@ StagePackage decode_stage_package(const std::string& bytes, const std::string& s
   package.chunk_configs.assign(chunks.begin(), chunks.end());
   package.optimizer_config = reader.parse("optimizer_config");
   package.peers = reader.parse("peers");
+  package.device = reader.text("device");
+  try {
+    Device::parse(package.device);
+  } catch (const Error& e) {
+    reader.fail("device", e.what());
+  }
+  try {
+    package.compute_dtype = dtype_from_name(reader.text("compute_dtype"));
+  } catch (const Error& e) {
+    reader.fail("compute_dtype", e.what());
+  }
   std::vector<StateDict> groups = reader.split(tensors, {"model.", "optim."});
   package.weights = std::move(groups[0]);
   package.optimizer_state = std::move(groups[1]);
@@ -103,6 +118,8 @@ StageSpec build_stage_spec(const StagePackage& package) {
   spec.schedule = package.schedule;
   spec.optimizer = package.optimizer_config;
   spec.optimizer_state = package.optimizer_state;
+  spec.device = Device::parse(package.device);
+  spec.compute_dtype = package.compute_dtype;
   StateDict unclaimed = package.weights;
   for (int local = 0; local < package.chunks_per_stage; ++local) {
     const int global = local * package.stages + package.stage;

@@ -24,6 +24,8 @@ struct StagePackage {
   nlohmann::json optimizer_config;
   StateDict optimizer_state;  // this stage's share; empty for a fresh optimizer
   nlohmann::json peers = nlohmann::json::object();  // e.g. {"0": "127.0.0.1:7001"}: opaque here
+  std::string device = "cpu";  // where the worker runs the stage: Device::parse form
+  DType compute_dtype = DType::f32;
 };
 
 // The package of stage `stage`: its chunks as make_stage_spec cuts them (local chunk l is

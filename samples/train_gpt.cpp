@@ -126,6 +126,10 @@ int main(int argc, char** argv) {
   flags.add("schedule", "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved");
   flags.add("partition", "parameters", "how layers are cut into stages: parameters or uniform");
   flags.add("vpp", "1", "model chunks per stage (virtual pipeline; > 1 needs interleaved)");
+  flags.add("device", "auto",
+            "where stages run: auto (cuda when a GPU is present, else cpu), cpu, cuda, "
+            "or one device per stage: cuda:0,cuda:1");
+  flags.add("dtype", "f32", "f32, or bf16 / f16 mixed precision (f32 master weights)");
   flags.add("trace", "", "write a Chrome trace of the last steps to this file (Perfetto)");
   flags.add("workers", "",
             "host:port,... of pipit-worker processes, one per stage (default: "
@@ -217,6 +221,14 @@ int main(int argc, char** argv) {
         {"type", "AdamW"}, {"lr", lr}, {"beta1", 0.9}, {"beta2", 0.95}, {"weight_decay", 0.01}};
     pipeline_config.max_grad_norm = 1.0;
     pipeline_config.trace = !flags.str("trace").empty();
+    pipeline_config.dtype = flags.str("dtype");
+    std::string device = flags.str("device");
+    if (device == "auto") device = cuda_device_count() > 0 ? "cuda" : "cpu";
+    for (size_t begin = 0; begin < device.size();) {
+      const size_t comma = std::min(device.find(',', begin), device.size());
+      pipeline_config.devices.push_back(device.substr(begin, comma - begin));
+      begin = comma + 1;
+    }
     TcpOptions tcp;
     if (!flags.str("token-file").empty()) tcp.token = read_token_file(flags.str("token-file"));
     // Stages in threads of this process, or in worker processes: the same Coordinator.
@@ -244,9 +256,10 @@ int main(int argc, char** argv) {
 
     std::printf(
         "train_gpt: %zu characters, vocab %zu, %lld parameters, %d stages x %d chunks, "
-        "%d microbatches, %s, %d threads per kernel\n",
+        "%d microbatches, %s, %s, %s, %d threads per kernel\n",
         text.size(), vocab.chars.size(), static_cast<long long>(model->parameter_count()), stages,
-        vpp, microbatches, schedule_name.c_str(), get_num_threads());
+        vpp, microbatches, schedule_name.c_str(), device.c_str(), pipeline_config.dtype.c_str(),
+        get_num_threads());
     const auto start = std::chrono::steady_clock::now();
     auto last_print = start;
     int64_t tokens_since_print = 0;
@@ -282,6 +295,7 @@ int main(int argc, char** argv) {
                   trace.timeline().c_str());
     }
     if (sample_length > 0) {
+      model->to(Device::cpu());
       std::printf("--- sample ---\n%s\n",
                   sample_text(*model, vocab, tokens[0], context, sample_length, generator).c_str());
     }

@@ -16,8 +16,13 @@ struct Device {
   bool is_cuda() const { return kind == Kind::cuda; }
   bool operator==(const Device& other) const = default;
   std::string str() const;  // "cpu" or "cuda:0"
+  // Inverse of str(); "cuda" means cuda:0. Throws naming the text it cannot read.
+  static Device parse(const std::string& text);
 };
 
 std::ostream& operator<<(std::ostream& out, const Device& device);
+
+// CUDA devices usable by this process: 0 without a GPU, a driver, or a CUDA build.
+int cuda_device_count();
 
 }  // namespace pipit

@@ -437,13 +437,21 @@ TEST_CASE("cuda: optimizer updates match the CPU", "[cuda]") {
           },
           tol_for(dt));
     }
+    // Two parameters in one fused call, the second spanning several device chunks.
+    Tensor p2 = random({9001}, dt, g), grad2 = random({9001}, dt, g);
+    Tensor m2 = random({9001}, dt, g), v2 = random({9001}, dt, g, 0.1, 1);
     compare_devices(
-        "adamw_step", {p, grad, m, v},
+        "adamw_step", {p, grad, m, v, p2, grad2, m2, v2},
         [&](Device d, const std::vector<Tensor>& in) {
-          Tensor param = in[0].clone(), exp_avg = in[2].clone(), exp_avg_sq = in[3].clone();
-          backend(d).adamw_step(param, in[1], exp_avg, exp_avg_sq,
-                                {0.01, 0.9, 0.999, 1e-8, 0.1, 3});
-          return std::vector<Tensor>{param, exp_avg, exp_avg_sq};
+          std::vector<Tensor> state;
+          std::vector<AdamWSlot> slots;
+          for (size_t k = 0; k < in.size(); k += 4) {
+            slots.push_back({in[k].clone(), in[k + 1], in[k + 2].clone(), in[k + 3].clone()});
+            state.insert(state.end(),
+                         {slots.back().param, slots.back().exp_avg, slots.back().exp_avg_sq});
+          }
+          backend(d).adamw_step(slots, {0.01, 0.9, 0.999, 1e-8, 0.1, 3});
+          return state;
         },
         tol_for(dt));
   }

@@ -134,6 +134,19 @@ void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, boo
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   PIPIT_CHECK(out.is_contiguous(), "matmul: output must be contiguous");
+  if (a.dtype() == DType::bf16 || a.dtype() == DType::f16) {
+    // Half inputs widen exactly to f32, so an f32 GEMM of the widened copies is the f32
+    // accumulation the CUDA backend does on tensor cores.
+    auto widen = [this](const Tensor& t) {
+      Tensor wide = Tensor::empty(t.shape(), DType::f32);
+      copy(t, wide);
+      return wide;
+    };
+    if (out.dtype() == DType::f32) return matmul_typed<float>(widen(a), widen(b), out, accumulate);
+    Tensor wide_out = accumulate ? widen(out) : Tensor::empty(out.shape(), DType::f32);
+    matmul_typed<float>(widen(a), widen(b), wide_out, accumulate);
+    return copy(wide_out, out);
+  }
   PIPIT_DISPATCH_FLOAT(a.dtype(), "matmul", matmul_typed<scalar_t>(a, b, out, accumulate));
 }
 

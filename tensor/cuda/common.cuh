@@ -55,6 +55,11 @@ namespace pipit::cuda {
   }
 
 constexpr int kThreads = 256;
+
+// The stream kernels of the calling thread go to on the current device.
+inline cudaStream_t stream() {
+  return static_cast<cudaStream_t>(current_stream_handle(current_device()));
+}
 // Merged dims an elementwise operand may have; real tensors merge to far fewer.
 constexpr int kMaxDims = 12;
 
@@ -128,7 +133,7 @@ template <typename F>
 void for_each(const char* op, int64_t n, F f) {
   if (n <= 0) return;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t{1} << 16);
-  for_each_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(n, f);
+  for_each_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(n, f);
   PIPIT_CUDA_CHECK_LAUNCH(op);
 }
 

@@ -1,7 +1,9 @@
-// CUDA memory and matrix products. GEMM goes to cuBLAS with every operand as it lies in memory
+// CUDA memory and matrix products. GEMM goes to cuBLAS (cublasGemmStridedBatchedEx, so one
+// path serves f64, f32, TF32, f16 and bf16) with every operand as it lies in memory
 // when its last two dims are row- or column-major, as the CPU backend passes them to BLAS.
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/gemm_layout.h"
+#include "tensor/precision.h"
 
 #include <limits>
 #include <mutex>
@@ -30,7 +32,7 @@ Blas& blas(int device) {
   if (!b) {
     b = new Blas();
     PIPIT_CUBLAS_CHECK("matmul", cublasCreate(&b->handle));
-    // Full f32 precision: TF32 tensor cores would change results at the 1e-3 level.
+    // TF32 is chosen per call through the compute type, never by the handle's math mode.
     PIPIT_CUBLAS_CHECK("matmul", cublasSetMathMode(b->handle, CUBLAS_DEFAULT_MATH));
   }
   return *b;
@@ -68,32 +70,62 @@ int as_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// Row-major C[M, N] = A[M, K] B[K, N] is column-major C^T = B^T A^T: cuBLAS gets B as its
-// first operand and A as its second, each transposed exactly when it is column-major here.
-template <typename T>
-void gemm(cublasHandle_t handle, const MatrixLayout& la, const MatrixLayout& lb, int64_t M,
-          int64_t N, int64_t K, const T* a, int64_t stride_a, const T* b, int64_t stride_b, T beta,
-          T* c, int64_t batch) {
-  const T alpha = T(1);
-  const cublasOperation_t op_b = lb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_a = la.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int m = as_int(N, "N"), n = as_int(M, "M"), k = as_int(K, "K");
-  const int ldb = as_int(lb.ld, "leading dim"), lda = as_int(la.ld, "leading dim");
-  const int ldc = m;
-  if constexpr (std::is_same_v<T, float>) {
-    PIPIT_CUBLAS_CHECK("matmul", cublasSgemmStridedBatched(handle, op_b, op_a, m, n, k, &alpha, b,
-                                                           ldb, stride_b, a, lda, stride_a, &beta,
-                                                           c, ldc, M * N, as_int(batch, "batch")));
-  } else {
-    PIPIT_CUBLAS_CHECK("matmul", cublasDgemmStridedBatched(handle, op_b, op_a, m, n, k, &alpha, b,
-                                                           ldb, stride_b, a, lda, stride_a, &beta,
-                                                           c, ldc, M * N, as_int(batch, "batch")));
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::f64:
+      return CUDA_R_64F;
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    default:
+      throw Error(detail::concat("matmul: dtype ", dtype,
+                                 " is not supported (expected F32, F64, F16 or BF16)"));
   }
 }
 
-template <typename T>
-void matmul_typed(int device, const Tensor& a_in, const Tensor& b_in, const Tensor& out,
-                  bool accumulate) {
+// f64 computes in f64; everything else accumulates in f32, on tensor cores for half inputs
+// and, when float32_matmul_precision() is "high", with f32 inputs rounded to TF32.
+cublasComputeType_t compute_type(DType inputs) {
+  if (inputs == DType::f64) return CUBLAS_COMPUTE_64F;
+  if (inputs == DType::f32 && float32_matmul_precision() == "high") {
+    return CUBLAS_COMPUTE_32F_FAST_TF32;
+  }
+  return CUBLAS_COMPUTE_32F;
+}
+
+struct Operand {
+  const void* data;
+  MatrixLayout layout;
+  int64_t stride;  // between batch matrices, in elements
+};
+
+// Row-major C[M, N] = A[M, K] B[K, N] is column-major C^T = B^T A^T: cuBLAS gets B as its
+// first operand and A as its second, each transposed exactly when it is column-major here.
+void gemm(cublasHandle_t handle, DType inputs, const Operand& a, const Operand& b, int64_t M,
+          int64_t N, int64_t K, bool accumulate, const Tensor& out, int64_t batch) {
+  const cublasComputeType_t compute = compute_type(inputs);
+  // alpha and beta have the compute type's scalar type.
+  const double alpha64 = 1.0, beta64 = accumulate ? 1.0 : 0.0;
+  const float alpha32 = 1.0f, beta32 = accumulate ? 1.0f : 0.0f;
+  const bool f64 = compute == CUBLAS_COMPUTE_64F;
+  const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &alpha32;
+  const void* beta = f64 ? static_cast<const void*>(&beta64) : &beta32;
+  const cublasOperation_t op_b = b.layout.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = a.layout.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int m = as_int(N, "N"), n = as_int(M, "M"), k = as_int(K, "K");
+  PIPIT_CUBLAS_CHECK("matmul", cublasGemmStridedBatchedEx(
+                                   handle, op_b, op_a, m, n, k, alpha, b.data, cuda_type(inputs),
+                                   as_int(b.layout.ld, "leading dim"), b.stride, a.data,
+                                   cuda_type(inputs), as_int(a.layout.ld, "leading dim"), a.stride,
+                                   beta, out.raw_data(), cuda_type(out.dtype()), m, M * N,
+                                   as_int(batch, "batch"), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+void matmul_on_device(int device, const Tensor& a_in, const Tensor& b_in, const Tensor& out,
+                      bool accumulate) {
   const Tensor a = gemm_ready(a_in), b = gemm_ready(b_in);
   const MatrixLayout la = layout_of(a), lb = layout_of(b);
   const int64_t r = out.dim();
@@ -106,16 +138,18 @@ void matmul_typed(int device, const Tensor& a_in, const Tensor& b_in, const Tens
   int64_t batch = 1;
   for (int64_t d = 0; d < r - 2; ++d) batch *= out.shape()[d];
   const int64_t stride_a = batch_stride(a), stride_b = batch_stride(b);
-  const T beta = accumulate ? T(1) : T(0);
   Blas& h = blas(device);
   std::lock_guard<std::mutex> lock(h.mutex);
+  PIPIT_CUBLAS_CHECK(
+      "matmul",
+      cublasSetStream(h.handle, static_cast<cudaStream_t>(cuda::current_stream_handle(device))));
   if (batch > 1 && stride_b == 0 && batch_folds_into_rows(a, la)) {
-    gemm<T>(h.handle, la, lb, M * batch, N, K, a.data<T>(), 0, b.data<T>(), 0, beta, out.data<T>(),
-            1);
+    gemm(h.handle, a.dtype(), {a.raw_data(), la, 0}, {b.raw_data(), lb, 0}, M * batch, N, K,
+         accumulate, out, 1);
     return;
   }
-  gemm<T>(h.handle, la, lb, M, N, K, a.data<T>(), stride_a, b.data<T>(), stride_b, beta,
-          out.data<T>(), batch);
+  gemm(h.handle, a.dtype(), {a.raw_data(), la, stride_a}, {b.raw_data(), lb, stride_b}, M, N, K,
+       accumulate, out, batch);
 }
 
 }  // namespace
@@ -127,15 +161,10 @@ std::shared_ptr<Storage> CudaBackend::allocate(size_t nbytes) {
 void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   cuda::DeviceGuard guard(index_);
   PIPIT_CHECK(out.is_contiguous(), "matmul: output must be contiguous");
-  switch (a.dtype()) {
-    case DType::f32:
-      return matmul_typed<float>(index_, a, b, out, accumulate);
-    case DType::f64:
-      return matmul_typed<double>(index_, a, b, out, accumulate);
-    default:
-      throw Error(
-          detail::concat("matmul: dtype ", a.dtype(), " is not supported (expected F32 or F64)"));
-  }
+  const bool half = a.dtype() == DType::f16 || a.dtype() == DType::bf16;
+  PIPIT_CHECK(out.dtype() == a.dtype() || (half && out.dtype() == DType::f32),
+              "matmul: output dtype ", out.dtype(), " does not go with ", a.dtype(), " inputs");
+  matmul_on_device(index_, a, b, out, accumulate);
 }
 
 }  // namespace pipit

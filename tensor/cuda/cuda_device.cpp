@@ -1,6 +1,7 @@
 #include "tensor/cuda/cuda_device.h"
 
 #include <bit>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -27,6 +28,12 @@ bool is_available() {
   return device_count() > 0;
 }
 
+int current_device() {
+  int device = 0;
+  PIPIT_CUDA_CHECK("cuda device", cudaGetDevice(&device));
+  return device;
+}
+
 DeviceGuard::DeviceGuard(int index) : previous_(index), index_(index) {
   PIPIT_CHECK(index >= 0 && index < device_count(), "cuda: device cuda:", index,
               " does not exist (", device_count(), " CUDA devices present)");
@@ -49,9 +56,20 @@ size_t size_class(size_t nbytes) {
   return (n + step - 1) / step * step;
 }
 
+// A cached block. `ready` is set when the block was last used on another stream than the one
+// it belongs to: the owner's next user waits for it before touching the memory.
+struct Block {
+  void* data = nullptr;
+  cudaEvent_t ready = nullptr;
+};
+
+// Free lists are per (stream, size): a block freed by the stream that allocated it can go to
+// that stream's next request at once, because the stream runs its ops in order.
+using FreeKey = std::pair<void*, size_t>;
+
 struct Cache {
   std::mutex mutex;
-  std::unordered_map<size_t, std::vector<void*>> free_blocks;
+  std::map<FreeKey, std::vector<Block>> free_blocks;
   MemoryStats stats;
 };
 
@@ -67,17 +85,38 @@ Cache& cache(int device) {
 
 void free_cached(int device, Cache& c) {
   DeviceGuard guard(device);
-  for (auto& [size, blocks] : c.free_blocks) {
-    for (void* p : blocks) PIPIT_CUDA_CHECK("empty_cache", cudaFree(p));
+  for (auto& [key, blocks] : c.free_blocks) {
+    for (const Block& b : blocks) {
+      if (b.ready) PIPIT_CUDA_CHECK("empty_cache", cudaEventDestroy(b.ready));
+      PIPIT_CUDA_CHECK("empty_cache", cudaFree(b.data));
+    }
   }
   c.free_blocks.clear();
   c.stats.reserved = 0;
 }
 
-void release(Cache& c, void* data, size_t size) {
+// Runs in Storage's deleter, so it must not throw. A block released from another stream than
+// its own gets an event on the releasing thread's stream; if even that fails, the device is
+// synchronised so the block is idle before anyone reuses it.
+void release(Cache& c, int device, void* owner_stream, void* data, size_t size) noexcept {
+  Block block{data, nullptr};
+  int previous = 0;
+  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device &&
+                        cudaSetDevice(device) == cudaSuccess;
+  void* releasing_stream = current_stream_handle(device);
+  if (releasing_stream != owner_stream) {
+    if (cudaEventCreateWithFlags(&block.ready, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(block.ready, static_cast<cudaStream_t>(releasing_stream)) != cudaSuccess) {
+      cudaGetLastError();
+      if (block.ready) cudaEventDestroy(block.ready);
+      block.ready = nullptr;
+      cudaDeviceSynchronize();
+    }
+  }
+  if (switched) cudaSetDevice(previous);
   std::lock_guard<std::mutex> lock(c.mutex);
   c.stats.allocated -= size;
-  c.free_blocks[size].push_back(data);
+  c.free_blocks[{owner_stream, size}].push_back(block);
   c.stats.reserved += size;
 }
 
@@ -87,15 +126,23 @@ std::shared_ptr<Storage> allocate(int device, size_t nbytes) {
   const size_t size = size_class(nbytes);
   Cache& c = cache(device);
   DeviceGuard guard(device);
+  void* stream = current_stream_handle(device);
   std::lock_guard<std::mutex> lock(c.mutex);
   void* data = nullptr;
-  auto it = c.free_blocks.find(size);
+  auto it = c.free_blocks.find({stream, size});
   if (it != c.free_blocks.end() && !it->second.empty()) {
-    data = it->second.back();
+    const Block block = it->second.back();
     it->second.pop_back();
     c.stats.reserved -= size;
+    data = block.data;
+    if (block.ready) {
+      PIPIT_CUDA_CHECK("allocate",
+                       cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), block.ready, 0));
+      PIPIT_CUDA_CHECK("allocate", cudaEventDestroy(block.ready));
+    }
   } else if (cudaMalloc(&data, size) != cudaSuccess) {
-    // Cached blocks of other sizes may be what the device is missing: give them back, retry.
+    // Cached blocks of other sizes or streams may be what the device is missing: give them
+    // back (cudaFree waits for the device to be idle), retry.
     cudaGetLastError();
     free_cached(device, c);
     const cudaError_t status = cudaMalloc(&data, size);
@@ -109,8 +156,9 @@ std::shared_ptr<Storage> allocate(int device, size_t nbytes) {
   c.stats.allocated += size;
   c.stats.peak_allocated = std::max(c.stats.peak_allocated, c.stats.allocated);
   Cache* owner = &c;
-  return std::make_shared<Storage>(data, nbytes, Device::cuda(device),
-                                   [owner, size](void* p) { release(*owner, p, size); });
+  return std::make_shared<Storage>(
+      data, nbytes, Device::cuda(device),
+      [owner, device, stream, size](void* p) { release(*owner, device, stream, p, size); });
 }
 
 MemoryStats memory_stats(int device) {

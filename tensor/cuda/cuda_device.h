@@ -7,6 +7,10 @@ namespace pipit::cuda {
 
 int device_count();
 bool is_available();
+// The calling thread's current device, and its current stream there (a cudaStream_t; null is
+// the legacy default stream). Every kernel, cuBLAS and cuDNN call goes to that stream.
+int current_device();
+void* current_stream_handle(int device);
 
 // Makes `index` the calling thread's current device for its lifetime, restoring the previous
 // one after. Every backend op holds one, so tensors on cuda:1 run on cuda:1 whatever the
@@ -23,10 +27,11 @@ class DeviceGuard {
   int index_;
 };
 
-// The caching allocator (cuda_allocator.cpp). Released blocks stay in size-class free lists
-// and are handed out again, because cudaMalloc and cudaFree synchronise the device. All work
-// runs on the legacy default stream, so a block reused by a later op is ordered after every
-// op that used it before.
+// The caching allocator. Released blocks stay in size-class free lists and are handed out
+// again, because cudaMalloc and cudaFree synchronise the device. A block belongs to the stream
+// it was allocated on (the thread's current stream) and is reused first by that stream, whose
+// ops run in order after every op that used it before; a block released from another stream
+// carries an event the next user waits on.
 std::shared_ptr<Storage> allocate(int device, size_t nbytes);
 // `reserved` counts cached free bytes, as for the CPU allocator.
 MemoryStats memory_stats(int device);

@@ -1,8 +1,11 @@
 // Copies, fills, random numbers, elementwise maps and optimizer updates on CUDA.
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cuda/common.cuh"
+#include "tensor/cuda/host_staging.h"
 
 namespace pipit {
 namespace cuda {
@@ -98,10 +101,72 @@ void copy_on_device(const Tensor& src, const Tensor& dst) {
   });
 }
 
+// Elements each thread moves per access in the contiguous case: 16 bytes of the wider type,
+// so loads and stores are single 128-bit instructions.
+template <typename A, typename B>
+constexpr int vector_width() {
+  return static_cast<int>(16 / std::max(sizeof(A), sizeof(B)));
+}
+
+template <typename T, int W>
+struct alignas(sizeof(T) * W) Pack {
+  T v[W];
+};
+
+template <int W, typename... Ptr>
+bool packs_aligned(const Ptr*... ptrs) {
+  return ((reinterpret_cast<uintptr_t>(ptrs) % (sizeof(Ptr) * W) == 0) && ...);
+}
+
+template <typename O, typename I, int W, typename F>
+__global__ void map1_packed(int64_t packs, const I* x, O* o, F f) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
+       p += stride) {
+    const Pack<I, W> in = reinterpret_cast<const Pack<I, W>*>(x)[p];
+    Pack<O, W> out;
+    for (int k = 0; k < W; ++k) out.v[k] = f(in.v[k]);
+    reinterpret_cast<Pack<O, W>*>(o)[p] = out;
+  }
+}
+
+template <typename O, typename T, int W, typename F>
+__global__ void map2_packed(int64_t packs, const T* x, const T* y, O* o, F f) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
+       p += stride) {
+    const Pack<T, W> a = reinterpret_cast<const Pack<T, W>*>(x)[p];
+    const Pack<T, W> b = reinterpret_cast<const Pack<T, W>*>(y)[p];
+    Pack<O, W> out;
+    for (int k = 0; k < W; ++k) out.v[k] = f(a.v[k], b.v[k]);
+    reinterpret_cast<Pack<O, W>*>(o)[p] = out;
+  }
+}
+
+unsigned grid_for_packs(int64_t packs) {
+  return static_cast<unsigned>(
+      std::min<int64_t>((packs + kThreads - 1) / kThreads, int64_t{1} << 16));
+}
+
+// Contiguous operands go through the packed kernel, then the few trailing elements through the
+// strided path; everything else through the strided path alone.
 template <typename O, typename I, typename F>
 void map1(const char* op, const Tensor& in, const Tensor& out, F f) {
   const I* x = ptr<I>(in);
   O* o = ptr<O>(out);
+  constexpr int W = vector_width<O, I>();
+  const int64_t n = out.numel();
+  int64_t done = 0;
+  if (make_indexer<2>(op, out.shape(), {&out, &in}).contiguous && packs_aligned<W>(x, o)) {
+    const int64_t packs = n / W;
+    if (packs > 0) {
+      map1_packed<O, I, W><<<grid_for_packs(packs), kThreads, 0, stream()>>>(packs, x, o, f);
+      PIPIT_CUDA_CHECK_LAUNCH(op);
+    }
+    done = packs * W;
+    for_each(op, n - done, [=] __device__(int64_t i) { o[done + i] = f(x[done + i]); });
+    return;
+  }
   for_each_strided<2>(op, out.shape(), {&out, &in},
                       [=] __device__(const int64_t(&off)[2]) { o[off[0]] = f(x[off[1]]); });
 }
@@ -111,6 +176,19 @@ void map2(const char* op, const Tensor& a, const Tensor& b, const Tensor& out, F
   const T* x = ptr<T>(a);
   const T* y = ptr<T>(b);
   O* o = ptr<O>(out);
+  constexpr int W = vector_width<O, T>();
+  const int64_t n = out.numel();
+  if (make_indexer<3>(op, out.shape(), {&out, &a, &b}).contiguous && packs_aligned<W>(x, y, o)) {
+    const int64_t packs = n / W;
+    if (packs > 0) {
+      map2_packed<O, T, W><<<grid_for_packs(packs), kThreads, 0, stream()>>>(packs, x, y, o, f);
+      PIPIT_CUDA_CHECK_LAUNCH(op);
+    }
+    const int64_t done = packs * W;
+    for_each(op, n - done,
+             [=] __device__(int64_t i) { o[done + i] = f(x[done + i], y[done + i]); });
+    return;
+  }
   for_each_strided<3>(op, out.shape(), {&out, &a, &b}, [=] __device__(const int64_t(&off)[3]) {
     o[off[0]] = f(x[off[1]], y[off[2]]);
   });
@@ -233,6 +311,68 @@ void fill_indexed(const char* op, const Tensor& out, F value_at) {
   for_each(op, out.numel(), [=] __device__(int64_t i) { o[i] = T(value_at(i)); });
 }
 
+// AdamW over many parameters in one launch: the host cuts every parameter into chunks of
+// kAdamWChunk elements and ships the chunk table to the device; block b updates chunk b.
+constexpr int64_t kAdamWChunk = 16 * kThreads;
+
+template <typename T>
+struct AdamWChunk {
+  T* p;
+  const T* g;
+  T* m;
+  T* v;
+  int64_t n;
+};
+
+template <typename T>
+struct AdamWScalars {
+  T step_size, bc2_sqrt, decay, b1, b2, eps;
+};
+
+template <typename T>
+__global__ void adamw_kernel(const AdamWChunk<T>* chunks, AdamWScalars<T> s) {
+  const AdamWChunk<T> c = chunks[blockIdx.x];
+  for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
+    T p = c.p[i] * s.decay;
+    const T g = c.g[i];
+    const T m = s.b1 * c.m[i] + (T(1) - s.b1) * g;
+    const T v = s.b2 * c.v[i] + (T(1) - s.b2) * g * g;
+    c.m[i] = m;
+    c.v[i] = v;
+    c.p[i] = p - s.step_size * m / (T(sqrt(v)) / s.bc2_sqrt + s.eps);
+  }
+}
+
+template <typename T>
+void adamw_multi(std::span<const AdamWSlot> slots, const AdamWParams& a) {
+  std::vector<AdamWChunk<T>> chunks;
+  for (const AdamWSlot& slot : slots) {
+    T* p = slot.param.data<T>();
+    const T* g = slot.grad.data<T>();
+    T* m = slot.exp_avg.data<T>();
+    T* v = slot.exp_avg_sq.data<T>();
+    for (int64_t begin = 0; begin < slot.param.numel(); begin += kAdamWChunk) {
+      chunks.push_back({p + begin, g + begin, m + begin, v + begin,
+                        std::min(kAdamWChunk, slot.param.numel() - begin)});
+    }
+  }
+  if (chunks.empty()) return;
+  // Scalars are formed on the host exactly as the CPU backend forms them.
+  const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
+  const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
+  const AdamWScalars<T> s{T(a.lr / bc1), T(std::sqrt(bc2)), T(1.0 - a.lr * a.weight_decay),
+                          T(a.beta1),    T(a.beta2),        T(a.eps)};
+  const size_t bytes = chunks.size() * sizeof(AdamWChunk<T>);
+  // The table lives in a tensor, so the caching allocator keeps it until the launch has run.
+  Tensor table =
+      Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::i64, slots[0].param.device());
+  copy_host_to_device(table.raw_data(), chunks.data(), bytes);
+  PIPIT_CHECK(chunks.size() < (size_t{1} << 31), "adamw_step: ", chunks.size(), " chunks");
+  adamw_kernel<T><<<static_cast<unsigned>(chunks.size()), kThreads, 0, stream()>>>(
+      static_cast<const AdamWChunk<T>*>(table.raw_data()), s);
+  PIPIT_CUDA_CHECK_LAUNCH("adamw_step");
+}
+
 }  // namespace elementwise
 }  // namespace cuda
 
@@ -254,8 +394,7 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
     }
     Tensor landing =
         dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), dst.device());
-    PIPIT_CUDA_CHECK("copy", cudaMemcpy(landing.raw_data(), host.raw_data(), host.nbytes(),
-                                        cudaMemcpyHostToDevice));
+    cuda::copy_host_to_device(landing.raw_data(), host.raw_data(), host.nbytes());
     if (!landing.same_storage(dst)) copy_on_device(landing, dst);
     return;
   }
@@ -265,8 +404,7 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
     Tensor compact = cuda::contiguous_on_device(src);
     const bool direct = dst.is_contiguous() && dst.dtype() == src.dtype();
     Tensor host = direct ? dst : Tensor::empty(src.shape(), src.dtype());
-    PIPIT_CUDA_CHECK("copy", cudaMemcpy(host.raw_data(), compact.raw_data(), compact.nbytes(),
-                                        cudaMemcpyDeviceToHost));
+    cuda::copy_device_to_host(host.raw_data(), compact.raw_data(), compact.nbytes());
     if (!direct) backend(dst).copy(host, dst);
     return;
   }
@@ -382,29 +520,15 @@ void CudaBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor
   });
 }
 
-void CudaBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                             const Tensor& exp_avg_sq, const AdamWParams& a) {
+void CudaBackend::adamw_step(std::span<const AdamWSlot> slots, const AdamWParams& a) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(param.dtype(), "adamw_step", {
-    using T = scalar_t;
-    T* p = param.data<T>();
-    const T* g = grad.data<T>();
-    T* m = exp_avg.data<T>();
-    T* v = exp_avg_sq.data<T>();
-    // Scalars are formed on the host exactly as the CPU backend forms them.
-    const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
-    const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
-    const T step_size = T(a.lr / bc1);
-    const T bc2_sqrt = T(std::sqrt(bc2));
-    const T decay = T(1.0 - a.lr * a.weight_decay);
-    const T b1 = T(a.beta1), b2 = T(a.beta2), eps = T(a.eps);
-    cuda::for_each("adamw_step", param.numel(), [=] __device__(int64_t i) {
-      p[i] *= decay;
-      m[i] = b1 * m[i] + (T(1) - b1) * g[i];
-      v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
-      p[i] -= step_size * m[i] / (T(sqrt(v[i])) / bc2_sqrt + eps);
-    });
-  });
+  if (slots.empty()) return;
+  const DType dtype = slots[0].param.dtype();
+  for (const AdamWSlot& slot : slots) {
+    PIPIT_CHECK(slot.param.dtype() == dtype, "adamw_step: parameters of dtypes ", dtype, " and ",
+                slot.param.dtype(), " in one call");
+  }
+  PIPIT_CUDA_DISPATCH_FLOAT(dtype, "adamw_step", adamw_multi<scalar_t>(slots, a));
 }
 
 }  // namespace pipit

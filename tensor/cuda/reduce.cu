@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tensor/cuda/common.cuh"
+#include "tensor/cuda/host_staging.h"
 
 namespace pipit {
 namespace cuda {
@@ -108,14 +109,14 @@ void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduce
   T* o = ptr<T>(out);
   // Enough lanes per output to keep threads busy without leaving most of them idle.
   if (R >= 1024) {
-    reduce_kernel<kThreads, T>
-        <<<grid_for<kThreads>(K), kThreads>>>(op, x, kept_ix, reduced_ix, K, R, identity, o);
+    reduce_kernel<kThreads, T><<<grid_for<kThreads>(K), kThreads, 0, cuda::stream()>>>(
+        op, x, kept_ix, reduced_ix, K, R, identity, o);
   } else if (R >= 32) {
-    reduce_kernel<32, T>
-        <<<grid_for<32>(K), kThreads>>>(op, x, kept_ix, reduced_ix, K, R, identity, o);
+    reduce_kernel<32, T><<<grid_for<32>(K), kThreads, 0, cuda::stream()>>>(
+        op, x, kept_ix, reduced_ix, K, R, identity, o);
   } else {
-    reduce_kernel<1, T>
-        <<<grid_for<1>(K), kThreads>>>(op, x, kept_ix, reduced_ix, K, R, identity, o);
+    reduce_kernel<1, T><<<grid_for<1>(K), kThreads, 0, cuda::stream()>>>(op, x, kept_ix, reduced_ix,
+                                                                         K, R, identity, o);
   }
   PIPIT_CUDA_CHECK_LAUNCH("reduce");
 }
@@ -328,17 +329,16 @@ InvalidIndex first_invalid(const char* op, const Tensor& indices, int64_t limit,
   if (n == 0) return {};
   Tensor first = Tensor::empty({1}, DType::i64, indices.device());
   backend(first).fill(first, static_cast<double>(n));
-  first_invalid_kernel<<<
-      static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1024)), kThreads>>>(
-      ptr<int64_t>(indices), n, limit, use_ignore, ignore, ptr<unsigned long long>(first));
+  first_invalid_kernel<<<static_cast<unsigned>(
+                             std::min<int64_t>((n + kThreads - 1) / kThreads, 1024)),
+                         kThreads, 0, stream()>>>(ptr<int64_t>(indices), n, limit, use_ignore,
+                                                  ignore, ptr<unsigned long long>(first));
   PIPIT_CUDA_CHECK_LAUNCH(op);
   int64_t position = 0;
-  PIPIT_CUDA_CHECK(
-      op, cudaMemcpy(&position, first.raw_data(), sizeof(int64_t), cudaMemcpyDeviceToHost));
+  copy_device_to_host(&position, first.raw_data(), sizeof(int64_t));
   if (position >= n) return {};
   InvalidIndex bad{position, 0};
-  PIPIT_CUDA_CHECK(op, cudaMemcpy(&bad.value, ptr<int64_t>(indices) + position, sizeof(int64_t),
-                                  cudaMemcpyDeviceToHost));
+  copy_device_to_host(&bad.value, ptr<int64_t>(indices) + position, sizeof(int64_t));
   return bad;
 }
 
@@ -409,8 +409,8 @@ void CudaBackend::argmax(const Tensor& in, int64_t dim, const Tensor& out) {
   const int64_t K = out.numel();
   if (K == 0) return;
   PIPIT_CUDA_DISPATCH_NUMERIC(in.dtype(), "argmax", {
-    argmax_kernel<scalar_t>
-        <<<rows_grid(K), cuda::kThreads>>>(ptr<scalar_t>(rows), K, R, ptr<int64_t>(out));
+    argmax_kernel<scalar_t><<<rows_grid(K), cuda::kThreads, 0, cuda::stream()>>>(
+        ptr<scalar_t>(rows), K, R, ptr<int64_t>(out));
   });
   PIPIT_CUDA_CHECK_LAUNCH("argmax");
 }
@@ -419,8 +419,8 @@ void CudaBackend::softmax(const Tensor& in, int64_t dim, bool log, const Tensor&
   DeviceGuard guard(index_);
   PIPIT_CUDA_DISPATCH_FLOAT(in.dtype(), "softmax", {
     along_dim({in}, out, dim, [&](auto& rows, const Tensor& o, int64_t R, int64_t C) {
-      softmax_kernel<scalar_t>
-          <<<rows_grid(R), row_threads(C)>>>(ptr<scalar_t>(rows[0]), ptr<scalar_t>(o), R, C, log);
+      softmax_kernel<scalar_t><<<rows_grid(R), row_threads(C), 0, cuda::stream()>>>(
+          ptr<scalar_t>(rows[0]), ptr<scalar_t>(o), R, C, log);
       PIPIT_CUDA_CHECK_LAUNCH("softmax");
     });
   });
@@ -431,7 +431,7 @@ void CudaBackend::softmax_backward(const Tensor& grad, const Tensor& out, int64_
   DeviceGuard guard(index_);
   PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "softmax_backward", {
     along_dim({grad, out}, grad_in, dim, [&](auto& rows, const Tensor& o, int64_t R, int64_t C) {
-      softmax_backward_kernel<scalar_t><<<rows_grid(R), row_threads(C)>>>(
+      softmax_backward_kernel<scalar_t><<<rows_grid(R), row_threads(C), 0, cuda::stream()>>>(
           ptr<scalar_t>(rows[0]), ptr<scalar_t>(rows[1]), ptr<scalar_t>(o), R, C, log);
       PIPIT_CUDA_CHECK_LAUNCH("softmax_backward");
     });
@@ -449,9 +449,9 @@ void CudaBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Ten
     const int64_t C = x.shape().back();
     const int64_t rows = C == 0 ? 0 : x.numel() / C;
     if (rows == 0) break;
-    layer_norm_kernel<T><<<rows_grid(rows), row_threads(C)>>>(ptr<T>(x), ptr<T>(w), ptr<T>(b),
-                                                              T(eps), rows, C, out.data<T>(),
-                                                              mean.data<T>(), rstd.data<T>());
+    layer_norm_kernel<T><<<rows_grid(rows), row_threads(C), 0, cuda::stream()>>>(
+        ptr<T>(x), ptr<T>(w), ptr<T>(b), T(eps), rows, C, out.data<T>(), mean.data<T>(),
+        rstd.data<T>());
     PIPIT_CUDA_CHECK_LAUNCH("layer_norm");
   });
 }
@@ -468,9 +468,9 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
     const int64_t C = x.shape().back();
     const int64_t rows = C == 0 ? 0 : x.numel() / C;
     if (rows > 0) {
-      layer_norm_grad_x_kernel<T>
-          <<<rows_grid(rows), row_threads(C)>>>(ptr<T>(g), ptr<T>(x), ptr<T>(w), mean.data<T>(),
-                                                rstd.data<T>(), rows, C, grad_x.data<T>());
+      layer_norm_grad_x_kernel<T><<<rows_grid(rows), row_threads(C), 0, cuda::stream()>>>(
+          ptr<T>(g), ptr<T>(x), ptr<T>(w), mean.data<T>(), rstd.data<T>(), rows, C,
+          grad_x.data<T>());
       PIPIT_CUDA_CHECK_LAUNCH("layer_norm_backward");
     }
     const int64_t blocks = std::max<int64_t>(1, (rows + kRowsPerBlock - 1) / kRowsPerBlock);
@@ -479,9 +479,9 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
     if (C == 0) break;
     const dim3 grid(static_cast<unsigned>((C + cuda::kThreads - 1) / cuda::kThreads),
                     static_cast<unsigned>(std::min<int64_t>(blocks, 65535)));
-    layer_norm_partial_kernel<T><<<grid, cuda::kThreads>>>(ptr<T>(g), ptr<T>(x), mean.data<T>(),
-                                                           rstd.data<T>(), rows, C, blocks,
-                                                           ptr<T>(pw), ptr<T>(pb));
+    layer_norm_partial_kernel<T><<<grid, cuda::kThreads, 0, cuda::stream()>>>(
+        ptr<T>(g), ptr<T>(x), mean.data<T>(), rstd.data<T>(), rows, C, blocks, ptr<T>(pw),
+        ptr<T>(pb));
     PIPIT_CUDA_CHECK_LAUNCH("layer_norm_backward");
     // With rows == 0 the partials are zero: one block, no rows.
     const T* pwp = ptr<T>(pw);
@@ -543,7 +543,7 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
     check_targets("cross_entropy", targets, C, ignore_index);
     if (N == 0) break;
-    cross_entropy_kernel<T><<<rows_grid(N), row_threads(C)>>>(
+    cross_entropy_kernel<T><<<rows_grid(N), row_threads(C), 0, cuda::stream()>>>(
         ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, losses.data<T>());
     PIPIT_CUDA_CHECK_LAUNCH("cross_entropy");
   });
@@ -559,9 +559,9 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& 
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
     check_targets("cross_entropy_backward", targets, C, ignore_index);
     if (N == 0) break;
-    cross_entropy_backward_kernel<T>
-        <<<rows_grid(N), row_threads(C)>>>(ptr<T>(logits), targets.data<int64_t>(), N, C,
-                                           ignore_index, T(scale), grad_logits.data<T>());
+    cross_entropy_backward_kernel<T><<<rows_grid(N), row_threads(C), 0, cuda::stream()>>>(
+        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, T(scale),
+        grad_logits.data<T>());
     PIPIT_CUDA_CHECK_LAUNCH("cross_entropy_backward");
   });
 }

@@ -1,0 +1,95 @@
+#include "tensor/stream.h"
+
+#include <map>
+
+#include "tensor/error.h"
+#ifdef PIPIT_WITH_CUDA
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/cuda_device.h"
+#endif
+
+namespace pipit {
+namespace {
+
+// This thread's current stream per CUDA device; absent means the default stream.
+thread_local std::map<int, void*> current_streams;
+
+}  // namespace
+
+#ifdef PIPIT_WITH_CUDA
+namespace cuda {
+
+void* current_stream_handle(int device) {
+  auto it = current_streams.find(device);
+  return it == current_streams.end() ? nullptr : it->second;
+}
+
+}  // namespace cuda
+#endif
+
+Stream Stream::default_stream(Device device) {
+  return Stream(device, nullptr);
+}
+
+Stream Stream::create(Device device) {
+  if (device.is_cpu()) return Stream(device, nullptr);
+#ifdef PIPIT_WITH_CUDA
+  cuda::DeviceGuard guard(device.index);
+  cudaStream_t stream = nullptr;
+  // A blocking stream: it still orders itself with the legacy default stream, so code that
+  // never names a stream (the coordinator's loss, a test) sees every stage's finished work.
+  PIPIT_CUDA_CHECK("stream", cudaStreamCreate(&stream));
+  const int index = device.index;
+  // Finishing the stream's work before destroying it keeps the allocator's per-stream free
+  // lists safe when the driver later hands the same handle to a new stream.
+  return Stream(device, std::shared_ptr<void>(stream, [index](void* s) {
+                  int previous = 0;
+                  cudaGetDevice(&previous);
+                  cudaSetDevice(index);
+                  cudaStreamSynchronize(static_cast<cudaStream_t>(s));
+                  cudaStreamDestroy(static_cast<cudaStream_t>(s));
+                  cudaSetDevice(previous);
+                }));
+#else
+  throw Error("stream: device " + device.str() +
+              " is not available: pipit was built without CUDA (PIPIT_CUDA=OFF or no nvcc)");
+#endif
+}
+
+void Stream::synchronize() const {
+  if (device_.is_cpu()) return;
+#ifdef PIPIT_WITH_CUDA
+  cuda::DeviceGuard guard(device_.index);
+  PIPIT_CUDA_CHECK("synchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(handle())));
+#endif
+}
+
+Stream current_stream(Device device) {
+  if (device.is_cpu()) return Stream::default_stream(device);
+  auto it = current_streams.find(device.index);
+  if (it == current_streams.end() || it->second == nullptr) return Stream::default_stream(device);
+  // The guard that installed it holds the owning Stream; this copy only borrows the handle.
+  return Stream(device, std::shared_ptr<void>(it->second, [](void*) {}));
+}
+
+StreamGuard::StreamGuard(const Stream& stream) : stream_(stream), previous_(nullptr) {
+  if (stream_.device().is_cpu()) return;
+  auto it = current_streams.find(stream_.device().index);
+  if (it != current_streams.end()) previous_ = it->second;
+  current_streams[stream_.device().index] = stream_.handle();
+}
+
+StreamGuard::~StreamGuard() {
+  if (stream_.device().is_cpu()) return;
+  current_streams[stream_.device().index] = previous_;
+}
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+#ifdef PIPIT_WITH_CUDA
+  cuda::DeviceGuard guard(device.index);
+  PIPIT_CUDA_CHECK("synchronize", cudaDeviceSynchronize());
+#endif
+}
+
+}  // namespace pipit

@@ -1,0 +1,231 @@
+// Training on the GPU against the CPU: matmul precisions, staged copies, streams, a tiny GPT in
+// f32 and bf16, a pipeline whose stages run on the GPU, and the allocator over 1000 steps.
+// Without a CUDA device each test reports "skipped" through a Catch2 warning and passes.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "cuda_testing.h"
+#include "loss/loss.h"
+#include "nn/builders.h"
+#include "optim/optimizer.h"
+#include "pipeline/pipeline.h"
+#include "pipit.h"
+
+using namespace pipit;
+using testing::cuda_ready;
+using testing::kCpu;
+using testing::kCuda;
+
+namespace {
+
+// Largest |got - want| relative to the largest |want| (at least 1).
+double relative_error(const Tensor& got, const Tensor& want) {
+  REQUIRE(got.shape() == want.shape());
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  double worst = 0, scale = 1;
+  for (double v : w) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(g[i])) return INFINITY;
+    worst = std::max(worst, std::abs(g[i] - w[i]));
+  }
+  return worst / scale;
+}
+
+Tensor matmul_on(Device device, const Tensor& a, const Tensor& b, DType out_dtype) {
+  const Tensor x = a.to(device), y = b.to(device);
+  Tensor out = testing::poisoned({a.size(0), b.size(1)}, out_dtype, device);
+  backend(device).matmul(x, y, out, false);
+  return out;
+}
+
+struct Batch {
+  Tensor input, target;
+};
+
+Batch gpt_batch(int64_t vocab, int64_t batch, int64_t context) {
+  std::vector<int64_t> x, y;
+  for (int64_t i = 0; i < batch * context; ++i) {
+    x.push_back((i * 7) % vocab);
+    y.push_back((i * 7 + 3) % vocab);
+  }
+  return {from_vector(x, {batch, context}), from_vector(y, {batch, context})};
+}
+
+// Losses of `steps` AdamW steps of a seeded tiny GPT on `device` under `dtype` autocast.
+std::vector<double> train_gpt_on(Device device, DType dtype, int steps) {
+  Generator g(21);
+  auto model = gpt({17, 16, 2, 2, 32, 0.0}, &g);
+  model->to(device);
+  AdamW optimizer(model->named_parameters(), {.lr = 0.01});
+  const Batch batch = gpt_batch(17, 4, 16);
+  const Tensor x = batch.input.to(device), y = batch.target.to(device);
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    optimizer.zero_grad();
+    AutocastGuard autocast(dtype);
+    Tensor loss = cross_entropy(model->forward(x), y);
+    loss.backward();
+    optimizer.step();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: matmul in f32, TF32, bf16 and f16 against the CPU", "[cuda]") {
+  if (!cuda_ready()) return;
+  Generator g(20);
+  const Tensor a = randn({96, 200}, &g), b = randn({200, 72}, &g);
+  const Tensor want = matmul_on(kCpu, a, b, DType::f32);
+  CHECK(relative_error(matmul_on(kCuda, a, b, DType::f32), want) < 1e-5);
+  set_float32_matmul_precision("high");
+  const double tf32 = relative_error(matmul_on(kCuda, a, b, DType::f32), want);
+  set_float32_matmul_precision("highest");
+  CHECK(tf32 < 5e-3);
+  for (DType half : {DType::bf16, DType::f16}) {
+    INFO(half);
+    const Tensor ah = a.to(half), bh = b.to(half);
+    // The CPU widens the same half inputs exactly and accumulates in f32, as tensor cores do.
+    CHECK(relative_error(matmul_on(kCuda, ah, bh, DType::f32),
+                         matmul_on(kCpu, ah, bh, DType::f32)) < 1e-5);
+    CHECK(relative_error(matmul_on(kCuda, ah, bh, half), want) < 2e-2);
+  }
+}
+
+TEST_CASE("cuda: staged copies of many chunks and strided sources round-trip exactly", "[cuda]") {
+  if (!cuda_ready()) return;
+  Generator g(22);
+  // 10 MiB and a bit: three 4 MiB staging chunks, the last one short.
+  const Tensor big = randn({(10 << 20) / 4 + 3}, &g);
+  const Tensor back = big.to(kCuda).to(kCpu);
+  CHECK(std::memcmp(back.raw_data(), big.raw_data(), big.nbytes()) == 0);
+  const Tensor strided = transpose(randn({300, 500}, &g), 0, 1);
+  CHECK(relative_error(strided.to(kCuda).to(kCpu), strided) == 0);
+}
+
+TEST_CASE("cuda: threads with streams of their own compute what the CPU computes", "[cuda]") {
+  if (!cuda_ready()) return;
+  Generator g(23);
+  const Tensor w = randn({64, 64}, &g) * 0.1, x = randn({32, 64}, &g);
+  auto chain = [&](Device device) {
+    Tensor h = x.to(device), weight = w.to(device);
+    for (int i = 0; i < 50; ++i) h = tanh(matmul(h, weight) + h);
+    return h.to(kCpu);
+  };
+  const Tensor want = chain(kCpu);
+  std::vector<Tensor> got(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < got.size(); ++t) {
+    threads.emplace_back([&, t] {
+      StreamGuard stream(Stream::create(kCuda));
+      got[t] = chain(kCuda);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Tensor& result : got) CHECK(relative_error(result, want) < 1e-4);
+
+  // A block used and released on another stream than its own is reused only after that use.
+  Stream producer = Stream::create(kCuda), consumer = Stream::create(kCuda);
+  Tensor shared;
+  {
+    StreamGuard on(producer);
+    shared = full({1 << 20}, 1.0, {DType::f32, kCuda});
+  }
+  producer.synchronize();
+  Tensor sum_of_shared;
+  {
+    StreamGuard on(consumer);
+    sum_of_shared = sum(shared * 2.0);
+    shared = Tensor();
+  }
+  {
+    StreamGuard on(producer);
+    Tensor reuse = full({1 << 20}, -5.0, {DType::f32, kCuda});
+    producer.synchronize();
+  }
+  CHECK(sum_of_shared.item<double>() == 2.0 * (1 << 20));
+}
+
+TEST_CASE("cuda: a tiny GPT trains five steps as on the CPU, in f32 and bf16", "[cuda]") {
+  if (!cuda_ready()) return;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    INFO(dtype);
+    const std::vector<double> cpu = train_gpt_on(kCpu, dtype, 5);
+    const std::vector<double> gpu = train_gpt_on(kCuda, dtype, 5);
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      INFO("step " << i << ": cpu " << cpu[i] << ", cuda " << gpu[i]);
+      CHECK(std::abs(cpu[i] - gpu[i]) <= (dtype == DType::f32 ? 1e-4 : 2e-2) * cpu[i]);
+    }
+  }
+}
+
+TEST_CASE("cuda: a pipeline with stages on the GPU trains as on the CPU", "[cuda]") {
+  if (!cuda_ready()) return;
+  const Batch batch = gpt_batch(11, 8, 6);
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"}) {
+    INFO(schedule);
+    auto run = [&](const std::string& device) {
+      Generator g(24);
+      auto model = gpt({11, 6, 4, 2, 16, 0.0}, &g);
+      PipelineConfig config;
+      config.stages = 2;
+      config.microbatches = 4;
+      config.schedule = schedule;
+      config.chunks_per_stage = schedule == "interleaved" ? 2 : 1;
+      config.partition = "uniform";
+      config.devices = {device};
+      Pipeline pipeline(model, config);
+      std::vector<double> losses;
+      for (int step = 0; step < 3; ++step) {
+        losses.push_back(pipeline.train_step(batch.input, batch.target));
+      }
+      auto [weights, optimizer] = pipeline.coordinator().fetch_state();
+      return std::make_pair(losses, weights);
+    };
+    const auto [cpu_losses, cpu_weights] = run("cpu");
+    const auto [gpu_losses, gpu_weights] = run("cuda");
+    for (size_t i = 0; i < cpu_losses.size(); ++i) {
+      CHECK(std::abs(cpu_losses[i] - gpu_losses[i]) <= 1e-4 * cpu_losses[i]);
+    }
+    for (const auto& [name, value] : gpu_weights) {
+      INFO(name);
+      CHECK(value.device() == kCpu);
+      CHECK(relative_error(value, cpu_weights.at(name)) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("cuda: 1000 training steps hold device memory steady", "[cuda]") {
+  if (!cuda_ready()) return;
+#ifdef PIPIT_WITH_CUDA
+  Generator g(25);
+  auto model = mlp({32, 256, 256, 10}, "gelu", &g);
+  model->to(kCuda);
+  AdamW optimizer(model->named_parameters(), {.lr = 1e-3});
+  const Tensor x = randn({128, 32}, &g).to(kCuda);
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < 128; ++i) labels.push_back(i % 10);
+  const Tensor y = from_vector(labels, {128}).to(kCuda);
+  auto step = [&] {
+    optimizer.zero_grad();
+    Tensor loss = cross_entropy(model->forward(x), y);
+    loss.backward();
+    optimizer.step();
+    return loss.item<double>();
+  };
+  const double first = step();
+  for (int i = 0; i < 9; ++i) step();
+  const MemoryStats warm = cuda::memory_stats(0);
+  double last = 0;
+  for (int i = 0; i < 990; ++i) last = step();
+  const MemoryStats done = cuda::memory_stats(0);
+  CHECK(last < first);
+  // Every step frees what it allocates: the same blocks cycle, nothing new is reserved.
+  CHECK(done.allocated == warm.allocated);
+  CHECK(done.allocated + done.reserved == warm.allocated + warm.reserved);
+  CHECK(done.peak_allocated == warm.peak_allocated);
+#endif
+}

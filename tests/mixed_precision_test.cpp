@@ -1,0 +1,304 @@
+// Mixed precision on the CPU: autocast rounds matmul operands and keeps f32 accumulation, the
+// grad scaler unscales and skips overflowing steps, and a pipeline trains in bf16 and f16.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+
+#include "loss/loss.h"
+#include "nn/builders.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/stage_package.h"
+#include "pipit.h"
+
+using namespace pipit;
+
+namespace {
+
+// t rounded to `dtype` and back: the operand autocast multiplies.
+Tensor rounded(const Tensor& t, DType dtype) {
+  return t.detach().to(dtype).to(DType::f32);
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+  return worst;
+}
+
+double max_abs(const Tensor& a) {
+  double worst = 0;
+  for (double v : a.to_vector<double>()) worst = std::max(worst, std::abs(v));
+  return worst;
+}
+
+// Deterministic token inputs [batch, context] and next-token-like targets.
+std::pair<Tensor, Tensor> token_batch(int64_t vocab, int64_t batch, int64_t context) {
+  std::vector<int64_t> x, y;
+  for (int64_t i = 0; i < batch * context; ++i) {
+    x.push_back((i * 7) % vocab);
+    y.push_back((i * 7 + 3) % vocab);
+  }
+  return {from_vector(x, {batch, context}), from_vector(y, {batch, context})};
+}
+
+Tensor mse_loss(const Tensor& out, const Tensor& target) {
+  Tensor d = out - target;
+  return sum(d * d) * (1.0 / static_cast<double>(d.numel()));
+}
+
+// Within 1e-6 of the largest magnitude: the same products, summed by possibly other BLAS
+// kernels (a transposed operand may be packed differently).
+void check_same_products(const Tensor& got, const Tensor& want) {
+  CHECK(got.dtype() == DType::f32);
+  CHECK(max_abs_diff(got, want) <= 1e-6 * std::max(1.0, max_abs(want)));
+}
+
+}  // namespace
+
+TEST_CASE("autocast matmul multiplies rounded operands with f32 accumulation", "[autocast]") {
+  for (DType half : {DType::bf16, DType::f16}) {
+    INFO("autocast dtype " << half);
+    Generator g(11);
+    // Batched with a broadcast right operand, the shape attention and Linear produce.
+    Tensor a = randn({2, 5, 7}, &g).requires_grad_();
+    Tensor b = randn({7, 3}, &g).requires_grad_();
+    Tensor grad = randn({2, 5, 3}, &g);
+    Tensor out;
+    {
+      AutocastGuard autocast(half);
+      out = matmul(a, b);
+    }
+    out.backward(grad);
+    const Tensor a_r = rounded(a, half), b_r = rounded(b, half), g_r = rounded(grad, half);
+    check_same_products(out, matmul(a_r, b_r));
+    CHECK(max_abs_diff(out, matmul(a.detach(), b.detach())) > 0);  // the rounding happened
+    check_same_products(a.grad(), matmul(g_r, transpose(b_r, 0, 1)));
+    check_same_products(b.grad(), sum(matmul(transpose(a_r, 1, 2), g_r), {0}));
+  }
+}
+
+TEST_CASE("autocast linear rounds input and weight, keeps the bias and its gradient f32",
+          "[autocast]") {
+  Generator g(12);
+  Tensor x = randn({4, 6}, &g).requires_grad_();
+  Tensor w = randn({5, 6}, &g).requires_grad_();
+  Tensor bias = randn({5}, &g).requires_grad_();
+  Tensor grad = randn({4, 5}, &g);
+  Tensor out;
+  {
+    AutocastGuard autocast(DType::bf16);
+    out = linear(x, w, bias);
+  }
+  out.backward(grad);
+  const Tensor x_r = rounded(x, DType::bf16), w_r = rounded(w, DType::bf16);
+  const Tensor g_r = rounded(grad, DType::bf16);
+  check_same_products(out, matmul(x_r, transpose(w_r, 0, 1)) + bias.detach());
+  check_same_products(x.grad(), matmul(g_r, w_r));
+  check_same_products(w.grad(), matmul(transpose(g_r, 0, 1), x_r));
+  check_same_products(bias.grad(), sum(grad, {0}));  // the unrounded gradient
+}
+
+TEST_CASE("autocast leaves f64 alone, nests and rejects other dtypes", "[autocast]") {
+  Generator g(13);
+  Tensor a = randn({3, 4}, &g, {DType::f64}), b = randn({4, 2}, &g, {DType::f64});
+  const Tensor plain = matmul(a, b);
+  CHECK(autocast_dtype() == DType::f32);
+  {
+    AutocastGuard outer(DType::bf16);
+    CHECK(max_abs_diff(matmul(a, b), plain) == 0);
+    {
+      AutocastGuard inner(DType::f32);
+      CHECK(autocast_dtype() == DType::f32);
+    }
+    CHECK(autocast_dtype() == DType::bf16);
+  }
+  CHECK(autocast_dtype() == DType::f32);
+  CHECK_THROWS_WITH(AutocastGuard(DType::i64), Catch::Contains("I64"));
+}
+
+TEST_CASE("a GPT trains under bf16 autocast about as it does in f32", "[autocast]") {
+  GptConfig config{13, 8, 2, 2, 16, 0.0};
+  const auto [input, target] = token_batch(13, 8, 8);
+  auto train = [&](DType dtype) {
+    Generator g(14);
+    auto model = gpt(config, &g);
+    AdamW optimizer(model->named_parameters(), {.lr = 0.01});
+    std::vector<double> losses;
+    for (int step = 0; step < 30; ++step) {
+      optimizer.zero_grad();
+      AutocastGuard autocast(dtype);
+      Tensor loss = cross_entropy(model->forward(input), target);
+      loss.backward();
+      optimizer.step();
+      losses.push_back(loss.item<double>());
+    }
+    return losses;
+  };
+  const std::vector<double> full = train(DType::f32), mixed = train(DType::bf16);
+  CHECK(mixed.front() != full.front());
+  CHECK(std::abs(mixed.front() - full.front()) < 0.02);
+  CHECK(mixed.back() < 0.5 * mixed.front());
+  CHECK(std::abs(mixed.back() - full.back()) < 0.1 * full.front());
+}
+
+TEST_CASE("the grad scaler unscales, skips overflowing steps and adapts its scale", "[autocast]") {
+  auto make = [] {
+    Generator g(15);
+    return mlp({3, 4, 2}, "tanh", &g);
+  };
+  Generator data(16);
+  const Tensor x = randn({5, 3}, &data), y = randn({5, 2}, &data);
+  auto plain_model = make(), scaled_model = make();
+  SGD plain(plain_model->named_parameters(), {.lr = 0.1});
+  SGD scaled(scaled_model->named_parameters(), {.lr = 0.1});
+  GradScaler scaler({.init_scale = 1024, .growth_interval = 2});
+
+  mse_loss(plain_model->forward(x), y).backward();
+  plain.step();
+  scaler.scale(mse_loss(scaled_model->forward(x), y)).backward();
+  CHECK(scaler.step(scaled));
+  scaler.update();
+  const auto want = plain_model->state_dict();
+  for (const auto& [name, value] : scaled_model->state_dict()) {
+    INFO(name);
+    CHECK(max_abs_diff(value, want.at(name)) <= 1e-6);
+  }
+
+  // An overflowed gradient: no update, the scale backs off.
+  scaled.zero_grad();
+  scaler.scale(mse_loss(scaled_model->forward(x), y)).backward();
+  Tensor first = scaled_model->named_parameters()[0].second;
+  Tensor bad = first.grad().clone();
+  backend(bad).fill(bad, std::numeric_limits<double>::infinity());
+  first.set_grad(bad);
+  const Tensor before = first.detach().clone();
+  CHECK_FALSE(scaler.step(scaled));
+  scaler.update();
+  CHECK(max_abs_diff(first, before) == 0);
+  CHECK(scaler.get_scale() == 512);
+
+  // Two clean steps in a row double it.
+  for (int i = 0; i < 2; ++i) {
+    scaled.zero_grad();
+    scaler.scale(mse_loss(scaled_model->forward(x), y)).backward();
+    CHECK(scaler.step(scaled));
+    scaler.update();
+  }
+  CHECK(scaler.get_scale() == 1024);
+  CHECK_THROWS_WITH(GradScaler({.init_scale = 0}), Catch::Contains("init_scale"));
+}
+
+TEST_CASE("a bf16 pipeline equals bf16 autocast accumulation on one thread", "[autocast]") {
+  GptConfig config{11, 6, 4, 2, 16, 0.0};
+  const auto [input, target] = token_batch(11, 8, 6);
+  const nlohmann::json adamw = {{"type", "AdamW"}, {"lr", 0.01}};
+  Generator g1(17), g2(17);
+  auto reference = gpt(config, &g1), piped = gpt(config, &g2);
+
+  auto optimizer = make_optimizer(adamw, reference->named_parameters());
+  std::vector<double> want;
+  for (int step = 0; step < 3; ++step) {
+    optimizer->zero_grad();
+    AutocastGuard autocast(DType::bf16);
+    double total = 0;
+    for (int i = 0; i < 4; ++i) {
+      Tensor out = reference->forward(narrow(input, 0, i * 2, 2));
+      Tensor t = narrow(target, 0, i * 2, 2);
+      total += cross_entropy(out, t).item<double>();
+      CrossEntropyLoss loss;
+      out.backward(loss.compute_gradient(out, t) * 0.25);
+    }
+    optimizer->step();
+    want.push_back(total / 4);
+  }
+
+  PipelineConfig pipeline_config;
+  pipeline_config.stages = 2;
+  pipeline_config.microbatches = 4;
+  pipeline_config.optimizer = adamw;
+  pipeline_config.dtype = "bf16";
+  Pipeline pipeline(piped, pipeline_config);
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    CHECK(pipeline.train_step(input, target) == want[static_cast<size_t>(step)]);
+  }
+  const auto expected = reference->state_dict();
+  for (const auto& [name, value] : piped->state_dict()) {
+    INFO(name);
+    CHECK(max_abs_diff(value, expected.at(name)) == 0);
+  }
+}
+
+TEST_CASE("an f16 pipeline scales the loss, skips overflowing steps and backs off", "[autocast]") {
+  Generator g(18);
+  auto model = mlp({4, 8, 3}, "tanh", &g);
+  const Tensor input = randn({8, 4}, &g);
+  // Targets far from the outputs: gradients of about 1e3, which overflow f16 (max 65504) once
+  // multiplied by the initial scale of 65536.
+  const Tensor target = full({8, 3}, 1e4);
+  PipelineConfig config;
+  config.stages = 2;
+  config.microbatches = 2;
+  config.loss = {{"type", "MSELoss"}};
+  config.optimizer = {{"type", "SGD"}, {"lr", 1e-6}};
+  config.dtype = "f16";
+  Pipeline pipeline(model, config);
+  StateDict initial;  // copies: a state dict shares the parameters' storage
+  for (const auto& [name, value] : model->state_dict()) initial[name] = value.clone();
+  auto unchanged = [&] {
+    for (const auto& [name, value] : model->state_dict()) {
+      if (max_abs_diff(value, initial.at(name)) != 0) return false;
+    }
+    return true;
+  };
+  double scale = 65536;
+  int step = 0;
+  for (; step < 30; ++step) {
+    pipeline.train_step(input, target);
+    const StepStats& stats = pipeline.coordinator().last_step();
+    INFO("step " << step);
+    CHECK(stats.loss_scale == scale);
+    if (!stats.skipped) break;
+    CHECK(unchanged());
+    scale /= 2;
+  }
+  CHECK(step >= 1);  // the first step overflowed
+  CHECK(step < 30);  // and the scale came down far enough to train
+  CHECK_FALSE(unchanged());
+}
+
+TEST_CASE("devices and dtypes in pipeline configs and stage packages", "[autocast]") {
+  CHECK(Device::parse("cpu") == Device::cpu());
+  CHECK(Device::parse("cuda") == Device::cuda(0));
+  CHECK(Device::parse("cuda:3") == Device::cuda(3));
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU"}) {
+    CHECK_THROWS_WITH(Device::parse(bad), Catch::Contains(std::string("\"") + bad + "\""));
+  }
+  PipelineConfig config;
+  config.dtype = "f8";
+  CHECK_THROWS_WITH(validate(config), Catch::Contains("dtype 'f8'"));
+  config.dtype = "bf16";
+  config.devices = {"cpu", "tpu"};
+  CHECK_THROWS_WITH(validate(config), Catch::Contains("\"tpu\""));
+
+  config.devices = {"cpu", "cuda:1"};
+  Generator g(19);
+  auto model = mlp({2, 3, 2}, "relu", &g);
+  const auto ranges = partition_model(*model, config);
+  StagePackage package = make_stage_package(*model, ranges, config, 1);
+  CHECK(package.device == "cuda:1");
+  const StagePackage back = decode_stage_package(encode_stage_package(package), "test");
+  CHECK(back.device == "cuda:1");
+  CHECK(back.compute_dtype == DType::bf16);
+  const StageSpec spec = make_stage_spec(*model, ranges, config, 0);
+  CHECK(spec.device == Device::cpu());
+  CHECK(spec.compute_dtype == DType::bf16);
+
+  // A stage placed on a GPU this machine lacks is an error when the pipeline is built.
+  config.devices = {"cuda:" + std::to_string(cuda_device_count())};
+  CHECK_THROWS_WITH(Pipeline(model, config), Catch::Contains("cuda:"));
+}
