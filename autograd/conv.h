@@ -1,5 +1,5 @@
 #pragma once
-// 2-D convolution and pooling over [N, C, H, W] inputs (f32 or f64, CPU for now).
+// 2-D convolution and pooling over [N, C, H, W] inputs (f32 or f64) on any backend.
 #include <cstdint>
 
 #include "tensor/tensor.h"

@@ -36,6 +36,19 @@ const char* op_name(UnaryOp op);
 const char* op_name(BinaryOp op);
 const char* op_name(ReduceOp op);
 
+// One parameter's tensors in an AdamW update: contiguous, one shape, one floating dtype.
+struct AdamWSlot {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+};
+
+// Sliding windows over [N, C, H, W]; output sizes follow from the tensors' shapes.
+struct Conv2dGeometry {
+  int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+};
+struct Pool2dGeometry {
+  int64_t kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
+};
+
 struct AdamWParams {
   double lr, beta1, beta2, eps, weight_decay;
   int64_t step;  // 1-based, for bias correction
@@ -54,6 +67,10 @@ class Backend {
   // Uniform in [low, high) and normal(mean, std) from `generator`'s counters.
   virtual void uniform(const Tensor& out, Generator& generator, double low, double high) = 0;
   virtual void normal(const Tensor& out, Generator& generator, double mean, double std) = 0;
+  // Inverted dropout on contiguous tensors in one pass: element i is kept when the uniform
+  // draw uniform(out) would make for it is >= p; mask = kept / (1 - p), out = in * mask.
+  virtual void dropout(const Tensor& in, Generator& generator, double p, const Tensor& out,
+                       const Tensor& mask) = 0;
 
   // Elementwise. Inputs have out's shape (broadcast inputs arrive as expanded views).
   virtual void unary(UnaryOp op, const Tensor& in, const Tensor& out) = 0;
@@ -66,7 +83,8 @@ class Backend {
   virtual void argmax(const Tensor& in, int64_t dim, const Tensor& out) = 0;
 
   // out[..., M, N] = a[..., M, K] @ b[..., K, N] (+ out when accumulate); batch dims are
-  // already broadcast.
+  // already broadcast. a and b share a dtype; out has it too, or is f32 for f16/bf16 inputs
+  // (products accumulate in f32 either way).
   virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) = 0;
 
   virtual void softmax(const Tensor& in, int64_t dim, bool log, const Tensor& out) = 0;
@@ -90,11 +108,31 @@ class Backend {
                                       int64_t ignore_index, double scale,
                                       const Tensor& grad_logits) = 0;
 
+  // Convolution (groups = 1, no bias: autograd adds it) and pooling over [N, C, H, W], as
+  // PyTorch computes them. x [N, C, H, W] * weight [O, C, kh, kw] -> out [N, O, OH, OW]; the
+  // backward ops overwrite grad_x and grad_weight. Max pooling treats padding as -inf and
+  // records in argmax (i64, out's shape) the in-plane offset h * W + w of each window's first
+  // maximum, where its gradient goes; average pooling counts padding in the mean.
+  virtual void conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& geometry,
+                      const Tensor& out) = 0;
+  virtual void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight,
+                                     const Conv2dGeometry& geometry, const Tensor& grad_x) = 0;
+  virtual void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x,
+                                      const Conv2dGeometry& geometry,
+                                      const Tensor& grad_weight) = 0;
+  virtual void max_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out,
+                          const Tensor& argmax) = 0;
+  virtual void max_pool2d_backward(const Tensor& grad_out, const Tensor& argmax,
+                                   const Pool2dGeometry& window, const Tensor& grad_x) = 0;
+  virtual void avg_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out) = 0;
+  virtual void avg_pool2d_backward(const Tensor& grad_out, const Pool2dGeometry& window,
+                                   const Tensor& grad_x) = 0;
+
   // Optimizer updates, in place on contiguous tensors.
   virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
                         double lr, double momentum, double weight_decay, bool first_step) = 0;
-  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                          const Tensor& exp_avg_sq, const AdamWParams& params) = 0;
+  // Updates every slot in one pass: one kernel launch on CUDA however many parameters.
+  virtual void adamw_step(std::span<const AdamWSlot> slots, const AdamWParams& params) = 0;
 };
 
 Backend& backend(Device device);

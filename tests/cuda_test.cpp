@@ -4,8 +4,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
-#include <limits>
 
+#include "cuda_testing.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
 #ifdef PIPIT_WITH_CUDA
@@ -13,32 +13,12 @@
 #endif
 
 using namespace pipit;
+using testing::cuda_ready;
+using testing::kCpu;
+using testing::kCuda;
+using testing::poisoned;
 
 namespace {
-
-const Device kCuda = Device::cuda(0);
-const Device kCpu = Device::cpu();
-
-// True when the test can run; otherwise records a visible skip.
-bool cuda_ready() {
-#ifdef PIPIT_WITH_CUDA
-  if (cuda::is_available()) return true;
-  WARN("skipped: no CUDA device");
-#else
-  WARN("skipped: pipit was built without CUDA");
-#endif
-  return false;
-}
-
-// An output on `device` filled with a value no kernel produces, so unwritten elements show.
-Tensor poisoned(const Shape& shape, DType dtype, Device device) {
-  Tensor t = Tensor::empty(shape, dtype, device);
-  const double poison = is_floating(dtype)   ? std::numeric_limits<double>::quiet_NaN()
-                        : dtype == DType::b8 ? 1.0
-                                             : -987654.0;
-  backend(device).fill(t, poison);
-  return t;
-}
 
 // Every element of `got` (any device) within tol of `want` relative to the larger of |want|
 // and the mean magnitude of want, so sums that cancel are not held to a tighter bound.

@@ -14,6 +14,8 @@ class CpuBackend final : public Backend {
   void arange(const Tensor& out, double start, double step) override;
   void uniform(const Tensor& out, Generator& generator, double low, double high) override;
   void normal(const Tensor& out, Generator& generator, double mean, double std) override;
+  void dropout(const Tensor& in, Generator& generator, double p, const Tensor& out,
+               const Tensor& mask) override;
   void unary(UnaryOp op, const Tensor& in, const Tensor& out) override;
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
   void where(const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out) override;
@@ -36,10 +38,22 @@ class CpuBackend final : public Backend {
                      const Tensor& losses) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                               double scale, const Tensor& grad_logits) override;
+  void conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& geometry,
+              const Tensor& out) override;
+  void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight,
+                             const Conv2dGeometry& geometry, const Tensor& grad_x) override;
+  void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x,
+                              const Conv2dGeometry& geometry, const Tensor& grad_weight) override;
+  void max_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out,
+                  const Tensor& argmax) override;
+  void max_pool2d_backward(const Tensor& grad_out, const Tensor& argmax,
+                           const Pool2dGeometry& window, const Tensor& grad_x) override;
+  void avg_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out) override;
+  void avg_pool2d_backward(const Tensor& grad_out, const Pool2dGeometry& window,
+                           const Tensor& grad_x) override;
   void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr,
                 double momentum, double weight_decay, bool first_step) override;
-  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                  const Tensor& exp_avg_sq, const AdamWParams& params) override;
+  void adamw_step(std::span<const AdamWSlot> slots, const AdamWParams& params) override;
 };
 
 }  // namespace pipit

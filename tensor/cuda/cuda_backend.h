@@ -8,7 +8,7 @@ namespace pipit {
 // are ordered as they are issued and copies back to the host wait for them.
 // Methods are defined across tensor/cuda/*: memory, copies and GEMM in cuda_backend.cpp,
 // elementwise, random and optimizer kernels in elementwise.cu, reductions and fused nn kernels
-// in reduce.cu.
+// in reduce.cu, convolutions (cuDNN) in conv.cpp, pooling in pool.cu.
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int index) : index_(index) {}
@@ -20,6 +20,8 @@ class CudaBackend final : public Backend {
   void arange(const Tensor& out, double start, double step) override;
   void uniform(const Tensor& out, Generator& generator, double low, double high) override;
   void normal(const Tensor& out, Generator& generator, double mean, double std) override;
+  void dropout(const Tensor& in, Generator& generator, double p, const Tensor& out,
+               const Tensor& mask) override;
   void unary(UnaryOp op, const Tensor& in, const Tensor& out) override;
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
   void where(const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out) override;
@@ -42,10 +44,22 @@ class CudaBackend final : public Backend {
                      const Tensor& losses) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                               double scale, const Tensor& grad_logits) override;
+  void conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& geometry,
+              const Tensor& out) override;
+  void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight,
+                             const Conv2dGeometry& geometry, const Tensor& grad_x) override;
+  void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x,
+                              const Conv2dGeometry& geometry, const Tensor& grad_weight) override;
+  void max_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out,
+                  const Tensor& argmax) override;
+  void max_pool2d_backward(const Tensor& grad_out, const Tensor& argmax,
+                           const Pool2dGeometry& window, const Tensor& grad_x) override;
+  void avg_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out) override;
+  void avg_pool2d_backward(const Tensor& grad_out, const Pool2dGeometry& window,
+                           const Tensor& grad_x) override;
   void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr,
                 double momentum, double weight_decay, bool first_step) override;
-  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                  const Tensor& exp_avg_sq, const AdamWParams& params) override;
+  void adamw_step(std::span<const AdamWSlot> slots, const AdamWParams& params) override;
 
  private:
   int index_;

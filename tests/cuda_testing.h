@@ -1,0 +1,37 @@
+#pragma once
+// Shared by the [cuda] test files: the visible skip without a device, and poisoned outputs.
+#include <catch2/catch.hpp>
+#include <limits>
+
+#include "pipit.h"
+#ifdef PIPIT_WITH_CUDA
+#include "tensor/cuda/cuda_device.h"
+#endif
+
+namespace testing {
+
+inline const pipit::Device kCuda = pipit::Device::cuda(0);
+inline const pipit::Device kCpu = pipit::Device::cpu();
+
+// True when the test can run; otherwise records a visible skip.
+inline bool cuda_ready() {
+#ifdef PIPIT_WITH_CUDA
+  if (pipit::cuda::is_available()) return true;
+  WARN("skipped: no CUDA device");
+#else
+  WARN("skipped: pipit was built without CUDA");
+#endif
+  return false;
+}
+
+// An output on `device` filled with a value no kernel produces, so unwritten elements show.
+inline pipit::Tensor poisoned(const pipit::Shape& shape, pipit::DType dtype, pipit::Device device) {
+  pipit::Tensor t = pipit::Tensor::empty(shape, dtype, device);
+  const double poison = pipit::is_floating(dtype)   ? std::numeric_limits<double>::quiet_NaN()
+                        : dtype == pipit::DType::b8 ? 1.0
+                                                    : -987654.0;
+  pipit::backend(device).fill(t, poison);
+  return t;
+}
+
+}  // namespace testing
