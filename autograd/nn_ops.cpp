@@ -21,6 +21,13 @@ struct SoftmaxBackward : Node {
   std::string name() const override { return log ? "LogSoftmaxBackward" : "SoftmaxBackward"; }
 };
 
+// The mask holds 0 or 1 / (1 - p), so the backward is one multiply.
+struct DropoutBackward : Node {
+  Tensor mask;
+  std::vector<Tensor> apply(const Tensor& g) override { return {g * mask}; }
+  std::string name() const override { return "DropoutBackward"; }
+};
+
 Tensor softmax_op(const Tensor& x, int64_t dim, bool log) {
   const char* name = log ? "log_softmax" : "softmax";
   PIPIT_CHECK(is_floating(x.dtype()), name, ": needs a floating dtype, got ", x.dtype());
@@ -121,9 +128,14 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* generator) {
   PIPIT_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
+  PIPIT_CHECK(is_floating(x.dtype()), "dropout: needs a floating dtype, got ", x.dtype());
   if (!training || p == 0) return x;
-  Tensor keep = ge(rand(x.shape(), generator, {x.dtype(), x.device()}), scalar_like(x, p));
-  return x * (keep.to(x.dtype()) * (1.0 / (1.0 - p)));
+  Tensor in = x.detach().contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor mask = Tensor::empty(x.shape(), x.dtype(), x.device());
+  backend(x).dropout(in, generator ? *generator : default_generator(), p, out, mask);
+  if (auto node = detail::make_node<DropoutBackward>(out, {x})) node->mask = mask;
+  return out;
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {

@@ -95,6 +95,17 @@ TEST_CASE("cuda: matmul in f32, TF32, bf16 and f16 against the CPU", "[cuda]") {
   }
 }
 
+TEST_CASE("cuda: fused dropout draws the CPU's mask", "[cuda]") {
+  if (!cuda_ready()) return;
+  Generator data(26);
+  const Tensor x = randn({33, 65}, &data);
+  Generator g_cpu(27), g_gpu(27);
+  const Tensor want = dropout(x, 0.25, true, &g_cpu);
+  const Tensor got = dropout(x.to(kCuda), 0.25, true, &g_gpu);
+  CHECK(relative_error(got, want) == 0);
+  CHECK(g_cpu.offset() == g_gpu.offset());
+}
+
 TEST_CASE("cuda: staged copies of many chunks and strided sources round-trip exactly", "[cuda]") {
   if (!cuda_ready()) return;
   Generator g(22);

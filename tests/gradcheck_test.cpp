@@ -1,5 +1,6 @@
 // Finite-difference checks of every differentiable op, in f64, including broadcasting and
 // non-contiguous (transposed, sliced, expanded) inputs.
+#include <numeric>
 #include <thread>
 
 #include "gradcheck.h"
@@ -135,6 +136,27 @@ TEST_CASE("dropout with a fixed generator", "[gradcheck]") {
         return dropout(v[0], 0.3, true, &generator);
       },
       in);
+}
+
+TEST_CASE("fused dropout keeps exactly where the generator's uniform draws reach p",
+          "[gradcheck]") {
+  for (DType dtype : {DType::f32, DType::f64}) {
+    INFO(dtype);
+    Generator data(6);
+    // Transposed, so the kernel sees a copy made contiguous in row-major order.
+    Tensor x = transpose(randn({7, 9}, &data, {dtype}), 0, 1);
+    Generator g1(8), g2(8);
+    const Tensor out = dropout(x, 0.4, true, &g1);
+    const Tensor keep = ge(rand(x.shape(), &g2, {dtype}), scalar_like(x, 0.4));
+    const Tensor want = x * (keep.to(dtype) * (1.0 / 0.6));
+    CHECK(out.to_vector<double>() == want.to_vector<double>());
+    CHECK(g1.offset() == g2.offset());
+    const std::vector<double> kept = keep.to(DType::f64).to_vector<double>();
+    const double fraction = std::accumulate(kept.begin(), kept.end(), 0.0) / 63.0;
+    CHECK(fraction > 0.3);
+    CHECK(fraction < 0.9);
+  }
+  CHECK_THROWS_WITH(dropout(from_vector<int64_t>({1, 2}), 0.5, true), Catch::Contains("I64"));
 }
 
 TEST_CASE("autograd engine semantics", "[gradcheck][autograd]") {

@@ -108,6 +108,27 @@ void CpuBackend::uniform(const Tensor& out, Generator& generator, double low, do
                        }));
 }
 
+void CpuBackend::dropout(const Tensor& in, Generator& generator, double p, const Tensor& out,
+                         const Tensor& mask) {
+  PIPIT_CHECK(in.is_contiguous() && out.is_contiguous() && mask.is_contiguous(),
+              "dropout: tensors must be contiguous");
+  uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));
+  PIPIT_DISPATCH_FLOAT(out.dtype(), "dropout", {
+    using T = scalar_t;
+    const T* x = in.data<T>();
+    T* o = out.data<T>();
+    T* m = mask.data<T>();
+    const T threshold = T(p), scale = T(1.0 / (1.0 - p));
+    int64_t n = out.numel();
+    cpu::parallel_range(n, cpu::threads_for(n), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        m[i] = T(generator.uniform(base + static_cast<uint64_t>(i))) >= threshold ? scale : T(0);
+        o[i] = x[i] * m[i];
+      }
+    });
+  });
+}
+
 void CpuBackend::normal(const Tensor& out, Generator& generator, double mean, double std) {
   uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));
   // Box-Muller on the two 32-bit halves of one counter's bits.
@@ -141,30 +162,31 @@ void CpuBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor&
   });
 }
 
-void CpuBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                            const Tensor& exp_avg_sq, const AdamWParams& a) {
-  PIPIT_DISPATCH_FLOAT(param.dtype(), "adamw_step", {
-    using T = scalar_t;
-    T* p = param.data<T>();
-    const T* g = grad.data<T>();
-    T* m = exp_avg.data<T>();
-    T* v = exp_avg_sq.data<T>();
-    const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
-    const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
-    const T step_size = T(a.lr / bc1);
-    const T bc2_sqrt = T(std::sqrt(bc2));
-    const T decay = T(1.0 - a.lr * a.weight_decay);
-    const T b1 = T(a.beta1), b2 = T(a.beta2), eps = T(a.eps);
-    int64_t n = param.numel();
-    cpu::parallel_range(n, cpu::threads_for(n), [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        p[i] *= decay;
-        m[i] = b1 * m[i] + (T(1) - b1) * g[i];
-        v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
-        p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
-      }
+void CpuBackend::adamw_step(std::span<const AdamWSlot> slots, const AdamWParams& a) {
+  for (const AdamWSlot& slot : slots) {
+    PIPIT_DISPATCH_FLOAT(slot.param.dtype(), "adamw_step", {
+      using T = scalar_t;
+      T* p = slot.param.data<T>();
+      const T* g = slot.grad.data<T>();
+      T* m = slot.exp_avg.data<T>();
+      T* v = slot.exp_avg_sq.data<T>();
+      const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
+      const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
+      const T step_size = T(a.lr / bc1);
+      const T bc2_sqrt = T(std::sqrt(bc2));
+      const T decay = T(1.0 - a.lr * a.weight_decay);
+      const T b1 = T(a.beta1), b2 = T(a.beta2), eps = T(a.eps);
+      int64_t n = slot.param.numel();
+      cpu::parallel_range(n, cpu::threads_for(n), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          p[i] *= decay;
+          m[i] = b1 * m[i] + (T(1) - b1) * g[i];
+          v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
+          p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
+        }
+      });
     });
-  });
+  }
 }
 
 }  // namespace pipit

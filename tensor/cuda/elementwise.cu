@@ -457,6 +457,29 @@ void CudaBackend::uniform(const Tensor& out, Generator& generator, double low, d
   });
 }
 
+void CudaBackend::dropout(const Tensor& in, Generator& generator, double p, const Tensor& out,
+                          const Tensor& mask) {
+  DeviceGuard guard(index_);
+  PIPIT_CHECK(in.is_contiguous() && out.is_contiguous() && mask.is_contiguous(),
+              "dropout: tensors must be contiguous");
+  const uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));
+  const uint64_t seed = mix64(generator.seed() ^ 0x632be59bd9b4e019ull);
+  PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "dropout", {
+    using T = scalar_t;
+    const T* x = ptr<T>(in);
+    T* o = ptr<T>(out);
+    T* m = ptr<T>(mask);
+    const T threshold = T(p), scale = T(1.0 / (1.0 - p));
+    // The draw uniform(out) makes for element i, rounded to T as uniform stores it.
+    cuda::for_each("dropout", out.numel(), [=] __device__(int64_t i) {
+      const uint64_t bits = random_bits(seed, base + static_cast<uint64_t>(i));
+      const T u = T(static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0));
+      m[i] = u >= threshold ? scale : T(0);
+      o[i] = x[i] * m[i];
+    });
+  });
+}
+
 void CudaBackend::normal(const Tensor& out, Generator& generator, double mean, double std) {
   DeviceGuard guard(index_);
   const uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));

@@ -258,6 +258,11 @@ void OpTimer::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& mo
   });
 }
 
+void OpTimer::dropout(const Tensor& in, Generator& generator, double p, const Tensor& out,
+                      const Tensor& mask) {
+  timed("dropout", nullptr, [&] { inner_.dropout(in, generator, p, out, mask); });
+}
+
 void OpTimer::adamw_step(std::span<const AdamWSlot> slots, const AdamWParams& params) {
   timed("adamw_step", nullptr, [&] { inner_.adamw_step(slots, params); });
 }

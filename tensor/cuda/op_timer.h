@@ -90,6 +90,8 @@ class OpTimer final : public Backend {
   void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr,
                 double momentum, double weight_decay, bool first_step) override;
   void adamw_step(std::span<const AdamWSlot> slots, const AdamWParams& params) override;
+  void dropout(const Tensor& in, Generator& generator, double p, const Tensor& out,
+               const Tensor& mask) override;
 
  private:
   struct State;
