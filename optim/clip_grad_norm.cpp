@@ -1,4 +1,6 @@
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "autograd/ops.h"
 #include "optim/optimizer.h"
@@ -8,13 +10,18 @@ namespace pipit {
 
 double grad_norm_squared(const std::vector<Tensor>& parameters) {
   NoGradGuard no_grad;
-  double total = 0;
+  // Summed on each gradient's device and read back once per device: a GPU waits for its
+  // queued work once, not once per parameter.
+  std::map<std::string, Tensor> totals;
   for (const Tensor& p : parameters) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     Tensor g64 = g.to(DType::f64);
-    total += sum(g64 * g64).item<double>();
+    Tensor& total = totals[g.device().str()];
+    total = total.defined() ? total + sum(g64 * g64) : sum(g64 * g64);
   }
+  double total = 0;
+  for (const auto& [device, sum_on_device] : totals) total += sum_on_device.item<double>();
   return total;
 }
 
