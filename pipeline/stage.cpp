@@ -52,6 +52,13 @@ void Stage::run() {
   }
 }
 
+Tensor Stage::on_device(const Tensor& received) {
+  Tensor local = received.to(spec_.device);
+  // Another stage's stream allocated it, and that stage may drop it last.
+  if (local.same_storage(received)) record_stream(local, stream_);
+  return local;
+}
+
 void Stage::send(int to, Message message) {
   if (spec_.device.is_cuda()) {
     if (comm_->carries_device_tensors()) {
@@ -181,14 +188,15 @@ void Stage::run_ready_tasks() {
 void Stage::forward(const Task& task, const Tensor& input) {
   Message out{MessageKind::Activation, step_, task.microbatch, task.chunk + 1};
   const int to = task.chunk == last_chunk() ? kCoordinator : (task.chunk + 1) % spec_.stages;
+  const Tensor local = on_device(input);
   if (!training_) {
     NoGradGuard no_grad;
-    out.tensors = {chunk(task.chunk).forward(input.to(spec_.device))};
+    out.tensors = {chunk(task.chunk).forward(local)};
     send(to, std::move(out));
     return;
   }
   // The received tensor starts this stage's own graph; its gradient is what goes upstream.
-  Tensor leaf = input.to(spec_.device).detach();
+  Tensor leaf = local.detach();
   if (task.chunk > 0 && is_floating(leaf.dtype())) leaf.requires_grad_();
   Tensor output = chunk(task.chunk).forward(leaf);
   out.tensors = {output.detach()};
@@ -204,7 +212,7 @@ void Stage::backward(const Task& task, const Tensor& grad) {
   stash_.erase(stashed);
   PIPIT_CHECK(grad.shape() == output.shape(), "the gradient has shape ", shape_str(grad.shape()),
               " but the chunk's output has shape ", shape_str(output.shape()));
-  if (output.requires_grad()) output.backward(grad.to(output.device()));
+  if (output.requires_grad()) output.backward(on_device(grad));
   if (task.chunk == 0) return;
   Tensor input_grad = leaf.grad();
   if (!input_grad.defined()) input_grad = zeros_like(leaf);

@@ -60,6 +60,8 @@ class Stage {
   void finish_step();
   void apply_optimizer(const Message& message);
   void send_state(int64_t step);
+  // A received tensor on this stage's device, its memory guarded for our stream's use.
+  Tensor on_device(const Tensor& received);
   // Sends a result, making its tensors readable by the receiver (see Communicator).
   void send(int to, Message message);
   void reset();

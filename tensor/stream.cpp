@@ -49,6 +49,7 @@ Stream Stream::create(Device device) {
                   cudaStreamSynchronize(static_cast<cudaStream_t>(s));
                   cudaStreamDestroy(static_cast<cudaStream_t>(s));
                   cudaSetDevice(previous);
+                  cudaGetLastError();  // unreportable here; it must not stick to the next op
                 }));
 #else
   throw Error("stream: device " + device.str() +
@@ -82,6 +83,13 @@ StreamGuard::StreamGuard(const Stream& stream) : stream_(stream), previous_(null
 StreamGuard::~StreamGuard() {
   if (stream_.device().is_cpu()) return;
   current_streams[stream_.device().index] = previous_;
+}
+
+void record_stream(const Tensor& tensor, const Stream& stream) {
+  if (!tensor.device().is_cuda() || tensor.device() != stream.device()) return;
+#ifdef PIPIT_WITH_CUDA
+  cuda::record_stream(*tensor.storage(), stream.handle());
+#endif
 }
 
 void synchronize(Device device) {

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "tensor/device.h"
+#include "tensor/tensor.h"
 
 namespace pipit {
 
@@ -50,6 +51,12 @@ class StreamGuard {
   Stream stream_;  // kept alive while current
   void* previous_;
 };
+
+// Tells the allocator that work queued on `stream` reads or writes `tensor`, which another
+// stream allocated: when the tensor's memory is released, its next user waits for that work
+// too. Needed when a tensor travels to a thread with another stream and the sender may drop
+// the last reference (as torch's Tensor.record_stream). A no-op for CPU tensors.
+void record_stream(const Tensor& tensor, const Stream& stream);
 
 // Blocks until all work queued on `device`, on any stream, has finished.
 void synchronize(Device device);

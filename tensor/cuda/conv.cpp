@@ -112,7 +112,8 @@ struct Descriptors {
 };
 
 // cuDNN's candidates (fastest first) in the order tried: deterministic ones first; for f32
-// never one that rounds operands to TF32.
+// never one that rounds operands to TF32, and run with FMA math, because DEFAULT_MATH lets
+// cuDNN use TF32 for f32 on sm_80 and later.
 template <typename Perf>
 std::vector<Perf> candidates(const std::vector<Perf>& ranked, bool f32) {
   std::vector<Perf> order;
@@ -123,6 +124,7 @@ std::vector<Perf> candidates(const std::vector<Perf>& ranked, bool f32) {
       if (p.status == CUDNN_STATUS_SUCCESS && !(f32 && tensor_ops) &&
           (p.determinism == CUDNN_DETERMINISTIC) == deterministic) {
         order.push_back(p);
+        if (f32) order.back().mathType = CUDNN_FMA_MATH;
       }
     }
   }

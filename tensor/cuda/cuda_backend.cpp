@@ -6,6 +6,7 @@
 #include "tensor/precision.h"
 
 #include <limits>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -21,7 +22,13 @@ namespace {
 struct Blas {
   std::mutex mutex;
   cublasHandle_t handle = nullptr;
+  // A workspace per stream: GEMMs queued on two streams at once must not share one, and
+  // cublasSetStream resets the handle's workspace to the library's default pool.
+  std::map<void*, std::shared_ptr<Storage>> workspaces;
 };
+
+// cuBLAS's recommended workspace for Hopper (and more than enough for Ampere).
+constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 
 Blas& blas(int device) {
   static std::mutex mutex;
@@ -140,9 +147,12 @@ void matmul_on_device(int device, const Tensor& a_in, const Tensor& b_in, const 
   const int64_t stride_a = batch_stride(a), stride_b = batch_stride(b);
   Blas& h = blas(device);
   std::lock_guard<std::mutex> lock(h.mutex);
-  PIPIT_CUBLAS_CHECK(
-      "matmul",
-      cublasSetStream(h.handle, static_cast<cudaStream_t>(cuda::current_stream_handle(device))));
+  void* stream = cuda::current_stream_handle(device);
+  PIPIT_CUBLAS_CHECK("matmul", cublasSetStream(h.handle, static_cast<cudaStream_t>(stream)));
+  std::shared_ptr<Storage>& workspace = h.workspaces[stream];
+  if (!workspace) workspace = cuda::allocate(device, kBlasWorkspaceBytes);
+  PIPIT_CUBLAS_CHECK("matmul",
+                     cublasSetWorkspace(h.handle, workspace->data(), kBlasWorkspaceBytes));
   if (batch > 1 && stride_b == 0 && batch_folds_into_rows(a, la)) {
     gemm(h.handle, a.dtype(), {a.raw_data(), la, 0}, {b.raw_data(), lb, 0}, M * batch, N, K,
          accumulate, out, 1);

@@ -1,5 +1,6 @@
 #include "tensor/cuda/cuda_device.h"
 
+#include <algorithm>
 #include <bit>
 #include <map>
 #include <mutex>
@@ -42,7 +43,10 @@ DeviceGuard::DeviceGuard(int index) : previous_(index), index_(index) {
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (previous_ != index_) cudaSetDevice(previous_);
+  if (previous_ != index_) {
+    cudaSetDevice(previous_);
+    cudaGetLastError();  // a destructor cannot report it; it must not stick to the next op
+  }
 }
 
 namespace {
@@ -56,11 +60,11 @@ size_t size_class(size_t nbytes) {
   return (n + step - 1) / step * step;
 }
 
-// A cached block. `ready` is set when the block was last used on another stream than the one
-// it belongs to: the owner's next user waits for it before touching the memory.
+// A cached block. `ready` holds events recorded on the other streams that used the block
+// before it was released: the owner's next user waits for them before touching the memory.
 struct Block {
   void* data = nullptr;
-  cudaEvent_t ready = nullptr;
+  std::vector<cudaEvent_t> ready;
 };
 
 // Free lists are per (stream, size): a block freed by the stream that allocated it can go to
@@ -70,6 +74,8 @@ using FreeKey = std::pair<void*, size_t>;
 struct Cache {
   std::mutex mutex;
   std::map<FreeKey, std::vector<Block>> free_blocks;
+  // Live blocks that record_stream marked as used on streams other than their owner.
+  std::unordered_map<void*, std::vector<void*>> used_on;
   MemoryStats stats;
 };
 
@@ -83,44 +89,90 @@ Cache& cache(int device) {
   return *c;
 }
 
+// Frees every cached block even when a call fails, so none is freed twice later; then reports
+// the first failure.
 void free_cached(int device, Cache& c) {
   DeviceGuard guard(device);
+  cudaError_t first = cudaSuccess;
   for (auto& [key, blocks] : c.free_blocks) {
     for (const Block& b : blocks) {
-      if (b.ready) PIPIT_CUDA_CHECK("empty_cache", cudaEventDestroy(b.ready));
-      PIPIT_CUDA_CHECK("empty_cache", cudaFree(b.data));
+      for (cudaEvent_t e : b.ready) {
+        const cudaError_t status = cudaEventDestroy(e);
+        if (first == cudaSuccess) first = status;
+      }
+      const cudaError_t status = cudaFree(b.data);
+      if (first == cudaSuccess) first = status;
     }
   }
   c.free_blocks.clear();
   c.stats.reserved = 0;
+  cudaGetLastError();
+  if (first != cudaSuccess) throw_cuda_error("empty_cache", "cudaFree", first);
 }
 
-// Runs in Storage's deleter, so it must not throw. A block released from another stream than
-// its own gets an event on the releasing thread's stream; if even that fails, the device is
-// synchronised so the block is idle before anyone reuses it.
+// Makes `stream` wait for `event`; a failure falls back to waiting on the host, which orders
+// just as well. Never throws, so a popped block cannot be lost.
+void wait_for(cudaStream_t stream, cudaEvent_t event) noexcept {
+  if (cudaStreamWaitEvent(stream, event, 0) != cudaSuccess) cudaEventSynchronize(event);
+  cudaEventDestroy(event);
+  cudaGetLastError();
+}
+
+// Runs in Storage's deleter, so it must not throw. The block gets an event on every stream
+// other than its owner that used it (the releasing thread's, and those record_stream named);
+// if even that fails, the device is synchronised so the block is idle before anyone reuses it.
 void release(Cache& c, int device, void* owner_stream, void* data, size_t size) noexcept {
-  Block block{data, nullptr};
+  std::vector<void*> streams;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (auto it = c.used_on.find(data); it != c.used_on.end()) {
+      streams = std::move(it->second);
+      c.used_on.erase(it);
+    }
+  }
   int previous = 0;
   const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device &&
                         cudaSetDevice(device) == cudaSuccess;
-  void* releasing_stream = current_stream_handle(device);
-  if (releasing_stream != owner_stream) {
-    if (cudaEventCreateWithFlags(&block.ready, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventRecord(block.ready, static_cast<cudaStream_t>(releasing_stream)) != cudaSuccess) {
-      cudaGetLastError();
-      if (block.ready) cudaEventDestroy(block.ready);
-      block.ready = nullptr;
-      cudaDeviceSynchronize();
+  streams.push_back(current_stream_handle(device));
+  Block block{data, {}};
+  bool failed = false;
+  for (void* stream : streams) {
+    if (stream == owner_stream) continue;
+    cudaEvent_t event = nullptr;
+    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+      failed = true;
+      break;
+    }
+    block.ready.push_back(event);
+    if (cudaEventRecord(event, static_cast<cudaStream_t>(stream)) != cudaSuccess) {
+      failed = true;
+      break;
     }
   }
+  if (failed) {
+    for (cudaEvent_t e : block.ready) cudaEventDestroy(e);
+    block.ready.clear();
+    cudaDeviceSynchronize();
+  }
   if (switched) cudaSetDevice(previous);
+  cudaGetLastError();
   std::lock_guard<std::mutex> lock(c.mutex);
   c.stats.allocated -= size;
-  c.free_blocks[{owner_stream, size}].push_back(block);
+  c.free_blocks[{owner_stream, size}].push_back(std::move(block));
   c.stats.reserved += size;
 }
 
 }  // namespace
+
+void record_stream(const Storage& storage, void* stream) {
+  const int device = storage.device().index;
+  Cache& c = cache(device);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  std::vector<void*>& streams = c.used_on[storage.data()];
+  if (std::find(streams.begin(), streams.end(), stream) == streams.end()) {
+    streams.push_back(stream);
+  }
+}
 
 std::shared_ptr<Storage> allocate(int device, size_t nbytes) {
   const size_t size = size_class(nbytes);
@@ -131,15 +183,11 @@ std::shared_ptr<Storage> allocate(int device, size_t nbytes) {
   void* data = nullptr;
   auto it = c.free_blocks.find({stream, size});
   if (it != c.free_blocks.end() && !it->second.empty()) {
-    const Block block = it->second.back();
+    Block block = std::move(it->second.back());
     it->second.pop_back();
     c.stats.reserved -= size;
     data = block.data;
-    if (block.ready) {
-      PIPIT_CUDA_CHECK("allocate",
-                       cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), block.ready, 0));
-      PIPIT_CUDA_CHECK("allocate", cudaEventDestroy(block.ready));
-    }
+    for (cudaEvent_t e : block.ready) wait_for(static_cast<cudaStream_t>(stream), e);
   } else if (cudaMalloc(&data, size) != cudaSuccess) {
     // Cached blocks of other sizes or streams may be what the device is missing: give them
     // back (cudaFree waits for the device to be idle), retry.

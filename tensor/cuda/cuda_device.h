@@ -38,5 +38,8 @@ MemoryStats memory_stats(int device);
 void reset_peak_memory(int device);
 // Returns every cached block of `device` to the driver.
 void empty_cache(int device);
+// Marks `storage` (a CUDA block) as used by work queued on `stream` (a cudaStream_t): when it
+// is released, its next user also waits for that work, as torch's record_stream.
+void record_stream(const Storage& storage, void* stream);
 
 }  // namespace pipit::cuda

@@ -440,8 +440,10 @@ void CudaBackend::fill(const Tensor& out, double value) {
 void CudaBackend::arange(const Tensor& out, double start, double step) {
   DeviceGuard guard(index_);
   PIPIT_CUDA_DISPATCH_NUMERIC(out.dtype(), "arange", {
-    fill_indexed<scalar_t>(
-        "arange", out, [=] __device__(int64_t i) { return start + step * static_cast<double>(i); });
+    fill_indexed<scalar_t>("arange", out, [=] __device__(int64_t i) {
+      // Rounded multiply and add (no FMA contraction), as the CPU computes it.
+      return __dadd_rn(start, __dmul_rn(step, static_cast<double>(i)));
+    });
   });
 }
 
@@ -452,7 +454,8 @@ void CudaBackend::uniform(const Tensor& out, Generator& generator, double low, d
   PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "uniform", {
     fill_indexed<scalar_t>("uniform", out, [=] __device__(int64_t i) {
       const uint64_t bits = random_bits(seed, base + static_cast<uint64_t>(i));
-      return low + (high - low) * (static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0));
+      const double u = static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);
+      return __dadd_rn(low, __dmul_rn(high - low, u));  // no FMA: the CPU's rounding
     });
   });
 }

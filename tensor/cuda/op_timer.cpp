@@ -60,6 +60,7 @@ OpTimer::~OpTimer() {
     cudaEventDestroy(p.stop);
   }
   for (cudaEvent_t event : state_->spare) cudaEventDestroy(event);
+  cudaGetLastError();  // a destructor cannot report it; it must not stick to the next op
 }
 
 template <typename Call>

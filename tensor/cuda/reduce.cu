@@ -325,6 +325,7 @@ struct InvalidIndex {
 
 InvalidIndex first_invalid(const char* op, const Tensor& indices, int64_t limit, bool use_ignore,
                            int64_t ignore) {
+  PIPIT_CHECK(indices.dtype() == DType::i64, op, ": indices must be I64, got ", indices.dtype());
   const int64_t n = indices.numel();
   if (n == 0) return {};
   Tensor first = Tensor::empty({1}, DType::i64, indices.device());
