@@ -2,6 +2,7 @@
 #include <limits>
 
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/kernel_layout.h"
 #include "tensor/parallel.h"
 
 namespace pipit {
@@ -38,14 +39,6 @@ Window pool_window(const Tensor& image, const Tensor& result, const Pool2dGeomet
 // Outputs are written through raw pointers in row-major order.
 void check_contiguous(const char* op, const Tensor& out) {
   PIPIT_CHECK(out.is_contiguous(), op, ": output must be contiguous");
-}
-
-// t itself when contiguous, else a contiguous copy.
-Tensor dense(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
-  backend(t).copy(t, out);
-  return out;
 }
 
 // A view of contiguous t with the given geometry.

@@ -12,6 +12,7 @@
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loop.h"
 #include "tensor/gemm_layout.h"
+#include "tensor/kernel_layout.h"
 
 namespace pipit {
 namespace {
@@ -75,10 +76,8 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t
 }
 
 Tensor gemm_ready(const Tensor& t) {
-  if (layout_of(t).usable) return t;
-  Tensor copy = Tensor::empty(t.shape(), t.dtype(), t.device());
-  backend(t).copy(t, copy);
-  return copy;
+  // A contiguous tensor always qualifies, so the fallback is always a copy.
+  return layout_of(t).usable ? t : dense(t);
 }
 
 template <typename T>

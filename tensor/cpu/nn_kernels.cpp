@@ -6,26 +6,10 @@
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loop.h"
 #include "tensor/cpu/vec_math.h"
+#include "tensor/kernel_layout.h"
 
 namespace pipit {
 namespace {
-
-Tensor contiguous_copy(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
-  backend(t).copy(t, out);
-  return out;
-}
-
-// A view of t with `dim` moved to the end.
-Tensor dim_last(const Tensor& t, int64_t dim) {
-  Shape shape = t.shape(), strides = t.strides();
-  shape.erase(shape.begin() + dim);
-  strides.erase(strides.begin() + dim);
-  shape.push_back(t.shape()[dim]);
-  strides.push_back(t.strides()[dim]);
-  return Tensor::from_storage(t.storage(), shape, strides, t.offset(), t.dtype());
-}
 
 // y = e^(x - shift) over n elements.
 void exp_shifted(const float* x, float shift, float* y, int64_t n) {
@@ -83,7 +67,7 @@ void softmax_backward_rows(const T* g, const T* y, T* gx, int64_t rows, int64_t 
 template <typename Kernel>
 void along_dim(const std::vector<Tensor>& inputs, const Tensor& out, int64_t dim, Kernel kernel) {
   std::vector<Tensor> rows;
-  for (const Tensor& t : inputs) rows.push_back(contiguous_copy(dim_last(t, dim)));
+  for (const Tensor& t : inputs) rows.push_back(dense(dim_last(t, dim)));
   Tensor out_view = dim_last(out, dim);
   Tensor out_rows =
       out_view.is_contiguous() ? out_view : Tensor::empty(out_view.shape(), out.dtype());
@@ -118,7 +102,7 @@ void CpuBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Tens
                             const Tensor& rstd_out) {
   PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm", {
     using T = scalar_t;
-    Tensor x = contiguous_copy(x_in);
+    Tensor x = dense(x_in);
     const int64_t C = x.shape().back();
     const int64_t rows = C == 0 ? 0 : x.numel() / C;
     const T* px = x.data<T>();
@@ -149,7 +133,7 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
                                      const Tensor& grad_weight, const Tensor& grad_bias) {
   PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm_backward", {
     using T = scalar_t;
-    Tensor x = contiguous_copy(x_in), g = contiguous_copy(grad_in);
+    Tensor x = dense(x_in), g = dense(grad_in);
     const int64_t C = x.shape().back();
     const int64_t rows = C == 0 ? 0 : x.numel() / C;
     const T* px = x.data<T>();
@@ -202,7 +186,7 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
 }
 
 void CpuBackend::embedding(const Tensor& weight, const Tensor& indices_in, const Tensor& out) {
-  Tensor indices = contiguous_copy(indices_in);
+  Tensor indices = dense(indices_in);
   const int64_t V = weight.shape()[0], C = weight.shape()[1];
   const int64_t n = indices.numel();
   const int64_t* idx = indices.data<int64_t>();
@@ -224,7 +208,7 @@ void CpuBackend::embedding_backward(const Tensor& grad_in, const Tensor& indices
                                     const Tensor& grad_weight) {
   PIPIT_DISPATCH_FLOAT(grad_weight.dtype(), "embedding_backward", {
     using T = scalar_t;
-    Tensor indices = contiguous_copy(indices_in), g = contiguous_copy(grad_in);
+    Tensor indices = dense(indices_in), g = dense(grad_in);
     const int64_t C = grad_weight.shape()[1];
     const int64_t n = indices.numel();
     const int64_t* idx = indices.data<int64_t>();
@@ -245,7 +229,7 @@ void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in
                                int64_t ignore_index, const Tensor& losses) {
   PIPIT_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy", {
     using T = scalar_t;
-    Tensor logits = contiguous_copy(logits_in), targets = contiguous_copy(targets_in);
+    Tensor logits = dense(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
     const T* x = logits.data<T>();
     const int64_t* t = targets.data<int64_t>();
@@ -276,7 +260,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
                                         const Tensor& grad_logits) {
   PIPIT_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy_backward", {
     using T = scalar_t;
-    Tensor logits = contiguous_copy(logits_in), targets = contiguous_copy(targets_in);
+    Tensor logits = dense(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
     const T* x = logits.data<T>();
     const int64_t* t = targets.data<int64_t>();

@@ -5,6 +5,7 @@
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loop.h"
+#include "tensor/kernel_layout.h"
 
 namespace pipit {
 namespace {
@@ -91,12 +92,6 @@ void reduce_columns(ReduceOp op, const T* x, int64_t R, int64_t K, T* out) {
   });
 }
 
-Tensor contiguous_copy(const Tensor& t) {
-  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
-  backend(t).copy(t, out);
-  return out;
-}
-
 // A view of t with dims reordered (no copy).
 Tensor permuted(const Tensor& t, const std::vector<int64_t>& order) {
   Shape shape, strides;
@@ -133,7 +128,7 @@ void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduce
     return reduce_columns<T>(op, in.data<T>(), R, K, o);
   }
   Tensor view = permuted(in, order);
-  Tensor rows = view.is_contiguous() ? view : contiguous_copy(view);
+  Tensor rows = dense(view);
   reduce_rows<T>(op, rows.data<T>(), K, R, o);
 }
 
@@ -154,7 +149,7 @@ void CpuBackend::argmax(const Tensor& in, int64_t dim, const Tensor& out) {
   }
   order.push_back(dim);
   Tensor view = permuted(in, order);
-  Tensor rows = view.is_contiguous() ? view : contiguous_copy(view);
+  Tensor rows = dense(view);
   const int64_t R = in.shape()[dim];
   const int64_t K = out.numel();
   int64_t* o = out.data<int64_t>();

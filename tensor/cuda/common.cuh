@@ -12,6 +12,7 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
+#include "tensor/kernel_layout.h"
 
 namespace pipit::cuda {
 
@@ -183,6 +184,25 @@ __device__ __forceinline__ T from_double(double v) {
   }
 }
 
+// expf/logf for float, the double versions otherwise.
+template <typename T>
+__device__ __forceinline__ T exp_(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return expf(x);
+  } else {
+    return exp(x);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T log_(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return logf(x);
+  } else {
+    return log(x);
+  }
+}
+
 // Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
 template <typename T>
 __device__ T block_sum(T v) {
@@ -214,10 +234,5 @@ __device__ T block_max(T v) {
   for (int w = 1; w < warps; ++w) total = warp_max[w] > total ? warp_max[w] : total;
   return total;
 }
-
-// A contiguous copy of t on its device (t itself when already contiguous).
-Tensor contiguous_on_device(const Tensor& t);
-// A view of t with `dim` moved last.
-Tensor dim_last(const Tensor& t, int64_t dim);
 
 }  // namespace pipit::cuda

@@ -15,6 +15,7 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/cudnn_check.h"
+#include "tensor/kernel_layout.h"
 
 namespace pipit {
 namespace {
@@ -259,14 +260,6 @@ void convolve(Pass pass, const char* op, int device, const Tensor& x, const Tens
       return;
     }
   }
-}
-
-// t itself when contiguous, else a contiguous copy on its device.
-Tensor dense(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
-  backend(t).copy(t, out);
-  return out;
 }
 
 }  // namespace

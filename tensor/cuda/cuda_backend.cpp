@@ -3,6 +3,7 @@
 // when its last two dims are row- or column-major, as the CPU backend passes them to BLAS.
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/gemm_layout.h"
+#include "tensor/kernel_layout.h"
 #include "tensor/precision.h"
 
 #include <limits>
@@ -65,10 +66,8 @@ int64_t batch_stride(const Tensor& t) {
 
 // t itself when cuBLAS can read it in place, else a contiguous copy on the device.
 Tensor gemm_ready(const Tensor& t) {
-  if (layout_of(t).usable && batch_stride(t) >= 0) return t;
-  Tensor copy = Tensor::empty(t.shape(), t.dtype(), t.device());
-  backend(t).copy(t, copy);
-  return copy;
+  // A contiguous tensor always qualifies, so the fallback is always a copy.
+  return layout_of(t).usable && batch_stride(t) >= 0 ? t : dense(t);
 }
 
 int as_int(int64_t v, const char* what) {

@@ -10,32 +10,7 @@
 namespace pipit {
 namespace cuda {
 
-Tensor contiguous_on_device(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
-  backend(t).copy(t, out);
-  return out;
-}
-
-Tensor dim_last(const Tensor& t, int64_t dim) {
-  Shape shape = t.shape(), strides = t.strides();
-  shape.erase(shape.begin() + dim);
-  strides.erase(strides.begin() + dim);
-  shape.push_back(t.shape()[dim]);
-  strides.push_back(t.strides()[dim]);
-  return Tensor::from_storage(t.storage(), shape, strides, t.offset(), t.dtype());
-}
-
 namespace elementwise {
-
-template <typename T>
-__device__ __forceinline__ T exp_(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return expf(x);
-  } else {
-    return exp(x);
-  }
-}
 
 // GELU, tanh form, with the same overflow-free terms as tensor/cpu/vec_math.h.
 template <typename T>
@@ -300,8 +275,22 @@ __host__ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-__device__ __forceinline__ uint64_t random_bits(uint64_t mixed_seed, uint64_t index) {
-  return mix64(mixed_seed + (index + 1) * 0x9e3779b97f4a7c15ull);
+// The counters one op reserved from a Generator: element i draws Generator::bits(base + i).
+struct Draws {
+  uint64_t mixed_seed, base;
+
+  __device__ uint64_t bits(int64_t i) const {
+    return mix64(mixed_seed + (base + static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull);
+  }
+  // Generator::uniform: 53 random bits scaled into [0, 1), exactly.
+  __device__ double uniform(int64_t i) const {
+    return static_cast<double>(bits(i) >> 11) * (1.0 / 9007199254740992.0);
+  }
+};
+
+Draws reserve_draws(Generator& generator, int64_t n) {
+  const uint64_t base = generator.reserve(static_cast<uint64_t>(n));
+  return {mix64(generator.seed() ^ 0x632be59bd9b4e019ull), base};
 }
 
 template <typename T, typename F>
@@ -401,7 +390,7 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   if (dst.device().is_cpu()) {
     // Device to host: compact on the device, one transfer, convert on the host.
     DeviceGuard guard(src.device().index);
-    Tensor compact = cuda::contiguous_on_device(src);
+    Tensor compact = dense(src);
     const bool direct = dst.is_contiguous() && dst.dtype() == src.dtype();
     Tensor host = direct ? dst : Tensor::empty(src.shape(), src.dtype());
     cuda::copy_device_to_host(host.raw_data(), compact.raw_data(), compact.nbytes());
@@ -413,7 +402,7 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
     Tensor compact;
     {
       DeviceGuard guard(src.device().index);
-      compact = cuda::contiguous_on_device(src);
+      compact = dense(src);
     }
     DeviceGuard guard(dst.device().index);
     Tensor landing = Tensor::empty(src.shape(), src.dtype(), dst.device());
@@ -449,13 +438,11 @@ void CudaBackend::arange(const Tensor& out, double start, double step) {
 
 void CudaBackend::uniform(const Tensor& out, Generator& generator, double low, double high) {
   DeviceGuard guard(index_);
-  const uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));
-  const uint64_t seed = mix64(generator.seed() ^ 0x632be59bd9b4e019ull);
+  const Draws draws = reserve_draws(generator, out.numel());
   PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "uniform", {
     fill_indexed<scalar_t>("uniform", out, [=] __device__(int64_t i) {
-      const uint64_t bits = random_bits(seed, base + static_cast<uint64_t>(i));
-      const double u = static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);
-      return __dadd_rn(low, __dmul_rn(high - low, u));  // no FMA: the CPU's rounding
+      // No FMA contraction: the CPU's rounding.
+      return __dadd_rn(low, __dmul_rn(high - low, draws.uniform(i)));
     });
   });
 }
@@ -465,8 +452,7 @@ void CudaBackend::dropout(const Tensor& in, Generator& generator, double p, cons
   DeviceGuard guard(index_);
   PIPIT_CHECK(in.is_contiguous() && out.is_contiguous() && mask.is_contiguous(),
               "dropout: tensors must be contiguous");
-  const uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));
-  const uint64_t seed = mix64(generator.seed() ^ 0x632be59bd9b4e019ull);
+  const Draws draws = reserve_draws(generator, out.numel());
   PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "dropout", {
     using T = scalar_t;
     const T* x = ptr<T>(in);
@@ -475,9 +461,7 @@ void CudaBackend::dropout(const Tensor& in, Generator& generator, double p, cons
     const T threshold = T(p), scale = T(1.0 / (1.0 - p));
     // The draw uniform(out) makes for element i, rounded to T as uniform stores it.
     cuda::for_each("dropout", out.numel(), [=] __device__(int64_t i) {
-      const uint64_t bits = random_bits(seed, base + static_cast<uint64_t>(i));
-      const T u = T(static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0));
-      m[i] = u >= threshold ? scale : T(0);
+      m[i] = T(draws.uniform(i)) >= threshold ? scale : T(0);
       o[i] = x[i] * m[i];
     });
   });
@@ -485,12 +469,11 @@ void CudaBackend::dropout(const Tensor& in, Generator& generator, double p, cons
 
 void CudaBackend::normal(const Tensor& out, Generator& generator, double mean, double std) {
   DeviceGuard guard(index_);
-  const uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));
-  const uint64_t seed = mix64(generator.seed() ^ 0x632be59bd9b4e019ull);
+  const Draws draws = reserve_draws(generator, out.numel());
   // Box-Muller on the two 32-bit halves of one counter's bits, as on the CPU.
   PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "normal", {
     fill_indexed<scalar_t>("normal", out, [=] __device__(int64_t i) {
-      const uint64_t bits = random_bits(seed, base + static_cast<uint64_t>(i));
+      const uint64_t bits = draws.bits(i);
       const double u1 = (static_cast<double>(bits >> 32) + 1.0) / 4294967296.0;
       const double u2 = static_cast<double>(bits & 0xffffffffu) / 4294967296.0;
       return mean + std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);

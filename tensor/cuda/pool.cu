@@ -146,7 +146,6 @@ void avg_backward(const Tensor& grad_out, const Tensor& grad_x, const Geometry& 
 }  // namespace pool
 }  // namespace cuda
 
-using cuda::contiguous_on_device;
 using cuda::DeviceGuard;
 
 void CudaBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out,
@@ -154,7 +153,7 @@ void CudaBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& window, cons
   DeviceGuard guard(index_);
   cuda::pool::check_output("max_pool2d", out);
   cuda::pool::check_output("max_pool2d", argmax);
-  const Tensor input = contiguous_on_device(x);
+  const Tensor input = dense(x);
   const cuda::pool::Geometry g = cuda::pool::geometry(x, out, window);
   PIPIT_CUDA_DISPATCH_FLOAT(x.dtype(), "max_pool2d",
                             cuda::pool::max_forward<scalar_t>(input, out, argmax, g));
@@ -166,7 +165,7 @@ void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& argm
   cuda::pool::check_output("max_pool2d_backward", grad_x);
   PIPIT_CHECK(argmax.dtype() == DType::i64, "max_pool2d_backward: argmax must be I64, got ",
               argmax.dtype());
-  const Tensor grad = contiguous_on_device(grad_out), indices = contiguous_on_device(argmax);
+  const Tensor grad = dense(grad_out), indices = dense(argmax);
   const cuda::pool::Geometry g = cuda::pool::geometry(grad_x, grad_out, window);
   PIPIT_CUDA_DISPATCH_FLOAT(grad.dtype(), "max_pool2d_backward",
                             cuda::pool::max_backward<scalar_t>(grad, indices, grad_x, g));
@@ -175,7 +174,7 @@ void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& argm
 void CudaBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out) {
   DeviceGuard guard(index_);
   cuda::pool::check_output("avg_pool2d", out);
-  const Tensor input = contiguous_on_device(x);
+  const Tensor input = dense(x);
   const cuda::pool::Geometry g = cuda::pool::geometry(x, out, window);
   PIPIT_CUDA_DISPATCH_FLOAT(x.dtype(), "avg_pool2d",
                             cuda::pool::avg_forward<scalar_t>(input, out, g));
@@ -185,7 +184,7 @@ void CudaBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dGeomet
                                       const Tensor& grad_x) {
   DeviceGuard guard(index_);
   cuda::pool::check_output("avg_pool2d_backward", grad_x);
-  const Tensor grad = contiguous_on_device(grad_out);
+  const Tensor grad = dense(grad_out);
   const cuda::pool::Geometry g = cuda::pool::geometry(grad_x, grad_out, window);
   PIPIT_CUDA_DISPATCH_FLOAT(grad.dtype(), "avg_pool2d_backward",
                             cuda::pool::avg_backward<scalar_t>(grad, grad_x, g));

@@ -167,24 +167,6 @@ int row_threads(int64_t C) {
 }
 
 template <typename T>
-__device__ __forceinline__ T exp_(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return expf(x);
-  } else {
-    return exp(x);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ T log_(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return logf(x);
-  } else {
-    return log(x);
-  }
-}
-
-template <typename T>
 __device__ T row_max(const T* row, int64_t C) {
   T m = -T(INFINITY);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = row[c] > m ? row[c] : m;
@@ -230,7 +212,7 @@ __global__ void softmax_backward_kernel(const T* g, const T* y, T* gx, int64_t r
 template <typename Kernel>
 void along_dim(const std::vector<Tensor>& inputs, const Tensor& out, int64_t dim, Kernel kernel) {
   std::vector<Tensor> rows;
-  for (const Tensor& t : inputs) rows.push_back(contiguous_on_device(dim_last(t, dim)));
+  for (const Tensor& t : inputs) rows.push_back(dense(dim_last(t, dim)));
   Tensor out_view = dim_last(out, dim);
   Tensor out_rows = out_view.is_contiguous()
                         ? out_view
@@ -390,7 +372,6 @@ void check_targets(const char* op, const Tensor& targets, int64_t C, int64_t ign
 }  // namespace cuda
 
 using namespace cuda::reduce;
-using cuda::contiguous_on_device;
 using cuda::DeviceGuard;
 using cuda::ptr;
 
@@ -405,7 +386,7 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& in, std::span<const int64_t>
 
 void CudaBackend::argmax(const Tensor& in, int64_t dim, const Tensor& out) {
   DeviceGuard guard(index_);
-  Tensor rows = contiguous_on_device(cuda::dim_last(in, dim));
+  Tensor rows = dense(dim_last(in, dim));
   const int64_t R = in.shape()[dim];
   const int64_t K = out.numel();
   if (K == 0) return;
@@ -445,8 +426,8 @@ void CudaBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Ten
   DeviceGuard guard(index_);
   PIPIT_CUDA_DISPATCH_FLOAT(x_in.dtype(), "layer_norm", {
     using T = scalar_t;
-    Tensor x = contiguous_on_device(x_in);
-    Tensor w = contiguous_on_device(weight), b = contiguous_on_device(bias);
+    Tensor x = dense(x_in);
+    Tensor w = dense(weight), b = dense(bias);
     const int64_t C = x.shape().back();
     const int64_t rows = C == 0 ? 0 : x.numel() / C;
     if (rows == 0) break;
@@ -464,8 +445,8 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
   DeviceGuard guard(index_);
   PIPIT_CUDA_DISPATCH_FLOAT(x_in.dtype(), "layer_norm_backward", {
     using T = scalar_t;
-    Tensor x = contiguous_on_device(x_in), g = contiguous_on_device(grad_in);
-    Tensor w = contiguous_on_device(weight);
+    Tensor x = dense(x_in), g = dense(grad_in);
+    Tensor w = dense(weight);
     const int64_t C = x.shape().back();
     const int64_t rows = C == 0 ? 0 : x.numel() / C;
     if (rows > 0) {
@@ -504,7 +485,7 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
 void CudaBackend::embedding(const Tensor& weight_in, const Tensor& indices_in, const Tensor& out) {
   DeviceGuard guard(index_);
   PIPIT_CHECK(out.is_contiguous(), "embedding: output must be contiguous");
-  Tensor indices = contiguous_on_device(indices_in), weight = contiguous_on_device(weight_in);
+  Tensor indices = dense(indices_in), weight = dense(weight_in);
   const int64_t V = weight.shape()[0], C = weight.shape()[1];
   const InvalidIndex bad = first_invalid("embedding", indices, V, false, 0);
   PIPIT_CHECK(bad.position < 0, "embedding: index ", bad.value, " at position ", bad.position,
@@ -523,7 +504,7 @@ void CudaBackend::embedding_backward(const Tensor& grad_in, const Tensor& indice
   DeviceGuard guard(index_);
   PIPIT_CUDA_DISPATCH_FLOAT(grad_weight.dtype(), "embedding_backward", {
     using T = scalar_t;
-    Tensor indices = contiguous_on_device(indices_in), g = contiguous_on_device(grad_in);
+    Tensor indices = dense(indices_in), g = dense(grad_in);
     const int64_t C = grad_weight.shape()[1];
     const int64_t* idx = indices.data<int64_t>();
     const T* pg = ptr<T>(g);
@@ -540,7 +521,7 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
   DeviceGuard guard(index_);
   PIPIT_CUDA_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy", {
     using T = scalar_t;
-    Tensor logits = contiguous_on_device(logits_in), targets = contiguous_on_device(targets_in);
+    Tensor logits = dense(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
     check_targets("cross_entropy", targets, C, ignore_index);
     if (N == 0) break;
@@ -556,7 +537,7 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& 
   DeviceGuard guard(index_);
   PIPIT_CUDA_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy_backward", {
     using T = scalar_t;
-    Tensor logits = contiguous_on_device(logits_in), targets = contiguous_on_device(targets_in);
+    Tensor logits = dense(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
     check_targets("cross_entropy_backward", targets, C, ignore_index);
     if (N == 0) break;
