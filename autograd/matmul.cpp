@@ -1,10 +1,10 @@
 #include "autograd/matmul.h"
 
 #include "autograd/autocast.h"
-#include "autograd/function.h"
 #include "autograd/reduce.h"
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
+#include "tensor/node.h"
 
 namespace pipit {
 namespace {

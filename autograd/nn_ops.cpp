@@ -1,10 +1,10 @@
 #include "autograd/nn_ops.h"
 
 #include "autograd/elementwise.h"
-#include "autograd/function.h"
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
 #include "tensor/factory.h"
+#include "tensor/node.h"
 
 namespace pipit {
 namespace {

@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "autograd/elementwise.h"
-#include "autograd/function.h"
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
+#include "tensor/node.h"
 
 namespace pipit {
 namespace {

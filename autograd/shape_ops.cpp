@@ -3,10 +3,10 @@
 #include <numeric>
 #include <optional>
 
-#include "autograd/function.h"
 #include "autograd/reduce.h"
 #include "tensor/backend.h"
 #include "tensor/factory.h"
+#include "tensor/node.h"
 
 namespace pipit {
 namespace {
@@ -15,10 +15,10 @@ Tensor make_view(const Tensor& x, Shape shape, Shape strides, int64_t offset) {
   return Tensor::from_storage(x.storage(), std::move(shape), std::move(strides), offset, x.dtype());
 }
 
-Tensor copy_of(const Tensor& x, DType dtype, Device device) {
-  Tensor out = Tensor::empty(x.shape(), dtype, device);
-  // Cross-device copies belong to the accelerator's backend.
-  backend(x.device().is_cpu() ? device : x.device()).copy(x, out);
+// A contiguous copy of x on its device, outside the graph (reshape's node covers it).
+Tensor dense_copy(const Tensor& x) {
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  backend(x).copy(x, out);
   return out;
 }
 
@@ -54,17 +54,21 @@ std::optional<Shape> view_strides(const Tensor& x, const Shape& shape) {
 
 Shape infer_shape(const Tensor& x, Shape shape, const char* op) {
   int64_t known = 1, infer = -1;
+  bool has_zero = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
       PIPIT_CHECK(infer < 0, op, ": more than one -1 in shape ", shape_str(shape));
       infer = static_cast<int64_t>(i);
     } else {
       PIPIT_CHECK(shape[i] >= 0, op, ": invalid size in shape ", shape_str(shape));
-      known *= shape[i];
+      // Zeros kept out of the product, which must fit whatever they are (see check_shape).
+      has_zero = has_zero || shape[i] == 0;
+      PIPIT_CHECK(shape[i] == 0 || !__builtin_mul_overflow(known, shape[i], &known), op, ": shape ",
+                  shape_str(shape), " is too large: the product of its dimensions overflows int64");
     }
   }
   if (infer >= 0) {
-    PIPIT_CHECK(known != 0 && x.numel() % known == 0, op, ": cannot reshape tensor of shape ",
+    PIPIT_CHECK(!has_zero && x.numel() % known == 0, op, ": cannot reshape tensor of shape ",
                 shape_str(x.shape()), " into ", shape_str(shape));
     shape[infer] = x.numel() / known;
   }
@@ -102,16 +106,6 @@ struct ExpandBackward : Node {
   std::string name() const override { return "ExpandBackward"; }
 };
 
-struct CopyBackward : Node {
-  DType input_dtype = DType::f32;
-  Device input_device;
-  std::vector<Tensor> apply(const Tensor& g) override {
-    if (g.dtype() == input_dtype && g.device() == input_device) return {g};
-    return {copy_of(g, input_dtype, input_device)};
-  }
-  std::string name() const override { return "CopyBackward"; }
-};
-
 struct CatBackward : Node {
   int64_t dim = 0;
   std::vector<int64_t> sizes;
@@ -132,9 +126,8 @@ struct CatBackward : Node {
 Tensor reshape(const Tensor& x, Shape shape) {
   shape = infer_shape(x, std::move(shape), "reshape");
   std::optional<Shape> strides = view_strides(x, shape);
-  Tensor out =
-      strides ? make_view(x, shape, *strides, x.offset())
-              : make_view(copy_of(x, x.dtype(), x.device()), shape, contiguous_strides(shape), 0);
+  Tensor out = strides ? make_view(x, shape, *strides, x.offset())
+                       : make_view(dense_copy(x), shape, contiguous_strides(shape), 0);
   if (auto node = detail::make_node<ReshapeBackward>(out, {x})) node->input_shape = x.shape();
   return out;
 }
@@ -333,42 +326,6 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
     }
   }
   return reshape(sum(x, dims, true), shape);
-}
-
-Tensor Tensor::contiguous() const {
-  if (is_contiguous()) return *this;
-  return clone();
-}
-
-Tensor Tensor::clone() const {
-  Tensor out = copy_of(*this, dtype(), device());
-  if (auto node = detail::make_node<CopyBackward>(out, {*this})) {
-    node->input_dtype = dtype();
-    node->input_device = device();
-  }
-  return out;
-}
-
-Tensor Tensor::to(DType target) const {
-  if (target == dtype()) return *this;
-  Tensor out = copy_of(*this, target, device());
-  if (is_floating(target)) {
-    if (auto node = detail::make_node<CopyBackward>(out, {*this})) {
-      node->input_dtype = dtype();
-      node->input_device = device();
-    }
-  }
-  return out;
-}
-
-Tensor Tensor::to(Device target) const {
-  if (target == device()) return *this;
-  Tensor out = copy_of(*this, dtype(), target);
-  if (auto node = detail::make_node<CopyBackward>(out, {*this})) {
-    node->input_dtype = dtype();
-    node->input_device = device();
-  }
-  return out;
 }
 
 }  // namespace pipit

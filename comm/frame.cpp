@@ -7,6 +7,8 @@
 #include <optional>
 #include <sstream>
 
+#include "comm/crc32c.h"
+#include "serialize/json_depth.h"
 #include "serialize/safetensors.h"
 #include "tensor/backend.h"
 
@@ -43,7 +45,7 @@ void encode_frame_header(std::string& out, const FrameHeader& header) {
   put_le(out, static_cast<uint8_t>(header.kind), 1);
   put_le(out, header.flags, 1);
   put_le(out, header.header_length, 4);
-  put_le(out, header.reserved, 4);
+  put_le(out, header.checksum, 4);
   put_le(out, header.body_length, 8);
 }
 
@@ -103,7 +105,47 @@ std::vector<Tensor> order_body(SafetensorsLayout layout, const std::string& wher
   return tensors;
 }
 
+// The checksum starts with the fixed header's bytes other than the checksum field itself.
+Crc32c fixed_header_crc(std::string_view fixed) {
+  Crc32c crc;
+  crc.update(fixed.substr(0, 12));
+  crc.update(fixed.substr(16, 8));
+  return crc;
+}
+
 }  // namespace
+
+namespace {
+
+Crc32c header_crc(const FrameHeader& header, std::string_view json_header) {
+  std::string fixed;
+  encode_frame_header(fixed, header);
+  Crc32c crc = fixed_header_crc(fixed);
+  crc.update(json_header);
+  return crc;
+}
+
+void require_checksum(const FrameHeader& header, uint32_t computed) {
+  require(computed == header.checksum, describe(header), "checksum ", hex(header.checksum),
+          " does not match the frame's bytes (", hex(computed), "): they changed in transit");
+}
+
+}  // namespace
+
+uint32_t frame_checksum(const FrameHeader& header, std::string_view json_header,
+                        std::string_view body) {
+  Crc32c crc = header_crc(header, json_header);
+  crc.update(body);
+  return crc.value();
+}
+
+void verify_frame_checksum(const FrameHeader& header, std::string_view json_header,
+                           std::string_view body_prefix, const std::vector<Tensor>& tensors) {
+  Crc32c crc = header_crc(header, json_header);
+  crc.update(body_prefix);
+  for (const Tensor& t : tensors) crc.update(t.raw_data(), t.nbytes());
+  require_checksum(header, crc.value());
+}
 
 size_t EncodedFrame::size() const {
   size_t total = prefix.size();
@@ -147,6 +189,12 @@ EncodedFrame encode_frame_parts(const Message& message) {
   encode_frame_header(frame.prefix, header);
   frame.prefix += json_header;
   frame.prefix += body_prefix;
+  Crc32c crc = fixed_header_crc(frame.prefix);
+  crc.update(std::string_view(frame.prefix).substr(kFrameHeaderSize));
+  for (const auto& [data, bytes] : frame.tensor_bytes) crc.update(data, bytes);
+  std::string checksum;
+  put_le(checksum, crc.value(), 4);
+  frame.prefix.replace(12, 4, checksum);
   return frame;
 }
 
@@ -178,8 +226,7 @@ FrameHeader decode_frame_header(const uint8_t* bytes, const FrameLimits& limits)
   require(header.flags == 0, "frame: unknown flags ", hex(header.flags),
           " (version 1 defines none)");
   header.header_length = static_cast<uint32_t>(get_le(bytes + 8, 4));
-  header.reserved = static_cast<uint32_t>(get_le(bytes + 12, 4));
-  require(header.reserved == 0, "frame: reserved field is ", hex(header.reserved), ", not 0");
+  header.checksum = static_cast<uint32_t>(get_le(bytes + 12, 4));
   header.body_length = get_le(bytes + 16, 8);
   require(header.header_length <= limits.max_header_bytes, "frame: header_length ",
           header.header_length, " exceeds the limit of ", limits.max_header_bytes, " bytes");
@@ -223,6 +270,13 @@ Message decode_frame_message(const FrameHeader& header, std::string_view json_he
   const std::string where = describe(header);
   require(json_header.size() == header.header_length, where, "JSON header has ", json_header.size(),
           " bytes but header_length says ", header.header_length);
+  // Control messages are flat: refuse deep nesting before parsing, where it costs memory and
+  // recursion.
+  try {
+    check_json_nesting(json_header, where + "JSON header ", kMaxJsonDepth);
+  } catch (const Error& e) {
+    throw FrameError(e.what());
+  }
   json fields;
   try {
     fields = json::parse(json_header.begin(), json_header.end());
@@ -251,6 +305,7 @@ Message decode_frame_payload(const FrameHeader& header, std::string_view json_he
           " bytes but header_length says ", header.header_length);
   require(body.size() == header.body_length, where, "body has ", body.size(),
           " bytes but body_length says ", header.body_length);
+  require_checksum(header, frame_checksum(header, json_header, body));
   std::vector<Tensor> tensors;
   if (!body.empty()) {
     const size_t prefix =

@@ -7,14 +7,17 @@
 //        6    1  kind            a MessageKind
 //        7    1  flags           0 (none defined yet)
 //        8    4  header_length   bytes of the JSON header
-//       12    4  reserved        0
+//       12    4  checksum        CRC-32C of the frame's other bytes: fixed header bytes 0-11
+//                                and 16-23, then the JSON header, then the body
 //       16    8  body_length     bytes of the body
 //       24       JSON header     {"step": int, "microbatch": int, "chunk": int, "meta": any}
 //                body            empty without tensors, else a safetensors blob whose tensors
 //                                are named "0".."n-1" and lie in that order
 //
 // `from` is not sent: the receiver knows which connection a frame came on. A reader takes the
-// fixed header first, so it can refuse a frame by its lengths before allocating for it.
+// fixed header first, so it can refuse a frame by its lengths before allocating for it, and
+// refuses a frame whose checksum does not match: a byte changed in transit is an error, not
+// a silently different activation or weight.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -27,8 +30,9 @@
 namespace pipit {
 
 constexpr uint32_t kFrameMagic = 0x54504950;  // "PIPT" little-endian
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;      // 2: the checksum field
 constexpr size_t kFrameHeaderSize = 24;
+constexpr size_t kMaxJsonDepth = 32;  // nesting of a frame's JSON header
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -36,7 +40,7 @@ struct FrameHeader {
   MessageKind kind = MessageKind::Heartbeat;
   uint8_t flags = 0;
   uint32_t header_length = 0;
-  uint32_t reserved = 0;
+  uint32_t checksum = 0;
   uint64_t body_length = 0;
 };
 
@@ -71,7 +75,7 @@ EncodedFrame encode_frame_parts(const Message& message);
 std::string encode_frame(const Message& message);
 
 // Reads the kFrameHeaderSize bytes at `bytes`. Throws FrameError naming the field and value
-// for a wrong magic, version, kind, flags or reserved field, or a length over `limits`.
+// for a wrong magic, version, kind or flags field, or a length over `limits`.
 FrameHeader decode_frame_header(const uint8_t* bytes, const FrameLimits& limits = {});
 // The Message of a frame whose header decoded to `header`, from the header_length bytes of
 // JSON and body_length bytes of body that followed it. Throws FrameError when the sizes do not
@@ -79,6 +83,15 @@ FrameHeader decode_frame_header(const uint8_t* bytes, const FrameLimits& limits 
 // a safetensors blob of tensors "0".."n-1" in order. The tensors own their memory.
 Message decode_frame_payload(const FrameHeader& header, std::string_view json_header,
                              std::string_view body);
+
+// The CRC-32C a frame with this fixed header (its checksum field aside), JSON header and body
+// carries in its checksum field.
+uint32_t frame_checksum(const FrameHeader& header, std::string_view json_header,
+                        std::string_view body);
+// Throws FrameError naming the kind when `header.checksum` is not the CRC-32C of the frame
+// whose JSON header, body prefix and tensors (their bytes, in order) these are.
+void verify_frame_checksum(const FrameHeader& header, std::string_view json_header,
+                           std::string_view body_prefix, const std::vector<Tensor>& tensors);
 
 // The same in steps, so a reader can receive tensor bytes straight into tensor memory:
 // the first 8 body bytes give the length of the body's prefix (its safetensors length field

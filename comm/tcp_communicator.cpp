@@ -1,17 +1,20 @@
 #include "comm/tcp_communicator.h"
 
-#include <asio.hpp>
+#include <sys/stat.h>
+
 #include <atomic>
-#include <deque>
+#include <condition_variable>
 #include <future>
 #include <iostream>
 #include <map>
 #include <mutex>
 #include <set>
 #include <thread>
+#include "comm/asio.h"
 
-#include "comm/handshake.h"
+#include "comm/control.h"
 #include "comm/inbox.h"
+#include "comm/tcp_connection.h"
 #include "serialize/atomic_file.h"
 
 namespace pipit {
@@ -27,10 +30,23 @@ std::string endpoint_text(const tcp::endpoint& endpoint) {
 
 }  // namespace
 
-std::string read_token_file(const std::string& path) {
+std::string read_token_file(const std::string& path,
+                            const std::function<void(const std::string&)>& warn) {
   std::string token = read_file(path);
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
   PIPIT_CHECK(!token.empty(), "token file '", path, "' holds an empty token");
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && (info.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    const std::string line = "WARNING: token file '" + path +
+                             "' can be read by other users of this machine; "
+                             "restrict it with: chmod 600 " +
+                             path;
+    if (warn) {
+      warn(line);
+    } else {
+      std::cerr << line << std::endl;
+    }
+  }
   return token;
 }
 
@@ -45,51 +61,40 @@ std::pair<std::string, uint16_t> parse_endpoint(const std::string& text) {
   return {text.substr(0, colon), static_cast<uint16_t>(std::stoul(port_text))};
 }
 
-struct Connection {
-  explicit Connection(tcp::socket s) : socket(std::move(s)) {}
-  tcp::socket socket;
-  std::string address;
-  int peer = 0;
-  bool peer_known = false;  // outgoing connections know their peer before the handshake
-  int announced_id = 0;     // the id the peer gave in its Hello, which its proof is bound to
-  bool hello_received = false;
-  bool ready = false;  // handshake complete: frames go to the inbox
-  bool closed = false;
-  bool close_after_write = false;
-  std::string nonce;       // the challenge we sent
-  std::string peer_nonce;  // the challenge we answer
-  std::string peer_session;
-  std::deque<EncodedFrame> queue;
-  bool writing = false;
-  Clock::time_point opened = Clock::now(), last_received = Clock::now(), last_sent = Clock::now();
-  uint8_t header_bytes[kFrameHeaderSize] = {};
-  FrameHeader header;
-  std::string json, body_prefix;
-  std::vector<Tensor> tensors;               // the frame being received
-  std::vector<asio::mutable_buffer> pieces;  // its bytes still to come
-  size_t remaining = 0;
-  std::shared_ptr<std::promise<std::string>> handshake_result;  // connect() waits on it
-};
-
 struct TcpCommunicator::Impl {
   Impl(int id, TcpOptions options)
       : options(std::move(options)), id(id), inbox("tcp endpoint " + std::to_string(id)) {
     if (!this->options.log) {
       this->options.log = [](const std::string& line) { std::cerr << line << std::endl; };
     }
-    thread = std::thread([this] { io.run(); });
+    events.on_ready = [this](const ConnectionPtr& conn) { on_ready(conn); };
+    events.on_message = [this](const ConnectionPtr&, Message message) {
+      inbox.push(std::move(message));
+    };
+    events.on_refusing = [this](const ConnectionPtr& conn, const std::string& reason) {
+      log("refused peer " + std::to_string(conn->peer()) + " at " + conn->address() + ": " +
+          reason);
+    };
+    events.on_closed = [this](const ConnectionPtr& conn, const std::string& reason, bool refused) {
+      on_closed(conn, reason, refused);
+    };
+    events.admit = this->options.admit;
+    thread = std::thread([this] { run_io(); });
     asio::post(io, [this] { tick(); });
   }
 
   TcpOptions options;
   std::atomic<int> id;
   Inbox inbox;
+  ConnectionEvents events;
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(io);
   std::thread thread;
   std::unique_ptr<tcp::acceptor> acceptor;
   asio::steady_timer timer{io};
-  std::set<std::shared_ptr<Connection>> connections;  // io thread only
+  std::set<ConnectionPtr> connections;  // io thread only
+  // connect() waits on these: "" when connected, else why not ("retry:" when worth retrying).
+  std::map<ConnectionPtr, std::shared_ptr<std::promise<std::string>>> dial_results;
   std::atomic<size_t> open_connections{0};
   std::atomic<bool> closing{false};
   mutable std::mutex session_mutex;
@@ -98,294 +103,95 @@ struct TcpCommunicator::Impl {
     std::lock_guard<std::mutex> lock(session_mutex);
     return session_text;
   }
-  mutable std::mutex addresses_mutex;
-  std::map<int, std::string> addresses;
-  std::map<int, std::string> dialed;  // peer -> the address connect() reached it at
+  mutable std::mutex peers_mutex;
+  std::condition_variable peer_ready;
+  std::map<int, std::string> addresses;  // connected peers
+  std::map<int, std::string> listening;  // peer -> the address it accepts connections on
 
   void log(const std::string& line) {
     options.log("[tcp " + std::to_string(id.load()) + "] " + line);
   }
 
-  // --- io thread ---
-
-  void start(const std::shared_ptr<Connection>& conn) {
-    connections.insert(conn);
-    ++open_connections;
-    asio::error_code ignored;
-    conn->socket.set_option(tcp::no_delay(true), ignored);
-    // Room for a whole activation in the kernel's send buffer means fewer writable wake-ups
-    // per large frame; the kernel caps it at net.core.wmem_max.
-    conn->socket.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
-    conn->nonce = random_nonce();
-    queue_frame(conn, encode_frame_parts(hello_message(id.load(), conn->nonce, session())));
-    read_header(conn);
+  // The io thread. Connection handlers catch their own errors; this is the last barrier, so
+  // that nothing a peer sends ends the thread (run() may be called again after a throw).
+  void run_io() {
+    while (true) {
+      try {
+        io.run();
+        return;
+      } catch (const std::exception& e) {
+        log(std::string("io handler failed: ") + e.what());
+      } catch (...) {
+        log("io handler failed with an unknown exception");
+      }
+    }
   }
 
-  void close_connection(const std::shared_ptr<Connection>& conn, const std::string& reason) {
-    if (conn->closed) return;
-    conn->closed = true;
-    // Logged before the socket closes, so the line exists by the time the peer sees the close.
+  // --- io thread ---
+
+  ConnectionPtr start(tcp::socket socket, std::string address, std::optional<int> expected_peer) {
+    auto conn = std::make_shared<TcpConnection>(
+        std::move(socket), std::move(address), expected_peer.has_value(),
+        Handshake(id.load(), session(), options.token, expected_peer), options.limits, events);
+    connections.insert(conn);
+    ++open_connections;
+    conn->start();
+    return conn;
+  }
+
+  void on_ready(const ConnectionPtr& conn) {
+    {
+      std::lock_guard<std::mutex> lock(peers_mutex);
+      addresses[conn->peer()] = conn->address();
+    }
+    peer_ready.notify_all();
+    log("connected to peer " + std::to_string(conn->peer()) + " at " + conn->address());
+    auto result = dial_results.find(conn);
+    if (result != dial_results.end()) {
+      result->second->set_value("");
+      dial_results.erase(result);
+    }
+  }
+
+  void on_closed(const ConnectionPtr& conn, const std::string& reason, bool refused) {
     if (!closing) {
       log("closed connection " +
-          (conn->ready ? "to peer " + std::to_string(conn->peer) + " " : "") + conn->address +
+          (conn->ready() ? "to peer " + std::to_string(conn->peer()) + " " : "") + conn->address() +
           ": " + reason);
     }
-    asio::error_code ignored;
-    conn->socket.shutdown(tcp::socket::shutdown_both, ignored);
-    conn->socket.close(ignored);
     connections.erase(conn);
     --open_connections;
-    if (conn->handshake_result) {
+    auto result = dial_results.find(conn);
+    if (result != dial_results.end()) {
       // A connection that drops during the handshake without a verdict (a worker's listener
       // closing at the end of a run, with ours in its backlog or just accepted) is retried by
       // connect() like a refused one; a handshake refused on its merits is final.
-      const bool verdict = reason.rfind("handshake refused", 0) == 0;
-      conn->handshake_result->set_value(verdict ? reason : "refused:" + reason);
-      conn->handshake_result.reset();
+      result->second->set_value(refused ? reason : "retry:" + reason);
+      dial_results.erase(result);
     }
-    if (closing) return;
-    if (conn->ready) {
-      Message lost(MessageKind::PeerLost, -1);
-      lost.from = conn->peer;
-      // Name the peer by the address it listens on (which we dialed) when we know it: the
-      // address of a connection it opened is just an ephemeral port.
-      lost.meta = {{"peer", conn->peer},
-                   {"address", listening_address(conn->peer, conn->address)},
-                   {"reason", reason}};
-      inbox.push(std::move(lost));
+    if (closing || !conn->ready()) return;
+    {
+      std::lock_guard<std::mutex> lock(peers_mutex);
+      if (route(conn->peer()) == nullptr) addresses.erase(conn->peer());
     }
+    // Name the peer by the address it listens on (which we dialed) when we know it: the
+    // address of a connection it opened is just an ephemeral port.
+    inbox.push(to_message(
+        PeerLost{conn->peer(), listening_address(conn->peer(), conn->address()), reason}));
   }
 
   std::string listening_address(int peer, const std::string& fallback) {
-    std::lock_guard<std::mutex> lock(addresses_mutex);
-    auto it = dialed.find(peer);
-    return it == dialed.end() ? fallback : it->second;
+    std::lock_guard<std::mutex> lock(peers_mutex);
+    auto it = listening.find(peer);
+    return it == listening.end() ? fallback : it->second;
   }
 
-  void read_header(const std::shared_ptr<Connection>& conn) {
-    asio::async_read(conn->socket, asio::buffer(conn->header_bytes),
-                     [this, conn](const asio::error_code& ec, size_t) {
-                       if (ec) return close_connection(conn, describe(ec, "between frames"));
-                       try {
-                         conn->header = decode_frame_header(conn->header_bytes, options.limits);
-                       } catch (const FrameError& e) {
-                         return close_connection(conn, e.what());
-                       }
-                       conn->json.resize(conn->header.header_length);
-                       asio::async_read(conn->socket, asio::buffer(conn->json),
-                                        [this, conn](const asio::error_code& ec2, size_t) {
-                                          if (ec2) {
-                                            return close_connection(conn,
-                                                                    describe(ec2, "mid-frame"));
-                                          }
-                                          read_body(conn);
-                                        });
-                     });
-  }
-
-  // The body goes straight into the message's tensors: its prefix (the tensor header) is
-  // read and validated first, then the tensor bytes land in freshly allocated tensors.
-  void read_body(const std::shared_ptr<Connection>& conn) {
-    if (conn->header.body_length == 0) return finish_frame(conn, {});
-    conn->body_prefix.resize(8);
-    asio::async_read(
-        conn->socket, asio::buffer(conn->body_prefix),
-        [this, conn](const asio::error_code& ec, size_t) {
-          if (ec) return close_connection(conn, describe(ec, "mid-frame"));
-          size_t prefix = 0;
-          try {
-            prefix = frame_body_prefix_length(
-                conn->header, reinterpret_cast<const uint8_t*>(conn->body_prefix.data()));
-          } catch (const FrameError& e) {
-            return close_connection(conn, e.what());
-          }
-          conn->body_prefix.resize(prefix);
-          asio::async_read(conn->socket, asio::buffer(conn->body_prefix.data() + 8, prefix - 8),
-                           [this, conn](const asio::error_code& ec2, size_t) {
-                             if (ec2) return close_connection(conn, describe(ec2, "mid-frame"));
-                             read_tensors(conn);
-                           });
-        });
-  }
-
-  void read_tensors(const std::shared_ptr<Connection>& conn) {
-    try {
-      conn->tensors = plan_frame_body(conn->header, conn->body_prefix);
-    } catch (const FrameError& e) {
-      return close_connection(conn, e.what());
-    }
-    conn->pieces.clear();
-    conn->remaining = 0;
-    for (const Tensor& t : conn->tensors) {
-      if (t.nbytes() == 0) continue;
-      conn->pieces.push_back(asio::buffer(t.raw_data(), t.nbytes()));
-      conn->remaining += t.nbytes();
-    }
-    read_tensor_bytes(conn);
-  }
-
-  // Reads the tensor bytes in pieces. The kernel would wake this thread for every 64 KiB
-  // that arrives; a receive low-water mark lets it wake once per kLargeRead (or for the
-  // frame's last bytes), which keeps large transfers near raw socket speed.
-  void read_tensor_bytes(const std::shared_ptr<Connection>& conn) {
-    constexpr size_t kLargeRead = 1 << 20;
-    asio::error_code ignored;
-    if (conn->remaining == 0) {
-      conn->socket.set_option(asio::socket_base::receive_low_watermark(1), ignored);
-      return finish_frame(conn, std::move(conn->tensors));
-    }
-    conn->socket.set_option(asio::socket_base::receive_low_watermark(
-                                static_cast<int>(std::min(conn->remaining, kLargeRead))),
-                            ignored);
-    conn->socket.async_read_some(
-        conn->pieces, [this, conn](const asio::error_code& ec, size_t bytes) {
-          if (ec) return close_connection(conn, describe(ec, "mid-frame"));
-          conn->remaining -= bytes;
-          while (bytes > 0) {  // drop what was filled from the front of the piece list
-            asio::mutable_buffer& front = conn->pieces.front();
-            if (bytes < front.size()) {
-              front += bytes;
-              break;
-            }
-            bytes -= front.size();
-            conn->pieces.erase(conn->pieces.begin());
-          }
-          read_tensor_bytes(conn);
-        });
-  }
-
-  void finish_frame(const std::shared_ptr<Connection>& conn, std::vector<Tensor> tensors) {
-    Message message;
-    try {
-      message = decode_frame_message(conn->header, conn->json, std::move(tensors));
-    } catch (const Error& e) {
-      return close_connection(conn, e.what());
-    }
-    conn->last_received = Clock::now();
-    if (!on_message(conn, std::move(message))) return;
-    read_header(conn);
-  }
-
-  static std::string describe(const asio::error_code& ec, const char* where) {
-    if (ec == asio::error::eof) return std::string("peer closed the connection ") + where;
-    return std::string("read failed ") + where + ": " + ec.message();
-  }
-
-  // Returns false when the connection was closed.
-  bool on_message(const std::shared_ptr<Connection>& conn, Message message) {
-    if (!conn->ready) return handshake(conn, message);
-    switch (message.kind) {
-      case MessageKind::Heartbeat:
-        return true;
-      case MessageKind::Hello:
-      case MessageKind::PeerLost:
-        close_connection(conn, std::string("unexpected ") + message_kind_name(message.kind) +
-                                   " frame after the handshake");
-        return false;
-      default:
-        message.from = conn->peer;
-        inbox.push(std::move(message));
-        return true;
-    }
-  }
-
-  // Both sides send Hello{version, id, nonce}. The connecting side then proves the token
-  // over the acceptor's nonce; the acceptor checks that proof and admits the peer before it
-  // answers with its own proof (or a refusal), so a refused peer never believes it is
-  // connected. Each side is ready once it has checked the other's proof.
-  // The protocol is in comm/handshake.h; this drives it over one connection.
-  bool handshake(const std::shared_ptr<Connection>& conn, const Message& message) {
-    auto fail = [&](const std::string& reason) {
-      close_connection(conn, "handshake refused: " + reason);
-      return false;
-    };
-    if (message.kind != MessageKind::Hello) {
-      return fail(std::string("expected Hello, got ") + message_kind_name(message.kind));
-    }
-    if (auto reason = refusal_reason(message.meta)) return fail("refused by the peer: " + *reason);
-    if (!conn->hello_received) {
-      Hello hello;
-      try {
-        hello = parse_hello(message.meta);
-      } catch (const Error& e) {
-        return fail(e.what());
-      }
-      conn->hello_received = true;
-      conn->announced_id = hello.id;
-      conn->peer_nonce = hello.nonce;
-      conn->peer_session = hello.session;
-      if (!conn->peer_known) conn->peer = hello.id;
-      if (conn->peer_known) send_proof(conn);
-      return true;
-    }
-    if (!proof_is_valid(message.meta, options.token, conn->nonce, conn->announced_id)) {
-      return fail("the peer did not prove the shared token (wrong or missing --token-file?)");
-    }
-    if (!conn->peer_known) {
-      const std::string refusal =
-          options.admit ? options.admit(conn->announced_id, conn->peer_session) : "";
-      if (!refusal.empty()) {
-        log("refused peer " + std::to_string(conn->announced_id) + " at " + conn->address + ": " +
-            refusal);
-        conn->close_after_write = true;
-        queue_frame(conn, encode_frame_parts(refusal_message(refusal)));
-        return false;
-      }
-      send_proof(conn);
-    }
-    conn->ready = true;
-    {
-      std::lock_guard<std::mutex> lock(addresses_mutex);
-      addresses[conn->peer] = conn->address;
-    }
-    log("connected to peer " + std::to_string(conn->peer) + " at " + conn->address);
-    if (conn->handshake_result) {
-      conn->handshake_result->set_value("");
-      conn->handshake_result.reset();
-    }
-    return true;
-  }
-
-  void send_proof(const std::shared_ptr<Connection>& conn) {
-    queue_frame(conn,
-                encode_frame_parts(proof_message(options.token, conn->peer_nonce, id.load())));
-  }
-
-  void queue_frame(const std::shared_ptr<Connection>& conn, EncodedFrame frame) {
-    if (conn->closed) return;
-    conn->queue.push_back(std::move(frame));
-    if (!conn->writing) write_next(conn);
-  }
-
-  void write_next(const std::shared_ptr<Connection>& conn) {
-    if (conn->queue.empty()) {
-      conn->writing = false;
-      if (conn->close_after_write) close_connection(conn, "closed by this side");
-      return;
-    }
-    conn->writing = true;
-    const EncodedFrame& frame = conn->queue.front();
-    std::vector<asio::const_buffer> buffers{asio::buffer(frame.prefix)};
-    for (const auto& [data, size] : frame.tensor_bytes) buffers.push_back(asio::buffer(data, size));
-    // Asio's default completion condition caps every write at 64 KiB; a frame goes in as few
-    // system calls as the socket buffer allows.
-    auto whole_frame = [](const asio::error_code& ec, size_t) -> size_t {
-      return ec ? 0 : size_t{1} << 30;
-    };
-    asio::async_write(conn->socket, buffers, whole_frame,
-                      [this, conn](const asio::error_code& ec, size_t) {
-                        if (ec) return close_connection(conn, "write failed: " + ec.message());
-                        conn->queue.pop_front();
-                        conn->last_sent = Clock::now();
-                        write_next(conn);
-                      });
-  }
-
-  std::shared_ptr<Connection> route(int peer) {
-    std::shared_ptr<Connection> incoming;
+  // The connection frames to `peer` go on: the one we dialed, else one the peer opened.
+  ConnectionPtr route(int peer) {
+    ConnectionPtr incoming;
     for (const auto& conn : connections) {
-      if (!conn->ready || conn->peer != peer) continue;
-      if (conn->peer_known) return conn;  // our own connect() to this peer
+      if (!conn->ready() || conn->closed() || conn->peer() != peer) continue;
+      if (conn->dialed()) return conn;
       incoming = conn;
     }
     return incoming;
@@ -397,10 +203,18 @@ struct TcpCommunicator::Impl {
         if (ec != asio::error::operation_aborted) log("accept failed: " + ec.message());
         if (!acceptor->is_open() || closing) return;
       } else {
-        auto conn = std::make_shared<Connection>(std::move(socket));
         asio::error_code remote_ec;
-        conn->address = endpoint_text(conn->socket.remote_endpoint(remote_ec));
-        start(conn);
+        std::string address = endpoint_text(socket.remote_endpoint(remote_ec));
+        size_t pending = 0;
+        for (const auto& conn : connections) pending += conn->ready() ? 0 : 1;
+        if (pending >= options.max_pending_connections) {
+          log("refused connection from " + address + ": " + std::to_string(pending) +
+              " connections are already in their handshake");
+          asio::error_code ignored;
+          socket.close(ignored);
+        } else {
+          start(std::move(socket), std::move(address), std::nullopt);
+        }
       }
       accept();
     });
@@ -409,17 +223,19 @@ struct TcpCommunicator::Impl {
   void tick() {
     if (closing) return;
     const auto now = Clock::now();
-    std::vector<std::shared_ptr<Connection>> all(connections.begin(), connections.end());
+    std::vector<ConnectionPtr> all(connections.begin(), connections.end());
     for (const auto& conn : all) {
-      if (!conn->ready && now - conn->opened > options.peer_timeout) {
-        close_connection(
-            conn, "no handshake within " + std::to_string(options.peer_timeout.count()) + " ms");
-      } else if (conn->ready && now - conn->last_received > options.peer_timeout) {
-        close_connection(conn, "no frame or heartbeat for " +
-                                   std::to_string(options.peer_timeout.count()) + " ms");
-      } else if (conn->ready && !conn->writing &&
-                 now - conn->last_sent >= options.heartbeat_interval) {
-        queue_frame(conn, encode_frame_parts(Message(MessageKind::Heartbeat, 0)));
+      conn->has_progress();
+      if (!conn->ready()) {
+        if (now - conn->opened() > options.handshake_timeout) {
+          conn->close("no handshake within " + std::to_string(options.handshake_timeout.count()) +
+                      " ms");
+        }
+      } else if (now - conn->last_received() > options.peer_timeout) {
+        conn->close("no bytes (frames or heartbeats) for " +
+                    std::to_string(options.peer_timeout.count()) + " ms");
+      } else if (!conn->writing() && now - conn->last_sent() >= options.heartbeat_interval) {
+        conn->send(encode_frame_parts(Message(MessageKind::Heartbeat, 0)));
       }
     }
     timer.expires_after(options.heartbeat_interval / 4);
@@ -475,12 +291,10 @@ uint16_t TcpCommunicator::listen(const std::string& host, uint16_t port) {
   return bound;
 }
 
-void TcpCommunicator::connect(int peer, const std::string& host, uint16_t port) {
+void TcpCommunicator::connect(int peer, const std::string& host, uint16_t port,
+                              const std::function<bool()>& give_up) {
   const std::string where = host + ":" + std::to_string(port);
-  {
-    std::lock_guard<std::mutex> lock(impl_->addresses_mutex);
-    impl_->dialed[peer] = where;
-  }
+  set_listening_address(peer, where);
   const auto deadline = Clock::now() + impl_->options.connect_timeout;
   asio::error_code ec;
   tcp::resolver resolver(impl_->io);
@@ -494,35 +308,69 @@ void TcpCommunicator::connect(int peer, const std::string& host, uint16_t port) 
       auto socket = std::make_shared<tcp::socket>(impl_->io);
       socket->async_connect(endpoint,
                             [this, peer, where, result, socket](const asio::error_code& e) {
-                              if (e) return result->set_value("refused:" + e.message());
-                              auto conn = std::make_shared<Connection>(std::move(*socket));
-                              conn->address = where;
-                              conn->peer = peer;
-                              conn->peer_known = true;
-                              conn->handshake_result = result;
-                              impl_->start(conn);
+                              if (e) return result->set_value("retry:" + e.message());
+                              if (impl_->closing)
+                                return result->set_value("this endpoint is closing");
+                              ConnectionPtr conn = impl_->start(std::move(*socket), where, peer);
+                              if (conn->closed())
+                                return result->set_value("retry:closed during start");
+                              if (conn->ready()) return result->set_value("");
+                              impl_->dial_results[conn] = result;
                             });
     });
-    const auto left = deadline - Clock::now();
-    if (outcome.wait_for(std::max(left, Clock::duration::zero())) != std::future_status::ready) {
-      throw Error("connect to " + where + ": no handshake within " +
-                  std::to_string(impl_->options.connect_timeout.count()) + " ms");
+    while (outcome.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      if (Clock::now() >= deadline) {
+        throw Error("connect to " + where + ": no handshake within " +
+                    std::to_string(impl_->options.connect_timeout.count()) + " ms");
+      }
+      if (give_up && give_up()) throw Error("connect to " + where + ": abandoned");
     }
     const std::string error = outcome.get();
     if (error.empty()) return;
-    const bool retry = error.rfind("refused:", 0) == 0 ||
+    const bool retry = error.rfind("retry:", 0) == 0 ||
                        error.find("refused by the peer: busy") != std::string::npos;
+    if (give_up && give_up()) throw Error("connect to " + where + ": abandoned (" + error + ")");
     if (retry && Clock::now() + std::chrono::milliseconds(100) < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       continue;
     }
     throw Error("connect to " + where +
-                " failed: " + (error.rfind("refused:", 0) == 0 ? error.substr(8) : error));
+                " failed: " + (error.rfind("retry:", 0) == 0 ? error.substr(6) : error));
   }
 }
 
+void TcpCommunicator::wait_for_peer(int peer, std::chrono::milliseconds timeout,
+                                    const std::function<bool()>& give_up) {
+  const auto deadline = Clock::now() + timeout;
+  std::unique_lock<std::mutex> lock(impl_->peers_mutex);
+  while (!impl_->peer_ready.wait_for(lock, std::chrono::milliseconds(100),
+                                     [&] { return impl_->addresses.count(peer) > 0; })) {
+    if (Clock::now() >= deadline) {
+      throw Error("endpoint " + std::to_string(id()) + ": peer " + std::to_string(peer) +
+                  " did not connect within " + std::to_string(timeout.count()) + " ms");
+    }
+    lock.unlock();
+    const bool abandon = give_up && give_up();
+    lock.lock();
+    if (abandon) {
+      throw Error("endpoint " + std::to_string(id()) + ": stopped waiting for peer " +
+                  std::to_string(peer));
+    }
+  }
+}
+
+bool TcpCommunicator::is_connected(int peer) const {
+  std::lock_guard<std::mutex> lock(impl_->peers_mutex);
+  return impl_->addresses.count(peer) > 0;
+}
+
+void TcpCommunicator::set_listening_address(int peer, const std::string& address) {
+  std::lock_guard<std::mutex> lock(impl_->peers_mutex);
+  impl_->listening[peer] = address;
+}
+
 std::string TcpCommunicator::peer_address(int peer) const {
-  std::lock_guard<std::mutex> lock(impl_->addresses_mutex);
+  std::lock_guard<std::mutex> lock(impl_->peers_mutex);
   auto it = impl_->addresses.find(peer);
   return it == impl_->addresses.end() ? "" : it->second;
 }
@@ -535,14 +383,11 @@ void TcpCommunicator::send(int peer, Message message) {
   }
   auto frame = std::make_shared<EncodedFrame>(encode_frame_parts(message));
   asio::post(impl_->io, [this, peer, frame] {
-    std::shared_ptr<Connection> conn = impl_->route(peer);
-    if (conn) return impl_->queue_frame(conn, std::move(*frame));
+    ConnectionPtr conn = impl_->route(peer);
+    if (conn) return conn->send(std::move(*frame));
     if (impl_->closing) return;
     impl_->log("send: no connection to peer " + std::to_string(peer));
-    Message lost(MessageKind::PeerLost, -1);
-    lost.from = peer;
-    lost.meta = {{"peer", peer}, {"address", ""}, {"reason", "no connection to this peer"}};
-    impl_->inbox.push(std::move(lost));
+    impl_->inbox.push(to_message(PeerLost{peer, "", "no connection to this peer"}));
   });
 }
 
@@ -561,15 +406,8 @@ void TcpCommunicator::close() {
     asio::error_code ignored;
     if (impl_->acceptor) impl_->acceptor->close(ignored);
     impl_->timer.cancel();
-    std::vector<std::shared_ptr<Connection>> all(impl_->connections.begin(),
-                                                 impl_->connections.end());
-    for (const auto& conn : all) {
-      if (conn->writing) {
-        conn->close_after_write = true;
-      } else {
-        impl_->close_connection(conn, "closed by this side");
-      }
-    }
+    std::vector<ConnectionPtr> all(impl_->connections.begin(), impl_->connections.end());
+    for (const auto& conn : all) conn->close_after_write();
   });
   const auto deadline = Clock::now() + std::chrono::seconds(2);
   while (impl_->open_connections > 0 && Clock::now() < deadline) {

@@ -5,8 +5,9 @@
 // from where they lie). Every connection opens with a handshake (protocol version, endpoint
 // ids and, with a token, a mutual HMAC-SHA-256 challenge-response: the token never crosses
 // the wire). Idle connections exchange heartbeats; a connection that fails, sends a bad
-// frame or stays silent past peer_timeout is closed with a logged reason, and a PeerLost
-// message naming the peer and its address lands in the inbox.
+// frame or sends no byte for peer_timeout is closed with a logged reason, and a PeerLost
+// message naming the peer and its address lands in the inbox. Nothing a peer sends can
+// stop the io thread: a handler that throws closes only its connection.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -19,12 +20,17 @@
 namespace pipit {
 
 struct TcpOptions {
-  std::string token;  // empty: no authentication
-  FrameLimits limits;
+  std::string token;   // empty: no authentication
+  FrameLimits limits;  // for authenticated peers; before that, kHandshakeLimits
   std::chrono::milliseconds heartbeat_interval{500};
+  // A connected peer from which no byte arrives for this long is reported lost.
   std::chrono::milliseconds peer_timeout{5000};
+  // A connection whose handshake has not completed within this long is closed.
+  std::chrono::milliseconds handshake_timeout{10000};
   std::chrono::milliseconds connect_timeout{10000};  // connect() retries refused connects
-  std::function<void(const std::string&)> log;       // one line per event; default: stderr
+  // Incoming connections still in their handshake beyond this many are closed at once.
+  size_t max_pending_connections = 64;
+  std::function<void(const std::string&)> log;  // one line per event; default: stderr
   // Sent in every Hello: which run this endpoint belongs to (see admit).
   std::string session;
   // Decides on each authenticated incoming connection by the id and session its peer
@@ -35,8 +41,9 @@ struct TcpOptions {
 };
 
 // The token in `path`, without a trailing newline; an unreadable file or an empty token is
-// an Error naming the file.
-std::string read_token_file(const std::string& path);
+// an Error naming the file. A file that others than its owner may read is logged as a warning.
+std::string read_token_file(const std::string& path,
+                            const std::function<void(const std::string&)>& warn = {});
 
 // "host:port" -> (host, port); throws an Error naming the text when malformed.
 std::pair<std::string, uint16_t> parse_endpoint(const std::string& text);
@@ -56,8 +63,19 @@ class TcpCommunicator final : public Communicator {
   uint16_t listen(const std::string& host, uint16_t port);
   // Connects to the endpoint at host:port, which must identify itself as `peer`, and
   // completes the handshake; sends to `peer` then use this connection. Throws an Error naming
-  // the address on refusal, authentication failure or timeout.
-  void connect(int peer, const std::string& host, uint16_t port);
+  // the address on refusal, authentication failure or timeout, or as soon as `give_up`
+  // (polled every 100 ms) returns true.
+  void connect(int peer, const std::string& host, uint16_t port,
+               const std::function<bool()>& give_up = {});
+  // Waits until `peer` has connected to this endpoint (or this one to it); throws an Error
+  // naming the peer after `timeout`, or once `give_up` returns true.
+  void wait_for_peer(int peer, std::chrono::milliseconds timeout,
+                     const std::function<bool()>& give_up = {});
+  // Whether a connection to `peer` has completed its handshake and is open.
+  bool is_connected(int peer) const;
+  // Records the address `peer` listens on, so errors about a connection it opened to this
+  // endpoint name that address rather than the connection's ephemeral port.
+  void set_listening_address(int peer, const std::string& address);
   // The address of a connected peer, "host:port"; empty when unknown.
   std::string peer_address(int peer) const;
 

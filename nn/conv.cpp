@@ -20,7 +20,10 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel, Size2 st
   PIPIT_CHECK(in_channels > 0 && out_channels > 0 && kernel.h > 0 && kernel.w > 0,
               "Conv2d: channels and kernel must be positive, got ", in_channels, " -> ",
               out_channels, " with kernel (", kernel.h, ", ", kernel.w, ")");
-  const double bound = 1.0 / std::sqrt(static_cast<double>(in_ * kernel.h * kernel.w));
+  // The fan-in in double: in * kh * kw can overflow int64 for sizes from a config, which the
+  // weight's shape check below refuses.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_) * static_cast<double>(kernel.h) *
+                                       static_cast<double>(kernel.w));
   weight = register_parameter("weight",
                               uniform({out_, in_, kernel.h, kernel.w}, -bound, bound, generator));
   if (use_bias) bias = register_parameter("bias", uniform({out_}, -bound, bound, generator));

@@ -13,6 +13,9 @@ CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, double dr
     : width_(width), heads_(heads), dropout_(dropout) {
   PIPIT_CHECK(heads > 0 && width > 0 && width % heads == 0, "CausalSelfAttention: width ", width,
               " must be a positive multiple of heads ", heads);
+  // Before 3 * width is computed (a width from a config can be anything).
+  PIPIT_CHECK(width <= std::numeric_limits<int64_t>::max() / 3, "CausalSelfAttention: width ",
+              width, " is too large");
   qkv = register_module("qkv", std::make_shared<Linear>(width, 3 * width, true, generator));
   proj = register_module("proj", std::make_shared<Linear>(width, width, true, generator));
   attn_dropout_ = register_module("attn_dropout", std::make_shared<Dropout>(dropout, generator));
@@ -46,6 +49,9 @@ json CausalSelfAttention::config() const {
 TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout,
                                    Generator* generator)
     : width_(width), heads_(heads), dropout_(dropout) {
+  // Before 4 * width is computed (a width from a config can be anything).
+  PIPIT_CHECK(width > 0 && width <= std::numeric_limits<int64_t>::max() / 4,
+              "TransformerBlock: width must be positive and not too large, got ", width);
   ln1 = register_module("ln1", std::make_shared<LayerNorm>(width));
   attn = register_module("attn",
                          std::make_shared<CausalSelfAttention>(width, heads, dropout, generator));

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "autograd/grad_mode.h"
+#include "comm/control.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
 
@@ -40,28 +41,33 @@ std::vector<Tensor> Coordinator::split_batch(const Tensor& batch, const char* wh
   return parts;
 }
 
-void Coordinator::send_to_all(MessageKind kind, nlohmann::json meta) {
-  for (int s = 0; s < config_.stages; ++s) {
-    Message message{kind, step_};
-    message.meta = meta;
-    comm_->send(s, std::move(message));
-  }
+void Coordinator::send_to_all(const Message& message) {
+  for (int s = 0; s < config_.stages; ++s) comm_->send(s, message);
+}
+
+void Coordinator::require_consistent() const {
+  if (inconsistent_.empty()) return;
+  throw Error("pipeline: " + inconsistent_ +
+              "; the stages' weights may disagree, so this pipeline refuses to go on: restore "
+              "the model from the last checkpoint (train_gpt --resume) and start a new pipeline");
 }
 
 void Coordinator::begin_step(bool train) {
+  require_consistent();
   ++step_;
   grad_norm_sq_ = 0;
   stats_ = StepStats{std::vector<int>(static_cast<size_t>(config_.stages), 0), 0};
   stats_.loss_scale = loss_scale();
-  send_to_all(MessageKind::StepBegin,
-              {{"train", train},
-               {"microbatches", config_.microbatches},
-               {"trace", config_.trace},
-               {"grad_norm", train && (config_.max_grad_norm > 0 || config_.dtype == "f16")}});
+  StepBegin begin;
+  begin.train = train;
+  begin.microbatches = config_.microbatches;
+  begin.trace = config_.trace;
+  begin.grad_norm = train && (config_.max_grad_norm > 0 || config_.dtype == "f16");
+  send_to_all(to_message(begin, step_));
 }
 
 void Coordinator::fail_step(const std::string& message) {
-  send_to_all(MessageKind::Abort);
+  send_to_all(Message(MessageKind::Abort, step_));
   throw Error("pipeline step " + std::to_string(step_) + ": " + message);
 }
 
@@ -73,28 +79,28 @@ Message Coordinator::receive_step_message(const std::string& waiting_for) {
                 " ms while waiting for " + waiting_for);
     }
     if (message->kind == MessageKind::PeerLost) {
-      fail_step("lost the connection to stage " + std::to_string(message->from) + " at " +
-                message->meta.value("address", std::string("?")) + ": " +
-                message->meta.value("reason", std::string("?")));
+      const PeerLost lost = read_peer_lost(*message);
+      fail_step("lost the connection to stage " + std::to_string(lost.peer) + " at " +
+                lost.address + ": " + lost.reason);
     }
+    if (message->from < 0 || message->from >= config_.stages) continue;  // not a stage
     if (message->step != step_) continue;  // left over from an aborted step
     if (message->kind == MessageKind::StageError) {
-      fail_step(message->meta.value(
-          "message", "stage " + std::to_string(message->from) + " reported an error"));
+      fail_step(read_stage_error(*message).message);
     }
     return std::move(*message);
   }
 }
 
 void Coordinator::record_stage_done(const Message& message) {
+  const StageDone done = read_stage_done(message);
   const auto stage = static_cast<size_t>(message.from);
-  stats_.peak_stashed[stage] = message.meta.value("peak_stashed", 0);
-  grad_norm_sq_ += message.meta.value("grad_norm_sq", 0.0);
-  if (!message.meta.contains("trace")) return;
-  for (const auto& e : message.meta["trace"]) {
-    Task task{step_, e[0].get<int>(), e[1].get<int>(),
-              e[2].get<int>() == 0 ? Phase::Forward : Phase::Backward, message.from};
-    trace_.add({task, e[3].get<double>(), e[4].get<double>()});
+  stats_.peak_stashed[stage] = static_cast<int>(done.peak_stashed);
+  grad_norm_sq_ += done.grad_norm_sq.value_or(0.0);
+  for (const TaskTiming& e : done.trace) {
+    Task task{step_, e.microbatch, e.chunk, e.backward ? Phase::Backward : Phase::Forward,
+              message.from};
+    trace_.add({task, e.start_us, e.end_us});
   }
 }
 
@@ -102,22 +108,25 @@ double Coordinator::loss_scale() const {
   return config_.dtype == "f16" ? scaler_.get_scale() : 1.0;
 }
 
-nlohmann::json Coordinator::optimizer_step_meta() {
-  nlohmann::json meta = {{"grad_scale", 1.0}};
-  if (lr_) meta["lr"] = *lr_;
+OptimizerStep Coordinator::optimizer_step() {
+  OptimizerStep command;
+  command.lr = lr_;
   if (config_.dtype == "f16") {
     // The stages' squared norms add up to the global one, inf or NaN when any gradient is.
     stats_.skipped = !std::isfinite(grad_norm_sq_);
     scaler_.update(stats_.skipped);
-    if (stats_.skipped) return {{"skip", true}};
+    if (stats_.skipped) {
+      command.skip = true;
+      return command;
+    }
   }
   const double unscale = 1.0 / stats_.loss_scale;
-  meta["grad_scale"] = unscale;
+  command.grad_scale = unscale;
   if (config_.max_grad_norm > 0) {
     stats_.grad_norm = std::sqrt(grad_norm_sq_) * unscale;
-    meta["grad_scale"] = unscale * clip_coefficient(stats_.grad_norm, config_.max_grad_norm);
+    command.grad_scale = unscale * clip_coefficient(stats_.grad_norm, config_.max_grad_norm);
   }
-  return meta;
+  return command;
 }
 
 double Coordinator::train_step(const Tensor& input, const Tensor& target) {
@@ -160,14 +169,29 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
     }
   }
 
-  send_to_all(MessageKind::OptimizerStep, optimizer_step_meta());
+  // From here on a failure can leave some stages updated and others not: the step either
+  // completes on every stage or the pipeline refuses all later work (require_consistent).
+  send_to_all(to_message(optimizer_step(), step_));
   std::vector<bool> stepped(static_cast<size_t>(p));
-  for (int n = 0; n < p;) {
-    Message message =
-        receive_step_message("stages " + stage_list(stepped) + " to finish their optimizer step");
-    if (message.kind != MessageKind::OptimizerDone) continue;
-    stepped[static_cast<size_t>(message.from)] = true;
-    ++n;
+  try {
+    for (int n = 0; n < p;) {
+      Message message =
+          receive_step_message("stages " + stage_list(stepped) + " to finish their optimizer step");
+      if (message.kind != MessageKind::OptimizerDone ||
+          stepped[static_cast<size_t>(message.from)]) {
+        continue;
+      }
+      stepped[static_cast<size_t>(message.from)] = true;
+      ++n;
+    }
+  } catch (const Error& e) {
+    std::vector<bool> not_stepped(stepped.size());
+    for (size_t s = 0; s < stepped.size(); ++s) not_stepped[s] = !stepped[s];
+    const std::string applied = stage_list(not_stepped);
+    inconsistent_ = "step " + std::to_string(step_) + " failed during its optimizer step (" +
+                    e.what() + "), after stages [" + applied +
+                    "] had applied it and before stages [" + stage_list(stepped) + "] confirmed";
+    require_consistent();
   }
   double total = 0;
   for (double loss : losses) total += loss;
@@ -201,24 +225,21 @@ Tensor Coordinator::forward(const Tensor& input) {
 }
 
 std::pair<StateDict, StateDict> Coordinator::fetch_state() {
+  require_consistent();
   ++step_;
   stats_ = StepStats{std::vector<int>(static_cast<size_t>(config_.stages), 0), 0};
-  send_to_all(MessageKind::FetchState);
+  send_to_all(Message(MessageKind::FetchState, step_));
   StateDict weights, optimizer_state;
   std::vector<bool> answered(static_cast<size_t>(config_.stages));
   for (int n = 0; n < config_.stages;) {
     Message message = receive_step_message("the state of stages " + stage_list(answered));
-    if (message.kind != MessageKind::State) continue;
-    const auto& weight_names = message.meta.at("weights");
-    const auto& optimizer_names = message.meta.at("optimizer");
-    PIPIT_CHECK(weight_names.size() + optimizer_names.size() == message.tensors.size(),
-                "fetch_state: stage ", message.from, " sent ", message.tensors.size(),
-                " tensors for ", weight_names.size() + optimizer_names.size(), " names");
-    size_t i = 0;
-    for (const auto& name : weight_names) weights[name.get<std::string>()] = message.tensors[i++];
-    for (const auto& name : optimizer_names) {
-      optimizer_state[name.get<std::string>()] = message.tensors[i++];
+    if (message.kind != MessageKind::State || answered[static_cast<size_t>(message.from)]) {
+      continue;
     }
+    const StateReply reply = read_state_reply(message);
+    size_t i = 0;
+    for (const std::string& name : reply.weights) weights[name] = message.tensors[i++];
+    for (const std::string& name : reply.optimizer) optimizer_state[name] = message.tensors[i++];
     answered[static_cast<size_t>(message.from)] = true;
     ++n;
   }
@@ -226,7 +247,7 @@ std::pair<StateDict, StateDict> Coordinator::fetch_state() {
 }
 
 void Coordinator::shutdown() {
-  send_to_all(MessageKind::Shutdown);
+  send_to_all(Message(MessageKind::Shutdown, step_));
 }
 
 }  // namespace pipit

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/control.h"
 #include "loss/loss.h"
 #include "optim/grad_scaler.h"
 #include "pipeline/pipeline_config.h"
@@ -32,7 +33,9 @@ class Coordinator {
   // One optimizer step on (input, target); returns the mean of the microbatch losses. The
   // gradients sent back are compute_gradient / m, so the accumulated gradients are those of
   // the full batch's mean loss. A stage failure or a silent pipeline throws an Error naming
-  // the stage and the cause; the stages are then ready for the next step.
+  // the stage and the cause. Before the optimizer step nothing has changed and the stages
+  // are ready for the next step; a failure during it makes the pipeline inconsistent
+  // (consistent() turns false) and every later call throws.
   double train_step(const Tensor& input, const Tensor& target);
   // Pipelined inference (no gradients, layers in eval mode): the outputs of the m
   // microbatches concatenated in order.
@@ -45,6 +48,9 @@ class Coordinator {
   std::pair<StateDict, StateDict> fetch_state();
   // Tells every stage to stop serving.
   void shutdown();
+  // False once a step failed after some stages had applied its optimizer step: every later
+  // call then throws, telling the user to restore from a checkpoint.
+  bool consistent() const { return inconsistent_.empty(); }
 
   const PipelineConfig& config() const { return config_; }
   const StepStats& last_step() const { return stats_; }
@@ -60,8 +66,9 @@ class Coordinator {
   void record_stage_done(const Message& message);
   double loss_scale() const;
   // The OptimizerStep every stage gets: unscaling, clipping, lr, or skip after an overflow.
-  nlohmann::json optimizer_step_meta();
-  void send_to_all(MessageKind kind, nlohmann::json meta = nlohmann::json::object());
+  OptimizerStep optimizer_step();
+  void send_to_all(const Message& message);
+  void require_consistent() const;
 
   std::shared_ptr<Communicator> comm_;
   PipelineConfig config_;
@@ -73,6 +80,7 @@ class Coordinator {
   // Dynamic loss scaling when config_.dtype is f16; unused otherwise.
   GradScaler scaler_;
   Trace trace_;
+  std::string inconsistent_;  // why the stages may disagree; empty while they agree
 };
 
 }  // namespace pipit

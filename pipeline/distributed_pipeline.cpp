@@ -1,5 +1,6 @@
 #include "pipeline/distributed_pipeline.h"
 
+#include "comm/control.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/stage_package.h"
 
@@ -29,6 +30,21 @@ DistributedPipeline::DistributedPipeline(const Sequential& model, PipelineConfig
   // A fresh session name per run keeps stages of an older run from joining this one.
   if (tcp.session.empty()) tcp.session = new_session_name();
   comm_ = std::make_shared<TcpCommunicator>(kCoordinator, tcp);
+  try {
+    start_workers(model, config, ranges, peers, optimizer_state);
+  } catch (...) {
+    // Release every worker claimed so far, so it serves the next coordinator at once.
+    for (int s = 0; s < config.stages; ++s) comm_->send(s, Message(MessageKind::Shutdown, 0));
+    comm_->close();
+    throw;
+  }
+  coordinator_ = std::make_unique<Coordinator>(comm_, std::move(config));
+}
+
+void DistributedPipeline::start_workers(const Sequential& model, const PipelineConfig& config,
+                                        const std::vector<LayerRange>& ranges,
+                                        const nlohmann::json& peers,
+                                        const StateDict& optimizer_state) {
   for (int s = 0; s < config.stages; ++s) {
     auto [host, port] = parse_endpoint(workers_[static_cast<size_t>(s)]);
     comm_->connect(s, host, port);
@@ -46,29 +62,25 @@ DistributedPipeline::DistributedPipeline(const Sequential& model, PipelineConfig
       for (size_t s = 0; s < ready.size(); ++s) {
         if (!ready[s]) missing += (missing.empty() ? "" : ", ") + workers_[s];
       }
-      comm_->close();
       throw Error("DistributedPipeline: no READY within " + std::to_string(config.timeout.count()) +
                   " ms from " + missing);
     }
+    const int from = message->from;
+    if (from < 0 || from >= config.stages) continue;
+    const std::string where = workers_[static_cast<size_t>(from)];
     if (message->kind == MessageKind::StageError || message->kind == MessageKind::PeerLost) {
-      const auto from = static_cast<size_t>(message->from);
-      const std::string where = from < workers_.size() ? workers_[from] : "?";
-      const std::string why =
-          message->kind == MessageKind::StageError
-              ? message->meta.value("message", std::string("error"))
-              : "connection lost: " + message->meta.value("reason", std::string("?"));
-      for (int s = 0; s < config.stages; ++s) comm_->send(s, Message(MessageKind::Shutdown, 0));
-      comm_->close();
-      throw Error("DistributedPipeline: stage " + std::to_string(message->from) + " (" + where +
+      const std::string why = message->kind == MessageKind::StageError
+                                  ? read_stage_error(*message).message
+                                  : "connection lost: " + read_peer_lost(*message).reason;
+      throw Error("DistributedPipeline: stage " + std::to_string(from) + " (" + where +
                   ") failed to start: " + why);
     }
-    if (message->kind == MessageKind::Ready && !ready[static_cast<size_t>(message->from)]) {
-      ready[static_cast<size_t>(message->from)] = true;
+    if (message->kind == MessageKind::Ready && !ready[static_cast<size_t>(from)]) {
+      ready[static_cast<size_t>(from)] = true;
       ++n;
     }
   }
   for (int s = 0; s < config.stages; ++s) comm_->send(s, Message(MessageKind::Start, 0));
-  coordinator_ = std::make_unique<Coordinator>(comm_, std::move(config));
 }
 
 DistributedPipeline::~DistributedPipeline() {

@@ -3,7 +3,8 @@
 // (tools/pipit-worker) over TCP. The constructor handshakes with every worker, ships each its
 // stage package (config slice, weights, optimizer config and state, its neighbours'
 // addresses), waits until every stage is READY, then sends START. Stages exchange
-// activations and gradients with their neighbours directly.
+// activations and gradients with their neighbours directly. A constructor that fails
+// releases every worker it had claimed.
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "comm/tcp_communicator.h"
 #include "nn/sequential.h"
 #include "pipeline/coordinator.h"
+#include "pipeline/partition.h"
 
 namespace pipit {
 
@@ -33,6 +35,10 @@ class DistributedPipeline {
   const std::vector<std::string>& workers() const { return workers_; }
 
  private:
+  void start_workers(const Sequential& model, const PipelineConfig& config,
+                     const std::vector<LayerRange>& ranges, const nlohmann::json& peers,
+                     const StateDict& optimizer_state);
+
   std::vector<std::string> workers_;
   std::shared_ptr<TcpCommunicator> comm_;
   std::unique_ptr<Coordinator> coordinator_;

@@ -1,5 +1,7 @@
 #include "pipeline/pipeline.h"
 
+#include <cstdio>
+
 namespace pipit {
 
 std::vector<LayerRange> partition_model(const Sequential& model, const PipelineConfig& config) {
@@ -39,16 +41,37 @@ Pipeline::Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config,
   PIPIT_CHECK(model_ != nullptr, "Pipeline: the model is null");
   ranges_ = partition_model(*model_, config);
   for (int s = 0; s < config.stages; ++s) {
-    stages_.push_back(std::make_unique<Stage>(
+    stages_.push_back(std::make_shared<Stage>(
         make_stage_spec(*model_, ranges_, config, s, optimizer_state), hub_->endpoint(s)));
   }
   coordinator_ = std::make_unique<Coordinator>(hub_->endpoint(kCoordinator), std::move(config));
-  for (auto& stage : stages_) threads_.emplace_back([&stage] { stage->run(); });
+  for (const auto& stage : stages_) {
+    auto stopped = std::make_shared<std::promise<void>>();
+    stopped_.push_back(stopped->get_future());
+    // The thread owns its stage too, so a stage that outlives the deadline below stays valid.
+    threads_.emplace_back([stage, stopped] {
+      stage->run();
+      stopped->set_value();
+    });
+  }
 }
 
 Pipeline::~Pipeline() {
   coordinator_->shutdown();
-  for (std::thread& thread : threads_) thread.join();
+  // A stage stuck inside a layer cannot be interrupted: after the pipeline's timeout its
+  // thread is left to finish on its own instead of hanging the caller here.
+  const auto deadline = std::chrono::steady_clock::now() + coordinator_->config().timeout;
+  for (size_t s = 0; s < threads_.size(); ++s) {
+    if (stopped_[s].wait_until(deadline) == std::future_status::ready) {
+      threads_[s].join();
+    } else {
+      std::fprintf(stderr,
+                   "pipit: stage %zu did not stop within %lld ms of the pipeline's end; its "
+                   "thread is left running\n",
+                   s, static_cast<long long>(coordinator_->config().timeout.count()));
+      threads_[s].detach();
+    }
+  }
 }
 
 }  // namespace pipit

@@ -6,6 +6,7 @@
 //   auto model = gpt(config);
 //   Pipeline pipeline(model, {.stages = 4, .microbatches = 8, .schedule = "1f1b"});
 //   for (...) double loss = pipeline.train_step(tokens, targets);
+#include <future>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -30,7 +31,8 @@ class Pipeline {
   // `optimizer_state` (a checkpoint's, or empty) restores every stage's optimizer.
   Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config,
            const StateDict& optimizer_state = {});
-  ~Pipeline();  // stops and joins the stage threads
+  // Stops the stage threads; one still busy after config.timeout is detached, not waited on.
+  ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
@@ -47,8 +49,9 @@ class Pipeline {
   std::shared_ptr<Sequential> model_;
   std::vector<LayerRange> ranges_;
   std::shared_ptr<LocalHub> hub_;
-  std::vector<std::unique_ptr<Stage>> stages_;
+  std::vector<std::shared_ptr<Stage>> stages_;
   std::vector<std::thread> threads_;
+  std::vector<std::future<void>> stopped_;
   std::unique_ptr<Coordinator> coordinator_;
 };
 

@@ -27,6 +27,11 @@ void validate(const PipelineConfig& config) {
       throw Error(std::string("PipelineConfig: devices: ") + e.what());
     }
   }
+  // In double: p * m * v can exceed int64, and the bound needs no exact count.
+  const double tasks = 2.0 * config.stages * config.microbatches * config.chunks_per_stage;
+  PIPIT_CHECK(tasks <= static_cast<double>(kMaxScheduleTasks), "PipelineConfig: ", config.stages,
+              " stages x ", config.microbatches, " microbatches x ", config.chunks_per_stage,
+              " chunks per stage make ", tasks, " tasks, more than ", kMaxScheduleTasks);
   // Building the schedule checks the name and the (p, m, v) combination.
   make_schedule(config.schedule, config.stages, config.microbatches, config.chunks_per_stage);
 }

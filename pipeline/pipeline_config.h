@@ -1,6 +1,7 @@
 #pragma once
 // PipelineConfig: how a model is cut and trained as a pipeline.
 #include <chrono>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -27,8 +28,13 @@ struct PipelineConfig {
   std::string dtype = "f32";
 };
 
+// The most tasks (a forward and a backward per microbatch, chunk and stage) a configuration
+// may schedule: the schedule of every stage is built, so p * m * v is bounded before that
+// (and products of them index chunks and microbatches as int).
+constexpr int64_t kMaxScheduleTasks = int64_t{1} << 24;
+
 // Throws an Error naming the first invalid field (p, m, v < 1, unknown schedule or partition,
-// a schedule that cannot run with these p, m, v).
+// more than kMaxScheduleTasks tasks, a schedule that cannot run with these p, m, v).
 void validate(const PipelineConfig& config);
 
 }  // namespace pipit

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "autograd/grad_mode.h"
+#include "comm/control.h"
 #include "pipeline/schedule.h"
 #include "pipit.h"
 
@@ -49,6 +50,20 @@ void Stage::run() {
     while (handle(comm_->receive())) {
     }
   } catch (const ClosedError&) {
+  } catch (const std::exception& e) {
+    // Not a task's failure (handle() reports those and goes on) but the loop's own: the
+    // stage stops, and says so rather than ending its thread silently.
+    report_error(std::string("stage ") + std::to_string(spec_.stage) + " stopped: " + e.what());
+  } catch (...) {
+    report_error("stage " + std::to_string(spec_.stage) + " stopped on an unknown exception");
+  }
+}
+
+void Stage::report_error(const std::string& message) {
+  try {
+    comm_->send(kCoordinator, to_message(StageError{message, spec_.stage}, step_));
+  } catch (...) {
+    // The communicator itself failed: the coordinator's deadline reports this stage.
   }
 }
 
@@ -72,22 +87,39 @@ void Stage::send(int to, Message message) {
 }
 
 bool Stage::handle(Message message) {
+  std::ostringstream what;
   try {
     return dispatch(std::move(message));
   } catch (const std::exception& e) {
-    std::ostringstream what;
     what << "stage " << spec_.stage << " failed";
     if (active_ && next_task_ < tasks_.size()) what << " in task " << tasks_[next_task_];
     what << " of step " << step_ << ": " << e.what();
-    Message error{MessageKind::StageError, step_};
-    error.meta = {{"message", what.str()}, {"stage", spec_.stage}};
-    reset();
-    comm_->send(kCoordinator, std::move(error));
-    return true;
+  } catch (...) {
+    what << "stage " << spec_.stage << " failed in step " << step_ << " on an unknown exception";
   }
+  reset();
+  report_error(what.str());
+  return true;
+}
+
+bool Stage::accepts(const Message& message) const {
+  if (is_coordinator_command(message.kind)) return message.from == kCoordinator;
+  const int p = spec_.stages, chunks = p * spec_.chunks_per_stage;
+  const int c = message.chunk;
+  if (message.kind == MessageKind::Activation || message.kind == MessageKind::Gradient) {
+    if (c < 0 || c >= chunks || c % p != spec_.stage) return false;
+    const bool forward = message.kind == MessageKind::Activation;
+    const bool from_coordinator = forward ? c == 0 : c == chunks - 1;
+    const int neighbour = forward ? (c - 1 + p) % p : (c + 1) % p;
+    return message.from == (from_coordinator ? kCoordinator : neighbour);
+  }
+  return true;
 }
 
 bool Stage::dispatch(Message message) {
+  // Commands only from the coordinator, data only from the stage that produces it: anything
+  // else (a confused or hostile peer of the same run) is dropped.
+  if (!accepts(message)) return true;
   switch (message.kind) {
     case MessageKind::Shutdown:
       return false;
@@ -102,12 +134,20 @@ bool Stage::dispatch(Message message) {
       PIPIT_CHECK(message.tensors.size() == 1, message_kind_name(message.kind), " message carries ",
                   message.tensors.size(), " tensors, expected 1");
       // Over TCP a neighbour's data can overtake the coordinator's StepBegin: keep it until
-      // then. Data from an aborted or finished step is dropped.
+      // then, at most one schedule's worth. Data from an aborted or finished step is dropped.
       if (message.step > step_) {
+        if (early_.size() >= kMaxEarlyMessages) {
+          early_.clear();
+          throw Error(detail::concat("more than ", kMaxEarlyMessages,
+                                     " messages arrived ahead of their step"));
+        }
         early_.push_back(std::move(message));
         return true;
       }
-      if (!active_ || message.step != step_) return true;
+      if (!active_ || message.step != step_ || message.microbatch < 0 ||
+          message.microbatch >= microbatches_) {
+        return true;
+      }
       const Phase phase =
           message.kind == MessageKind::Activation ? Phase::Forward : Phase::Backward;
       inputs_[{phase, message.microbatch, message.chunk}] = std::move(message.tensors[0]);
@@ -120,17 +160,12 @@ bool Stage::dispatch(Message message) {
       send_state(message.step);
       return true;
     case MessageKind::PeerLost: {
-      if (message.from == kCoordinator) return false;  // the run is over
+      const PeerLost lost = read_peer_lost(message);
+      if (lost.peer == kCoordinator) return false;  // the run is over
       // A neighbour is gone: this step cannot finish, and the coordinator should know why.
-      Message error{MessageKind::StageError, step_};
-      error.meta = {
-          {"message", "stage " + std::to_string(spec_.stage) + " lost its connection to stage " +
-                          std::to_string(message.from) + " at " +
-                          message.meta.value("address", std::string("?")) + ": " +
-                          message.meta.value("reason", std::string("?"))},
-          {"stage", spec_.stage}};
       reset();
-      comm_->send(kCoordinator, std::move(error));
+      report_error("stage " + std::to_string(spec_.stage) + " lost its connection to stage " +
+                   std::to_string(lost.peer) + " at " + lost.address + ": " + lost.reason);
       return true;
     }
     default:
@@ -141,16 +176,17 @@ bool Stage::dispatch(Message message) {
 }
 
 void Stage::begin_step(const Message& message) {
+  const StepBegin begin = read_step_begin(message);
   reset();
   step_ = message.step;
   active_ = true;
-  training_ = message.meta.value("train", true);
-  record_trace_ = message.meta.value("trace", false);
-  report_grad_norm_ = message.meta.value("grad_norm", false);
-  const int microbatches = message.meta.at("microbatches").get<int>();
+  training_ = begin.train;
+  record_trace_ = begin.trace;
+  report_grad_norm_ = begin.grad_norm;
+  microbatches_ = begin.microbatches;
   const int p = spec_.stages, v = spec_.chunks_per_stage;
-  Schedule schedule = training_ ? make_schedule(spec_.schedule, p, microbatches, v)
-                                : forward_only_schedule(p, microbatches, v);
+  Schedule schedule = training_ ? make_schedule(spec_.schedule, p, microbatches_, v)
+                                : forward_only_schedule(p, microbatches_, v);
   tasks_ = std::move(schedule[static_cast<size_t>(spec_.stage)]);
   for (Task& task : tasks_) task.step = step_;
   std::vector<Message> early = std::move(early_);
@@ -158,7 +194,7 @@ void Stage::begin_step(const Message& message) {
   for (Message& m : early) {
     if (m.step > step_) {
       early_.push_back(std::move(m));
-    } else if (m.step == step_) {
+    } else if (m.step == step_ && m.microbatch >= 0 && m.microbatch < microbatches_) {
       const Phase phase = m.kind == MessageKind::Activation ? Phase::Forward : Phase::Backward;
       inputs_[{phase, m.microbatch, m.chunk}] = std::move(m.tensors[0]);
     }
@@ -221,56 +257,51 @@ void Stage::backward(const Task& task, const Tensor& grad) {
 }
 
 void Stage::finish_step() {
-  Message done{MessageKind::StageDone, step_};
-  done.meta["peak_stashed"] = peak_stashed_;
-  if (report_grad_norm_) done.meta["grad_norm_sq"] = grad_norm_squared(parameters_);
+  StageDone done;
+  done.peak_stashed = static_cast<int64_t>(peak_stashed_);
+  if (report_grad_norm_) done.grad_norm_sq = grad_norm_squared(parameters_);
   if (record_trace_) {
-    nlohmann::json events = nlohmann::json::array();
     for (const TraceEvent& e : trace_.events()) {
-      events.push_back({e.task.microbatch, e.task.chunk, e.task.phase == Phase::Forward ? 0 : 1,
-                        e.start_us, e.end_us});
+      done.trace.push_back(
+          {e.task.microbatch, e.task.chunk, e.task.phase == Phase::Backward, e.start_us, e.end_us});
     }
-    done.meta["trace"] = std::move(events);
   }
   active_ = false;
   if (!training_) {
     for (const auto& c : spec_.chunks) c->train(true);
   }
-  comm_->send(kCoordinator, std::move(done));
+  comm_->send(kCoordinator, to_message(done, step_));
 }
 
 void Stage::apply_optimizer(const Message& message) {
-  if (message.meta.value("skip", false)) {
+  const OptimizerStep command = read_optimizer_step(message);
+  if (command.skip) {
     // The coordinator found an inf or NaN gradient (f16 loss scaling): drop this step's update.
     optimizer_->zero_grad();
     comm_->send(kCoordinator, Message{MessageKind::OptimizerDone, step_});
     return;
   }
-  const double grad_scale = message.meta.value("grad_scale", 1.0);
-  if (grad_scale != 1.0) scale_gradients(parameters_, grad_scale);
-  if (message.meta.contains("lr") && message.meta["lr"].is_number()) {
-    optimizer_->set_lr(message.meta["lr"].get<double>());
-  }
+  if (command.grad_scale != 1.0) scale_gradients(parameters_, command.grad_scale);
+  if (command.lr) optimizer_->set_lr(*command.lr);
   optimizer_->step();
   optimizer_->zero_grad();
   comm_->send(kCoordinator, Message{MessageKind::OptimizerDone, step_});
 }
 
 void Stage::send_state(int64_t step) {
-  Message reply{MessageKind::State, step};
-  nlohmann::json weight_names = nlohmann::json::array(), optimizer_names = nlohmann::json::array();
+  StateReply reply;
+  std::vector<Tensor> tensors;
   for (const auto& c : spec_.chunks) {
     for (const auto& [name, value] : c->named_parameters()) {
-      weight_names.push_back(name);
-      reply.tensors.push_back(value.detach().to(Device::cpu()));
+      reply.weights.push_back(name);
+      tensors.push_back(value.detach().to(Device::cpu()));
     }
   }
   for (const auto& [name, value] : optimizer_->state_dict()) {
-    optimizer_names.push_back(name);
-    reply.tensors.push_back(value.detach().to(Device::cpu()));
+    reply.optimizer.push_back(name);
+    tensors.push_back(value.detach().to(Device::cpu()));
   }
-  reply.meta = {{"weights", weight_names}, {"optimizer", optimizer_names}};
-  comm_->send(kCoordinator, std::move(reply));
+  comm_->send(kCoordinator, to_message(reply, step, std::move(tensors)));
 }
 
 void Stage::reset() {

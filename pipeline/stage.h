@@ -52,6 +52,9 @@ class Stage {
  private:
   // Returns false once the stage should stop.
   bool handle(Message message);
+  // Whether the message comes from the endpoint that may send it (see dispatch).
+  bool accepts(const Message& message) const;
+  void report_error(const std::string& message);
   bool dispatch(Message message);
   void begin_step(const Message& message);
   void run_ready_tasks();
@@ -81,12 +84,14 @@ class Stage {
   bool training_ = false;
   bool record_trace_ = false;
   bool report_grad_norm_ = false;
+  int microbatches_ = 0;
   std::vector<Task> tasks_;
   size_t next_task_ = 0;
   // Inputs that arrived, by (phase, microbatch, chunk).
   std::map<std::tuple<Phase, int, int>, Tensor> inputs_;
   // Data of a later step that arrived before that step's StepBegin.
   std::vector<Message> early_;
+  static constexpr size_t kMaxEarlyMessages = 1 << 16;
   // Forward results awaiting their backward: (microbatch, chunk) -> (input leaf, output).
   std::map<std::pair<int, int>, std::pair<Tensor, Tensor>> stash_;
   size_t peak_stashed_ = 0;

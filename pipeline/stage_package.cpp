@@ -21,6 +21,9 @@ void check_layout(const StagePackage& package, const char* operation) {
   PIPIT_CHECK(package.stages >= 1 && package.chunks_per_stage >= 1, operation,
               ": stages and chunks_per_stage must be >= 1, got ", package.stages, " and ",
               package.chunks_per_stage);
+  PIPIT_CHECK(int64_t{package.stages} * package.chunks_per_stage <= INT_MAX, operation, ": ",
+              package.stages, " stages of ", package.chunks_per_stage,
+              " chunks number their chunks beyond int");
   PIPIT_CHECK(package.stage >= 0 && package.stage < package.stages, operation, ": stage ",
               package.stage, " is outside [0, ", package.stages, ")");
   PIPIT_CHECK(package.chunk_configs.size() == static_cast<size_t>(package.chunks_per_stage),
@@ -81,7 +84,9 @@ StagePackage decode_stage_package(const std::string& bytes, const std::string& s
   StagePackage package;
   package.stages = static_cast<int>(reader.integer("stages", 1, INT_MAX));
   package.stage = static_cast<int>(reader.integer("stage", 0, package.stages - 1));
-  package.chunks_per_stage = static_cast<int>(reader.integer("chunks_per_stage", 1, INT_MAX));
+  // Global chunk numbers, local * stages + stage, must be ints.
+  package.chunks_per_stage =
+      static_cast<int>(reader.integer("chunks_per_stage", 1, INT_MAX / package.stages));
   package.schedule = reader.text("schedule");
   const json chunks = reader.parse("chunk_configs");
   if (!chunks.is_array() || chunks.size() != static_cast<size_t>(package.chunks_per_stage)) {

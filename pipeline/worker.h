@@ -2,7 +2,9 @@
 // The worker runtime behind tools/pipit-worker: it listens, waits for a coordinator, builds
 // its Stage from the stage package the coordinator sends, connects to its neighbouring stages,
 // replies READY and serves steps until SHUTDOWN or until the coordinator goes away; then it
-// waits for the next coordinator. A bad package is answered with a StageError, not a crash.
+// waits for the next coordinator. A bad package is answered with a StageError, not a crash;
+// a coordinator that vanishes, shuts the run down or sends no package in time releases the
+// worker. Listening beyond loopback without a token is logged as a warning.
 #include <string>
 
 #include "comm/tcp_communicator.h"
@@ -14,6 +16,9 @@ struct WorkerOptions {
   TcpOptions tcp;
   int runs = -1;          // serve this many coordinator runs, then return (-1: forever)
   std::string port_file;  // when set, the bound port is written there (for --listen host:0)
+  // A coordinator that claims this worker and sends no stage package within this long loses
+  // it: the worker goes back to waiting.
+  std::chrono::milliseconds package_timeout{30000};
 };
 
 void run_worker(const WorkerOptions& options);

@@ -135,6 +135,10 @@ int main(int argc, char** argv) {
             "host:port,... of pipit-worker processes, one per stage (default: "
             "stages in threads of this process)");
   flags.add("token-file", "", "file holding the token the workers expect");
+  flags.add("peer-timeout-ms", "5000", "a worker silent this long is reported lost");
+  flags.add("heartbeat-ms", "500", "heartbeat interval on idle connections to the workers");
+  flags.add("connect-timeout-ms", "10000", "how long to retry connecting to a busy worker");
+  flags.add("step-timeout-ms", "30000", "a step fails when no stage has answered for this long");
   flags.add("checkpoint-dir", "", "directory for checkpoint.safetensors");
   flags.add("checkpoint-every", "0", "steps between checkpoints (0: only at the end)");
   flags.add_switch("resume", "continue from the checkpoint in --checkpoint-dir");
@@ -222,6 +226,7 @@ int main(int argc, char** argv) {
     pipeline_config.max_grad_norm = 1.0;
     pipeline_config.trace = !flags.str("trace").empty();
     pipeline_config.dtype = flags.str("dtype");
+    pipeline_config.timeout = std::chrono::milliseconds(flags.integer("step-timeout-ms"));
     std::string device = flags.str("device");
     if (device == "auto") device = cuda_device_count() > 0 ? "cuda" : "cpu";
     for (size_t begin = 0; begin < device.size();) {
@@ -231,6 +236,9 @@ int main(int argc, char** argv) {
     }
     TcpOptions tcp;
     if (!flags.str("token-file").empty()) tcp.token = read_token_file(flags.str("token-file"));
+    tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
+    tcp.heartbeat_interval = std::chrono::milliseconds(flags.integer("heartbeat-ms"));
+    tcp.connect_timeout = std::chrono::milliseconds(flags.integer("connect-timeout-ms"));
     // Stages in threads of this process, or in worker processes: the same Coordinator.
     std::unique_ptr<Pipeline> local;
     std::unique_ptr<DistributedPipeline> remote;

@@ -4,7 +4,10 @@
 namespace pipit {
 
 // Replaces `path` with `contents` so that a crash at any moment leaves either the old file or
-// the new one: write a temporary file beside it, fsync, rename over, fsync the directory.
+// the new one: write a temporary file beside it (a new name for every call, so concurrent
+// writers each rename a complete file of their own), fsync, close, rename over, fsync the
+// directory. Every failure throws naming the path; one before the rename leaves the old file
+// as it was and no temporary behind.
 void write_file_atomic(const std::string& path, const std::string& contents);
 // The whole file; errors name the path.
 std::string read_file(const std::string& path);

@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "serialize/json_depth.h"
 #include "serialize/safetensors.h"
 #include "tensor/error.h"
 
@@ -55,8 +56,14 @@ const std::string& TaggedReader::text(const std::string& key) const {
 }
 
 json TaggedReader::parse(const std::string& key) const {
+  const std::string& value = text(key);
   try {
-    return json::parse(text(key));
+    check_json_nesting(value, "");
+  } catch (const Error& e) {
+    fail(key, e.what());
+  }
+  try {
+    return json::parse(value);
   } catch (const json::exception& e) {
     fail(key, std::string("is not valid JSON: ") + e.what());
   }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "serialize/atomic_file.h"
+#include "serialize/json_depth.h"
 #include "tensor/backend.h"
 
 namespace pipit {
@@ -72,6 +73,7 @@ std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
 SafetensorsLayout plan_safetensors(std::string_view header_text, uint64_t data_size,
                                    const std::string& source, json* metadata) {
   const std::string where = fail_prefix(source);
+  check_json_nesting(header_text, where + "header ");
   json header;
   try {
     header = json::parse(header_text.begin(), header_text.end());
@@ -106,16 +108,23 @@ SafetensorsLayout plan_safetensors(std::string_view header_text, uint64_t data_s
       throw Error(field + "\"dtype\": " + e.what());
     }
     Shape shape;
-    uint64_t count = 1;
     for (const json& dim : entry["shape"]) {
-      PIPIT_CHECK(dim.is_number_unsigned(), field, "\"shape\" has a non-negative-integer entry ",
-                  dim.dump());
-      uint64_t d = dim.get<uint64_t>();
-      PIPIT_CHECK(!__builtin_mul_overflow(count, d, &count) &&
-                      d <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-                  field, "\"shape\" ", entry["shape"].dump(), " is too large");
+      PIPIT_CHECK(dim.is_number_unsigned(), field,
+                  "\"shape\" has an entry that is not a non-negative integer: ", dim.dump());
+      const uint64_t d = dim.get<uint64_t>();
+      PIPIT_CHECK(d <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), field,
+                  "\"shape\" ", entry["shape"].dump(), " is too large: dimension ", d,
+                  " exceeds int64");
       shape.push_back(static_cast<int64_t>(d));
     }
+    // Checked here, before the byte count, which is 0 for any shape with a zero in it: the
+    // tensor's strides are still computed from the other dims.
+    try {
+      check_shape(shape, "\"shape\"");
+    } catch (const Error& e) {
+      throw Error(field + e.what());
+    }
+    const uint64_t count = static_cast<uint64_t>(shape_numel(shape));
     for (const json& offset : entry["data_offsets"]) {
       PIPIT_CHECK(offset.is_number_unsigned(), field,
                   "\"data_offsets\" entries must be "

@@ -6,13 +6,44 @@
 
 namespace pipit {
 
-int64_t shape_numel(const Shape& shape) {
+namespace {
+
+// The product of the nonzero dims, or -1 when a dim is negative or the product overflows.
+int64_t nonzero_product(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    if (s < 0) return -1;
+    if (s != 0 && __builtin_mul_overflow(n, s, &n)) return -1;
+  }
+  return n;
+}
+
+[[noreturn]] void fail_shape(const Shape& shape, const char* op) {
+  for (int64_t s : shape) {
+    PIPIT_CHECK(s >= 0, op, ": shape ", shape_str(shape), " has a negative dimension ", s);
+  }
+  throw Error(detail::concat(op, ": shape ", shape_str(shape),
+                             " is too large: the product of its dimensions overflows int64"));
+}
+
+}  // namespace
+
+void check_shape(const Shape& shape, const char* op) {
+  if (nonzero_product(shape) < 0) fail_shape(shape, op);
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = nonzero_product(shape);
+  if (n < 0) fail_shape(shape, "numel");
+  for (int64_t s : shape) {
+    if (s == 0) return 0;
+  }
   return n;
 }
 
 Shape contiguous_strides(const Shape& shape) {
+  check_shape(shape, "contiguous_strides");
+  // Every suffix product is at most the checked product of the nonzero dims, or 0.
   Shape strides(shape.size());
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {

@@ -8,12 +8,15 @@
 namespace pipit {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  for (int64_t s : shape) {
-    PIPIT_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
-  }
+  check_shape(shape, "empty");
+  // Byte offsets are int64 too (raw_data), and a wrapped size_t would allocate too little.
+  int64_t nbytes = 0;
+  PIPIT_CHECK(
+      !__builtin_mul_overflow(shape_numel(shape), static_cast<int64_t>(dtype_size(dtype)), &nbytes),
+      "empty: shape ", shape_str(shape), " of ", dtype,
+      " is too large: its size in bytes overflows int64");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage =
-      backend(device).allocate(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+  impl->storage = backend(device).allocate(static_cast<size_t>(nbytes));
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

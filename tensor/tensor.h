@@ -77,7 +77,7 @@ class Tensor {
   std::vector<T> to_vector() const;
 
   // Copies: a contiguous copy when needed (contiguous), always (clone), to another dtype or
-  // device (to). All are differentiable for floating dtypes.
+  // device (to). All are differentiable for floating dtypes (tensor/copy.cpp).
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(DType dtype) const;
@@ -94,7 +94,8 @@ class Tensor {
   std::shared_ptr<Node> grad_fn() const;
   bool is_leaf() const { return grad_fn() == nullptr; }
   // Backpropagates from this tensor: backward() needs a one-element tensor; backward(grad)
-  // takes dL/dthis of this tensor's shape. Gradients accumulate into leaves' grad().
+  // takes dL/dthis of this tensor's shape. Gradients accumulate into leaves' grad(). The
+  // engine is tensor/engine.cpp; the graph's nodes, tensor/node.h.
   void backward() const;
   void backward(const Tensor& grad) const;
 

@@ -3,6 +3,7 @@
 // that name the file and the key, and a crashed writer never costs the previous checkpoint.
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -203,12 +204,16 @@ TEST_CASE("a writer that crashed mid-save leaves the previous checkpoint intact"
     return bytes;
   }();
 
-  // write_file_atomic's temporary is ".<name>.tmp.<pid>" beside the target: leave half of the
-  // next checkpoint there, as a writer killed before its rename would (once from another
-  // process, once from this one, whose next save must overwrite it).
-  for (const int pid : {::getpid() + 1, ::getpid()}) {
-    const fs::path temp = dir / (".ckpt.safetensors.tmp." + std::to_string(pid));
-    std::ofstream(temp, std::ios::binary).write(next_bytes.data(), long(next_bytes.size() / 2));
+  // write_file_atomic's temporaries are ".<name>.tmp.<pid>.<n>" beside the target: leave half
+  // of the next checkpoint under such names, as writers killed before their rename would (one
+  // of another process, one of an earlier process with this pid, one of the old naming).
+  const std::string pid = std::to_string(::getpid());
+  const std::vector<std::string> stale = {".ckpt.safetensors.tmp." + std::to_string(::getpid() + 1),
+                                          ".ckpt.safetensors.tmp." + pid + ".0",
+                                          ".ckpt.safetensors.tmp." + pid};
+  for (const std::string& name : stale) {
+    std::ofstream(dir / name, std::ios::binary)
+        .write(next_bytes.data(), long(next_bytes.size() / 2));
     const Checkpoint loaded = load_checkpoint(path);
     CHECK(loaded.step == 1);
     check_same(loaded.weights, previous.weights);
@@ -218,7 +223,15 @@ TEST_CASE("a writer that crashed mid-save leaves the previous checkpoint intact"
   const Checkpoint loaded = load_checkpoint(path);
   CHECK(loaded.step == 2);
   check_same(loaded.weights, next.weights);
-  CHECK_FALSE(fs::exists(dir / (".ckpt.safetensors.tmp." + std::to_string(::getpid()))));
+  // The save neither left a temporary of its own nor took a leftover for one.
+  size_t entries = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path)) {
+    const std::string name = entry.path().filename().string();
+    INFO(name);
+    CHECK((name == "ckpt.safetensors" || std::count(stale.begin(), stale.end(), name) == 1));
+    ++entries;
+  }
+  CHECK(entries == 1 + stale.size());
 }
 
 TEST_CASE("missing or garbled checkpoint metadata is named in the error", "[checkpoint]") {

@@ -1,19 +1,33 @@
-// Catch2's main, plus one extra role: `pipit_tests --worker LISTEN PORT_FILE [TOKEN]` runs a
-// pipeline worker, so the distributed tests start real worker processes from this same
-// executable in every build configuration (sanitizers included).
+// Catch2's main, plus extra roles:
+//   pipit_tests --worker LISTEN PORT_FILE [--token=T] [--package-timeout-ms=N]
+// runs a pipeline worker, so the distributed tests start real worker processes from this
+// same executable in every build configuration (sanitizers included);
+//   pipit_tests --chaos-role worker|trainer FLAGS
+// are the chaos test's worker and trainer (tools/chaos/roles.h).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <string>
 
 #include "pipeline/worker.h"
 #include "tensor/parallel.h"
+#include "tools/chaos/roles.h"
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "--chaos-role") == 0) {
+    return pipit::chaos::role_main(argc, argv);
+  }
   if (argc >= 4 && std::strcmp(argv[1], "--worker") == 0) {
     pipit::WorkerOptions options;
     options.listen = argv[2];
     options.port_file = argv[3];
-    if (argc >= 5) options.tcp.token = argv[4];
+    for (int i = 4; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg.rfind("--token=", 0) == 0) options.tcp.token = arg.substr(8);
+      if (arg.rfind("--package-timeout-ms=", 0) == 0) {
+        options.package_timeout = std::chrono::milliseconds(std::stoll(arg.substr(21)));
+      }
+    }
     options.tcp.peer_timeout = std::chrono::milliseconds(3000);
     // Several workers share the machine's cores; one thread each keeps them from spinning
     // against each other.

@@ -6,6 +6,10 @@
 set -euo pipefail
 
 packages=(cmake g++ make pkg-config libopenblas-dev nlohmann-json3-dev libasio-dev catch2 python3)
+# The fuzz build (tests/fuzz/run.sh): clang, its sanitizer and libFuzzer runtimes
+# (libclang_rt.fuzzer*.a come from libclang-rt-14-dev, which libclang-rt-dev pulls in) and
+# clang's OpenMP runtime.
+packages+=(clang libclang-rt-dev libomp-dev)
 if [[ "${1:-}" == "--with-torch" ]]; then
   packages+=(python3-torch python3-numpy)
 fi

@@ -16,7 +16,13 @@ int main(int argc, char** argv) {
   flags.add("runs", "-1", "serve this many runs, then exit (-1: forever)");
   flags.add("heartbeat-ms", "500", "heartbeat interval on idle connections");
   flags.add("peer-timeout-ms", "5000", "a peer silent this long is reported lost");
+  flags.add("connect-timeout-ms", "10000",
+            "how long to wait for a neighbouring stage to connect, or to connect to it");
   flags.add("max-frame-mb", "2048", "largest frame body accepted, in MiB");
+  flags.add("handshake-timeout-ms", "10000", "a connection must prove the token within this");
+  flags.add("max-pending", "64", "connections allowed in their handshake at once");
+  flags.add("package-timeout-ms", "30000",
+            "a coordinator that claims this worker must send its stage within this");
   flags.add("threads", "0", "CPU threads per kernel (0: all cores)");
   flags.parse(argc, argv);
   try {
@@ -29,7 +35,12 @@ int main(int argc, char** argv) {
     options.runs = static_cast<int>(flags.integer("runs", -1));
     options.tcp.heartbeat_interval = std::chrono::milliseconds(flags.integer("heartbeat-ms"));
     options.tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
+    options.tcp.connect_timeout = std::chrono::milliseconds(flags.integer("connect-timeout-ms"));
     options.tcp.limits.max_body_bytes = static_cast<size_t>(flags.integer("max-frame-mb")) << 20;
+    options.tcp.handshake_timeout =
+        std::chrono::milliseconds(flags.integer("handshake-timeout-ms"));
+    options.tcp.max_pending_connections = static_cast<size_t>(flags.integer("max-pending"));
+    options.package_timeout = std::chrono::milliseconds(flags.integer("package-timeout-ms"));
     if (!flags.str("token-file").empty()) {
       options.tcp.token = pipit::read_token_file(flags.str("token-file"));
     }

@@ -38,6 +38,10 @@ void copy_typed(const Tensor& src, const Tensor& dst) {
                              std::memcpy(d, x, static_cast<size_t>(n) * sizeof(D));
                              return;
                            }
+                           // Never through double: i64 beyond 2^53 would round, and near
+                           // INT64_MAX convert back out of range (undefined behaviour).
+                           for (int64_t i = 0; i < n; ++i) d[i * s[0]] = x[i * s[1]];
+                           return;
                          }
                          for (int64_t i = 0; i < n; ++i) {
                            if constexpr (std::is_same_v<D, bool>) {

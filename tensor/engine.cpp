@@ -1,11 +1,12 @@
-// The backward engine: runs the graph's nodes in dependency order, summing the gradients
-// each node receives before it runs, and accumulating into leaves through AccumulateGrad.
+// The backward engine behind Tensor::backward: runs the graph's nodes in dependency order,
+// summing the gradients each node receives before it runs, and accumulating into leaves
+// through AccumulateGrad. It lives in tensor/, which declares Tensor::backward, and knows
+// nodes only through the Node interface; the differentiable ops are autograd/.
 #include <unordered_map>
 
-#include "autograd/function.h"
-#include "autograd/grad_mode.h"
-#include "autograd/node.h"
 #include "tensor/backend.h"
+#include "tensor/grad_mode.h"
+#include "tensor/node.h"
 
 namespace pipit {
 

@@ -1,0 +1,187 @@
+// What unauthenticated peers can cost a pipit-worker (with a token): its resident memory and
+// descriptors while (1) peers announce huge frames before the handshake, (2) many peers stall
+// mid-handshake, then (3) whether it still serves a real coordinator. Prints a markdown table
+// for docs/RELIABILITY.md.
+//   hostile_peers [--connections 256] [--handshake-timeout-ms 2000]
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include "comm/asio.h"
+
+#include "comm/frame.h"
+#include "nn/builders.h"
+#include "pipeline/distributed_pipeline.h"
+#include "pipit.h"
+#include "samples/flags.h"
+#include "serialize/atomic_file.h"
+
+extern char** environ;
+
+using namespace pipit;
+using asio::ip::tcp;
+using namespace std::chrono_literals;
+
+namespace {
+
+long status_kib(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stol(line.substr(field.size() + 1));
+  }
+  return -1;
+}
+
+long open_fds(pid_t pid) {
+  long n = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    ++n;
+  }
+  return n;
+}
+
+std::string header_bytes(uint32_t header_length, uint64_t body_length) {
+  std::string frame = encode_frame(Message(MessageKind::Hello, 0)).substr(0, kFrameHeaderSize);
+  for (int i = 0; i < 4; ++i) frame[8 + i] = static_cast<char>((header_length >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i) frame[16 + i] = static_cast<char>((body_length >> (8 * i)) & 0xff);
+  return frame;
+}
+
+// Whether the worker closed the socket within `wait`.
+bool closed_by_peer(tcp::socket& socket, std::chrono::milliseconds wait) {
+  socket.non_blocking(true);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  char sink[256];
+  while (std::chrono::steady_clock::now() < deadline) {
+    asio::error_code ec;
+    socket.read_some(asio::buffer(sink), ec);
+    if (ec && ec != asio::error::would_block) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  samples::Flags flags("hostile_peers", "Memory and descriptors a worker spends on hostile peers.");
+  flags.add("connections", "256", "stalled unauthenticated connections to open");
+  flags.add("handshake-timeout-ms", "2000", "the worker's handshake deadline");
+  flags.parse(argc, argv);
+  const int connections = static_cast<int>(flags.integer("connections"));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("pipit_hostile_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  write_file_atomic((dir / "token").string(), "sesame\n");
+  std::filesystem::permissions(
+      dir / "token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const std::string binary =
+      (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "pipit-worker").string();
+  std::vector<std::string> args = {binary,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--port-file",
+                                   (dir / "port").string(),
+                                   "--token-file",
+                                   (dir / "token").string(),
+                                   "--threads",
+                                   "1",
+                                   "--handshake-timeout-ms",
+                                   flags.str("handshake-timeout-ms")};
+  std::vector<char*> argv_c;
+  for (auto& a : args) argv_c.push_back(a.data());
+  argv_c.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  const std::string log = (dir / "log").string();
+  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv_c.data(), environ) != 0) {
+    std::perror("spawn pipit-worker");
+    return 1;
+  }
+  posix_spawn_file_actions_destroy(&actions);
+  while (!std::filesystem::exists(dir / "port")) std::this_thread::sleep_for(10ms);
+  const uint16_t port = static_cast<uint16_t>(std::stoi(read_file((dir / "port").string())));
+  const tcp::endpoint endpoint(asio::ip::make_address("127.0.0.1"), port);
+  asio::io_context io;
+  std::printf(
+      "| phase | worker VmRSS KiB | VmHWM KiB | open fds | note |\n|---|---|---|---|---|\n");
+  auto row = [&](const char* phase, const std::string& note) {
+    std::printf("| %s | %ld | %ld | %ld | %s |\n", phase, status_kib(pid, "VmRSS"),
+                status_kib(pid, "VmHWM"), open_fds(pid), note.c_str());
+    std::fflush(stdout);
+  };
+  row("idle", "listening, token required");
+
+  // 1. Frames announcing 1 GiB bodies before the handshake: refused from the fixed header.
+  int refused_big = 0;
+  for (int i = 0; i < 64; ++i) {
+    tcp::socket socket(io);
+    socket.connect(endpoint);
+    asio::write(socket, asio::buffer(header_bytes(64, 1ull << 30)));
+    refused_big += closed_by_peer(socket, 2000ms) ? 1 : 0;
+  }
+  row("64 peers announced 1 GiB bodies", std::to_string(refused_big) + " of 64 closed at once");
+
+  // 2. Stalled handshakes: a header announcing 4096 JSON bytes, 100 of them sent.
+  std::vector<std::unique_ptr<tcp::socket>> stalled;
+  for (int i = 0; i < connections; ++i) {
+    auto socket = std::make_unique<tcp::socket>(io);
+    socket->connect(endpoint);
+    asio::write(*socket, asio::buffer(header_bytes(4096, 0) + std::string(100, '{')));
+    stalled.push_back(std::move(socket));
+  }
+  std::this_thread::sleep_for(300ms);
+  int refused_now = 0;
+  for (auto& socket : stalled) refused_now += closed_by_peer(*socket, 1ms) ? 1 : 0;
+  row("stalled handshakes held", std::to_string(connections) + " opened, " +
+                                     std::to_string(refused_now) +
+                                     " closed at once (over the pending cap)");
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(flags.integer("handshake-timeout-ms")) + 3s;
+  int closed = refused_now;
+  for (auto& socket : stalled) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    closed += closed_by_peer(*socket, std::max(left, 1ms)) ? 1 : 0;
+  }
+  closed -= refused_now;  // counted twice above for the refused ones
+  row("after the handshake deadline",
+      std::to_string(closed) + " of " + std::to_string(connections) + " closed by the worker");
+  stalled.clear();
+
+  // 3. A real coordinator still gets served.
+  Generator generator(5);
+  auto model = gpt({11, 6, 2, 2, 16, 0.0}, &generator);
+  PipelineConfig config;
+  config.stages = 1;
+  config.microbatches = 2;
+  TcpOptions tcp_options;
+  tcp_options.token = "sesame";
+  tcp_options.log = [](const std::string&) {};
+  std::string outcome;
+  try {
+    DistributedPipeline pipeline(*model, config, {"127.0.0.1:" + std::to_string(port)},
+                                 tcp_options);
+    std::vector<int64_t> tokens(4 * 6, 3);
+    const Tensor x = from_vector(tokens, {4, 6});
+    outcome = "trained a step, loss " + std::to_string(pipeline.train_step(x, x));
+  } catch (const std::exception& e) {
+    outcome = std::string("FAILED: ") + e.what();
+  }
+  row("then a real coordinator", outcome);
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  std::filesystem::remove_all(dir);
+  return outcome.rfind("FAILED", 0) == 0 ? 1 : 0;
+}

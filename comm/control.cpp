@@ -1,0 +1,185 @@
+#include "comm/control.h"
+
+#include "comm/json_fields.h"
+
+namespace pipit {
+namespace {
+
+using json = nlohmann::json;
+using Fields = JsonFields<ControlError>;
+
+Fields fields_of(const Message& message) {
+  return Fields(message.meta, std::string(message_kind_name(message.kind)) + " message");
+}
+
+void expect_kind(const Message& message, MessageKind kind) {
+  if (message.kind != kind) {
+    throw ControlError(detail::concat("expected a ", message_kind_name(kind), " message, got ",
+                                      message_kind_name(message.kind)));
+  }
+}
+
+Message with_meta(MessageKind kind, int64_t step, json meta) {
+  Message message(kind, step);
+  message.meta = std::move(meta);
+  return message;
+}
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+}  // namespace
+
+Message to_message(const StepBegin& b, int64_t step) {
+  return with_meta(MessageKind::StepBegin, step,
+                   {{"train", b.train},
+                    {"microbatches", b.microbatches},
+                    {"trace", b.trace},
+                    {"grad_norm", b.grad_norm}});
+}
+
+Message to_message(const OptimizerStep& o, int64_t step) {
+  json meta = {{"grad_scale", o.grad_scale}, {"skip", o.skip}};
+  if (o.lr) meta["lr"] = *o.lr;
+  return with_meta(MessageKind::OptimizerStep, step, std::move(meta));
+}
+
+Message to_message(const StageDone& d, int64_t step) {
+  json trace = json::array();
+  for (const TaskTiming& t : d.trace) {
+    trace.push_back({t.microbatch, t.chunk, t.backward ? 1 : 0, t.start_us, t.end_us});
+  }
+  json meta = {{"peak_stashed", d.peak_stashed}, {"trace", std::move(trace)}};
+  if (d.grad_norm_sq) meta["grad_norm_sq"] = *d.grad_norm_sq;
+  return with_meta(MessageKind::StageDone, step, std::move(meta));
+}
+
+Message to_message(const StageError& e, int64_t step) {
+  return with_meta(MessageKind::StageError, step, {{"message", e.message}, {"stage", e.stage}});
+}
+
+Message to_message(const StateReply& s, int64_t step, std::vector<Tensor> tensors) {
+  Message message =
+      with_meta(MessageKind::State, step, {{"weights", s.weights}, {"optimizer", s.optimizer}});
+  message.tensors = std::move(tensors);
+  return message;
+}
+
+Message to_message(const PeerLost& lost) {
+  Message message =
+      with_meta(MessageKind::PeerLost, -1,
+                {{"peer", lost.peer}, {"address", lost.address}, {"reason", lost.reason}});
+  message.from = lost.peer;
+  return message;
+}
+
+StepBegin read_step_begin(const Message& message) {
+  expect_kind(message, MessageKind::StepBegin);
+  Fields f = fields_of(message);
+  StepBegin b;
+  b.train = f.boolean("train");
+  b.microbatches = static_cast<int>(f.integer("microbatches", 1, kMaxMicrobatches));
+  b.trace = f.boolean("trace");
+  b.grad_norm = f.boolean("grad_norm");
+  f.done();
+  return b;
+}
+
+OptimizerStep read_optimizer_step(const Message& message) {
+  expect_kind(message, MessageKind::OptimizerStep);
+  Fields f = fields_of(message);
+  OptimizerStep o;
+  o.grad_scale = f.number("grad_scale");
+  o.skip = f.boolean("skip");
+  if (f.has("lr")) o.lr = f.number("lr");
+  f.done();
+  return o;
+}
+
+StageDone read_stage_done(const Message& message) {
+  expect_kind(message, MessageKind::StageDone);
+  Fields f = fields_of(message);
+  StageDone d;
+  d.peak_stashed = f.integer("peak_stashed", 0, std::numeric_limits<int64_t>::max());
+  if (f.has("grad_norm_sq")) d.grad_norm_sq = f.number("grad_norm_sq");
+  for (const json& event : f.array("trace", kMaxControlList)) {
+    if (!event.is_array() || event.size() != 5 || !event[0].is_number_integer() ||
+        !event[1].is_number_integer() || !event[2].is_number_integer() || !event[3].is_number() ||
+        !event[4].is_number()) {
+      f.fail("field \"trace\" has the entry ", event.dump(),
+             ", not [microbatch, chunk, phase, start_us, end_us]");
+    }
+    const int64_t microbatch = event[0].get<int64_t>(), chunk = event[1].get<int64_t>(),
+                  phase = event[2].get<int64_t>();
+    if (microbatch < 0 || microbatch > kIntMax || chunk < 0 || chunk > kIntMax ||
+        (phase != 0 && phase != 1)) {
+      f.fail("field \"trace\" has the out-of-range entry ", event.dump());
+    }
+    d.trace.push_back({static_cast<int>(microbatch), static_cast<int>(chunk), phase == 1,
+                       event[3].get<double>(), event[4].get<double>()});
+  }
+  f.done();
+  return d;
+}
+
+StageError read_stage_error(const Message& message) {
+  expect_kind(message, MessageKind::StageError);
+  Fields f = fields_of(message);
+  StageError e;
+  e.message = f.string("message", kMaxControlString);
+  e.stage = static_cast<int>(f.integer("stage", -1, kIntMax));
+  f.done();
+  return e;
+}
+
+StateReply read_state_reply(const Message& message) {
+  expect_kind(message, MessageKind::State);
+  Fields f = fields_of(message);
+  StateReply s;
+  for (const char* list : {"weights", "optimizer"}) {
+    std::vector<std::string>& names = list[0] == 'w' ? s.weights : s.optimizer;
+    for (const json& name : f.array(list, kMaxControlList)) {
+      if (!name.is_string() || name.get_ref<const std::string&>().size() > kMaxControlString) {
+        f.fail("field \"", list, "\" has the entry ", name.dump(), ", not a name");
+      }
+      names.push_back(name.get<std::string>());
+    }
+  }
+  f.done();
+  if (s.weights.size() + s.optimizer.size() != message.tensors.size()) {
+    f.fail("names ", s.weights.size() + s.optimizer.size(), " tensors but carries ",
+           message.tensors.size());
+  }
+  return s;
+}
+
+PeerLost read_peer_lost(const Message& message) {
+  expect_kind(message, MessageKind::PeerLost);
+  Fields f = fields_of(message);
+  PeerLost lost;
+  lost.peer = static_cast<int>(f.integer("peer", std::numeric_limits<int>::min(), kIntMax));
+  lost.address = f.string("address", kMaxControlString);
+  lost.reason = f.string("reason", kMaxControlString);
+  f.done();
+  return lost;
+}
+
+void read_empty(const Message& message) {
+  fields_of(message).done();
+}
+
+bool is_coordinator_command(MessageKind kind) {
+  switch (kind) {
+    case MessageKind::StepBegin:
+    case MessageKind::OptimizerStep:
+    case MessageKind::Abort:
+    case MessageKind::Shutdown:
+    case MessageKind::FetchState:
+    case MessageKind::StagePackage:
+    case MessageKind::Start:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace pipit

@@ -1,0 +1,95 @@
+#pragma once
+// Typed control messages. Each struct is the meta of one MessageKind; `to_message` writes it
+// and the matching `read_*` reads it back, checking every field's presence, type and range
+// and refusing fields it does not know, so a peer's message is either exactly understood or
+// a ControlError naming the kind and the field. Kinds without a struct (Abort, Shutdown,
+// FetchState, OptimizerDone, Ready, Start, Heartbeat) carry an empty object (read_empty).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/message.h"
+
+namespace pipit {
+
+// A received control message does not say what its kind requires.
+class ControlError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Coordinator -> stages: a step begins.
+struct StepBegin {
+  bool train = true;
+  int microbatches = 1;
+  bool trace = false;      // report each task's start and end
+  bool grad_norm = false;  // report the squared gradient norm
+};
+
+// Coordinator -> stages: apply (or, with skip, drop) this step's gradients.
+struct OptimizerStep {
+  std::optional<double> lr;  // the learning rate from now on; none: unchanged
+  double grad_scale = 1;     // gradients are multiplied by this first (unscaling, clipping)
+  bool skip = false;         // an inf/NaN gradient: zero the gradients instead
+};
+
+// One task's execution, as a stage reports it.
+struct TaskTiming {
+  int microbatch = 0;
+  int chunk = 0;
+  bool backward = false;
+  double start_us = 0;
+  double end_us = 0;
+};
+
+// Stage -> coordinator: the stage ran its whole schedule for the step.
+struct StageDone {
+  int64_t peak_stashed = 0;
+  std::optional<double> grad_norm_sq;
+  std::vector<TaskTiming> trace;
+};
+
+// Stage -> coordinator: the step failed here (or the stage could not be built).
+struct StageError {
+  std::string message;
+  int stage = -1;  // -1: not yet known (a worker whose package was refused)
+};
+
+// Stage -> coordinator: the message's tensors are these weights, then these optimizer entries.
+struct StateReply {
+  std::vector<std::string> weights;
+  std::vector<std::string> optimizer;
+};
+
+// Made locally by a networked communicator: a peer's connection failed.
+struct PeerLost {
+  int peer = 0;
+  std::string address;
+  std::string reason;
+};
+
+Message to_message(const StepBegin& step_begin, int64_t step);
+Message to_message(const OptimizerStep& optimizer_step, int64_t step);
+Message to_message(const StageDone& done, int64_t step);
+Message to_message(const StageError& error, int64_t step);
+Message to_message(const StateReply& state, int64_t step, std::vector<Tensor> tensors);
+Message to_message(const PeerLost& lost);
+
+StepBegin read_step_begin(const Message& message);
+OptimizerStep read_optimizer_step(const Message& message);
+StageDone read_stage_done(const Message& message);
+StageError read_stage_error(const Message& message);
+StateReply read_state_reply(const Message& message);  // also checks the tensor count
+PeerLost read_peer_lost(const Message& message);
+void read_empty(const Message& message);
+
+// Whether a message of this kind only a coordinator may send (stages ignore it from others).
+bool is_coordinator_command(MessageKind kind);
+
+// Bounds on what a peer can make a stage allocate through a control message.
+constexpr int kMaxMicrobatches = 1 << 16;
+constexpr size_t kMaxControlString = 1 << 16;
+constexpr size_t kMaxControlList = 1 << 22;
+
+}  // namespace pipit

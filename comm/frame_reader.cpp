@@ -1,0 +1,141 @@
+#include "comm/frame_reader.h"
+
+namespace pipit {
+
+namespace {
+
+std::string describe(const asio::error_code& ec, const char* where) {
+  if (ec == asio::error::eof) return std::string("peer closed the connection ") + where;
+  return std::string("read failed ") + where + ": " + ec.message();
+}
+
+}  // namespace
+
+// One frame in progress.
+struct FrameReader::Pending {
+  FrameLimits limits;
+  std::shared_ptr<void> owner;
+  OnFrame on_frame;
+  OnError on_error;
+  uint8_t header_bytes[kFrameHeaderSize] = {};
+  FrameHeader header;
+  std::string json, body_prefix;
+  std::vector<Tensor> tensors;
+  std::vector<asio::mutable_buffer> pieces;  // tensor bytes still to come
+  size_t remaining = 0;
+  bool started = false;  // any byte of this frame arrived
+};
+
+void FrameReader::read(const FrameLimits& limits, std::shared_ptr<void> owner, OnFrame on_frame,
+                       OnError on_error) {
+  auto pending = std::make_shared<Pending>();
+  pending->limits = limits;
+  pending->owner = std::move(owner);
+  pending->on_frame = std::move(on_frame);
+  pending->on_error = std::move(on_error);
+  read_header(std::move(pending));
+}
+
+void FrameReader::read_header(std::shared_ptr<Pending> p) {
+  asio::async_read(socket_, asio::buffer(p->header_bytes),
+                   [this, p](const asio::error_code& ec, size_t) {
+                     if (ec) return p->on_error(describe(ec, "between frames"));
+                     on_bytes_();
+                     try {
+                       p->header = decode_frame_header(p->header_bytes, p->limits);
+                     } catch (const FrameError& e) {
+                       return p->on_error(e.what());
+                     }
+                     p->json.resize(p->header.header_length);
+                     asio::async_read(socket_, asio::buffer(p->json),
+                                      [this, p](const asio::error_code& ec2, size_t) {
+                                        if (ec2) return p->on_error(describe(ec2, "mid-frame"));
+                                        on_bytes_();
+                                        read_body(p);
+                                      });
+                   });
+}
+
+// The body's prefix (its safetensors length and header) is read and validated first, so
+// the tensors are allocated only for a well-formed body within the limits.
+void FrameReader::read_body(std::shared_ptr<Pending> p) {
+  if (p->header.body_length == 0) return finish(p);
+  p->body_prefix.resize(8);
+  asio::async_read(socket_, asio::buffer(p->body_prefix),
+                   [this, p](const asio::error_code& ec, size_t) {
+                     if (ec) return p->on_error(describe(ec, "mid-frame"));
+                     on_bytes_();
+                     size_t prefix = 0;
+                     try {
+                       prefix = frame_body_prefix_length(
+                           p->header, reinterpret_cast<const uint8_t*>(p->body_prefix.data()));
+                     } catch (const FrameError& e) {
+                       return p->on_error(e.what());
+                     }
+                     p->body_prefix.resize(prefix);
+                     asio::async_read(socket_, asio::buffer(p->body_prefix.data() + 8, prefix - 8),
+                                      [this, p](const asio::error_code& ec2, size_t) {
+                                        if (ec2) return p->on_error(describe(ec2, "mid-frame"));
+                                        on_bytes_();
+                                        read_tensors(p);
+                                      });
+                   });
+}
+
+void FrameReader::read_tensors(std::shared_ptr<Pending> p) {
+  try {
+    p->tensors = plan_frame_body(p->header, p->body_prefix);
+  } catch (const FrameError& e) {
+    return p->on_error(e.what());
+  }
+  for (const Tensor& t : p->tensors) {
+    if (t.nbytes() == 0) continue;
+    p->pieces.push_back(asio::buffer(t.raw_data(), t.nbytes()));
+    p->remaining += t.nbytes();
+  }
+  read_tensor_bytes(p);
+}
+
+// The kernel would wake this thread for every 64 KiB that arrives; a receive low-water mark
+// lets it wake once per kLargeRead (or for the frame's last bytes), which keeps large
+// transfers near raw socket speed. The communicator's liveness check also counts bytes
+// waiting below the mark (see TcpConnection::has_progress).
+void FrameReader::read_tensor_bytes(std::shared_ptr<Pending> p) {
+  constexpr size_t kLargeRead = 1 << 20;
+  asio::error_code ignored;
+  if (p->remaining == 0) {
+    socket_.set_option(asio::socket_base::receive_low_watermark(1), ignored);
+    return finish(p);
+  }
+  socket_.set_option(asio::socket_base::receive_low_watermark(
+                         static_cast<int>(std::min(p->remaining, kLargeRead))),
+                     ignored);
+  socket_.async_read_some(p->pieces, [this, p](const asio::error_code& ec, size_t bytes) {
+    if (ec) return p->on_error(describe(ec, "mid-frame"));
+    on_bytes_();
+    p->remaining -= bytes;
+    while (bytes > 0) {  // drop what was filled from the front of the piece list
+      asio::mutable_buffer& front = p->pieces.front();
+      if (bytes < front.size()) {
+        front += bytes;
+        break;
+      }
+      bytes -= front.size();
+      p->pieces.erase(p->pieces.begin());
+    }
+    read_tensor_bytes(p);
+  });
+}
+
+void FrameReader::finish(std::shared_ptr<Pending> p) {
+  Message message;
+  try {
+    verify_frame_checksum(p->header, p->json, p->body_prefix, p->tensors);
+    message = decode_frame_message(p->header, p->json, std::move(p->tensors));
+  } catch (const Error& e) {
+    return p->on_error(e.what());
+  }
+  p->on_frame(std::move(message));
+}
+
+}  // namespace pipit

@@ -1,0 +1,65 @@
+// Tensor's copies (contiguous, clone, to): declared by Tensor, so defined here in tensor/
+// rather than among autograd's ops. They are differentiable: CopyBackward copies the gradient
+// back to the input's dtype and device.
+#include "tensor/backend.h"
+#include "tensor/node.h"
+
+namespace pipit {
+namespace {
+
+Tensor copy_of(const Tensor& x, DType dtype, Device device) {
+  Tensor out = Tensor::empty(x.shape(), dtype, device);
+  // Cross-device copies belong to the accelerator's backend.
+  backend(x.device().is_cpu() ? device : x.device()).copy(x, out);
+  return out;
+}
+
+struct CopyBackward : Node {
+  DType input_dtype = DType::f32;
+  Device input_device;
+  std::vector<Tensor> apply(const Tensor& g) override {
+    if (g.dtype() == input_dtype && g.device() == input_device) return {g};
+    return {copy_of(g, input_dtype, input_device)};
+  }
+  std::string name() const override { return "CopyBackward"; }
+};
+
+}  // namespace
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = copy_of(*this, dtype(), device());
+  if (auto node = detail::make_node<CopyBackward>(out, {*this})) {
+    node->input_dtype = dtype();
+    node->input_device = device();
+  }
+  return out;
+}
+
+Tensor Tensor::to(DType target) const {
+  if (target == dtype()) return *this;
+  Tensor out = copy_of(*this, target, device());
+  if (is_floating(target)) {
+    if (auto node = detail::make_node<CopyBackward>(out, {*this})) {
+      node->input_dtype = dtype();
+      node->input_device = device();
+    }
+  }
+  return out;
+}
+
+Tensor Tensor::to(Device target) const {
+  if (target == device()) return *this;
+  Tensor out = copy_of(*this, dtype(), target);
+  if (auto node = detail::make_node<CopyBackward>(out, {*this})) {
+    node->input_dtype = dtype();
+    node->input_device = device();
+  }
+  return out;
+}
+
+}  // namespace pipit

@@ -1,0 +1,101 @@
+// Chaos and soak, short versions (the long ones: samples/chaos.sh). The driver is
+// tools/chaos/: this test starts its own executable in the worker and trainer roles
+// (tests/main.cpp --chaos-role), so it runs in every build, the sanitizer one included.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <string>
+
+#include <unistd.h>
+
+#include "tools/chaos/driver.h"
+#include "tools/chaos/soak.h"
+
+using namespace pipit::chaos;
+namespace fs = std::filesystem;
+
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+ClusterOptions cluster_options(const std::string& name) {
+  ClusterOptions cluster;
+  cluster.programs = Programs::roles(fs::read_symlink("/proc/self/exe").string());
+  cluster.dir = (fs::temp_directory_path() / (name + "_" + std::to_string(getpid()))).string();
+  // Generous for a loaded 2-core machine: a false timeout would fail the test.
+  cluster.peer_timeout = std::chrono::milliseconds(kSanitized ? 3000 : 2000);
+  cluster.heartbeat = std::chrono::milliseconds(250);
+  cluster.step_timeout = std::chrono::milliseconds(8000);
+  cluster.connect_timeout = std::chrono::milliseconds(5000);
+  cluster.trainer_args = {"--layers", "1", "--width",        "16", "--context", "8",
+                          "--batch",  "4", "--microbatches", "2"};
+  return cluster;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "chaos: every fault ends in an error naming the peer or file, checkpoints survive, "
+    "and the resumed run ends bit for bit where an uninterrupted one does",
+    "[chaos]") {
+  ChaosOptions options;
+  options.cluster = cluster_options("pipit_chaos");
+  options.cluster.workers = 3;
+  options.seed = 2024;
+  // One of each kind that needs no long wait, and one timeout. Every flipped byte, in a header
+  // or in tensor data, must fail its frame's checksum.
+  options.kinds = {
+      FaultKind::KillWorker,     FaultKind::Cut,      FaultKind::KillCoordinatorCheckpoint,
+      FaultKind::StopWorkerKill, FaultKind::DiskFull, FaultKind::Flip,
+      FaultKind::FlipData};
+  options.faults = static_cast<int>(options.kinds.size());
+  options.steps = 24;
+  options.checkpoint_every = 3;
+  options.slack = std::chrono::milliseconds(kSanitized ? 4000 : 2000);
+  options.max_duration = std::chrono::seconds(240);
+  std::string log;
+  options.log = [&](const std::string& line) { log += line + "\n"; };
+  const ChaosReport report = ChaosSession(options).run();
+  INFO(log);
+  for (const std::string& note : report.notes) WARN(note);
+  int injected = 0;
+  for (const FaultOutcome& fault : report.faults) injected += fault.injected;
+  CHECK(injected >= options.faults - 1);
+  for (const std::string& failure : report.all_failures()) {
+    INFO(failure);
+    CHECK(false);
+  }
+  CHECK(report.final_versus_reference.empty());
+  std::error_code ignored;
+  if (report.ok()) fs::remove_all(options.cluster.dir, ignored);
+}
+
+TEST_CASE("soak: the coordinator's and the workers' memory and descriptors stay flat",
+          "[chaos][soak]") {
+  SoakOptions options;
+  options.cluster = cluster_options("pipit_soak");
+  options.cluster.workers = 2;
+  options.steps = kSanitized ? 150 : 400;
+  options.checkpoint_every = 50;
+  options.samples = 8;
+  options.warmup = 0.25;
+  // ASan keeps freed memory in quarantine, so RSS grows by design there; descriptors are
+  // checked in every build.
+  options.check_rss = !kSanitized;
+  options.rss_tolerance_kib = 1024;
+  options.max_duration = std::chrono::seconds(120);
+  std::string log;
+  options.log = [&](const std::string& line) { log += line + "\n"; };
+  const SoakReport report = run_soak(options);
+  INFO(log);
+  if (!report.samples.empty()) INFO(report.table());
+  for (const std::string& failure : report.failures) {
+    INFO(failure);
+    CHECK(false);
+  }
+  std::error_code ignored;
+  if (report.failures.empty()) fs::remove_all(options.cluster.dir, ignored);
+}

@@ -1,0 +1,70 @@
+// The module registry harness: JSON text parsed and given to build_module, as load_model,
+// checkpoints and stage packages do with the configs they carry. A module that builds must
+// write a config() that builds the same module again (same config, same parameter shapes).
+#include "nn/builders.h"
+#include "nn/conv.h"
+#include "nn/layers.h"
+#include "nn/registry.h"
+#include "pipit.h"
+#include "tests/fuzz/harness/check.h"
+
+namespace pipit::fuzz {
+namespace {
+
+using nlohmann::json;
+
+bool same_parameter_shapes(const Module& a, const Module& b) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  if (pa.size() != pb.size()) return false;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    if (pa[i].first != pb[i].first || pa[i].second.shape() != pb[i].second.shape() ||
+        pa[i].second.dtype() != pb[i].second.dtype()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool fuzz_module_config(const uint8_t* data, size_t size) {
+  // Not JSON at all is the parser's business, which every caller reports as an Error.
+  const json config = json::parse(data, data + size, nullptr, false);
+  if (config.is_discarded()) return false;
+  std::shared_ptr<Module> module;
+  if (!refuses_only_with("build_module", [&] { module = build_module(config); })) return false;
+  require(module != nullptr, "build_module returned no module");
+
+  json written;
+  std::shared_ptr<Module> again;
+  must_not_throw("building a built module's config() again", [&] {
+    written = module->config();
+    again = build_module(written);
+  });
+  require(again->config() == written, "a module's config() builds a module with another config: " +
+                                          written.dump() + " became " + again->config().dump());
+  require(same_parameter_shapes(*module, *again),
+          "a module's config() builds a module with other parameters");
+  return true;
+}
+
+std::vector<std::string> module_config_seeds() {
+  Generator init(5);
+  std::vector<std::string> seeds;
+  seeds.push_back(mlp({3, 4, 2}, "gelu", &init)->config().dump());
+  seeds.push_back(gpt({5, 4, 1, 2, 4, 0.1}, &init)->config().dump());
+  seeds.push_back(
+      Sequential(
+          {std::make_shared<Conv2d>(1, 2, Size2{3, 3}, Size2{1, 1}, Size2{1, 1}, true, &init),
+           std::make_shared<ReLU>(),
+           std::make_shared<MaxPool2d>(Size2{2, 2}, Size2{2, 2}, Size2{0, 0}),
+           std::make_shared<AvgPool2d>(Size2{2, 2}, Size2{1, 1}, Size2{1, 1}),
+           std::make_shared<Flatten>(1, -1), std::make_shared<Tanh>(),
+           std::make_shared<Dropout>(0.5, &init), std::make_shared<Embedding>(3, 2, &init)},
+          3)
+          .config()
+          .dump());
+  return seeds;
+}
+
+}  // namespace pipit::fuzz

@@ -1,0 +1,85 @@
+#pragma once
+// WorkerProcess: a pipeline worker process started from the test executable itself
+// (tests/main.cpp's --worker role), its log captured, killed when the object goes.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "serialize/atomic_file.h"
+
+extern char** environ;
+
+namespace pipit::testing {
+
+namespace fs = std::filesystem;
+
+// A worker process started from this test executable (see tests/main.cpp).
+class WorkerProcess {
+ public:
+  explicit WorkerProcess(const std::string& token = "", std::vector<std::string> extra = {}) {
+    static int counter = 0;
+    dir_ = fs::temp_directory_path() /
+           ("pipit_worker_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(dir_);
+    const std::string exe = fs::read_symlink("/proc/self/exe").string();
+    const std::string port_file = (dir_ / "port").string(), log = (dir_ / "log").string();
+    std::vector<std::string> args = {exe, "--worker", "127.0.0.1:0", port_file};
+    if (!token.empty()) args.push_back("--token=" + token);
+    for (auto& arg : extra) args.push_back(std::move(arg));
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(posix_spawn(&pid_, exe.c_str(), &actions, nullptr, argv.data(), environ) == 0);
+    posix_spawn_file_actions_destroy(&actions);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!fs::exists(port_file) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(fs::exists(port_file));
+    port_ = static_cast<uint16_t>(std::stoi(read_file(port_file)));
+  }
+  ~WorkerProcess() {
+    kill();
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+  void pause() { ::kill(pid_, SIGSTOP); }
+  // Whether the process is still running (it has not exited or crashed).
+  bool alive() {
+    if (pid_ <= 0) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return false;
+    }
+    return true;
+  }
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+  uint16_t port() const { return port_; }
+  std::string log() const { return read_file((dir_ / "log").string()); }
+
+ private:
+  fs::path dir_;
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+};
+
+}  // namespace pipit::testing

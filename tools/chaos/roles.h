@@ -1,0 +1,172 @@
+#pragma once
+// The two processes of a distributed run, built into an executable that is not train_gpt or
+// pipit-worker: the test suite's ASan build has no samples or tools, so tests/chaos_test.cpp
+// starts its own executable in these roles (tests/main.cpp dispatches --chaos-role).
+//   --chaos-role worker  ...  pipit-worker's flags (a subset): serves stages run after run.
+//   --chaos-role trainer ...  train_gpt's distributed flags (a subset): trains a tiny GPT on
+//                             made-up tokens over --workers, with checkpoints and --resume,
+//                             printing "step N loss L" lines and "chaos-trainer: ERROR" on
+//                             failure (exit status 1), as train_gpt does.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "nn/builders.h"
+#include "nn/registry.h"
+#include "pipeline/distributed_pipeline.h"
+#include "pipeline/worker.h"
+#include "pipit.h"
+#include "samples/flags.h"
+#include "serialize/checkpoint.h"
+#include "tensor/parallel.h"
+
+namespace pipit::chaos {
+
+inline int worker_role(int argc, char** argv) {
+  samples::Flags flags("chaos-worker", "pipit-worker's flags, in the chaos driver's roles.");
+  flags.add("listen", "127.0.0.1:0", "address to accept coordinators and stages on");
+  flags.add("token-file", "", "file holding the shared token");
+  flags.add("port-file", "", "write the bound port to this file");
+  flags.add("heartbeat-ms", "500", "heartbeat interval on idle connections");
+  flags.add("peer-timeout-ms", "5000", "a peer silent this long is reported lost");
+  flags.add("package-timeout-ms", "30000", "a claiming coordinator must send its stage in this");
+  flags.add("connect-timeout-ms", "10000", "how long to wait for a neighbouring stage");
+  flags.add("threads", "1", "CPU threads per kernel");
+  flags.parse(argc, argv);
+  try {
+    set_num_threads(static_cast<int>(flags.integer("threads")));
+    WorkerOptions options;
+    options.listen = flags.str("listen");
+    options.port_file = flags.str("port-file");
+    options.tcp.heartbeat_interval = std::chrono::milliseconds(flags.integer("heartbeat-ms"));
+    options.tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
+    options.package_timeout = std::chrono::milliseconds(flags.integer("package-timeout-ms"));
+    options.tcp.connect_timeout = std::chrono::milliseconds(flags.integer("connect-timeout-ms"));
+    if (!flags.str("token-file").empty())
+      options.tcp.token = read_token_file(flags.str("token-file"));
+    run_worker(options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chaos-worker: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+inline int trainer_role(int argc, char** argv) {
+  samples::Flags flags("chaos-trainer", "train_gpt's distributed flags, in the chaos roles.");
+  for (const char* name : {"workers", "token-file", "checkpoint-dir"}) flags.add(name, "", "");
+  flags.add("checkpoint-every", "0", "steps between checkpoints (0: only at the end)");
+  flags.add_switch("resume", "continue from the checkpoint in --checkpoint-dir");
+  flags.add("steps", "20", "optimizer steps");
+  flags.add("seed", "1", "random seed (weights, batches)");
+  flags.add("layers", "1", "transformer blocks");
+  flags.add("heads", "2", "attention heads");
+  flags.add("width", "16", "embedding width");
+  flags.add("context", "8", "tokens per sequence");
+  flags.add("batch", "4", "sequences per step");
+  flags.add("microbatches", "2", "microbatches per batch");
+  flags.add("lr", "0.003", "AdamW learning rate");
+  flags.add("threads", "1", "CPU threads per kernel");
+  flags.add("print-every", "1", "steps between progress lines");
+  flags.add("sample", "0", "ignored (train_gpt's)");
+  flags.add("peer-timeout-ms", "5000", "a worker silent this long is reported lost");
+  flags.add("heartbeat-ms", "500", "heartbeat interval");
+  flags.add("connect-timeout-ms", "10000", "how long to retry connecting to a busy worker");
+  flags.add("step-timeout-ms", "30000", "a step fails when no stage has answered for this long");
+  flags.parse(argc, argv);
+  try {
+    set_num_threads(static_cast<int>(flags.integer("threads")));
+    std::vector<std::string> workers;
+    for (size_t begin = 0; begin < flags.str("workers").size();) {
+      const size_t comma =
+          std::min(flags.str("workers").find(',', begin), flags.str("workers").size());
+      workers.push_back(flags.str("workers").substr(begin, comma - begin));
+      begin = comma + 1;
+    }
+    PIPIT_CHECK(!workers.empty() && !flags.str("checkpoint-dir").empty(),
+                "chaos-trainer needs --workers and --checkpoint-dir");
+    const int64_t steps = flags.integer("steps"), every = flags.integer("checkpoint-every", 0);
+    const int64_t batch = flags.integer("batch"), context = flags.integer("context");
+    const int64_t print_every = flags.integer("print-every");
+    const int64_t vocab = 13;
+    const std::string path = flags.str("checkpoint-dir") + "/checkpoint.safetensors";
+    std::filesystem::create_directories(flags.str("checkpoint-dir"));
+
+    Generator generator(static_cast<uint64_t>(flags.integer("seed", 0)));
+    auto model = gpt({vocab, context, flags.integer("layers"), flags.integer("heads"),
+                      flags.integer("width"), 0.0},
+                     &generator);
+    StateDict optimizer_state;
+    int64_t first_step = 0;
+    if (flags.on("resume")) {
+      Checkpoint checkpoint = load_checkpoint(path);
+      model = std::dynamic_pointer_cast<Sequential>(build_module(checkpoint.model_config));
+      PIPIT_CHECK(model != nullptr, "checkpoint '", path, "' holds no Sequential");
+      model->load_state_dict(checkpoint.weights);
+      optimizer_state = std::move(checkpoint.optimizer_state);
+      first_step = checkpoint.step;
+      generator.set_state(checkpoint.rng_seed, checkpoint.rng_offset);
+      std::printf("resumed from %s at step %lld\n", path.c_str(),
+                  static_cast<long long>(first_step));
+    }
+    PipelineConfig config;
+    config.stages = static_cast<int>(workers.size());
+    config.microbatches = static_cast<int>(flags.integer("microbatches"));
+    config.optimizer = {{"type", "AdamW"}, {"lr", flags.number("lr")}};
+    config.max_grad_norm = 1.0;
+    config.timeout = std::chrono::milliseconds(flags.integer("step-timeout-ms"));
+    TcpOptions tcp;
+    if (!flags.str("token-file").empty()) tcp.token = read_token_file(flags.str("token-file"));
+    tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
+    tcp.heartbeat_interval = std::chrono::milliseconds(flags.integer("heartbeat-ms"));
+    tcp.connect_timeout = std::chrono::milliseconds(flags.integer("connect-timeout-ms"));
+    DistributedPipeline pipeline(*model, config, workers, tcp, optimizer_state);
+    std::printf("chaos-trainer: %lld parameters, %zu stages\n",
+                static_cast<long long>(model->parameter_count()), workers.size());
+    std::fflush(stdout);
+    auto save = [&](int64_t steps_done) {
+      auto [weights, optimizer] = pipeline.coordinator().fetch_state();
+      save_checkpoint(path, {model->config(), weights, config.optimizer, optimizer, steps_done,
+                             generator.seed(), generator.offset()});
+    };
+    for (int64_t step = first_step; step < steps; ++step) {
+      // Random windows of a sequence with structure: token i is (3i + i/7) mod vocab.
+      std::vector<int64_t> x, y;
+      for (int64_t b = 0; b < batch; ++b) {
+        const int64_t start = static_cast<int64_t>(generator.bits(generator.reserve(1)) % 4096);
+        for (int64_t t = start; t < start + context; ++t) {
+          x.push_back((3 * t + t / 7) % vocab);
+          y.push_back((3 * (t + 1) + (t + 1) / 7) % vocab);
+        }
+      }
+      const double loss =
+          pipeline.train_step(from_vector(x, {batch, context}), from_vector(y, {batch, context}));
+      if ((step + 1) % print_every == 0 || step + 1 == steps) {
+        std::printf("step %5lld  loss %.4f\n", static_cast<long long>(step + 1), loss);
+        std::fflush(stdout);
+      }
+      if (every > 0 && (step + 1) % every == 0) save(step + 1);
+    }
+    save(std::max(first_step, steps));
+    std::printf("checkpoint written to %s\n", path.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chaos-trainer: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+// Runs the role named after --chaos-role (argv[1] == "--chaos-role", argv[2] the role).
+inline int role_main(int argc, char** argv) {
+  PIPIT_CHECK(argc >= 3, "--chaos-role needs worker or trainer");
+  const std::string role = argv[2];
+  argv[2] = argv[0];
+  if (role == "worker") return worker_role(argc - 2, argv + 2);
+  if (role == "trainer") return trainer_role(argc - 2, argv + 2);
+  std::fprintf(stderr, "--chaos-role: unknown role '%s'\n", role.c_str());
+  return 2;
+}
+
+}  // namespace pipit::chaos
