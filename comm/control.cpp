@@ -72,6 +72,25 @@ Message to_message(const PeerLost& lost) {
   return message;
 }
 
+Message to_message(const RemapPrepare& r, int64_t step) {
+  return with_meta(MessageKind::RemapPrepare, step, {{"from", r.from}, {"to", r.to}});
+}
+
+Message to_message(const LayerTransfer& t, int64_t step, int chunk, std::vector<Tensor> tensors) {
+  json layers = json::array();
+  for (const LayerTransfer::Layer& layer : t.layers) {
+    layers.push_back({{"index", layer.index},
+                      {"config", layer.config},
+                      {"weights", layer.weights},
+                      {"optimizer", layer.optimizer}});
+  }
+  Message message = with_meta(MessageKind::LayerTransfer, step,
+                              {{"from_chunk", t.from_chunk}, {"layers", std::move(layers)}});
+  message.chunk = chunk;
+  message.tensors = std::move(tensors);
+  return message;
+}
+
 StepBegin read_step_begin(const Message& message) {
   expect_kind(message, MessageKind::StepBegin);
   Fields f = fields_of(message);
@@ -163,6 +182,58 @@ PeerLost read_peer_lost(const Message& message) {
   return lost;
 }
 
+RemapPrepare read_remap_prepare(const Message& message) {
+  expect_kind(message, MessageKind::RemapPrepare);
+  Fields f = fields_of(message);
+  RemapPrepare r;
+  for (const char* list : {"from", "to"}) {
+    std::vector<int64_t>& counts = list[0] == 'f' ? r.from : r.to;
+    for (const json& count : f.array(list, kMaxControlList)) {
+      if (!count.is_number_integer() || count.get<int64_t>() < 1 ||
+          count.get<int64_t>() > static_cast<int64_t>(kMaxControlList)) {
+        f.fail("field \"", list, "\" has the entry ", count.dump(), ", not a layer count in [1, ",
+               kMaxControlList, "]");
+      }
+      counts.push_back(count.get<int64_t>());
+    }
+  }
+  f.done();
+  if (r.from.size() != r.to.size()) {
+    f.fail("has ", r.from.size(), " chunks before and ", r.to.size(), " after");
+  }
+  return r;
+}
+
+LayerTransfer read_layer_transfer(const Message& message) {
+  expect_kind(message, MessageKind::LayerTransfer);
+  Fields f = fields_of(message);
+  LayerTransfer t;
+  t.from_chunk = static_cast<int>(f.integer("from_chunk", 0, kIntMax));
+  size_t tensors = 0;
+  for (const json& entry : f.array("layers", kMaxControlList)) {
+    Fields layer(entry, std::string("LayerTransfer message: a layer"));
+    LayerTransfer::Layer& out = t.layers.emplace_back();
+    out.index = layer.integer("index", 0, std::numeric_limits<int64_t>::max());
+    out.config = layer.object("config");
+    for (const char* list : {"weights", "optimizer"}) {
+      std::vector<std::string>& names = list[0] == 'w' ? out.weights : out.optimizer;
+      for (const json& name : layer.array(list, kMaxControlList)) {
+        if (!name.is_string() || name.get_ref<const std::string&>().size() > kMaxControlString) {
+          layer.fail("field \"", list, "\" has the entry ", name.dump(), ", not a name");
+        }
+        names.push_back(name.get<std::string>());
+      }
+      tensors += names.size();
+    }
+    layer.done();
+  }
+  f.done();
+  if (tensors != message.tensors.size()) {
+    f.fail("names ", tensors, " tensors but carries ", message.tensors.size());
+  }
+  return t;
+}
+
 void read_empty(const Message& message) {
   fields_of(message).done();
 }
@@ -176,6 +247,8 @@ bool is_coordinator_command(MessageKind kind) {
     case MessageKind::FetchState:
     case MessageKind::StagePackage:
     case MessageKind::Start:
+    case MessageKind::RemapPrepare:
+    case MessageKind::RemapCommit:
       return true;
     default:
       return false;

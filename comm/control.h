@@ -3,7 +3,8 @@
 // and the matching `read_*` reads it back, checking every field's presence, type and range
 // and refusing fields it does not know, so a peer's message is either exactly understood or
 // a ControlError naming the kind and the field. Kinds without a struct (Abort, Shutdown,
-// FetchState, OptimizerDone, Ready, Start, Heartbeat) carry an empty object (read_empty).
+// FetchState, OptimizerDone, Ready, Start, Heartbeat, RemapReady, RemapCommit, RemapDone)
+// carry an empty object (read_empty).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -69,12 +70,37 @@ struct PeerLost {
   std::string reason;
 };
 
+// Coordinator -> stages: move layers so that global chunk c holds to[c] layers instead of
+// from[c] (contiguous, in model order); the stage answers RemapReady, then RemapCommit makes
+// the new chunks the ones it trains.
+struct RemapPrepare {
+  std::vector<int64_t> from;
+  std::vector<int64_t> to;
+};
+
+// Stage -> neighbouring stage: the layers that cross the boundary between from_chunk and the
+// message's chunk (its neighbour). The tensors are, layer after layer, its weights and then
+// its optimizer entries, in the order named here.
+struct LayerTransfer {
+  struct Layer {
+    int64_t index = 0;  // in the whole model
+    nlohmann::json config;
+    std::vector<std::string> weights;    // full-model names ("13.attn.qkv.weight")
+    std::vector<std::string> optimizer;  // "<weight>.<buffer>"
+  };
+  int from_chunk = 0;
+  std::vector<Layer> layers;
+};
+
 Message to_message(const StepBegin& step_begin, int64_t step);
 Message to_message(const OptimizerStep& optimizer_step, int64_t step);
 Message to_message(const StageDone& done, int64_t step);
 Message to_message(const StageError& error, int64_t step);
 Message to_message(const StateReply& state, int64_t step, std::vector<Tensor> tensors);
 Message to_message(const PeerLost& lost);
+Message to_message(const RemapPrepare& prepare, int64_t step);
+Message to_message(const LayerTransfer& transfer, int64_t step, int chunk,
+                   std::vector<Tensor> tensors);
 
 StepBegin read_step_begin(const Message& message);
 OptimizerStep read_optimizer_step(const Message& message);
@@ -82,6 +108,8 @@ StageDone read_stage_done(const Message& message);
 StageError read_stage_error(const Message& message);
 StateReply read_state_reply(const Message& message);  // also checks the tensor count
 PeerLost read_peer_lost(const Message& message);
+RemapPrepare read_remap_prepare(const Message& message);
+LayerTransfer read_layer_transfer(const Message& message);  // also checks the tensor count
 void read_empty(const Message& message);
 
 // Whether a message of this kind only a coordinator may send (stages ignore it from others).

@@ -73,6 +73,12 @@ class JsonFields {
     return value;
   }
 
+  const nlohmann::json& object(const char* name) {
+    const nlohmann::json& value = field(name);
+    if (!value.is_object()) fail_field(name, "is ", value.type_name(), ", not an object");
+    return value;
+  }
+
   // Throws naming the first field nobody read.
   void done() const {
     for (const auto& item : object_.items()) {

@@ -38,6 +38,16 @@ const char* message_kind_name(MessageKind kind) {
       return "Heartbeat";
     case MessageKind::PeerLost:
       return "PeerLost";
+    case MessageKind::RemapPrepare:
+      return "RemapPrepare";
+    case MessageKind::LayerTransfer:
+      return "LayerTransfer";
+    case MessageKind::RemapReady:
+      return "RemapReady";
+    case MessageKind::RemapCommit:
+      return "RemapCommit";
+    case MessageKind::RemapDone:
+      return "RemapDone";
   }
   return "unknown";
 }

@@ -34,6 +34,12 @@ enum class MessageKind : uint8_t {
   Heartbeat,
   // Made locally by a networked communicator, never sent: a peer's connection failed.
   PeerLost,  // meta: {"peer": id, "address": "host:port", "reason": text}
+  // Layer remapping (pipeline/layer_migration.h), between steps.
+  RemapPrepare,   // coordinator -> stage: meta {"from": [layer counts], "to": [layer counts]}
+  LayerTransfer,  // stage -> neighbouring stage: layers crossing one chunk boundary
+  RemapReady,     // stage -> coordinator: the stage holds every layer of its new chunks
+  RemapCommit,    // coordinator -> stage: train with the new chunks from now on
+  RemapDone,      // stage -> coordinator: committed
 };
 
 const char* message_kind_name(MessageKind kind);

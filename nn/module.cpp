@@ -24,6 +24,17 @@ void Module::register_child(const std::string& name, std::shared_ptr<Module> mod
   children_.emplace_back(name, std::move(module));
 }
 
+void Module::replace_child(const std::string& name, std::shared_ptr<Module> module) {
+  PIPIT_CHECK(module != nullptr, "replace_child: '", name, "' is null");
+  for (auto& [existing, m] : children_) {
+    if (existing == name) {
+      m = std::move(module);
+      return;
+    }
+  }
+  throw Error("replace_child: no child is registered as '" + name + "'");
+}
+
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
   std::vector<std::pair<std::string, Tensor>> out = parameters_;
   for (const auto& [child_name, child] : children_) {

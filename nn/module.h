@@ -55,6 +55,12 @@ class Module {
 
  private:
   void register_child(const std::string& name, std::shared_ptr<Module> module);
+
+ protected:
+  // Puts `module` in place of the child registered as `name`.
+  void replace_child(const std::string& name, std::shared_ptr<Module> module);
+
+ private:
   std::vector<std::pair<std::string, Tensor>> parameters_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;

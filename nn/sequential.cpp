@@ -32,6 +32,13 @@ const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
   return layers_[i];
 }
 
+void Sequential::replace(size_t i, std::shared_ptr<Module> layer) {
+  PIPIT_CHECK(i < layers_.size(), "Sequential::replace: layer ", i, " out of range for ",
+              layers_.size(), " layers");
+  replace_child(std::to_string(first_index_ + i), layer);
+  layers_[i] = std::move(layer);
+}
+
 std::shared_ptr<Sequential> Sequential::slice(size_t begin, size_t end) const {
   PIPIT_CHECK(begin <= end && end <= layers_.size(), "Sequential::slice: [", begin, ", ", end,
               ") is not a range of ", layers_.size(), " layers");

@@ -22,6 +22,9 @@ class Sequential final : public Module {
   size_t size() const { return layers_.size(); }
   const std::shared_ptr<Module>& operator[](size_t i) const;
   size_t first_index() const { return first_index_; }
+  // Puts `layer` in place of layer i (a pipeline's remap hands the model the modules its
+  // stages now train).
+  void replace(size_t i, std::shared_ptr<Module> layer);
   // Layers [begin, end) as a Sequential sharing the same modules and parameters.
   std::shared_ptr<Sequential> slice(size_t begin, size_t end) const;
 

@@ -22,10 +22,31 @@ std::string stage_list(const std::vector<bool>& done) {
 
 }  // namespace
 
-Coordinator::Coordinator(std::shared_ptr<Communicator> communicator, PipelineConfig config)
-    : comm_(std::move(communicator)), config_(std::move(config)) {
+class Coordinator::Busy {
+ public:
+  Busy(std::atomic<bool>& busy, const char* what) : busy_(busy) {
+    PIPIT_CHECK(!busy_.exchange(true), "pipeline: ", what,
+                " was called while another call (a step, a remap or a state fetch) was "
+                "still running; the pipeline takes one call at a time, between steps");
+  }
+  ~Busy() { busy_ = false; }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+
+ private:
+  std::atomic<bool>& busy_;
+};
+
+Coordinator::Coordinator(std::shared_ptr<Communicator> communicator, PipelineConfig config,
+                         std::vector<LayerRange> ranges)
+    : comm_(std::move(communicator)), config_(std::move(config)), ranges_(std::move(ranges)) {
   validate(config_);
   loss_ = make_loss(config_.loss);
+  const size_t chunks = static_cast<size_t>(config_.stages) * config_.chunks_per_stage;
+  PIPIT_CHECK(!ranges_.empty() &&
+                  ranges_from_counts(layer_counts(ranges_), ranges_.back().end, chunks) == ranges_,
+              "Coordinator: the chunk ranges ", ranges_str(ranges_), " are not ", chunks,
+              " contiguous ranges from layer 0");
 }
 
 std::vector<Tensor> Coordinator::split_batch(const Tensor& batch, const char* what) const {
@@ -130,6 +151,7 @@ OptimizerStep Coordinator::optimizer_step() {
 }
 
 double Coordinator::train_step(const Tensor& input, const Tensor& target) {
+  Busy busy(busy_, "train_step");
   const int m = config_.microbatches, p = config_.stages;
   std::vector<Tensor> inputs = split_batch(input, "input");
   std::vector<Tensor> targets = split_batch(target, "target");
@@ -199,6 +221,7 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
 }
 
 Tensor Coordinator::forward(const Tensor& input) {
+  Busy busy(busy_, "forward");
   const int m = config_.microbatches, p = config_.stages;
   std::vector<Tensor> inputs = split_batch(input, "input");
   begin_step(false);
@@ -225,6 +248,7 @@ Tensor Coordinator::forward(const Tensor& input) {
 }
 
 std::pair<StateDict, StateDict> Coordinator::fetch_state() {
+  Busy busy(busy_, "fetch_state");
   require_consistent();
   ++step_;
   stats_ = StepStats{std::vector<int>(static_cast<size_t>(config_.stages), 0), 0};
@@ -244,6 +268,51 @@ std::pair<StateDict, StateDict> Coordinator::fetch_state() {
     ++n;
   }
   return {weights, optimizer_state};
+}
+
+void Coordinator::await_all(MessageKind kind, const std::string& waiting_for) {
+  std::vector<bool> answered(static_cast<size_t>(config_.stages));
+  for (int n = 0; n < config_.stages;) {
+    Message message = receive_step_message(waiting_for + " from stages " + stage_list(answered));
+    if (message.kind != kind || answered[static_cast<size_t>(message.from)]) continue;
+    answered[static_cast<size_t>(message.from)] = true;
+    ++n;
+  }
+}
+
+void Coordinator::remap(const std::vector<LayerRange>& ranges) {
+  Busy busy(busy_, "remap");
+  require_consistent();
+  const size_t chunks = ranges_.size(), layers = ranges_.back().end;
+  const std::string what = "remap " + ranges_str(ranges_) + " -> " + ranges_str(ranges);
+  PIPIT_CHECK(ranges.size() == chunks, what, ": ", ranges.size(), " ranges given for ", chunks,
+              " chunks (", config_.stages, " stages x ", config_.chunks_per_stage, ")");
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t begin = c == 0 ? 0 : ranges[c - 1].end;
+    PIPIT_CHECK(ranges[c].begin == begin && ranges[c].end > ranges[c].begin, what, ": chunk ", c,
+                " must start at layer ", begin, " and hold at least one layer");
+  }
+  PIPIT_CHECK(ranges.back().end == layers, what, ": the ranges end at layer ", ranges.back().end,
+              ", but the model has ", layers, " layers");
+  if (ranges == ranges_) return;
+  const double start = trace_clock_us();
+  ++step_;
+  send_to_all(to_message(RemapPrepare{layer_counts(ranges_), layer_counts(ranges)}, step_));
+  try {
+    await_all(MessageKind::RemapReady, "the layers");
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (during " + what +
+                "; nothing was committed: the stages keep the old partition)");
+  }
+  send_to_all(Message(MessageKind::RemapCommit, step_));
+  try {
+    await_all(MessageKind::RemapDone, "the commit");
+  } catch (const Error& e) {
+    inconsistent_ = what + " failed during its commit (" + e.what() + ")";
+    require_consistent();
+  }
+  ranges_ = ranges;
+  if (config_.trace) trace_.add_remap({step_, start, trace_clock_us(), ranges_str(ranges)});
 }
 
 void Coordinator::shutdown() {

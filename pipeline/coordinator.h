@@ -3,6 +3,7 @@
 // batch into microbatches, feeds them to stage 0, turns the last stage's outputs into loss
 // gradients, waits for every stage to finish its schedule, then has every stage step its
 // optimizer. The same Coordinator drives stages in threads or in worker processes.
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "comm/control.h"
 #include "loss/loss.h"
 #include "optim/grad_scaler.h"
+#include "pipeline/partition.h"
 #include "pipeline/pipeline_config.h"
 #include "pipeline/trace.h"
 #include "tensor/state_dict.h"
@@ -28,7 +30,9 @@ struct StepStats {
 
 class Coordinator {
  public:
-  Coordinator(std::shared_ptr<Communicator> communicator, PipelineConfig config);
+  // `ranges`: the layers each global chunk of the stages holds now (partition_model's).
+  Coordinator(std::shared_ptr<Communicator> communicator, PipelineConfig config,
+              std::vector<LayerRange> ranges);
 
   // One optimizer step on (input, target); returns the mean of the microbatch losses. The
   // gradients sent back are compute_gradient / m, so the accumulated gradients are those of
@@ -40,6 +44,15 @@ class Coordinator {
   // Pipelined inference (no gradients, layers in eval mode): the outputs of the m
   // microbatches concatenated in order.
   Tensor forward(const Tensor& input);
+
+  // Moves layers between the stages' chunks, between steps, so that chunk c holds ranges[c]
+  // (p * v contiguous non-empty ranges covering the model): weights, optimizer state and
+  // layer configs travel between neighbouring stages, and training goes on exactly as before.
+  // Two phases: every stage gathers its new layers aside, then all commit. A failure before
+  // the commit throws an Error naming the stage and the remap, and leaves the old partition
+  // on every stage; a failure during the commit makes the pipeline inconsistent.
+  void remap(const std::vector<LayerRange>& ranges);
+  const std::vector<LayerRange>& chunk_ranges() const { return ranges_; }
 
   // The learning rate every stage uses from the next optimizer step on.
   void set_lr(double lr) { lr_ = lr; }
@@ -69,6 +82,11 @@ class Coordinator {
   OptimizerStep optimizer_step();
   void send_to_all(const Message& message);
   void require_consistent() const;
+  // Waits for one reply of `kind` from every stage.
+  void await_all(MessageKind kind, const std::string& waiting_for);
+  // Entered by every public call that talks to the stages: a second caller (another thread
+  // asking for a remap during a step) gets an error instead of a garbled exchange.
+  class Busy;
 
   std::shared_ptr<Communicator> comm_;
   PipelineConfig config_;
@@ -81,6 +99,8 @@ class Coordinator {
   GradScaler scaler_;
   Trace trace_;
   std::string inconsistent_;  // why the stages may disagree; empty while they agree
+  std::vector<LayerRange> ranges_;
+  std::atomic<bool> busy_{false};
 };
 
 }  // namespace pipit

@@ -38,7 +38,7 @@ DistributedPipeline::DistributedPipeline(const Sequential& model, PipelineConfig
     comm_->close();
     throw;
   }
-  coordinator_ = std::make_unique<Coordinator>(comm_, std::move(config));
+  coordinator_ = std::make_unique<Coordinator>(comm_, std::move(config), ranges);
 }
 
 void DistributedPipeline::start_workers(const Sequential& model, const PipelineConfig& config,

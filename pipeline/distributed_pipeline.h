@@ -31,6 +31,12 @@ class DistributedPipeline {
     return coordinator_->train_step(input, target);
   }
   Tensor forward(const Tensor& input) { return coordinator_->forward(input); }
+  // As Pipeline's: layers travel from worker to worker over the stages' own connections.
+  void remap(const std::vector<LayerRange>& ranges) { coordinator_->remap(ranges); }
+  void move_layers(int from, int to, int64_t count) {
+    remap(pipit::move_layers(chunk_ranges(), from, to, count));
+  }
+  const std::vector<LayerRange>& chunk_ranges() const { return coordinator_->chunk_ranges(); }
   Coordinator& coordinator() { return *coordinator_; }
   const std::vector<std::string>& workers() const { return workers_; }
 

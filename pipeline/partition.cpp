@@ -76,4 +76,62 @@ std::vector<LayerRange> partition_by_parameters(const Sequential& model, int sta
   return ranges;
 }
 
+std::vector<LayerRange> ranges_from_counts(const std::vector<int64_t>& counts, size_t total_layers,
+                                           size_t chunks) {
+  PIPIT_CHECK(counts.size() == chunks, "partition: ", counts.size(), " layer counts given for ",
+              chunks, " chunks (stages x chunks per stage)");
+  std::vector<LayerRange> ranges;
+  size_t begin = 0;
+  for (size_t c = 0; c < counts.size(); ++c) {
+    PIPIT_CHECK(counts[c] >= 1, "partition: chunk ", c, " is given ", counts[c],
+                " layers; every chunk needs at least 1");
+    PIPIT_CHECK(static_cast<uint64_t>(counts[c]) <= total_layers - begin, "partition: chunk ", c,
+                " is given ", counts[c], " layers, but only ", total_layers - begin,
+                " of the model's ", total_layers, " are left after the chunks before it");
+    ranges.push_back({begin, begin + static_cast<size_t>(counts[c])});
+    begin = ranges.back().end;
+  }
+  PIPIT_CHECK(begin == total_layers, "partition: the layer counts add up to ", begin,
+              ", but the model has ", total_layers, " layers");
+  return ranges;
+}
+
+std::vector<int64_t> layer_counts(const std::vector<LayerRange>& ranges) {
+  std::vector<int64_t> counts;
+  for (const LayerRange& r : ranges) counts.push_back(static_cast<int64_t>(r.end - r.begin));
+  return counts;
+}
+
+std::vector<LayerRange> move_layers(std::vector<LayerRange> ranges, int from, int to,
+                                    int64_t count) {
+  const auto chunks = static_cast<int>(ranges.size());
+  PIPIT_CHECK(from >= 0 && from < chunks && to >= 0 && to < chunks, "move_layers: chunks ", from,
+              " and ", to, " are not both in [0, ", chunks, ")");
+  PIPIT_CHECK(to == from - 1 || to == from + 1, "move_layers: chunk ", from,
+              " can give layers only to a neighbouring chunk (", from - 1, " or ", from + 1,
+              "), not to ", to, "; remap() reaches any partition");
+  LayerRange& giver = ranges[static_cast<size_t>(from)];
+  const auto held = static_cast<int64_t>(giver.end - giver.begin);
+  PIPIT_CHECK(count >= 1 && count < held, "move_layers: chunk ", from, " holds ", held,
+              " layers, so it can give 1 to ", held - 1, ", not ", count);
+  const auto n = static_cast<size_t>(count);
+  if (to == from - 1) {
+    giver.begin += n;
+    ranges[static_cast<size_t>(to)].end += n;
+  } else {
+    giver.end -= n;
+    ranges[static_cast<size_t>(to)].begin -= n;
+  }
+  return ranges;
+}
+
+std::string ranges_str(const std::vector<LayerRange>& ranges) {
+  std::string text;
+  for (const LayerRange& r : ranges) {
+    text +=
+        (text.empty() ? "[" : " [") + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")";
+  }
+  return text;
+}
+
 }  // namespace pipit

@@ -6,6 +6,10 @@ namespace pipit {
 
 std::vector<LayerRange> partition_model(const Sequential& model, const PipelineConfig& config) {
   validate(config);
+  if (!config.layer_counts.empty()) {
+    return ranges_from_counts(config.layer_counts, model.size(),
+                              static_cast<size_t>(config.stages) * config.chunks_per_stage);
+  }
   if (config.partition == "parameters") {
     return partition_by_parameters(model, config.stages, config.chunks_per_stage);
   }
@@ -39,12 +43,13 @@ Pipeline::Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config,
                    const StateDict& optimizer_state)
     : model_(std::move(model)), hub_(LocalHub::create()) {
   PIPIT_CHECK(model_ != nullptr, "Pipeline: the model is null");
-  ranges_ = partition_model(*model_, config);
+  std::vector<LayerRange> ranges = partition_model(*model_, config);
   for (int s = 0; s < config.stages; ++s) {
     stages_.push_back(std::make_shared<Stage>(
-        make_stage_spec(*model_, ranges_, config, s, optimizer_state), hub_->endpoint(s)));
+        make_stage_spec(*model_, ranges, config, s, optimizer_state), hub_->endpoint(s)));
   }
-  coordinator_ = std::make_unique<Coordinator>(hub_->endpoint(kCoordinator), std::move(config));
+  coordinator_ = std::make_unique<Coordinator>(hub_->endpoint(kCoordinator), std::move(config),
+                                               std::move(ranges));
   for (const auto& stage : stages_) {
     auto stopped = std::make_shared<std::promise<void>>();
     stopped_.push_back(stopped->get_future());
@@ -53,6 +58,20 @@ Pipeline::Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config,
       stage->run();
       stopped->set_value();
     });
+  }
+}
+
+void Pipeline::remap(const std::vector<LayerRange>& ranges) {
+  coordinator_->remap(ranges);
+  // Layers that changed stage were rebuilt there: the model takes those modules, so it
+  // still holds the weights being trained. (The stage threads are idle between steps, and
+  // each stage's RemapDone came after its new chunks were in place.)
+  for (const auto& stage : stages_) {
+    for (const auto& chunk : stage->spec().chunks) {
+      for (size_t i = 0; i < chunk->size(); ++i) {
+        model_->replace(chunk->first_index() + i, (*chunk)[i]);
+      }
+    }
   }
 }
 

@@ -41,13 +41,21 @@ class Pipeline {
   }
   Tensor forward(const Tensor& input) { return coordinator_->forward(input); }
 
+  // Moves layers between stages, between steps (Coordinator::remap): chunk c holds ranges[c]
+  // afterwards; the model's layers are the modules the stages now train.
+  void remap(const std::vector<LayerRange>& ranges);
+  // Moves `count` layers from global chunk `from` to its neighbour `to` (with v = 1 chunks
+  // are stages): e.g. move_layers(1, 0, 3) hands stage 1's first 3 layers to stage 0.
+  void move_layers(int from, int to, int64_t count) {
+    remap(pipit::move_layers(chunk_ranges(), from, to, count));
+  }
+
   Coordinator& coordinator() { return *coordinator_; }
   Stage& stage(int index) { return *stages_.at(static_cast<size_t>(index)); }
-  const std::vector<LayerRange>& chunk_ranges() const { return ranges_; }
+  const std::vector<LayerRange>& chunk_ranges() const { return coordinator_->chunk_ranges(); }
 
  private:
   std::shared_ptr<Sequential> model_;
-  std::vector<LayerRange> ranges_;
   std::shared_ptr<LocalHub> hub_;
   std::vector<std::shared_ptr<Stage>> stages_;
   std::vector<std::thread> threads_;

@@ -15,6 +15,16 @@ void validate(const PipelineConfig& config) {
   PIPIT_CHECK(config.partition == "uniform" || config.partition == "parameters",
               "PipelineConfig: unknown partition '", config.partition,
               "' (expected uniform or parameters)");
+  if (!config.layer_counts.empty()) {
+    const size_t chunks = static_cast<size_t>(config.stages) * config.chunks_per_stage;
+    PIPIT_CHECK(config.layer_counts.size() == chunks, "PipelineConfig: layer_counts has ",
+                config.layer_counts.size(), " entries, but ", config.stages, " stages x ",
+                config.chunks_per_stage, " chunks per stage make ", chunks, " chunks");
+    for (size_t c = 0; c < chunks; ++c) {
+      PIPIT_CHECK(config.layer_counts[c] >= 1, "PipelineConfig: layer_counts[", c, "] is ",
+                  config.layer_counts[c], "; every chunk needs at least 1 layer");
+    }
+  }
   PIPIT_CHECK(config.max_grad_norm >= 0, "PipelineConfig: max_grad_norm must be >= 0, got ",
               config.max_grad_norm);
   PIPIT_CHECK(config.timeout.count() > 0, "PipelineConfig: timeout must be positive");

@@ -14,6 +14,9 @@ struct PipelineConfig {
   int chunks_per_stage = 1;           // v: > 1 interleaves model chunks over the stages
   std::string schedule = "1f1b";      // "gpipe", "1f1b" or "interleaved"
   std::string partition = "uniform";  // "uniform" (layer count) or "parameters"
+  // An explicit partition: layers per chunk in model order (p * v entries, each >= 1, adding
+  // up to the model's layers). When given, `partition` is not used.
+  std::vector<int64_t> layer_counts = {};
   nlohmann::json loss = {{"type", "CrossEntropyLoss"}};
   nlohmann::json optimizer = {{"type", "AdamW"}, {"lr", 1e-3}};
   double max_grad_norm = 0;  // > 0: clip the global gradient norm across all stages

@@ -20,21 +20,31 @@ Stage::Stage(StageSpec spec, std::shared_ptr<Communicator> communicator)
   PIPIT_CHECK(static_cast<int>(spec_.chunks.size()) == spec_.chunks_per_stage, "Stage ",
               spec_.stage, ": expected ", spec_.chunks_per_stage, " chunks, got ",
               spec_.chunks.size());
-  NamedParameters parameters;
   for (const auto& c : spec_.chunks) {
     PIPIT_CHECK(c != nullptr, "Stage ", spec_.stage, ": a chunk is null");
     c->to(spec_.device);
+  }
+  adopt(std::move(spec_.chunks), spec_.optimizer, spec_.optimizer_state);
+  spec_.optimizer_state.clear();
+}
+
+void Stage::adopt(std::vector<std::shared_ptr<Sequential>> chunks, const nlohmann::json& optimizer,
+                  const StateDict& optimizer_state) {
+  NamedParameters parameters;
+  std::vector<Tensor> tensors;
+  for (const auto& c : chunks) {
     for (auto& named : c->named_parameters()) {
-      parameters_.push_back(named.second);
+      tensors.push_back(named.second);
       parameters.push_back(std::move(named));
     }
   }
-  optimizer_ = make_optimizer(spec_.optimizer, std::move(parameters));
-  if (!spec_.optimizer_state.empty()) {
-    optimizer_->load_state_dict(
-        optimizer_state_for(spec_.optimizer_state, optimizer_->parameters()));
-    spec_.optimizer_state.clear();
+  auto made = make_optimizer(optimizer, std::move(parameters));
+  if (!optimizer_state.empty()) {
+    made->load_state_dict(optimizer_state_for(optimizer_state, made->parameters()));
   }
+  spec_.chunks = std::move(chunks);
+  parameters_ = std::move(tensors);
+  optimizer_ = std::move(made);
 }
 
 Sequential& Stage::chunk(int global_chunk) {
@@ -113,6 +123,12 @@ bool Stage::accepts(const Message& message) const {
     const int neighbour = forward ? (c - 1 + p) % p : (c + 1) % p;
     return message.from == (from_coordinator ? kCoordinator : neighbour);
   }
+  if (message.kind == MessageKind::LayerTransfer) {
+    // Layers come only from the stage of a neighbouring chunk (LayerMigration checks which).
+    if (c < 0 || c >= chunks || c % p != spec_.stage) return false;
+    return (c > 0 && message.from == (c - 1) % p) ||
+           (c + 1 < chunks && message.from == (c + 1) % p);
+  }
   return true;
 }
 
@@ -129,6 +145,20 @@ bool Stage::dispatch(Message message) {
     case MessageKind::Abort:
       if (message.step == step_) reset();
       return true;
+    case MessageKind::RemapPrepare:
+      prepare_remap(message);
+      return true;
+    case MessageKind::LayerTransfer:
+      if (message.step > step_) {
+        keep_early(std::move(message));
+      } else if (migration_ && message.step == step_) {
+        migration_->receive(message);
+        advance_remap();
+      }
+      return true;
+    case MessageKind::RemapCommit:
+      if (message.step == step_) commit_remap();
+      return true;
     case MessageKind::Activation:
     case MessageKind::Gradient: {
       PIPIT_CHECK(message.tensors.size() == 1, message_kind_name(message.kind), " message carries ",
@@ -136,12 +166,7 @@ bool Stage::dispatch(Message message) {
       // Over TCP a neighbour's data can overtake the coordinator's StepBegin: keep it until
       // then, at most one schedule's worth. Data from an aborted or finished step is dropped.
       if (message.step > step_) {
-        if (early_.size() >= kMaxEarlyMessages) {
-          early_.clear();
-          throw Error(detail::concat("more than ", kMaxEarlyMessages,
-                                     " messages arrived ahead of their step"));
-        }
-        early_.push_back(std::move(message));
+        keep_early(std::move(message));
         return true;
       }
       if (!active_ || message.step != step_ || message.microbatch < 0 ||
@@ -175,6 +200,28 @@ bool Stage::dispatch(Message message) {
   return true;
 }
 
+void Stage::keep_early(Message message) {
+  if (early_.size() >= kMaxEarlyMessages) {
+    early_.clear();
+    throw Error(
+        detail::concat("more than ", kMaxEarlyMessages, " messages arrived ahead of their step"));
+  }
+  early_.push_back(std::move(message));
+}
+
+std::vector<Message> Stage::take_early(MessageKind kind) {
+  std::vector<Message> now, later;
+  for (Message& m : early_) {
+    if (m.step > step_) {
+      later.push_back(std::move(m));
+    } else if (m.step == step_ && m.kind == kind) {
+      now.push_back(std::move(m));
+    }
+  }
+  early_ = std::move(later);
+  return now;
+}
+
 void Stage::begin_step(const Message& message) {
   const StepBegin begin = read_step_begin(message);
   reset();
@@ -189,13 +236,10 @@ void Stage::begin_step(const Message& message) {
                                 : forward_only_schedule(p, microbatches_, v);
   tasks_ = std::move(schedule[static_cast<size_t>(spec_.stage)]);
   for (Task& task : tasks_) task.step = step_;
-  std::vector<Message> early = std::move(early_);
-  early_.clear();
-  for (Message& m : early) {
-    if (m.step > step_) {
-      early_.push_back(std::move(m));
-    } else if (m.step == step_ && m.microbatch >= 0 && m.microbatch < microbatches_) {
-      const Phase phase = m.kind == MessageKind::Activation ? Phase::Forward : Phase::Backward;
+  for (MessageKind kind : {MessageKind::Activation, MessageKind::Gradient}) {
+    for (Message& m : take_early(kind)) {
+      if (m.microbatch < 0 || m.microbatch >= microbatches_) continue;
+      const Phase phase = kind == MessageKind::Activation ? Phase::Forward : Phase::Backward;
       inputs_[{phase, m.microbatch, m.chunk}] = std::move(m.tensors[0]);
     }
   }
@@ -304,7 +348,42 @@ void Stage::send_state(int64_t step) {
   comm_->send(kCoordinator, to_message(reply, step, std::move(tensors)));
 }
 
+void Stage::prepare_remap(const Message& message) {
+  const RemapPrepare prepare = read_remap_prepare(message);
+  reset();
+  step_ = message.step;
+  int64_t total = 0;
+  for (int64_t count : prepare.from) total += count;
+  const size_t chunks = prepare.from.size();
+  migration_ = std::make_unique<LayerMigration>(
+      spec_.stage, spec_.stages,
+      ranges_from_counts(prepare.from, static_cast<size_t>(total), chunks),
+      ranges_from_counts(prepare.to, static_cast<size_t>(total), chunks), spec_.chunks,
+      *optimizer_);
+  for (Message& m : take_early(MessageKind::LayerTransfer)) migration_->receive(m);
+  advance_remap();
+}
+
+void Stage::advance_remap() {
+  for (auto& [to, transfer] : migration_->take_ready_transfers(step_)) {
+    send(to, std::move(transfer));
+  }
+  if (staged_ || !migration_->complete()) return;
+  staged_ = migration_->build(spec_.device);
+  comm_->send(kCoordinator, Message(MessageKind::RemapReady, step_));
+}
+
+void Stage::commit_remap() {
+  PIPIT_CHECK(staged_, "a remap commit arrived before the stage had every layer");
+  adopt(std::move(staged_->chunks), optimizer_->config(), staged_->optimizer_state);
+  migration_.reset();
+  staged_.reset();
+  comm_->send(kCoordinator, Message(MessageKind::RemapDone, step_));
+}
+
 void Stage::reset() {
+  migration_.reset();
+  staged_.reset();
   active_ = false;
   tasks_.clear();
   next_task_ = 0;

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "comm/communicator.h"
 #include "nn/sequential.h"
 #include "optim/optimizer.h"
+#include "pipeline/layer_migration.h"
 #include "pipeline/task.h"
 #include "pipeline/trace.h"
 #include "tensor/stream.h"
@@ -57,12 +59,24 @@ class Stage {
   void report_error(const std::string& message);
   bool dispatch(Message message);
   void begin_step(const Message& message);
+  // Data of a later step (activations, gradients, layers) that overtook its StepBegin or
+  // RemapPrepare: kept, at most kMaxEarlyMessages, until that step begins.
+  void keep_early(Message message);
+  std::vector<Message> take_early(MessageKind kind);
   void run_ready_tasks();
   void forward(const Task& task, const Tensor& input);
   void backward(const Task& task, const Tensor& grad);
   void finish_step();
   void apply_optimizer(const Message& message);
   void send_state(int64_t step);
+  // Remapping (Coordinator::remap): prepare aside, then commit.
+  void prepare_remap(const Message& message);
+  void advance_remap();
+  void commit_remap();
+  // Makes `chunks` the stage's chunks, with a fresh optimizer of the same config over their
+  // parameters, loaded from `optimizer_state` when it is not empty.
+  void adopt(std::vector<std::shared_ptr<Sequential>> chunks, const nlohmann::json& optimizer,
+             const StateDict& optimizer_state);
   // A received tensor on this stage's device, its memory guarded for our stream's use.
   Tensor on_device(const Tensor& received);
   // Sends a result, making its tensors readable by the receiver (see Communicator).
@@ -94,6 +108,9 @@ class Stage {
   static constexpr size_t kMaxEarlyMessages = 1 << 16;
   // Forward results awaiting their backward: (microbatch, chunk) -> (input leaf, output).
   std::map<std::pair<int, int>, std::pair<Tensor, Tensor>> stash_;
+  // A remap in progress, and its result once every layer is here.
+  std::unique_ptr<LayerMigration> migration_;
+  std::optional<LayerMigration::Result> staged_;
   size_t peak_stashed_ = 0;
   Trace trace_;
 };

@@ -55,6 +55,23 @@ std::string Trace::chrome_json() const {
          {"args",
           {{"step", e.task.step}, {"microbatch", e.task.microbatch}, {"chunk", e.task.chunk}}}});
   }
+  if (!remaps_.empty()) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", stages},
+                      {"args", {{"name", "remaps"}}}});
+  }
+  for (const RemapEvent& r : remaps_) {
+    events.push_back({{"name", "remap"},
+                      {"cat", "remap"},
+                      {"ph", "X"},
+                      {"pid", 0},
+                      {"tid", stages},
+                      {"ts", r.start_us - origin},
+                      {"dur", r.end_us - r.start_us},
+                      {"args", {{"step", r.step}, {"ranges", r.ranges}}}});
+  }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }
 
@@ -101,6 +118,10 @@ std::string Trace::timeline(double column_us) const {
     out << "stage " << s << " |";
     for (const std::string& cell : row) out << std::string(width - cell.size(), ' ') << cell;
     out << "\n";
+  }
+  for (const RemapEvent& r : remaps_) {
+    out << "remap at column " << static_cast<int64_t>((r.start_us - begin) / column_us) << " ("
+        << (r.end_us - r.start_us) / 1000.0 << " ms): " << r.ranges << "\n";
   }
   return out.str();
 }

@@ -95,7 +95,7 @@ struct HandBuiltPipeline {
       if (s == wrapped_stage) comm = std::make_shared<FilteringCommunicator>(comm, filter);
       stages.push_back(std::make_unique<Stage>(make_stage_spec(net, ranges, c, s), comm));
     }
-    coordinator = std::make_unique<Coordinator>(hub->endpoint(kCoordinator), c);
+    coordinator = std::make_unique<Coordinator>(hub->endpoint(kCoordinator), c, ranges);
     for (auto& stage : stages) threads.emplace_back([&stage] { stage->run(); });
   }
   ~HandBuiltPipeline() {

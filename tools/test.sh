@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds pipit and runs every test: the Catch2 suite through ctest (Release), the same suite
-# under AddressSanitizer + UndefinedBehaviorSanitizer, and a consumer project that links the
-# installed library through find_package(pipit). Exits non-zero on any failure.
-# Set PIPIT_SKIP_SANITIZE=1 to skip the sanitizer pass while iterating.
+# under AddressSanitizer + UndefinedBehaviorSanitizer, a consumer project that links the
+# installed library through find_package(pipit), then every libFuzzer harness briefly
+# (PIPIT_FUZZ_SECONDS each, default 10; tests/fuzz/run.sh runs them at length by hand).
+# Exits non-zero on any failure.
+# Set PIPIT_SKIP_SANITIZE=1 to skip the sanitizer pass and PIPIT_SKIP_FUZZ=1 to skip the
+# fuzzers while iterating.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -32,4 +35,9 @@ if [[ "${PIPIT_SKIP_SANITIZE:-0}" != "1" ]]; then
   cmake --build build-sanitize -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-sanitize --output-on-failure -j"$jobs"
+fi
+
+if [[ "${PIPIT_SKIP_FUZZ:-0}" != "1" ]]; then
+  echo "=== libFuzzer harnesses, ${PIPIT_FUZZ_SECONDS:-10} s each ==="
+  bash tests/fuzz/run.sh "${PIPIT_FUZZ_SECONDS:-10}"
 fi

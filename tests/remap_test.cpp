@@ -1,0 +1,218 @@
+// Layer remapping: training with remaps equals training without them bit for bit, in threads
+// and over worker processes; bad remaps are refused by name and change nothing.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+
+#include "nn/builders.h"
+#include "pipeline/distributed_pipeline.h"
+#include "pipeline/pipeline.h"
+#include "pipit.h"
+#include "worker_process.h"
+
+using namespace pipit;
+using pipit::testing::WorkerProcess;
+
+namespace {
+
+struct Batch {
+  Tensor input, target;
+};
+
+// 24 layers: the embedding, 22 blocks, the final LayerNorm and the head make 25; 21 blocks
+// make the reference scenario's 24.
+std::shared_ptr<Sequential> gpt_of(int64_t blocks) {
+  Generator generator(5);
+  return gpt({11, 4, blocks, 2, 8, 0.0}, &generator);
+}
+
+Batch batch() {
+  std::vector<int64_t> x, y;
+  for (int64_t i = 0; i < 12 * 4; ++i) {
+    x.push_back((i * 7) % 11);
+    y.push_back((i * 7 + 3) % 11);
+  }
+  return {from_vector(x, {12, 4}), from_vector(y, {12, 4})};
+}
+
+PipelineConfig config_for(int p, int m, int v, const std::string& schedule,
+                          nlohmann::json optimizer = {{"type", "AdamW"}, {"lr", 0.01}}) {
+  PipelineConfig c;
+  c.stages = p;
+  c.microbatches = m;
+  c.chunks_per_stage = v;
+  c.schedule = schedule;
+  c.optimizer = std::move(optimizer);
+  c.timeout = std::chrono::milliseconds(20000);
+  return c;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
+}
+
+void check_same(const StateDict& got, const StateDict& expected) {
+  REQUIRE(got.size() == expected.size());
+  for (const auto& [name, value] : expected) {
+    INFO(name);
+    REQUIRE(got.count(name));
+    CHECK(bitwise_equal(got.at(name), value));
+  }
+}
+
+// A random contiguous partition of `layers` into `chunks` non-empty ranges.
+std::vector<LayerRange> random_partition(std::mt19937_64& random, size_t layers, size_t chunks) {
+  std::vector<size_t> cuts;
+  for (size_t l = 1; l < layers; ++l) cuts.push_back(l);
+  std::shuffle(cuts.begin(), cuts.end(), random);
+  cuts.resize(chunks - 1);
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<LayerRange> ranges;
+  size_t begin = 0;
+  for (size_t cut : cuts) {
+    ranges.push_back({begin, cut});
+    begin = cut;
+  }
+  ranges.push_back({begin, layers});
+  return ranges;
+}
+
+}  // namespace
+
+TEST_CASE("the reference scenario: stage 1 hands 3 of its 12 layers to stage 0 mid-training",
+          "[remap]") {
+  const Batch b = batch();
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    INFO(schedule);
+    auto plain_model = gpt_of(21), remapped_model = gpt_of(21);
+    REQUIRE(plain_model->size() == 24);
+    const PipelineConfig config = config_for(2, 4, 1, schedule);
+    Pipeline plain(plain_model, config), remapped(remapped_model, config);
+    REQUIRE(remapped.chunk_ranges() == std::vector<LayerRange>{{0, 12}, {12, 24}});
+    for (int step = 0; step < 6; ++step) {
+      if (step == 3) {
+        remapped.move_layers(1, 0, 3);
+        CHECK(remapped.chunk_ranges() == std::vector<LayerRange>{{0, 15}, {15, 24}});
+        CHECK(remapped.stage(0).spec().chunks[0]->size() == 15);
+        CHECK(remapped.stage(1).spec().chunks[0]->first_index() == 15);
+        // Weights and optimizer state, moved or not, are exactly the unmoved pipeline's.
+        const auto [w_plain, o_plain] = plain.coordinator().fetch_state();
+        const auto [w_moved, o_moved] = remapped.coordinator().fetch_state();
+        check_same(w_moved, w_plain);
+        check_same(o_moved, o_plain);
+      }
+      CHECK(remapped.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
+    }
+    // The model the user holds is the one the stages train, moved layers included.
+    check_same(remapped_model->state_dict(), plain_model->state_dict());
+  }
+}
+
+TEST_CASE("random remap sequences train exactly as no remaps, for every schedule and optimizer",
+          "[remap]") {
+  const Batch b = batch();
+  struct Case {
+    std::string schedule;
+    int p, m, v;
+  };
+  const nlohmann::json sgd = {{"type", "SGD"}, {"lr", 0.05}, {"momentum", 0.9}};
+  const nlohmann::json adamw = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
+  std::mt19937_64 random(17);
+  for (const Case& c : std::vector<Case>{{"gpipe", 3, 4, 1},
+                                         {"1f1b", 4, 4, 1},
+                                         {"interleaved", 2, 4, 2},
+                                         {"interleaved", 3, 3, 2},
+                                         {"1f1b", 1, 2, 1}}) {
+    for (const nlohmann::json& optimizer : {adamw, sgd}) {
+      INFO(c.schedule << " p=" << c.p << " m=" << c.m << " v=" << c.v << " " << optimizer.dump());
+      auto plain_model = gpt_of(6), remapped_model = gpt_of(6);
+      const PipelineConfig config = config_for(c.p, c.m, c.v, c.schedule, optimizer);
+      Pipeline plain(plain_model, config), remapped(remapped_model, config);
+      for (int step = 0; step < 5; ++step) {
+        const auto ranges =
+            random_partition(random, remapped_model->size(), static_cast<size_t>(c.p * c.v));
+        INFO("step " << step << ": " << ranges_str(ranges));
+        remapped.remap(ranges);
+        REQUIRE(remapped.chunk_ranges() == ranges);
+        CHECK(remapped.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
+      }
+      const auto [w_plain, o_plain] = plain.coordinator().fetch_state();
+      const auto [w_moved, o_moved] = remapped.coordinator().fetch_state();
+      check_same(w_moved, w_plain);
+      check_same(o_moved, o_plain);
+    }
+  }
+}
+
+TEST_CASE("an explicit partition is validated entry by entry", "[remap]") {
+  auto model = gpt_of(2);  // 5 layers
+  PipelineConfig config = config_for(2, 2, 1, "1f1b");
+  config.layer_counts = {2, 3};
+  CHECK(Pipeline(model, config).chunk_ranges() == std::vector<LayerRange>{{0, 2}, {2, 5}});
+  config.layer_counts = {5, 0};
+  CHECK_THROWS_WITH(Pipeline(model, config), Catch::Contains("layer_counts[1] is 0"));
+  config.layer_counts = {2, 2};
+  CHECK_THROWS_WITH(Pipeline(model, config),
+                    Catch::Contains("add up to 4") && Catch::Contains("has 5 layers"));
+  config.layer_counts = {2, 2, 1};
+  CHECK_THROWS_WITH(Pipeline(model, config), Catch::Contains("layer_counts has 3 entries"));
+}
+
+TEST_CASE("invalid remaps are refused by name and change nothing", "[remap]") {
+  const Batch b = batch();
+  auto plain_model = gpt_of(4), model = gpt_of(4);  // 7 layers
+  const PipelineConfig config = config_for(3, 3, 1, "1f1b");
+  Pipeline plain(plain_model, config), pipeline(model, config);
+  const std::vector<LayerRange> before = pipeline.chunk_ranges();
+  CHECK_THROWS_WITH(pipeline.move_layers(0, 2, 1), Catch::Contains("neighbouring chunk"));
+  CHECK_THROWS_WITH(pipeline.move_layers(1, 0, before[1].end - before[1].begin),
+                    Catch::Contains("chunk 1 holds"));
+  CHECK_THROWS_WITH(pipeline.move_layers(1, 0, 0), Catch::Contains("not 0"));
+  CHECK_THROWS_WITH(pipeline.move_layers(3, 2, 1), Catch::Contains("not both in [0, 3)"));
+  CHECK_THROWS_WITH(pipeline.remap({{0, 3}, {3, 3}, {3, 7}}),
+                    Catch::Contains("chunk 1 must start at layer 3 and hold at least one"));
+  CHECK_THROWS_WITH(pipeline.remap({{0, 3}, {3, 7}}), Catch::Contains("2 ranges given for 3"));
+  CHECK_THROWS_WITH(pipeline.remap({{0, 3}, {3, 5}, {5, 6}}),
+                    Catch::Contains("end at layer 6") && Catch::Contains("has 7 layers"));
+  CHECK_THROWS_WITH(pipeline.remap({{0, 3}, {4, 5}, {5, 7}}),
+                    Catch::Contains("chunk 1 must start at layer 3"));
+  CHECK(pipeline.chunk_ranges() == before);
+  for (int step = 0; step < 2; ++step) {
+    CHECK(pipeline.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
+  }
+}
+
+TEST_CASE("remapping over worker processes moves layers worker to worker, bit for bit",
+          "[remap][distributed]") {
+  const Batch b = batch();
+  std::vector<std::unique_ptr<WorkerProcess>> workers;
+  for (int i = 0; i < 3; ++i) workers.push_back(std::make_unique<WorkerProcess>());
+  std::vector<std::string> endpoints;
+  for (const auto& w : workers) endpoints.push_back(w->endpoint());
+  std::mt19937_64 random(23);
+  for (const auto& [schedule, v] :
+       std::vector<std::pair<std::string, int>>{{"1f1b", 1}, {"interleaved", 2}}) {
+    INFO(schedule);
+    const PipelineConfig config = config_for(3, 3, v, schedule);
+    auto plain_model = gpt_of(8), remote_model = gpt_of(8);  // 11 layers
+    Pipeline plain(plain_model, config);
+    DistributedPipeline remote(*remote_model, config, endpoints);
+    std::string log;
+    for (const auto& w : workers) log += w->log();
+    INFO(log);
+    for (int step = 0; step < 4; ++step) {
+      const auto ranges =
+          step == 0 ? move_layers(remote.chunk_ranges(), 1, 0, 1)
+                    : random_partition(random, remote_model->size(), static_cast<size_t>(3 * v));
+      INFO("step " << step << ": " << ranges_str(ranges));
+      remote.remap(ranges);
+      CHECK(remote.chunk_ranges() == ranges);
+      CHECK(remote.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
+    }
+    const auto [w_plain, o_plain] = plain.coordinator().fetch_state();
+    const auto [w_remote, o_remote] = remote.coordinator().fetch_state();
+    check_same(w_remote, w_plain);
+    check_same(o_remote, o_plain);
+  }
+}
