@@ -1,6 +1,7 @@
 #pragma once
 // A tiny --name value flag parser shared by the sample programs. Unknown flags, missing
 // values and malformed numbers print the usage and exit with status 2.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -32,6 +33,10 @@ class Flags {
         continue;
       }
       if (i + 1 >= argc) fail("flag '" + arg + "' needs a value");
+      if (repeatable_.count(arg.substr(2))) {
+        lists_[arg.substr(2)].push_back(argv[++i]);
+        continue;
+      }
       values_[arg.substr(2)] = argv[++i];
     }
   }
@@ -43,7 +48,28 @@ class Flags {
   }
   bool on(const std::string& name) const { return values_.at(name) == "true"; }
 
+  // A flag that may be given several times; all() returns its values in order.
+  void add_repeatable(const std::string& name, const std::string& help) {
+    add(name, "", help + " (repeatable)");
+    repeatable_.insert(name);
+  }
+  std::vector<std::string> all(const std::string& name) const {
+    const auto it = lists_.find(name);
+    return it == lists_.end() ? std::vector<std::string>{} : it->second;
+  }
+
   std::string str(const std::string& name) const { return values_.at(name); }
+  // The flag's value split at commas ("a,b" -> {"a", "b"}; "" -> {}).
+  std::vector<std::string> items(const std::string& name) const {
+    std::vector<std::string> out;
+    const std::string& text = values_.at(name);
+    for (size_t begin = 0; begin < text.size();) {
+      const size_t comma = std::min(text.find(',', begin), text.size());
+      out.push_back(text.substr(begin, comma - begin));
+      begin = comma + 1;
+    }
+    return out;
+  }
 
   long long integer(const std::string& name, long long min_value = 1) const {
     const std::string& text = values_.at(name);
@@ -84,7 +110,8 @@ class Flags {
   std::string program_, summary_;
   std::vector<std::string> order_;
   std::map<std::string, std::string> values_, help_;
-  std::set<std::string> switches_;
+  std::set<std::string> switches_, repeatable_;
+  std::map<std::string, std::vector<std::string>> lists_;
 };
 
 }  // namespace samples

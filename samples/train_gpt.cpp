@@ -107,6 +107,37 @@ std::string sample_text(Module& model, const Vocabulary& vocab, int64_t first_to
   return text;
 }
 
+// --remap STEP:FROM:TO:COUNT.
+struct RemapRequest {
+  int64_t step = 0;
+  int from = 0, to = 0;
+  int64_t count = 0;
+};
+
+int64_t parse_integer(const samples::Flags& flags, const std::string& flag,
+                      const std::string& text) {
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0') {
+    flags.fail(flag + " expects integers, got '" + text + "'");
+  }
+  return value;
+}
+
+RemapRequest parse_remap(const samples::Flags& flags, const std::string& text) {
+  std::vector<int64_t> parts;
+  for (size_t begin = 0; begin <= text.size();) {
+    const size_t colon = std::min(text.find(':', begin), text.size());
+    parts.push_back(parse_integer(flags, "--remap " + text, text.substr(begin, colon - begin)));
+    begin = colon + 1;
+  }
+  if (parts.size() != 4 || parts[0] < 0 || parts[1] < 0 || parts[2] < 0 || parts[3] < 1) {
+    flags.fail("--remap expects STEP:FROM:TO:COUNT (STEP, FROM, TO >= 0, COUNT >= 1), got '" +
+               text + "'");
+  }
+  return {parts[0], static_cast<int>(parts[1]), static_cast<int>(parts[2]), parts[3]};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,6 +156,12 @@ int main(int argc, char** argv) {
   flags.add("microbatches", "4", "microbatches per batch (must divide --batch)");
   flags.add("schedule", "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved");
   flags.add("partition", "parameters", "how layers are cut into stages: parameters or uniform");
+  flags.add("layer-counts", "",
+            "explicit partition: layers per chunk in model order, e.g. 15,9 (the model has "
+            "--layers + 3 layers: embedding, blocks, final norm, head)");
+  flags.add_repeatable("remap",
+                       "STEP:FROM:TO:COUNT: after STEP steps, chunk FROM (a stage when --vpp is "
+                       "1) hands COUNT layers to its neighbour TO");
   flags.add("vpp", "1", "model chunks per stage (virtual pipeline; > 1 needs interleaved)");
   flags.add("device", "auto",
             "where stages run: auto (cuda when a GPU is present, else cpu), cpu, cuda, "
@@ -156,13 +193,7 @@ int main(int argc, char** argv) {
     const double lr = flags.number("lr");
     if (!(lr > 0)) flags.fail("--lr must be positive");
     if (width % heads != 0) flags.fail("--width must be a multiple of --heads");
-    std::vector<std::string> workers;
-    for (size_t begin = 0; begin < flags.str("workers").size();) {
-      const size_t comma =
-          std::min(flags.str("workers").find(',', begin), flags.str("workers").size());
-      workers.push_back(flags.str("workers").substr(begin, comma - begin));
-      begin = comma + 1;
-    }
+    const std::vector<std::string> workers = flags.items("workers");
     const int stages = workers.empty() ? static_cast<int>(flags.integer("stages"))
                                        : static_cast<int>(workers.size());
     const std::string checkpoint_dir = flags.str("checkpoint-dir");
@@ -177,6 +208,12 @@ int main(int argc, char** argv) {
     const int vpp = static_cast<int>(flags.integer("vpp"));
     const std::string schedule_name = flags.str("schedule");
     if (batch % microbatches != 0) flags.fail("--microbatches must divide --batch");
+    std::vector<int64_t> layer_counts;
+    for (const std::string& item : flags.items("layer-counts")) {
+      layer_counts.push_back(parse_integer(flags, "--layer-counts", item));
+    }
+    std::vector<RemapRequest> remaps;
+    for (const std::string& text : flags.all("remap")) remaps.push_back(parse_remap(flags, text));
     if (flags.integer("threads", 0) > 0) {
       set_num_threads(static_cast<int>(flags.integer("threads")));
     } else {
@@ -211,6 +248,12 @@ int main(int argc, char** argv) {
       model->load_state_dict(checkpoint.weights);
       optimizer_state = std::move(checkpoint.optimizer_state);
       first_step = checkpoint.step;
+      // The partition the run had reached (its remaps included), unless one is given.
+      const nlohmann::json saved = checkpoint.extra.value("layer_counts", nlohmann::json());
+      if (layer_counts.empty() && saved.is_array() &&
+          saved.size() == static_cast<size_t>(stages * vpp)) {
+        layer_counts = saved.get<std::vector<int64_t>>();
+      }
       generator.set_state(checkpoint.rng_seed, checkpoint.rng_offset);
       std::printf("resumed from %s at step %lld\n", checkpoint_path.c_str(),
                   static_cast<long long>(first_step));
@@ -234,6 +277,7 @@ int main(int argc, char** argv) {
       pipeline_config.devices.push_back(device.substr(begin, comma - begin));
       begin = comma + 1;
     }
+    pipeline_config.layer_counts = layer_counts;
     TcpOptions tcp;
     if (!flags.str("token-file").empty()) tcp.token = read_token_file(flags.str("token-file"));
     tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
@@ -249,16 +293,34 @@ int main(int argc, char** argv) {
                                                      optimizer_state);
     }
     Coordinator& coordinator = local ? local->coordinator() : remote->coordinator();
+    auto ranges = [&] { return coordinator.chunk_ranges(); };
+    auto remap = [&](const RemapRequest& request) {
+      const auto before = ranges();
+      const auto after = move_layers(before, request.from, request.to, request.count);
+      const auto start = std::chrono::steady_clock::now();
+      // Pipeline::remap also hands the moved modules to `model`.
+      if (local) {
+        local->remap(after);
+      } else {
+        remote->remap(after);
+      }
+      std::printf(
+          "remap after step %lld: %s -> %s (%.1f ms)\n", static_cast<long long>(request.step),
+          ranges_str(before).c_str(), ranges_str(after).c_str(),
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
+    };
     auto save = [&](int64_t steps_done) {
       auto [weights, optimizer] = coordinator.fetch_state();
-      save_checkpoint(checkpoint_path, {model->config(),
-                                        weights,
-                                        pipeline_config.optimizer,
-                                        optimizer,
-                                        steps_done,
-                                        generator.seed(),
-                                        generator.offset(),
-                                        {{"vocab", vocab_text}}});
+      save_checkpoint(checkpoint_path,
+                      {model->config(),
+                       weights,
+                       pipeline_config.optimizer,
+                       optimizer,
+                       steps_done,
+                       generator.seed(),
+                       generator.offset(),
+                       {{"vocab", vocab_text}, {"layer_counts", pipit::layer_counts(ranges())}}});
     };
     CosineSchedule schedule(lr, lr / 10, std::min<int64_t>(20, steps / 10), steps);
 
@@ -268,10 +330,14 @@ int main(int argc, char** argv) {
         text.size(), vocab.chars.size(), static_cast<long long>(model->parameter_count()), stages,
         vpp, microbatches, schedule_name.c_str(), device.c_str(), pipeline_config.dtype.c_str(),
         get_num_threads());
+    std::printf("partition (layers per chunk): %s\n", ranges_str(ranges()).c_str());
     const auto start = std::chrono::steady_clock::now();
     auto last_print = start;
     int64_t tokens_since_print = 0;
     for (int64_t step = first_step; step < steps; ++step) {
+      for (const RemapRequest& request : remaps) {
+        if (request.step == step) remap(request);
+      }
       auto [x, y] = sample_batch(tokens, batch, context, generator);
       coordinator.set_lr(schedule.lr(step));
       if (pipeline_config.trace && step + 3 == steps) coordinator.clear_trace();
