@@ -34,7 +34,8 @@ Message to_message(const StepBegin& b, int64_t step) {
                    {{"train", b.train},
                     {"microbatches", b.microbatches},
                     {"trace", b.trace},
-                    {"grad_norm", b.grad_norm}});
+                    {"grad_norm", b.grad_norm},
+                    {"profile", b.profile}});
 }
 
 Message to_message(const OptimizerStep& o, int64_t step) {
@@ -48,7 +49,14 @@ Message to_message(const StageDone& d, int64_t step) {
   for (const TaskTiming& t : d.trace) {
     trace.push_back({t.microbatch, t.chunk, t.backward ? 1 : 0, t.start_us, t.end_us});
   }
-  json meta = {{"peak_stashed", d.peak_stashed}, {"trace", std::move(trace)}};
+  json layers = json::array();
+  for (const LayerTiming& l : d.layers) {
+    layers.push_back({l.layer, l.forward_us, l.backward_us, l.output_bytes, l.state_bytes});
+  }
+  json meta = {{"peak_stashed", d.peak_stashed},
+               {"trace", std::move(trace)},
+               {"chunk_busy_us", d.chunk_busy_us},
+               {"layers", std::move(layers)}};
   if (d.grad_norm_sq) meta["grad_norm_sq"] = *d.grad_norm_sq;
   return with_meta(MessageKind::StageDone, step, std::move(meta));
 }
@@ -99,6 +107,7 @@ StepBegin read_step_begin(const Message& message) {
   b.microbatches = static_cast<int>(f.integer("microbatches", 1, kMaxMicrobatches));
   b.trace = f.boolean("trace");
   b.grad_norm = f.boolean("grad_norm");
+  b.profile = f.boolean("profile");
   f.done();
   return b;
 }
@@ -135,6 +144,23 @@ StageDone read_stage_done(const Message& message) {
     }
     d.trace.push_back({static_cast<int>(microbatch), static_cast<int>(chunk), phase == 1,
                        event[3].get<double>(), event[4].get<double>()});
+  }
+  for (const json& busy : f.array("chunk_busy_us", kMaxControlList)) {
+    if (!busy.is_number() || busy.get<double>() < 0) {
+      f.fail("field \"chunk_busy_us\" has the entry ", busy.dump(), ", not a time >= 0");
+    }
+    d.chunk_busy_us.push_back(busy.get<double>());
+  }
+  for (const json& layer : f.array("layers", kMaxControlList)) {
+    bool valid = layer.is_array() && layer.size() == 5 && layer[0].is_number_integer() &&
+                 layer[0].get<int64_t>() >= 0;
+    for (size_t i = 1; valid && i < 5; ++i) valid = layer[i].is_number() && layer[i] >= 0;
+    if (!valid) {
+      f.fail("field \"layers\" has the entry ", layer.dump(),
+             ", not [layer, forward_us, backward_us, output_bytes, state_bytes]");
+    }
+    d.layers.push_back({layer[0].get<int64_t>(), layer[1].get<double>(), layer[2].get<double>(),
+                        layer[3].get<double>(), layer[4].get<double>()});
   }
   f.done();
   return d;

@@ -26,6 +26,7 @@ struct StepBegin {
   int microbatches = 1;
   bool trace = false;      // report each task's start and end
   bool grad_norm = false;  // report the squared gradient norm
+  bool profile = false;    // report each layer's times (StageDone::layers)
 };
 
 // Coordinator -> stages: apply (or, with skip, drop) this step's gradients.
@@ -44,11 +45,25 @@ struct TaskTiming {
   double end_us = 0;
 };
 
+// One layer's share of a step on its stage (a profiled step): its forward and backward
+// times summed over the microbatches, the bytes of its output per microbatch (what crosses
+// a stage boundary cut after it) and the bytes of its state (weights and optimizer entries:
+// what a remap moves).
+struct LayerTiming {
+  int64_t layer = 0;
+  double forward_us = 0;
+  double backward_us = 0;
+  double output_bytes = 0;
+  double state_bytes = 0;
+};
+
 // Stage -> coordinator: the stage ran its whole schedule for the step.
 struct StageDone {
   int64_t peak_stashed = 0;
   std::optional<double> grad_norm_sq;
   std::vector<TaskTiming> trace;
+  std::vector<double> chunk_busy_us;  // per local chunk: time in its tasks
+  std::vector<LayerTiming> layers;    // profiled steps only
 };
 
 // Stage -> coordinator: the step failed here (or the stage could not be built).

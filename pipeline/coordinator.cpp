@@ -1,5 +1,6 @@
 #include "pipeline/coordinator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -77,9 +78,12 @@ void Coordinator::begin_step(bool train) {
   require_consistent();
   ++step_;
   grad_norm_sq_ = 0;
-  stats_ = StepStats{std::vector<int>(static_cast<size_t>(config_.stages), 0), 0};
+  stats_ = StepStats{};
+  stats_.peak_stashed.assign(static_cast<size_t>(config_.stages), 0);
   stats_.loss_scale = loss_scale();
+  stats_.busy_us.assign(static_cast<size_t>(config_.stages), 0.0);
   StepBegin begin;
+  begin.profile = train && config_.profile_every > 0 && step_ % config_.profile_every == 0;
   begin.train = train;
   begin.microbatches = config_.microbatches;
   begin.trace = config_.trace;
@@ -118,6 +122,12 @@ void Coordinator::record_stage_done(const Message& message) {
   const auto stage = static_cast<size_t>(message.from);
   stats_.peak_stashed[stage] = static_cast<int>(done.peak_stashed);
   grad_norm_sq_ += done.grad_norm_sq.value_or(0.0);
+  for (double busy : done.chunk_busy_us) stats_.busy_us[stage] += busy;
+  if (!done.layers.empty()) {
+    stats_.layers.insert(stats_.layers.end(), done.layers.begin(), done.layers.end());
+    std::sort(stats_.layers.begin(), stats_.layers.end(),
+              [](const LayerTiming& a, const LayerTiming& b) { return a.layer < b.layer; });
+  }
   for (const TaskTiming& e : done.trace) {
     Task task{step_, e.microbatch, e.chunk, e.backward ? Phase::Backward : Phase::Forward,
               message.from};
@@ -251,7 +261,8 @@ std::pair<StateDict, StateDict> Coordinator::fetch_state() {
   Busy busy(busy_, "fetch_state");
   require_consistent();
   ++step_;
-  stats_ = StepStats{std::vector<int>(static_cast<size_t>(config_.stages), 0), 0};
+  stats_ = StepStats{};
+  stats_.peak_stashed.assign(static_cast<size_t>(config_.stages), 0);
   send_to_all(Message(MessageKind::FetchState, step_));
   StateDict weights, optimizer_state;
   std::vector<bool> answered(static_cast<size_t>(config_.stages));

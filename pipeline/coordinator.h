@@ -26,6 +26,9 @@ struct StepStats {
   double grad_norm = 0;           // global gradient norm before clipping (when clipping)
   bool skipped = false;           // f16: a gradient overflowed and the update was dropped
   double loss_scale = 1;          // f16: the scale the step's loss gradients were sent with
+  std::vector<double> busy_us;    // per stage: time in its tasks
+  // Profiled steps (PipelineConfig::profile_every): every layer's times, in layer order.
+  std::vector<LayerTiming> layers;
 };
 
 class Coordinator {

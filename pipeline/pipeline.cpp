@@ -33,6 +33,9 @@ StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>
   if (!config.devices.empty()) {
     spec.device = Device::parse(config.devices[static_cast<size_t>(stage) % config.devices.size()]);
   }
+  if (!config.slowdown.empty()) {
+    spec.slowdown = config.slowdown[static_cast<size_t>(stage) % config.slowdown.size()];
+  }
   spec.compute_dtype = dtype_from_name(config.dtype == "f32"    ? "F32"
                                        : config.dtype == "bf16" ? "BF16"
                                                                 : "F16");

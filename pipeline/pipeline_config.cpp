@@ -25,6 +25,12 @@ void validate(const PipelineConfig& config) {
                   config.layer_counts[c], "; every chunk needs at least 1 layer");
     }
   }
+  for (size_t s = 0; s < config.slowdown.size(); ++s) {
+    PIPIT_CHECK(config.slowdown[s] >= 1 && config.slowdown[s] <= 1000, "PipelineConfig: slowdown[",
+                s, "] is ", config.slowdown[s], "; it must be in [1, 1000]");
+  }
+  PIPIT_CHECK(config.profile_every >= 0, "PipelineConfig: profile_every must be >= 0, got ",
+              config.profile_every);
   PIPIT_CHECK(config.max_grad_norm >= 0, "PipelineConfig: max_grad_norm must be >= 0, got ",
               config.max_grad_norm);
   PIPIT_CHECK(config.timeout.count() > 0, "PipelineConfig: timeout must be positive");

@@ -29,6 +29,14 @@ struct PipelineConfig {
   // "f32"; "bf16" or "f16": mixed precision (autograd/autocast.h) with f32 master weights,
   // and for f16 dynamic loss scaling by the coordinator.
   std::string dtype = "f32";
+  // Per stage (stage s: slowdown[s % size]), >= 1: stretches every layer of that stage to this
+  // many times its duration, as on a slower machine (tests and benchmarks of rebalancing on
+  // one computer). Empty: no stage is slowed. Worker processes take theirs from
+  // pipit-worker --slowdown instead.
+  std::vector<double> slowdown = {};
+  // Every this many training steps, stages time each layer (StepStats::layers); 0: never.
+  // Profiling runs a chunk layer by layer with a hook per layer, which costs little.
+  int profile_every = 0;
 };
 
 // The most tasks (a forward and a backward per microbatch, chunk and stage) a configuration

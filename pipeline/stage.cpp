@@ -14,7 +14,8 @@ Stage::Stage(StageSpec spec, std::shared_ptr<Communicator> communicator)
     : spec_(std::move(spec)),
       comm_(std::move(communicator)),
       stream_(spec_.device.is_cuda() ? Stream::create(spec_.device)
-                                     : Stream::default_stream(spec_.device)) {
+                                     : Stream::default_stream(spec_.device)),
+      timer_(spec_.slowdown) {
   PIPIT_CHECK(spec_.stage >= 0 && spec_.stage < spec_.stages, "Stage: stage index ", spec_.stage,
               " is outside [0, ", spec_.stages, ")");
   PIPIT_CHECK(static_cast<int>(spec_.chunks.size()) == spec_.chunks_per_stage, "Stage ",
@@ -231,6 +232,8 @@ void Stage::begin_step(const Message& message) {
   record_trace_ = begin.trace;
   report_grad_norm_ = begin.grad_norm;
   microbatches_ = begin.microbatches;
+  timer_.begin_step(begin.profile && training_);
+  chunk_busy_us_.assign(static_cast<size_t>(spec_.chunks_per_stage), 0.0);
   const int p = spec_.stages, v = spec_.chunks_per_stage;
   Schedule schedule = training_ ? make_schedule(spec_.schedule, p, microbatches_, v)
                                 : forward_only_schedule(p, microbatches_, v);
@@ -253,13 +256,15 @@ void Stage::run_ready_tasks() {
     if (input == inputs_.end()) return;
     Tensor tensor = std::move(input->second);
     inputs_.erase(input);
-    const double start = record_trace_ ? trace_clock_us() : 0;
+    const double start = trace_clock_us();
     if (task.phase == Phase::Forward) {
       forward(task, tensor);
     } else {
       backward(task, tensor);
     }
-    if (record_trace_) trace_.add({task, start, trace_clock_us()});
+    const double end = trace_clock_us();
+    chunk_busy_us_[static_cast<size_t>(task.chunk / spec_.stages)] += end - start;
+    if (record_trace_) trace_.add({task, start, end});
     ++next_task_;
   }
   if (active_ && next_task_ == tasks_.size()) finish_step();
@@ -271,14 +276,14 @@ void Stage::forward(const Task& task, const Tensor& input) {
   const Tensor local = on_device(input);
   if (!training_) {
     NoGradGuard no_grad;
-    out.tensors = {chunk(task.chunk).forward(local)};
+    out.tensors = {timer_.forward(chunk(task.chunk), local)};
     send(to, std::move(out));
     return;
   }
   // The received tensor starts this stage's own graph; its gradient is what goes upstream.
   Tensor leaf = local.detach();
   if (task.chunk > 0 && is_floating(leaf.dtype())) leaf.requires_grad_();
-  Tensor output = chunk(task.chunk).forward(leaf);
+  Tensor output = timer_.forward(chunk(task.chunk), leaf);
   out.tensors = {output.detach()};
   stash_[{task.microbatch, task.chunk}] = {leaf, output};
   peak_stashed_ = std::max(peak_stashed_, stash_.size());
@@ -292,7 +297,7 @@ void Stage::backward(const Task& task, const Tensor& grad) {
   stash_.erase(stashed);
   PIPIT_CHECK(grad.shape() == output.shape(), "the gradient has shape ", shape_str(grad.shape()),
               " but the chunk's output has shape ", shape_str(output.shape()));
-  if (output.requires_grad()) output.backward(on_device(grad));
+  if (output.requires_grad()) timer_.backward(chunk(task.chunk), output, on_device(grad));
   if (task.chunk == 0) return;
   Tensor input_grad = leaf.grad();
   if (!input_grad.defined()) input_grad = zeros_like(leaf);
@@ -310,6 +315,8 @@ void Stage::finish_step() {
           {e.task.microbatch, e.task.chunk, e.task.phase == Phase::Backward, e.start_us, e.end_us});
     }
   }
+  done.chunk_busy_us = chunk_busy_us_;
+  if (timer_.profiling()) done.layers = layer_timings();
   active_ = false;
   if (!training_) {
     for (const auto& c : spec_.chunks) c->train(true);
@@ -346,6 +353,29 @@ void Stage::send_state(int64_t step) {
     tensors.push_back(value.detach().to(Device::cpu()));
   }
   comm_->send(kCoordinator, to_message(reply, step, std::move(tensors)));
+}
+
+std::vector<LayerTiming> Stage::layer_timings() const {
+  const StateDict optimizer_state = optimizer_->state_dict();
+  std::vector<LayerTiming> timings;
+  for (const auto& c : spec_.chunks) {
+    for (size_t i = 0; i < c->size(); ++i) {
+      const auto layer = static_cast<int64_t>(c->first_index() + i);
+      const auto found = timer_.layers().find(layer);
+      LayerTiming timing = found != timer_.layers().end() ? found->second : LayerTiming{layer};
+      const std::string prefix = std::to_string(layer) + ".";
+      for (const Tensor& p : (*c)[i]->parameters()) {
+        timing.state_bytes += static_cast<double>(p.nbytes());
+      }
+      for (const auto& [name, value] : optimizer_state) {
+        if (name.compare(0, prefix.size(), prefix) == 0) {
+          timing.state_bytes += static_cast<double>(value.nbytes());
+        }
+      }
+      timings.push_back(timing);
+    }
+  }
+  return timings;
 }
 
 void Stage::prepare_remap(const Message& message) {

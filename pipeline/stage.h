@@ -15,6 +15,7 @@
 #include "nn/sequential.h"
 #include "optim/optimizer.h"
 #include "pipeline/layer_migration.h"
+#include "pipeline/layer_timer.h"
 #include "pipeline/task.h"
 #include "pipeline/trace.h"
 #include "tensor/stream.h"
@@ -38,6 +39,9 @@ struct StageSpec {
   // stage's thread.
   Device device = Device::cpu();
   DType compute_dtype = DType::f32;
+  // > 1: every layer takes this many times as long (pipeline/layer_timer.h), as on a slower
+  // machine.
+  double slowdown = 1.0;
 };
 
 class Stage {
@@ -69,6 +73,8 @@ class Stage {
   void finish_step();
   void apply_optimizer(const Message& message);
   void send_state(int64_t step);
+  // The profiled step's layer timings, with their output and state bytes.
+  std::vector<LayerTiming> layer_timings() const;
   // Remapping (Coordinator::remap): prepare aside, then commit.
   void prepare_remap(const Message& message);
   void advance_remap();
@@ -113,6 +119,8 @@ class Stage {
   std::optional<LayerMigration::Result> staged_;
   size_t peak_stashed_ = 0;
   Trace trace_;
+  LayerTimer timer_;
+  std::vector<double> chunk_busy_us_;  // per local chunk, this step
 };
 
 }  // namespace pipit

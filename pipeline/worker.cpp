@@ -56,10 +56,13 @@ bool is_loopback(const std::string& host) {
 // neighbours the lower stage dials and the higher one waits, so two stages never open
 // connections to each other at the same time.
 std::unique_ptr<Stage> build_stage(const std::shared_ptr<TcpCommunicator>& comm,
-                                   const Message& message, const TcpOptions& options) {
+                                   const Message& message, const TcpOptions& options,
+                                   double slowdown) {
   StagePackage package = stage_package_from_message(message, "stage package from the coordinator");
   comm->set_id(package.stage);
-  auto stage = std::make_unique<Stage>(build_stage_spec(package), comm);
+  StageSpec spec = build_stage_spec(package);
+  spec.slowdown = slowdown;
+  auto stage = std::make_unique<Stage>(std::move(spec), comm);
   const int p = package.stages, s = package.stage;
   // A coordinator that goes away while this stage waits for its neighbours ends the wait at
   // once: the worker must not stay claimed by a run that is over. (A failing
@@ -112,7 +115,7 @@ std::unique_ptr<Stage> await_stage(const std::shared_ptr<TcpCommunicator>& comm,
     if (message->kind != MessageKind::StagePackage) continue;
     try {
       comm->set_session(claim.run_session());
-      std::unique_ptr<Stage> stage = build_stage(comm, *message, tcp);
+      std::unique_ptr<Stage> stage = build_stage(comm, *message, tcp, options.slowdown);
       comm->send(kCoordinator, Message(MessageKind::Ready, 0));
       return stage;
     } catch (const std::exception& e) {

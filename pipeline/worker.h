@@ -19,6 +19,8 @@ struct WorkerOptions {
   // A coordinator that claims this worker and sends no stage package within this long loses
   // it: the worker goes back to waiting.
   std::chrono::milliseconds package_timeout{30000};
+  // > 1: this worker's stage runs every layer this many times slower (StageSpec::slowdown).
+  double slowdown = 1.0;
 };
 
 void run_worker(const WorkerOptions& options);

@@ -1,5 +1,5 @@
 // Catch2's main, plus extra roles:
-//   pipit_tests --worker LISTEN PORT_FILE [--token=T] [--package-timeout-ms=N]
+//   pipit_tests --worker LISTEN PORT_FILE [--token=T] [--package-timeout-ms=N] [--slowdown=F]
 // runs a pipeline worker, so the distributed tests start real worker processes from this
 // same executable in every build configuration (sanitizers included);
 //   pipit_tests --chaos-role worker|trainer FLAGS
@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
       if (arg.rfind("--package-timeout-ms=", 0) == 0) {
         options.package_timeout = std::chrono::milliseconds(std::stoll(arg.substr(21)));
       }
+      if (arg.rfind("--slowdown=", 0) == 0) options.slowdown = std::stod(arg.substr(11));
     }
     options.tcp.peer_timeout = std::chrono::milliseconds(3000);
     // Several workers share the machine's cores; one thread each keeps them from spinning

@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
   flags.add("package-timeout-ms", "30000",
             "a coordinator that claims this worker must send its stage within this");
   flags.add("threads", "0", "CPU threads per kernel (0: all cores)");
+  flags.add("slowdown", "1",
+            "run every layer this many times slower, as a slower machine would (>= 1; for "
+            "trying load rebalancing on one computer)");
   flags.parse(argc, argv);
   try {
     if (flags.integer("threads", 0) > 0) {
@@ -41,6 +44,10 @@ int main(int argc, char** argv) {
         std::chrono::milliseconds(flags.integer("handshake-timeout-ms"));
     options.tcp.max_pending_connections = static_cast<size_t>(flags.integer("max-pending"));
     options.package_timeout = std::chrono::milliseconds(flags.integer("package-timeout-ms"));
+    options.slowdown = flags.number("slowdown");
+    if (!(options.slowdown >= 1 && options.slowdown <= 1000)) {
+      flags.fail("--slowdown must be in [1, 1000], got " + flags.str("slowdown"));
+    }
     if (!flags.str("token-file").empty()) {
       options.tcp.token = pipit::read_token_file(flags.str("token-file"));
     }

@@ -72,6 +72,13 @@ void read_typed(const Message& message) {
       case MessageKind::PeerLost:
         rewritten = to_message(read_peer_lost(message));
         break;
+      case MessageKind::RemapPrepare:
+        rewritten = to_message(read_remap_prepare(message), message.step);
+        break;
+      case MessageKind::LayerTransfer:
+        rewritten =
+            to_message(read_layer_transfer(message), message.step, message.chunk, message.tensors);
+        break;
       case MessageKind::Hello:
         rewritten =
             std::visit([](const auto& m) { return to_message(m); }, read_handshake(message));
@@ -83,6 +90,9 @@ void read_typed(const Message& message) {
       case MessageKind::Ready:
       case MessageKind::Start:
       case MessageKind::Heartbeat:
+      case MessageKind::RemapReady:
+      case MessageKind::RemapCommit:
+      case MessageKind::RemapDone:
         read_empty(message);
         rewritten = message;
         break;
@@ -137,10 +147,19 @@ bool fuzz_frame(const uint8_t* data, size_t size) {
 std::vector<std::string> frame_seeds() {
   std::vector<std::string> seeds;
   seeds.push_back(encode_frame(Message(MessageKind::Heartbeat, 0)));
-  seeds.push_back(encode_frame(to_message(StepBegin{true, 4, true, false}, 7)));
+  seeds.push_back(encode_frame(to_message(StepBegin{true, 4, true, false, true}, 7)));
   seeds.push_back(encode_frame(to_message(OptimizerStep{0.01, 0.5, false}, 7)));
-  seeds.push_back(encode_frame(
-      to_message(StageDone{12, 3.5, {{0, 1, false, 10.0, 20.5}, {1, 1, true, 21, 40}}}, 7)));
+  seeds.push_back(
+      encode_frame(to_message(StageDone{12,
+                                        3.5,
+                                        {{0, 1, false, 10.0, 20.5}, {1, 1, true, 21, 40}},
+                                        {30.5, 12},
+                                        {{4, 10.5, 20.25, 512, 4096}}},
+                              7)));
+  seeds.push_back(encode_frame(to_message(RemapPrepare{{3, 2}, {2, 3}}, 8)));
+  seeds.push_back(encode_frame(to_message(
+      LayerTransfer{1, {{2, {{"type", "Linear"}, {"in", 2}, {"out", 2}}, {"2.weight"}, {}}}}, 8, 0,
+      {ones({2, 2})})));
   seeds.push_back(encode_frame(to_message(Hello{1, "a1b2", "session-7"})));
   // Data frames: activations of several dtypes, an empty tensor, and a weights reply.
   Message activation(MessageKind::Activation, 3, 1, 2,

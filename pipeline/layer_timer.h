@@ -1,0 +1,52 @@
+#pragma once
+// LayerTimer: runs a stage's chunks layer by layer when the stage profiles a step or is slowed
+// on purpose. Forward passes are timed layer by layer; backward passes through a hook after
+// each layer's output (autograd/backward_hook.h), which fires when that layer's backward
+// begins, i.e. when the layer after it has finished. A slowdown factor f stretches every
+// layer's forward and backward to f times its duration (a slower machine, for tests and
+// benchmarks on one computer), so the times measured are the stretched ones, as they would be
+// on that machine. Otherwise the chunk runs as one call, with nothing added.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "comm/control.h"
+#include "nn/sequential.h"
+
+namespace pipit {
+
+class LayerTimer {
+ public:
+  explicit LayerTimer(double slowdown = 1.0);
+
+  // A new step; `profile`: record each layer's times until the next begin_step.
+  void begin_step(bool profile);
+  bool profiling() const { return profile_; }
+  double slowdown() const { return slowdown_; }
+
+  // chunk.forward(x), layer by layer when profiling or slowed.
+  Tensor forward(Sequential& chunk, const Tensor& x);
+  // output.backward(grad) for an output of forward(), its layers timed by their hooks.
+  void backward(Sequential& chunk, const Tensor& output, const Tensor& grad);
+
+  // The step's times so far, by layer (output and state bytes left for the stage to fill).
+  const std::map<int64_t, LayerTiming>& layers() const { return layers_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool stepwise() const { return profile_ || slowdown_ != 1.0; }
+  // Waits (slowdown - 1) x the time since `since`; returns the whole stretched time in us.
+  double stretch(Clock::time_point since) const;
+  // Called by the hook after `layer`: the layer after it has finished its backward.
+  void backward_reached(int64_t layer);
+
+  double slowdown_;
+  bool profile_ = false;
+  std::map<int64_t, LayerTiming> layers_;
+  // The backward in progress: the layer whose backward is running, and since when.
+  int64_t running_ = -1;
+  Clock::time_point since_;
+};
+
+}  // namespace pipit
