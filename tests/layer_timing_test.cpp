@@ -1,0 +1,106 @@
+// What stages measure for rebalancing: per-layer times and bytes on profiled steps, busy time
+// per stage on every step; profiling and slowdowns do not change what is computed.
+#include <catch2/catch.hpp>
+
+#include "autograd/backward_hook.h"
+#include "nn/builders.h"
+#include "pipeline/pipeline.h"
+#include "pipit.h"
+
+using namespace pipit;
+
+namespace {
+
+struct Batch {
+  Tensor input, target;
+};
+
+// Linear(6,12) Tanh Linear(12,12) Tanh Linear(12,12) Tanh Linear(12,3): 7 layers.
+std::shared_ptr<Sequential> make_net() {
+  Generator generator(3);
+  return mlp({6, 12, 12, 12, 3}, "tanh", &generator);
+}
+
+Batch make_batch() {
+  Generator generator(4);
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < 8; ++i) labels.push_back((i * 5) % 3);
+  return {randn({8, 6}, &generator), from_vector(labels, {8})};
+}
+
+PipelineConfig config() {
+  PipelineConfig c;
+  c.stages = 2;
+  c.microbatches = 2;
+  c.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("backward_hook passes the gradient through unchanged and calls its hook once",
+          "[rebalance]") {
+  Tensor x = from_vector<float>({1, -2, 3}, {3}).requires_grad_();
+  int calls = 0;
+  Tensor y = backward_hook(x * 2.0, [&] { ++calls; });
+  CHECK(calls == 0);
+  sum(y * y).backward();
+  CHECK(calls == 1);
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{8, -16, 24});
+}
+
+TEST_CASE("profiled steps report every layer's times, output bytes and state bytes",
+          "[rebalance]") {
+  PipelineConfig c = config();
+  c.profile_every = 2;
+  Pipeline pipeline(make_net(), c);
+  const Batch b = make_batch();
+  for (int step = 1; step <= 4; ++step) {
+    pipeline.train_step(b.input, b.target);
+    const StepStats& stats = pipeline.coordinator().last_step();
+    REQUIRE(stats.busy_us.size() == 2);
+    CHECK(stats.busy_us[0] > 0);
+    CHECK(stats.busy_us[1] > 0);
+    // Steps are numbered from 1; every second one is profiled.
+    if (step % 2 == 1) {
+      CHECK(stats.layers.empty());
+      continue;
+    }
+    REQUIRE(stats.layers.size() == 7);
+    for (int64_t l = 0; l < 7; ++l) {
+      const LayerTiming& t = stats.layers[static_cast<size_t>(l)];
+      INFO("layer " << l);
+      CHECK(t.layer == l);
+      CHECK(t.forward_us > 0);
+      CHECK(t.backward_us > 0);
+      // Per microbatch of 4 rows: 12 floats wide, the head 3.
+      CHECK(t.output_bytes == (l == 6 ? 4 * 3 * 4 : 4 * 12 * 4));
+    }
+    // Weights plus AdamW's two moments (after the first step): Linear(12, 12) has 156
+    // floats; the Tanh layers have none.
+    CHECK(stats.layers[2].state_bytes == 3 * 156 * 4);
+    CHECK(stats.layers[0].state_bytes == 3 * (6 * 12 + 12) * 4);
+    CHECK(stats.layers[1].state_bytes == 0);
+  }
+}
+
+TEST_CASE("profiling and slowed stages train exactly as plain stages", "[rebalance]") {
+  PipelineConfig slowed = config();
+  slowed.profile_every = 1;
+  slowed.slowdown = {1.0, 2.0};
+  Pipeline plain(make_net(), config()), timed(make_net(), slowed);
+  const Batch b = make_batch();
+  for (int step = 0; step < 3; ++step) {
+    CHECK(timed.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
+  }
+  CHECK(timed.forward(b.input).to_vector<float>() == plain.forward(b.input).to_vector<float>());
+}
+
+TEST_CASE("bad slowdowns and profile intervals are refused by name", "[rebalance]") {
+  PipelineConfig c = config();
+  c.slowdown = {1.0, 0.5};
+  CHECK_THROWS_WITH(Pipeline(make_net(), c), Catch::Contains("slowdown[1] is 0.5"));
+  c.slowdown = {};
+  c.profile_every = -1;
+  CHECK_THROWS_WITH(Pipeline(make_net(), c), Catch::Contains("profile_every must be >= 0"));
+}
