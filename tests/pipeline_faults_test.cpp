@@ -202,3 +202,34 @@ TEST_CASE("a stage stuck in a layer does not hang the pipeline's destructor",
   CHECK(std::chrono::steady_clock::now() - start < 1000ms);
   std::this_thread::sleep_for(1600ms);  // let the stuck stage finish before its model goes
 }
+
+TEST_CASE("a remap that fails before its commit leaves the old partition on every stage",
+          "[pipeline][faults][remap]") {
+  const Batch batch = make_batch();
+  auto reference = make_net(), net = make_net();
+  Pipeline plain(reference, config());
+  // Stage 1 never gets the layers stage 2 hands it.
+  HandBuiltPipeline pipeline(*net, config(500ms), 1, [](Message m) -> std::optional<Message> {
+    if (m.kind == MessageKind::LayerTransfer) return std::nullopt;
+    return m;
+  });
+  Coordinator& coordinator = *pipeline.coordinator;
+  CHECK(coordinator.train_step(batch.input, batch.target) ==
+        plain.train_step(batch.input, batch.target));
+  const std::vector<LayerRange> before = coordinator.chunk_ranges();
+  CHECK_THROWS_WITH(coordinator.remap(move_layers(before, 2, 1, 1)),
+                    Catch::Contains("no stage answered") && Catch::Contains("during remap") &&
+                        Catch::Contains("the stages keep the old partition"));
+  CHECK(coordinator.consistent());
+  CHECK(coordinator.chunk_ranges() == before);
+  for (int s = 0; s < 3; ++s) {
+    const auto& chunk = *pipeline.stages[static_cast<size_t>(s)]->spec().chunks[0];
+    CHECK(chunk.first_index() == before[static_cast<size_t>(s)].begin);
+    CHECK(chunk.size() ==
+          before[static_cast<size_t>(s)].end - before[static_cast<size_t>(s)].begin);
+  }
+  for (int step = 0; step < 2; ++step) {
+    CHECK(coordinator.train_step(batch.input, batch.target) ==
+          plain.train_step(batch.input, batch.target));
+  }
+}

@@ -2,12 +2,18 @@
 // and over worker processes; bad remaps are refused by name and change nothing.
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <thread>
+
+#include <unistd.h>
 
 #include "nn/builders.h"
+#include "nn/registry.h"
 #include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
+#include "serialize/checkpoint.h"
 #include "worker_process.h"
 
 using namespace pipit;
@@ -215,4 +221,74 @@ TEST_CASE("remapping over worker processes moves layers worker to worker, bit fo
     check_same(w_remote, w_plain);
     check_same(o_remote, o_plain);
   }
+}
+
+TEST_CASE(
+    "a worker killed during a remap is named, and the run resumes exactly from its checkpoint",
+    "[remap][distributed]") {
+  const Batch b = batch();
+  PipelineConfig config = config_for(3, 3, 1, "1f1b");
+  auto uninterrupted = gpt_of(8);  // 11 layers: 4, 4, 3
+  {
+    Pipeline pipeline(uninterrupted, config);
+    for (int step = 0; step < 4; ++step) {
+      if (step == 2) pipeline.move_layers(1, 2, 2);
+      pipeline.train_step(b.input, b.target);
+    }
+  }
+
+  std::vector<std::unique_ptr<WorkerProcess>> workers;
+  for (int i = 0; i < 3; ++i) workers.push_back(std::make_unique<WorkerProcess>());
+  auto endpoints = [&] {
+    std::vector<std::string> out;
+    for (const auto& w : workers) out.push_back(w->endpoint());
+    return out;
+  };
+  TcpOptions tcp;
+  tcp.peer_timeout = std::chrono::milliseconds(2000);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("pipit_remap_" + std::to_string(getpid()) + ".safetensors"))
+                               .string();
+  auto model = gpt_of(8);
+  {
+    DistributedPipeline pipeline(*model, config, endpoints(), tcp);
+    for (int step = 0; step < 2; ++step) pipeline.train_step(b.input, b.target);
+    auto [weights, optimizer_state] = pipeline.coordinator().fetch_state();
+    save_checkpoint(path, {model->config(),
+                           weights,
+                           config.optimizer,
+                           optimizer_state,
+                           2,
+                           0,
+                           0,
+                           {{"layer_counts", layer_counts(pipeline.chunk_ranges())}}});
+    const std::string victim = workers[2]->endpoint();
+    workers[2]->pause();
+    std::thread killer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      workers[2]->kill();
+    });
+    const auto before = pipeline.chunk_ranges();
+    CHECK_THROWS_WITH(pipeline.move_layers(1, 2, 2),
+                      Catch::Contains("stage 2") && Catch::Contains(victim) &&
+                          Catch::Contains("during remap [0, 4) [4, 8) [8, 11) -> [0, 4) [4, 6) "
+                                          "[6, 11)") &&
+                          Catch::Contains("the stages keep the old partition"));
+    killer.join();
+    CHECK(pipeline.chunk_ranges() == before);
+  }
+
+  workers[2] = std::make_unique<WorkerProcess>();
+  Checkpoint checkpoint = load_checkpoint(path);
+  std::filesystem::remove(path);
+  auto resumed = std::dynamic_pointer_cast<Sequential>(build_module(checkpoint.model_config));
+  REQUIRE(resumed != nullptr);
+  resumed->load_state_dict(checkpoint.weights);
+  config.layer_counts = checkpoint.extra.at("layer_counts").get<std::vector<int64_t>>();
+  DistributedPipeline pipeline(*resumed, config, endpoints(), tcp, checkpoint.optimizer_state);
+  for (int64_t step = checkpoint.step; step < 4; ++step) {
+    if (step == 2) pipeline.move_layers(1, 2, 2);
+    pipeline.train_step(b.input, b.target);
+  }
+  check_same(pipeline.coordinator().fetch_state().first, uninterrupted->state_dict());
 }
