@@ -1,14 +1,17 @@
 #include "pipeline/worker.h"
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "comm/control.h"
 #include "pipeline/stage.h"
 #include "pipeline/stage_package.h"
 #include "serialize/atomic_file.h"
+#include "tensor/parallel.h"
 
 namespace pipit {
 namespace {
@@ -55,13 +58,38 @@ bool is_loopback(const std::string& host) {
 // Builds the stage from the package and connects to its neighbouring stages: of each pair of
 // neighbours the lower stage dials and the higher one waits, so two stages never open
 // connections to each other at the same time.
+// How many stages of the run, this one included, listen on this stage's host.
+int stages_on_this_host(const StagePackage& package) {
+  auto host_of = [&](int stage) -> std::optional<std::string> {
+    const std::string key = std::to_string(stage);
+    if (!package.peers.contains(key) || !package.peers[key].is_string()) return std::nullopt;
+    try {
+      return parse_endpoint(package.peers[key].get<std::string>()).first;
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  };
+  const std::optional<std::string> mine = host_of(package.stage);
+  if (!mine) return 1;
+  int sharing = 0;
+  for (int s = 0; s < package.stages; ++s) sharing += host_of(s) == mine ? 1 : 0;
+  return std::max(1, sharing);
+}
+
 std::unique_ptr<Stage> build_stage(const std::shared_ptr<TcpCommunicator>& comm,
                                    const Message& message, const TcpOptions& options,
-                                   double slowdown) {
+                                   double slowdown, int threads) {
   StagePackage package = stage_package_from_message(message, "stage package from the coordinator");
   comm->set_id(package.stage);
   StageSpec spec = build_stage_spec(package);
   spec.slowdown = slowdown;
+  if (threads == 0) {
+    const int sharing = stages_on_this_host(package);
+    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    set_num_threads(std::max(1, cores / sharing));
+    options.log("[worker] " + std::to_string(sharing) + " stages of this run on this host: " +
+                std::to_string(get_num_threads()) + " threads per kernel");
+  }
   auto stage = std::make_unique<Stage>(std::move(spec), comm);
   const int p = package.stages, s = package.stage;
   // A coordinator that goes away while this stage waits for its neighbours ends the wait at
@@ -115,7 +143,8 @@ std::unique_ptr<Stage> await_stage(const std::shared_ptr<TcpCommunicator>& comm,
     if (message->kind != MessageKind::StagePackage) continue;
     try {
       comm->set_session(claim.run_session());
-      std::unique_ptr<Stage> stage = build_stage(comm, *message, tcp, options.slowdown);
+      std::unique_ptr<Stage> stage =
+          build_stage(comm, *message, tcp, options.slowdown, options.threads);
       comm->send(kCoordinator, Message(MessageKind::Ready, 0));
       return stage;
     } catch (const std::exception& e) {

@@ -21,6 +21,10 @@ struct WorkerOptions {
   std::chrono::milliseconds package_timeout{30000};
   // > 1: this worker's stage runs every layer this many times slower (StageSpec::slowdown).
   double slowdown = 1.0;
+  // CPU threads per kernel; 0: the cores shared out over the run's stages on this host (the
+  // stage package lists every stage's address), so workers that share a machine do not
+  // spin against each other.
+  int threads = 0;
 };
 
 void run_worker(const WorkerOptions& options);

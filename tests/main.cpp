@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
     options.tcp.peer_timeout = std::chrono::milliseconds(3000);
     // Several workers share the machine's cores; one thread each keeps them from spinning
     // against each other.
+    options.threads = 1;
     pipit::set_num_threads(1);
     pipit::run_worker(options);
     return 0;

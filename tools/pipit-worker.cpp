@@ -23,15 +23,13 @@ int main(int argc, char** argv) {
   flags.add("max-pending", "64", "connections allowed in their handshake at once");
   flags.add("package-timeout-ms", "30000",
             "a coordinator that claims this worker must send its stage within this");
-  flags.add("threads", "0", "CPU threads per kernel (0: all cores)");
+  flags.add("threads", "0",
+            "CPU threads per kernel (0: the cores shared out over the run's stages on this host)");
   flags.add("slowdown", "1",
             "run every layer this many times slower, as a slower machine would (>= 1; for "
             "trying load rebalancing on one computer)");
   flags.parse(argc, argv);
   try {
-    if (flags.integer("threads", 0) > 0) {
-      pipit::set_num_threads(static_cast<int>(flags.integer("threads")));
-    }
     pipit::WorkerOptions options;
     options.listen = flags.str("listen");
     options.port_file = flags.str("port-file");
@@ -45,6 +43,8 @@ int main(int argc, char** argv) {
     options.tcp.max_pending_connections = static_cast<size_t>(flags.integer("max-pending"));
     options.package_timeout = std::chrono::milliseconds(flags.integer("package-timeout-ms"));
     options.slowdown = flags.number("slowdown");
+    options.threads = static_cast<int>(flags.integer("threads", 0));
+    if (options.threads > 0) pipit::set_num_threads(options.threads);
     if (!(options.slowdown >= 1 && options.slowdown <= 1000)) {
       flags.fail("--slowdown must be in [1, 1000], got " + flags.str("slowdown"));
     }
