@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/crc32c.h"
 #include "flags.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
@@ -105,6 +106,18 @@ std::string sample_text(Module& model, const Vocabulary& vocab, int64_t first_to
   std::string text;
   for (int64_t t : tokens) text += vocab.chars[static_cast<size_t>(t)];
   return text;
+}
+
+// Every weight's name and bytes, in name order: two runs that print the same value trained
+// the same weights bit for bit.
+uint32_t weights_checksum(const Sequential& model) {
+  Crc32c crc;
+  for (const auto& [name, value] : model.state_dict()) {
+    const Tensor dense = value.detach().to(Device::cpu()).contiguous();
+    crc.update(name);
+    crc.update(dense.raw_data(), dense.nbytes());
+  }
+  return crc.value();
 }
 
 // --remap STEP:FROM:TO:COUNT.
@@ -362,6 +375,8 @@ int main(int argc, char** argv) {
     }
     // Worker processes trained their own copies of the weights: bring them home to sample.
     if (remote) model->load_state_dict(coordinator.fetch_state().first);
+    std::printf("weights CRC-32C: %08x (equal runs, however partitioned, print the same)\n",
+                weights_checksum(*model));
     if (pipeline_config.trace) {
       const Trace& trace = coordinator.trace();
       trace.write_chrome_json(flags.str("trace"));
