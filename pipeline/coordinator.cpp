@@ -83,7 +83,8 @@ void Coordinator::begin_step(bool train) {
   stats_.loss_scale = loss_scale();
   stats_.busy_us.assign(static_cast<size_t>(config_.stages), 0.0);
   StepBegin begin;
-  begin.profile = train && config_.profile_every > 0 && step_ % config_.profile_every == 0;
+  begin.profile = train && (config_.profile_every > 0 ? step_ % config_.profile_every == 0
+                                                      : policy_.has_value());
   begin.train = train;
   begin.microbatches = config_.microbatches;
   begin.trace = config_.trace;
@@ -225,9 +226,34 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
                     "] had applied it and before stages [" + stage_list(stepped) + "] confirmed";
     require_consistent();
   }
+  ++trained_;
+  if (policy_ && !stats_.layers.empty()) rebalance();
   double total = 0;
   for (double loss : losses) total += loss;
   return total / m;
+}
+
+void Coordinator::enable_rebalancing(std::vector<std::string> layer_kinds) {
+  PIPIT_CHECK(layer_kinds.size() == ranges_.back().end, "enable_rebalancing: ", layer_kinds.size(),
+              " layer kinds for a model of ", ranges_.back().end, " layers");
+  RebalanceConfig rebalance = config_.rebalance;
+  rebalance.enabled = true;
+  policy_.emplace(rebalance, config_.stages, config_.chunks_per_stage, std::move(layer_kinds));
+}
+
+void Coordinator::rebalance() {
+  const int m = config_.microbatches;
+  LayerCosts costs;
+  for (const LayerTiming& t : stats_.layers) {
+    costs.ms.push_back((t.forward_us + t.backward_us) / 1000.0 / m);
+    costs.output_bytes.push_back(t.output_bytes);
+    costs.state_bytes.push_back(t.state_bytes);
+  }
+  const std::optional<Decision> decision = policy_->observe(trained_, ranges_, costs, m);
+  stats_.rebalance_verdict = policy_->verdict();
+  if (!decision) return;
+  remap_now(decision->to, decision->reason());
+  stats_.rebalanced = decision->reason();
 }
 
 Tensor Coordinator::forward(const Tensor& input) {
@@ -293,6 +319,10 @@ void Coordinator::await_all(MessageKind kind, const std::string& waiting_for) {
 
 void Coordinator::remap(const std::vector<LayerRange>& ranges) {
   Busy busy(busy_, "remap");
+  remap_now(ranges, "requested");
+}
+
+void Coordinator::remap_now(const std::vector<LayerRange>& ranges, const std::string& why) {
   require_consistent();
   const size_t chunks = ranges_.size(), layers = ranges_.back().end;
   const std::string what = "remap " + ranges_str(ranges_) + " -> " + ranges_str(ranges);
@@ -323,7 +353,9 @@ void Coordinator::remap(const std::vector<LayerRange>& ranges) {
     require_consistent();
   }
   ranges_ = ranges;
-  if (config_.trace) trace_.add_remap({step_, start, trace_clock_us(), ranges_str(ranges)});
+  if (config_.trace) trace_.add_remap({step_, start, trace_clock_us(), ranges_str(ranges), why});
+  if (policy_) policy_->remapped(trained_, ranges_);
+  if (on_remap_) on_remap_();
 }
 
 void Coordinator::shutdown() {

@@ -4,6 +4,7 @@
 // gradients, waits for every stage to finish its schedule, then has every stage step its
 // optimizer. The same Coordinator drives stages in threads or in worker processes.
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -29,6 +30,10 @@ struct StepStats {
   std::vector<double> busy_us;    // per stage: time in its tasks
   // Profiled steps (PipelineConfig::profile_every): every layer's times, in layer order.
   std::vector<LayerTiming> layers;
+  // Automatic rebalancing: the remap made after this step (Decision::reason), or empty; and
+  // the policy's verdict on this step.
+  std::string rebalanced;
+  std::string rebalance_verdict;
 };
 
 class Coordinator {
@@ -56,6 +61,11 @@ class Coordinator {
   // on every stage; a failure during the commit makes the pipeline inconsistent.
   void remap(const std::vector<LayerRange>& ranges);
   const std::vector<LayerRange>& chunk_ranges() const { return ranges_; }
+  // Turns on config().rebalance: `layer_kinds[l]` says which layers cost the same on the same
+  // stage (their configs, as Pipeline and DistributedPipeline give them).
+  void enable_rebalancing(std::vector<std::string> layer_kinds);
+  // Called after every committed remap, manual or automatic.
+  void on_remap(std::function<void()> listener) { on_remap_ = std::move(listener); }
 
   // The learning rate every stage uses from the next optimizer step on.
   void set_lr(double lr) { lr_ = lr; }
@@ -85,6 +95,9 @@ class Coordinator {
   OptimizerStep optimizer_step();
   void send_to_all(const Message& message);
   void require_consistent() const;
+  void remap_now(const std::vector<LayerRange>& ranges, const std::string& why);
+  // Feeds a profiled step's layer times to the rebalancing policy, and remaps if it says so.
+  void rebalance();
   // Waits for one reply of `kind` from every stage.
   void await_all(MessageKind kind, const std::string& waiting_for);
   // Entered by every public call that talks to the stages: a second caller (another thread
@@ -103,6 +116,9 @@ class Coordinator {
   Trace trace_;
   std::string inconsistent_;  // why the stages may disagree; empty while they agree
   std::vector<LayerRange> ranges_;
+  std::optional<RebalancePolicy> policy_;
+  int64_t trained_ = 0;  // training steps so far: the policy's clock
+  std::function<void()> on_remap_;
   std::atomic<bool> busy_{false};
 };
 

@@ -38,7 +38,9 @@ DistributedPipeline::DistributedPipeline(const Sequential& model, PipelineConfig
     comm_->close();
     throw;
   }
+  const bool rebalance = config.rebalance.enabled;
   coordinator_ = std::make_unique<Coordinator>(comm_, std::move(config), ranges);
+  if (rebalance) coordinator_->enable_rebalancing(layer_kinds(model));
 }
 
 void DistributedPipeline::start_workers(const Sequential& model, const PipelineConfig& config,

@@ -16,6 +16,12 @@ std::vector<LayerRange> partition_model(const Sequential& model, const PipelineC
   return stage_layer_ranges(model.size(), config.stages, config.chunks_per_stage);
 }
 
+std::vector<std::string> layer_kinds(const Sequential& model) {
+  std::vector<std::string> kinds;
+  for (size_t i = 0; i < model.size(); ++i) kinds.push_back(model[i]->config().dump());
+  return kinds;
+}
+
 StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>& ranges,
                           const PipelineConfig& config, int stage,
                           const StateDict& optimizer_state) {
@@ -51,8 +57,11 @@ Pipeline::Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config,
     stages_.push_back(std::make_shared<Stage>(
         make_stage_spec(*model_, ranges, config, s, optimizer_state), hub_->endpoint(s)));
   }
+  const bool rebalance = config.rebalance.enabled;
   coordinator_ = std::make_unique<Coordinator>(hub_->endpoint(kCoordinator), std::move(config),
                                                std::move(ranges));
+  coordinator_->on_remap([this] { adopt_stage_modules(); });
+  if (rebalance) coordinator_->enable_rebalancing(layer_kinds(*model_));
   for (const auto& stage : stages_) {
     auto stopped = std::make_shared<std::promise<void>>();
     stopped_.push_back(stopped->get_future());
@@ -64,8 +73,7 @@ Pipeline::Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config,
   }
 }
 
-void Pipeline::remap(const std::vector<LayerRange>& ranges) {
-  coordinator_->remap(ranges);
+void Pipeline::adopt_stage_modules() {
   // Layers that changed stage were rebuilt there: the model takes those modules, so it
   // still holds the weights being trained. (The stage threads are idle between steps, and
   // each stage's RemapDone came after its new chunks were in place.)

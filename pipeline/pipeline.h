@@ -21,6 +21,9 @@ namespace pipit {
 
 // The chunk layer ranges `config.partition` gives for `model`.
 std::vector<LayerRange> partition_model(const Sequential& model, const PipelineConfig& config);
+// Each layer's config as text: layers of the same kind cost the same on the same stage
+// (what automatic rebalancing assumes).
+std::vector<std::string> layer_kinds(const Sequential& model);
 // The spec of stage `stage`: its chunks as slices of `model`, the schedule and optimizer.
 StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>& ranges,
                           const PipelineConfig& config, int stage,
@@ -42,8 +45,9 @@ class Pipeline {
   Tensor forward(const Tensor& input) { return coordinator_->forward(input); }
 
   // Moves layers between stages, between steps (Coordinator::remap): chunk c holds ranges[c]
-  // afterwards; the model's layers are the modules the stages now train.
-  void remap(const std::vector<LayerRange>& ranges);
+  // afterwards. After every remap, this one or an automatic one, the model's layers are the
+  // modules the stages now train.
+  void remap(const std::vector<LayerRange>& ranges) { coordinator_->remap(ranges); }
   // Moves `count` layers from global chunk `from` to its neighbour `to` (with v = 1 chunks
   // are stages): e.g. move_layers(1, 0, 3) hands stage 1's first 3 layers to stage 0.
   void move_layers(int from, int to, int64_t count) {
@@ -55,6 +59,9 @@ class Pipeline {
   const std::vector<LayerRange>& chunk_ranges() const { return coordinator_->chunk_ranges(); }
 
  private:
+  // Puts the stages' modules into model_ (a remap rebuilt the layers it moved).
+  void adopt_stage_modules();
+
   std::shared_ptr<Sequential> model_;
   std::shared_ptr<LocalHub> hub_;
   std::vector<std::shared_ptr<Stage>> stages_;

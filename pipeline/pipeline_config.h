@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/rebalance.h"
+
 namespace pipit {
 
 struct PipelineConfig {
@@ -37,6 +39,10 @@ struct PipelineConfig {
   // Every this many training steps, stages time each layer (StepStats::layers); 0: never.
   // Profiling runs a chunk layer by layer with a hook per layer, which costs little.
   int profile_every = 0;
+  // Automatic rebalancing (pipeline/rebalance.h; v = 1): moves layers between stages when
+  // the measured layer times say a partition with a faster slowest stage pays off. Stages
+  // are profiled every profile_every steps, or every step when that is 0.
+  RebalanceConfig rebalance = {};
 };
 
 // The most tasks (a forward and a backward per microbatch, chunk and stage) a configuration

@@ -124,7 +124,11 @@ std::vector<LayerRange> optimal_partition(const CostModel& model,
 
 std::string Decision::reason() const {
   std::string speeds;
-  for (double speed : stage_speed) speeds += " " + fixed(speed, 2);
+  for (double speed : stage_speed) {
+    // Appended in two steps: GCC 12 warns falsely (-Wrestrict) on " " + string here.
+    speeds += ' ';
+    speeds += fixed(speed, 2);
+  }
   return "remap " + ranges_str(from) + " -> " + ranges_str(to) + ": slowest stage " +
          fixed(current_slowest_ms, 2) + " -> " + fixed(new_slowest_ms, 2) + " ms per microbatch (" +
          percent(gain) + " faster), moves " + fixed(migration.bytes / 1e6, 1) + " MB (" +

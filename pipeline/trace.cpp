@@ -70,7 +70,7 @@ std::string Trace::chrome_json() const {
                       {"tid", stages},
                       {"ts", r.start_us - origin},
                       {"dur", r.end_us - r.start_us},
-                      {"args", {{"step", r.step}, {"ranges", r.ranges}}}});
+                      {"args", {{"step", r.step}, {"ranges", r.ranges}, {"why", r.why}}}});
   }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }
@@ -121,7 +121,7 @@ std::string Trace::timeline(double column_us) const {
   }
   for (const RemapEvent& r : remaps_) {
     out << "remap at column " << static_cast<int64_t>((r.start_us - begin) / column_us) << " ("
-        << (r.end_us - r.start_us) / 1000.0 << " ms): " << r.ranges << "\n";
+        << (r.end_us - r.start_us) / 1000.0 << " ms): " << r.ranges << " (" << r.why << ")\n";
   }
   return out.str();
 }

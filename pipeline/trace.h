@@ -21,6 +21,7 @@ struct RemapEvent {
   double start_us = 0;
   double end_us = 0;
   std::string ranges;  // the partition it made, ranges_str form
+  std::string why;     // "requested", or the rebalancing decision's reason
 };
 
 class Trace {

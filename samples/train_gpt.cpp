@@ -175,6 +175,12 @@ int main(int argc, char** argv) {
   flags.add_repeatable("remap",
                        "STEP:FROM:TO:COUNT: after STEP steps, chunk FROM (a stage when --vpp is "
                        "1) hands COUNT layers to its neighbour TO");
+  flags.add_switch("rebalance",
+                   "move layers between stages automatically when measured layer times say a "
+                   "faster partition pays off (one chunk per stage)");
+  flags.add("slowdown", "",
+            "per stage in this process, e.g. 1,3: run every layer of stage 1 three times "
+            "slower, as a slower machine would (workers: pipit-worker --slowdown)");
   flags.add("vpp", "1", "model chunks per stage (virtual pipeline; > 1 needs interleaved)");
   flags.add("device", "auto",
             "where stages run: auto (cuda when a GPU is present, else cpu), cpu, cuda, "
@@ -291,6 +297,13 @@ int main(int argc, char** argv) {
       begin = comma + 1;
     }
     pipeline_config.layer_counts = layer_counts;
+    pipeline_config.rebalance.enabled = flags.on("rebalance");
+    for (const std::string& item : flags.items("slowdown")) {
+      char* end = nullptr;
+      pipeline_config.slowdown.push_back(std::strtod(item.c_str(), &end));
+      if (item.empty() || *end != '\0')
+        flags.fail("--slowdown expects numbers, got '" + item + "'");
+    }
     TcpOptions tcp;
     if (!flags.str("token-file").empty()) tcp.token = read_token_file(flags.str("token-file"));
     tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
@@ -355,6 +368,10 @@ int main(int argc, char** argv) {
       coordinator.set_lr(schedule.lr(step));
       if (pipeline_config.trace && step + 3 == steps) coordinator.clear_trace();
       const double loss = coordinator.train_step(x, y);
+      if (!coordinator.last_step().rebalanced.empty()) {
+        std::printf("rebalanced after step %lld: %s\n", static_cast<long long>(step + 1),
+                    coordinator.last_step().rebalanced.c_str());
+      }
       tokens_since_print += batch * context;
       if ((step + 1) % print_every == 0 || step == 0 || step + 1 == steps) {
         auto now = std::chrono::steady_clock::now();
