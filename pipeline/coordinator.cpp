@@ -252,8 +252,10 @@ void Coordinator::rebalance() {
   const std::optional<Decision> decision = policy_->observe(trained_, ranges_, costs, m);
   stats_.rebalance_verdict = policy_->verdict();
   if (!decision) return;
+  const double start = trace_clock_us();
   remap_now(decision->to, decision->reason());
-  stats_.rebalanced = decision->reason();
+  stats_.remap_ms = (trace_clock_us() - start) / 1000.0;
+  stats_.rebalanced = decision;
 }
 
 Tensor Coordinator::forward(const Tensor& input) {

@@ -30,9 +30,10 @@ struct StepStats {
   std::vector<double> busy_us;    // per stage: time in its tasks
   // Profiled steps (PipelineConfig::profile_every): every layer's times, in layer order.
   std::vector<LayerTiming> layers;
-  // Automatic rebalancing: the remap made after this step (Decision::reason), or empty; and
-  // the policy's verdict on this step.
-  std::string rebalanced;
+  // Automatic rebalancing: the remap made after this step and how long it paused training,
+  // and the policy's verdict on this step.
+  std::optional<Decision> rebalanced;
+  double remap_ms = 0;
   std::string rebalance_verdict;
 };
 

@@ -368,9 +368,9 @@ int main(int argc, char** argv) {
       coordinator.set_lr(schedule.lr(step));
       if (pipeline_config.trace && step + 3 == steps) coordinator.clear_trace();
       const double loss = coordinator.train_step(x, y);
-      if (!coordinator.last_step().rebalanced.empty()) {
-        std::printf("rebalanced after step %lld: %s\n", static_cast<long long>(step + 1),
-                    coordinator.last_step().rebalanced.c_str());
+      if (const auto& decision = coordinator.last_step().rebalanced) {
+        std::printf("rebalanced after step %lld in %.1f ms: %s\n", static_cast<long long>(step + 1),
+                    coordinator.last_step().remap_ms, decision->reason().c_str());
       }
       tokens_since_print += batch * context;
       if ((step + 1) % print_every == 0 || step == 0 || step + 1 == steps) {

@@ -60,7 +60,7 @@ Run train(P& pipeline, int steps) {
   for (int step = 0; step < steps; ++step) {
     run.losses.push_back(pipeline.train_step(b.input, b.target));
     const StepStats& stats = pipeline.coordinator().last_step();
-    if (!stats.rebalanced.empty()) run.remaps.push_back(stats.rebalanced);
+    if (stats.rebalanced) run.remaps.push_back(stats.rebalanced->reason());
     run.last_verdict = stats.rebalance_verdict;
   }
   run.final_ranges = pipeline.chunk_ranges();

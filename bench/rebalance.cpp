@@ -1,0 +1,269 @@
+// Automatic rebalancing, measured: p = 4 stages of a 16-block GPT, in threads and across
+// pipit-worker processes, under three imbalances: stage 2 slowed 2x, stage 2 slowed 4x (the
+// stage's layers stretched, as on a slower machine), and a large-vocabulary model whose
+// embedding and head outweigh its blocks. For each: the step time with the uniform partition
+// (no rebalancing), after automatic rebalancing (the last 10 of 40 steps), and the step time
+// the fitted cost model predicts for the partition it chose (the optimum under that model);
+// the steps until the last remap, the remap pause and the bytes it moved. Printed as a table
+// and appended to bench/RESULTS.md.
+// usage: rebalance [--steps 40] [--no-append]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "nn/builders.h"
+#include "pipeline/distributed_pipeline.h"
+#include "pipeline/pipeline.h"
+#include "pipit.h"
+#include "serialize/atomic_file.h"
+
+extern char** environ;
+
+using namespace pipit;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kStages = 4, kMicrobatches = 8;
+
+struct Scenario {
+  std::string name;
+  GptConfig model;
+  std::vector<double> slowdown;  // per stage
+};
+
+// A pipit-worker process from beside this program, stopped when the object goes.
+class Worker {
+ public:
+  Worker(const fs::path& dir, int index, double slowdown) {
+    const std::string binary = (fs::read_symlink("/proc/self/exe").parent_path() / "pipit-worker");
+    const std::string port_file = (dir / ("port" + std::to_string(index))).string();
+    std::vector<std::string> args = {binary,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--runs",
+                                     "1",
+                                     "--port-file",
+                                     port_file,
+                                     "--threads",
+                                     "1",
+                                     "--slowdown",
+                                     std::to_string(slowdown)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    const std::string log = (dir / ("worker" + std::to_string(index) + ".log")).string();
+    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    PIPIT_CHECK(posix_spawn(&pid_, binary.c_str(), &actions, nullptr, argv.data(), environ) == 0,
+                "cannot start ", binary);
+    posix_spawn_file_actions_destroy(&actions);
+    for (int i = 0; i < 500 && !fs::exists(port_file); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    endpoint_ = "127.0.0.1:" + read_file(port_file);
+  }
+  ~Worker() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  pid_t pid_ = 0;
+  std::string endpoint_;
+};
+
+struct Batch {
+  Tensor input, target;
+};
+
+Batch batch_for(const GptConfig& model) {
+  Generator generator(7);
+  const int64_t rows = 2 * kMicrobatches;
+  std::vector<int64_t> x, y;
+  for (int64_t i = 0; i < rows * model.context; ++i) {
+    x.push_back(static_cast<int64_t>(generator.bits(generator.reserve(1)) % model.vocab_size));
+    y.push_back(static_cast<int64_t>(generator.bits(generator.reserve(1)) % model.vocab_size));
+  }
+  return {from_vector(x, {rows, model.context}), from_vector(y, {rows, model.context})};
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0 : values[values.size() / 2];
+}
+
+struct Result {
+  double uniform_ms = 0, after_ms = 0, predicted_ms = 0;
+  int remaps = 0;
+  int64_t last_remap_step = 0;
+  double pause_ms = 0, moved_mb = 0;
+  std::string final_ranges;
+};
+
+// Runs `steps` steps on a pipeline built by `make(rebalance)`: the uniform run first, then
+// the rebalancing one.
+template <typename Make>
+Result measure(const Scenario& scenario, int steps, Make make) {
+  const Batch b = batch_for(scenario.model);
+  Result result;
+  auto step_ms = [&](auto& pipeline) {
+    const auto start = Clock::now();
+    pipeline.train_step(b.input, b.target);
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  };
+  {
+    auto pipeline = make(false);
+    std::vector<double> times;
+    for (int step = 0; step < 12; ++step) {
+      const double ms = step_ms(*pipeline);
+      if (step >= 2) times.push_back(ms);
+    }
+    result.uniform_ms = median(times);
+  }
+  auto pipeline = make(true);
+  std::vector<double> times;
+  for (int step = 0; step < steps; ++step) {
+    const double ms = step_ms(*pipeline);
+    const StepStats& stats = pipeline->coordinator().last_step();
+    if (stats.rebalanced) {
+      ++result.remaps;
+      result.last_remap_step = step + 1;
+      result.pause_ms = std::max(result.pause_ms, stats.remap_ms);
+      result.moved_mb += stats.rebalanced->migration.bytes / 1e6;
+      result.predicted_ms = stats.rebalanced->new_slowest_ms * (kMicrobatches + kStages - 1);
+    }
+    if (step >= steps - 10) times.push_back(ms);
+  }
+  result.after_ms = median(times);
+  result.final_ranges = ranges_str(pipeline->chunk_ranges());
+  return result;
+}
+
+PipelineConfig config_for(bool rebalance) {
+  PipelineConfig c;
+  c.stages = kStages;
+  c.microbatches = kMicrobatches;
+  c.schedule = "1f1b";
+  c.partition = "uniform";
+  c.optimizer = {{"type", "AdamW"}, {"lr", 1e-3}};
+  c.rebalance.enabled = rebalance;
+  c.rebalance.window = 4;
+  c.rebalance.cooldown = 3;
+  return c;
+}
+
+std::string machine() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 40;
+  bool append = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--no-append") == 0) {
+      append = false;
+    } else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
+      steps = std::max(20, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: rebalance [--steps N] [--no-append]\n");
+      return 2;
+    }
+  }
+  set_num_threads(1);
+  const GptConfig blocks{65, 32, 16, 4, 64, 0.0};
+  const GptConfig heavy_ends{8192, 32, 16, 4, 64, 0.0};
+  const std::vector<Scenario> scenarios = {
+      {"stage 2 slowed 2x", blocks, {1, 1, 2, 1}},
+      {"stage 2 slowed 4x", blocks, {1, 1, 4, 1}},
+      {"vocabulary 8192: heavy embedding and head", heavy_ends, {1, 1, 1, 1}},
+  };
+  const fs::path dir = fs::temp_directory_path() / ("pipit_rebalance_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+
+  std::ostringstream table;
+  table << "| imbalance | stages in | uniform ms/step | after rebalancing | predicted optimum | "
+           "after / optimum | steps to rebalance | remaps | remap pause ms | pause / step | MB "
+           "moved | final partition |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  std::printf("%s", table.str().c_str());
+  for (const Scenario& scenario : scenarios) {
+    for (const bool workers : {false, true}) {
+      Result r;
+      if (!workers) {
+        r = measure(scenario, steps, [&](bool rebalance) {
+          Generator generator(5);
+          PipelineConfig c = config_for(rebalance);
+          c.slowdown = scenario.slowdown;
+          return std::make_unique<Pipeline>(gpt(scenario.model, &generator), c);
+        });
+      } else {
+        r = measure(scenario, steps, [&](bool rebalance) {
+          // Fresh workers per run: each serves one run.
+          static std::vector<std::unique_ptr<Worker>> pool;
+          pool.clear();
+          std::vector<std::string> endpoints;
+          for (int s = 0; s < kStages; ++s) {
+            pool.push_back(std::make_unique<Worker>(dir, s, scenario.slowdown[s]));
+            endpoints.push_back(pool.back()->endpoint());
+          }
+          Generator generator(5);
+          return std::make_unique<DistributedPipeline>(*gpt(scenario.model, &generator),
+                                                       config_for(rebalance), endpoints);
+        });
+      }
+      char row[1024];
+      std::snprintf(
+          row, sizeof row,
+          "| %s | %s | %.1f | %.1f | %.1f | %.2f | %lld | %d | %.1f | %.2f | %.2f | %s |\n",
+          scenario.name.c_str(), workers ? "4 worker processes" : "4 threads", r.uniform_ms,
+          r.after_ms, r.predicted_ms, r.predicted_ms > 0 ? r.after_ms / r.predicted_ms : 0.0,
+          static_cast<long long>(r.last_remap_step), r.remaps, r.pause_ms,
+          r.after_ms > 0 ? r.pause_ms / r.after_ms : 0.0, r.moved_mb, r.final_ranges.c_str());
+      std::printf("%s", row);
+      std::fflush(stdout);
+      table << row;
+    }
+  }
+  std::error_code ignored;
+  fs::remove_all(dir, ignored);
+  if (append) {
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+    std::ofstream results(std::string(PIPIT_SOURCE_DIR) + "/bench/RESULTS.md", std::ios::app);
+    results << "\n## rebalance, " << date << ", " << machine() << ", "
+            << std::thread::hardware_concurrency() << " cores\n\n"
+            << "`build/rebalance --steps " << steps << "`: GPT of 16 blocks (width 64, context "
+            << "32), p = 4, m = 8, 1F1B, batch 16, one thread per kernel, uniform partition at "
+            << "the start, rebalancing window 4, cooldown 3. Step times are medians (uniform: "
+            << "steps 3-12 of a run without rebalancing; after: the last 10 of " << steps
+            << "). Predicted optimum: the fitted cost model's slowest stage x (m + p - 1) for "
+               "the partition it chose.\n\n"
+            << table.str();
+  }
+  return 0;
+}
