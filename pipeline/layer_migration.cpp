@@ -139,7 +139,7 @@ std::vector<std::pair<int, Message>> LayerMigration::take_ready_transfers(int64_
   for (bool progress = true; progress;) {
     progress = false;
     for (size_t i = 0; i < pending_.size(); ++i) {
-      const auto [c, d] = pending_[i];
+      const int c = pending_[i].first, d = pending_[i].second;
       const std::vector<size_t> layers = crossing(c, d);
       const bool ready = std::all_of(layers.begin(), layers.end(),
                                      [&](size_t l) { return held_[c].count(l) > 0; });
