@@ -17,6 +17,7 @@
 #include <sys/prctl.h>
 
 #include "autograd/function.h"
+#include "bench/sleep_layer.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schedule.h"
@@ -24,54 +25,17 @@
 #include "tensor/cpu/cpu_allocator.h"
 
 using namespace pipit;
+using bench::median;
+using bench::SleepLayer;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-class SleepBackward final : public Node {
- public:
-  std::chrono::microseconds cost{0};
-  std::vector<Tensor> apply(const Tensor& grad_output) override {
-    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-    std::this_thread::sleep_for(cost);
-    return {grad_output};
-  }
-  std::string name() const override { return "SleepBackward"; }
-};
-
-// y = x * w, costing `forward_us` forward and twice that backward, whatever the machine.
-class SleepLayer final : public Module {
- public:
-  explicit SleepLayer(int64_t forward_us) : forward_us_(forward_us) {
-    register_parameter("w", ones({1}));
-  }
-  Tensor forward(const Tensor& x) override {
-    // Linux lets sleeps overshoot by 50 us by default; the layer's cost must be what it says.
-    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-    std::this_thread::sleep_for(std::chrono::microseconds(forward_us_));
-    Tensor y = x * parameters()[0];
-    Tensor out = y.detach();
-    if (auto node = detail::make_node<SleepBackward>(out, {y})) {
-      node->cost = std::chrono::microseconds(2 * forward_us_);
-    }
-    return out;
-  }
-  json config() const override { return {{"type", "SleepLayer"}, {"forward_us", forward_us_}}; }
-
- private:
-  int64_t forward_us_;
-};
-
 std::shared_ptr<Sequential> sleep_model(int layers, int64_t forward_us) {
   auto model = std::make_shared<Sequential>();
   for (int i = 0; i < layers; ++i) model->push_back(std::make_shared<SleepLayer>(forward_us));
   return model;
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 // Median wall time of `steps` train steps after one warm-up step, in microseconds.

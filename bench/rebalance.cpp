@@ -1,11 +1,15 @@
-// Automatic rebalancing, measured: p = 4 stages of a 16-block GPT, in threads and across
-// pipit-worker processes, under three imbalances: stage 2 slowed 2x, stage 2 slowed 4x (the
-// stage's layers stretched, as on a slower machine), and a large-vocabulary model whose
-// embedding and head outweigh its blocks. For each: the step time with the uniform partition
-// (no rebalancing), after automatic rebalancing (the last 10 of 40 steps), and the step time
-// the fitted cost model predicts for the partition it chose (the optimum under that model);
-// the steps until the last remap, the remap pause and the bytes it moved. Printed as a table
-// and appended to bench/RESULTS.md.
+// Automatic rebalancing, measured: p = 4 stages, uniform partition at the start, under three
+// imbalances: stage 2 slowed 2x, stage 2 slowed 4x (its layers stretched, as on a slower
+// machine), and a model whose embedding and head outweigh its blocks. Two kinds of model:
+//  - sleep-cost layers shaped like a 16-block GPT (bench/sleep_layer.h), in threads: layers
+//    that wait instead of computing, so 4 stages do not compete for this machine's cores and
+//    the step time is the pipeline's own;
+//  - a real 16-block GPT, in threads and across pipit-worker processes: on a machine with
+//    fewer cores than stages the stages also wait for cores, which no partition removes.
+// For each: the step time with the uniform partition (no rebalancing), after automatic
+// rebalancing (the last 10 steps), and the step time the fitted cost model predicts for the
+// partition it chose (its optimum); the steps until the last remap, the remap pause and the
+// bytes moved. Printed as a table and appended to bench/RESULTS.md.
 // usage: rebalance [--steps 40] [--no-append]
 #include <algorithm>
 #include <chrono>
@@ -14,6 +18,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -25,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/sleep_layer.h"
 #include "nn/builders.h"
 #include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
@@ -41,10 +47,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kStages = 4, kMicrobatches = 8;
 
+struct Batch {
+  Tensor input, target;
+};
+
 struct Scenario {
-  std::string name;
-  GptConfig model;
+  std::string name, model_name;
+  std::function<std::shared_ptr<Sequential>()> model;
+  Batch batch;
+  nlohmann::json loss;
   std::vector<double> slowdown;  // per stage
+  bool over_workers = false;     // also run it across pipit-worker processes
 };
 
 // A pipit-worker process from beside this program, stopped when the object goes.
@@ -64,6 +77,7 @@ class Worker {
                                      "1",
                                      "--slowdown",
                                      std::to_string(slowdown)};
+    fs::remove(port_file);  // an earlier worker's
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -77,7 +91,9 @@ class Worker {
     for (int i = 0; i < 500 && !fs::exists(port_file); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    endpoint_ = "127.0.0.1:" + read_file(port_file);
+    std::string port = read_file(port_file);
+    while (!port.empty() && (port.back() == '\n' || port.back() == ' ')) port.pop_back();
+    endpoint_ = "127.0.0.1:" + port;
   }
   ~Worker() {
     kill(pid_, SIGKILL);
@@ -90,11 +106,7 @@ class Worker {
   std::string endpoint_;
 };
 
-struct Batch {
-  Tensor input, target;
-};
-
-Batch batch_for(const GptConfig& model) {
+Batch gpt_batch(const GptConfig& model) {
   Generator generator(7);
   const int64_t rows = 2 * kMicrobatches;
   std::vector<int64_t> x, y;
@@ -105,9 +117,14 @@ Batch batch_for(const GptConfig& model) {
   return {from_vector(x, {rows, model.context}), from_vector(y, {rows, model.context})};
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0 : values[values.size() / 2];
+// Sleep-cost layers shaped like a GPT: an embedding, 16 blocks and a head, forward costs in
+// microseconds (backward twice that).
+std::shared_ptr<Sequential> sleep_gpt(int64_t embedding_us, int64_t block_us, int64_t head_us) {
+  auto model = std::make_shared<Sequential>();
+  model->push_back(std::make_shared<bench::SleepLayer>(embedding_us));
+  for (int i = 0; i < 16; ++i) model->push_back(std::make_shared<bench::SleepLayer>(block_us));
+  model->push_back(std::make_shared<bench::SleepLayer>(head_us));
+  return model;
 }
 
 struct Result {
@@ -122,7 +139,7 @@ struct Result {
 // the rebalancing one.
 template <typename Make>
 Result measure(const Scenario& scenario, int steps, Make make) {
-  const Batch b = batch_for(scenario.model);
+  const Batch& b = scenario.batch;
   Result result;
   auto step_ms = [&](auto& pipeline) {
     const auto start = Clock::now();
@@ -136,7 +153,7 @@ Result measure(const Scenario& scenario, int steps, Make make) {
       const double ms = step_ms(*pipeline);
       if (step >= 2) times.push_back(ms);
     }
-    result.uniform_ms = median(times);
+    result.uniform_ms = bench::median(times);
   }
   auto pipeline = make(true);
   std::vector<double> times;
@@ -152,13 +169,14 @@ Result measure(const Scenario& scenario, int steps, Make make) {
     }
     if (step >= steps - 10) times.push_back(ms);
   }
-  result.after_ms = median(times);
+  result.after_ms = bench::median(times);
   result.final_ranges = ranges_str(pipeline->chunk_ranges());
   return result;
 }
 
-PipelineConfig config_for(bool rebalance) {
+PipelineConfig config_for(const Scenario& scenario, bool rebalance) {
   PipelineConfig c;
+  c.loss = scenario.loss;
   c.stages = kStages;
   c.microbatches = kMicrobatches;
   c.schedule = "1f1b";
@@ -195,30 +213,73 @@ int main(int argc, char** argv) {
     }
   }
   set_num_threads(1);
+  bench::register_sleep_layer();
   const GptConfig blocks{65, 32, 16, 4, 64, 0.0};
   const GptConfig heavy_ends{8192, 32, 16, 4, 64, 0.0};
+  const Batch sleep_batch{zeros({2 * kMicrobatches, 4}), zeros({2 * kMicrobatches, 4})};
+  const nlohmann::json mse = {{"type", "MSELoss"}}, cross_entropy = {{"type", "CrossEntropyLoss"}};
+  auto gpt_of = [](GptConfig config) {
+    return [config] {
+      Generator generator(5);
+      return gpt(config, &generator);
+    };
+  };
+  auto sleepers = [](int64_t embedding_us, int64_t block_us, int64_t head_us) {
+    return [=] { return sleep_gpt(embedding_us, block_us, head_us); };
+  };
+  const std::string blocks_shape =
+      "sleep-cost GPT shape: embedding 100 us, 16 blocks 300 us, head 600 us";
+  const std::string heavy_shape =
+      "sleep-cost GPT shape: embedding 2000 us, 16 blocks 300 us, head 4000 us";
   const std::vector<Scenario> scenarios = {
-      {"stage 2 slowed 2x", blocks, {1, 1, 2, 1}},
-      {"stage 2 slowed 4x", blocks, {1, 1, 4, 1}},
-      {"vocabulary 8192: heavy embedding and head", heavy_ends, {1, 1, 1, 1}},
+      {"stage 2 slowed 2x", blocks_shape, sleepers(100, 300, 600), sleep_batch, mse, {1, 1, 2, 1}},
+      {"stage 2 slowed 4x", blocks_shape, sleepers(100, 300, 600), sleep_batch, mse, {1, 1, 4, 1}},
+      {"heavy embedding and head",
+       heavy_shape,
+       sleepers(2000, 300, 4000),
+       sleep_batch,
+       mse,
+       {1, 1, 1, 1}},
+      {"stage 2 slowed 2x",
+       "GPT, 16 blocks, width 64",
+       gpt_of(blocks),
+       gpt_batch(blocks),
+       cross_entropy,
+       {1, 1, 2, 1},
+       true},
+      {"stage 2 slowed 4x",
+       "GPT, 16 blocks, width 64",
+       gpt_of(blocks),
+       gpt_batch(blocks),
+       cross_entropy,
+       {1, 1, 4, 1},
+       true},
+      {"heavy embedding and head",
+       "GPT, 16 blocks, width 64, vocabulary 8192",
+       gpt_of(heavy_ends),
+       gpt_batch(heavy_ends),
+       cross_entropy,
+       {1, 1, 1, 1},
+       true},
   };
   const fs::path dir = fs::temp_directory_path() / ("pipit_rebalance_" + std::to_string(getpid()));
   fs::create_directories(dir);
 
   std::ostringstream table;
-  table << "| imbalance | stages in | uniform ms/step | after rebalancing | predicted optimum | "
+  table << "| imbalance | model | stages in | uniform ms/step | after rebalancing | predicted "
+           "optimum | "
            "after / optimum | steps to rebalance | remaps | remap pause ms | pause / step | MB "
-           "moved | final partition |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+           "moved | final partition |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::printf("%s", table.str().c_str());
   for (const Scenario& scenario : scenarios) {
     for (const bool workers : {false, true}) {
+      if (workers && !scenario.over_workers) continue;
       Result r;
       if (!workers) {
         r = measure(scenario, steps, [&](bool rebalance) {
-          Generator generator(5);
-          PipelineConfig c = config_for(rebalance);
+          PipelineConfig c = config_for(scenario, rebalance);
           c.slowdown = scenario.slowdown;
-          return std::make_unique<Pipeline>(gpt(scenario.model, &generator), c);
+          return std::make_unique<Pipeline>(scenario.model(), c);
         });
       } else {
         r = measure(scenario, steps, [&](bool rebalance) {
@@ -230,17 +291,17 @@ int main(int argc, char** argv) {
             pool.push_back(std::make_unique<Worker>(dir, s, scenario.slowdown[s]));
             endpoints.push_back(pool.back()->endpoint());
           }
-          Generator generator(5);
-          return std::make_unique<DistributedPipeline>(*gpt(scenario.model, &generator),
-                                                       config_for(rebalance), endpoints);
+          return std::make_unique<DistributedPipeline>(*scenario.model(),
+                                                       config_for(scenario, rebalance), endpoints);
         });
       }
       char row[1024];
       std::snprintf(
           row, sizeof row,
-          "| %s | %s | %.1f | %.1f | %.1f | %.2f | %lld | %d | %.1f | %.2f | %.2f | %s |\n",
-          scenario.name.c_str(), workers ? "4 worker processes" : "4 threads", r.uniform_ms,
-          r.after_ms, r.predicted_ms, r.predicted_ms > 0 ? r.after_ms / r.predicted_ms : 0.0,
+          "| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %lld | %d | %.1f | %.2f | %.2f | %s |\n",
+          scenario.name.c_str(), scenario.model_name.c_str(),
+          workers ? "4 worker processes" : "4 threads", r.uniform_ms, r.after_ms, r.predicted_ms,
+          r.predicted_ms > 0 ? r.after_ms / r.predicted_ms : 0.0,
           static_cast<long long>(r.last_remap_step), r.remaps, r.pause_ms,
           r.after_ms > 0 ? r.pause_ms / r.after_ms : 0.0, r.moved_mb, r.final_ranges.c_str());
       std::printf("%s", row);
@@ -257,12 +318,13 @@ int main(int argc, char** argv) {
     std::ofstream results(std::string(PIPIT_SOURCE_DIR) + "/bench/RESULTS.md", std::ios::app);
     results << "\n## rebalance, " << date << ", " << machine() << ", "
             << std::thread::hardware_concurrency() << " cores\n\n"
-            << "`build/rebalance --steps " << steps << "`: GPT of 16 blocks (width 64, context "
-            << "32), p = 4, m = 8, 1F1B, batch 16, one thread per kernel, uniform partition at "
-            << "the start, rebalancing window 4, cooldown 3. Step times are medians (uniform: "
-            << "steps 3-12 of a run without rebalancing; after: the last 10 of " << steps
+            << "`build/rebalance --steps " << steps << "`: p = 4, m = 8, 1F1B, batch 16, one "
+            << "thread per kernel, uniform partition at the start, rebalancing window 4, "
+            << "cooldown 3. Step times are medians (uniform: steps 3-12 of a run without "
+            << "rebalancing; after: the last 10 of " << steps
             << "). Predicted optimum: the fitted cost model's slowest stage x (m + p - 1) for "
-               "the partition it chose.\n\n"
+               "the partition it chose. Sleep-cost layers wait instead of computing, so their "
+               "4 stages do not share this machine's cores; the real GPT's 4 stages do.\n\n"
             << table.str();
   }
   return 0;
