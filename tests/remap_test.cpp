@@ -1,8 +1,10 @@
 // Layer remapping: training with remaps equals training without them bit for bit, in threads
 // and over worker processes; bad remaps are refused by name and change nothing.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -291,4 +293,45 @@ TEST_CASE(
     pipeline.train_step(b.input, b.target);
   }
   check_same(pipeline.coordinator().fetch_state().first, uninterrupted->state_dict());
+}
+
+namespace {
+
+// Identity that, on its first forward, says so and then waits to be released.
+class GateLayer final : public Module {
+ public:
+  std::promise<void> entered, release;
+  Tensor forward(const Tensor& x) override {
+    if (calls_++ == 0) {
+      entered.set_value();
+      release.get_future().wait();
+    }
+    return x;
+  }
+  json config() const override { return {{"type", "GateLayer"}}; }
+
+ private:
+  int calls_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("a remap requested during a step is refused and changes nothing", "[remap]") {
+  const Batch b = batch();
+  auto net = gpt_of(2);
+  auto gate = std::make_shared<GateLayer>();
+  net->push_back(gate);
+  // The gate's output feeds nothing trainable: a logits-shaped identity after the head.
+  Pipeline pipeline(net, config_for(2, 2, 1, "1f1b"));
+  const auto before = pipeline.chunk_ranges();
+  auto step =
+      std::async(std::launch::async, [&] { return pipeline.train_step(b.input, b.target); });
+  gate->entered.get_future().wait();
+  CHECK_THROWS_WITH(pipeline.move_layers(1, 0, 1),
+                    Catch::Contains("remap was called while another call"));
+  gate->release.set_value();
+  CHECK(std::isfinite(step.get()));
+  CHECK(pipeline.chunk_ranges() == before);
+  pipeline.move_layers(1, 0, 1);
+  CHECK(pipeline.chunk_ranges() != before);
 }
