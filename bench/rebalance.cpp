@@ -199,7 +199,7 @@ std::string machine() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   int steps = 40;
   bool append = true;
   for (int i = 1; i < argc; ++i) {
@@ -328,4 +328,14 @@ int main(int argc, char** argv) {
             << table.str();
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  // Caught here so that unwinding stops every worker process the benchmark started.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rebalance: %s\n", e.what());
+    return 1;
+  }
 }

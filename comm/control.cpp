@@ -27,6 +27,18 @@ Message with_meta(MessageKind kind, int64_t step, json meta) {
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
+// A field holding a list of names (weights, optimizer entries).
+std::vector<std::string> read_names(Fields& f, const char* list) {
+  std::vector<std::string> names;
+  for (const json& name : f.array(list, kMaxControlList)) {
+    if (!name.is_string() || name.get_ref<const std::string&>().size() > kMaxControlString) {
+      f.fail("field \"", list, "\" has the entry ", name.dump(), ", not a name");
+    }
+    names.push_back(name.get<std::string>());
+  }
+  return names;
+}
+
 }  // namespace
 
 Message to_message(const StepBegin& b, int64_t step) {
@@ -180,15 +192,8 @@ StateReply read_state_reply(const Message& message) {
   expect_kind(message, MessageKind::State);
   Fields f = fields_of(message);
   StateReply s;
-  for (const char* list : {"weights", "optimizer"}) {
-    std::vector<std::string>& names = list[0] == 'w' ? s.weights : s.optimizer;
-    for (const json& name : f.array(list, kMaxControlList)) {
-      if (!name.is_string() || name.get_ref<const std::string&>().size() > kMaxControlString) {
-        f.fail("field \"", list, "\" has the entry ", name.dump(), ", not a name");
-      }
-      names.push_back(name.get<std::string>());
-    }
-  }
+  s.weights = read_names(f, "weights");
+  s.optimizer = read_names(f, "optimizer");
   f.done();
   if (s.weights.size() + s.optimizer.size() != message.tensors.size()) {
     f.fail("names ", s.weights.size() + s.optimizer.size(), " tensors but carries ",
@@ -241,16 +246,9 @@ LayerTransfer read_layer_transfer(const Message& message) {
     LayerTransfer::Layer& out = t.layers.emplace_back();
     out.index = layer.integer("index", 0, std::numeric_limits<int64_t>::max());
     out.config = layer.object("config");
-    for (const char* list : {"weights", "optimizer"}) {
-      std::vector<std::string>& names = list[0] == 'w' ? out.weights : out.optimizer;
-      for (const json& name : layer.array(list, kMaxControlList)) {
-        if (!name.is_string() || name.get_ref<const std::string&>().size() > kMaxControlString) {
-          layer.fail("field \"", list, "\" has the entry ", name.dump(), ", not a name");
-        }
-        names.push_back(name.get<std::string>());
-      }
-      tensors += names.size();
-    }
+    out.weights = read_names(layer, "weights");
+    out.optimizer = read_names(layer, "optimizer");
+    tensors += out.weights.size() + out.optimizer.size();
     layer.done();
   }
   f.done();

@@ -12,13 +12,8 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target pipit-worker train_gpt >/dev/null
 
 run_dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$run_dir"
-}
-trap cleanup EXIT
+source samples/local_workers.sh
+trap cleanup_workers EXIT
 
 model=(--layers 21 --width 64 --heads 4 --context 32 --batch 8 --steps 40 --partition uniform
        --print-every 10 --sample 0 --threads 1)
@@ -29,16 +24,7 @@ echo "=== without a remap ==="
 echo "=== stage 1 hands 3 layers to stage 0 after step 20, in threads ==="
 ./build/train_gpt "${model[@]}" --remap 20:1:0:3 "$@" | tee "$run_dir/threads.out"
 
-for i in 0 1; do
-  ./build/pipit-worker --listen 127.0.0.1:0 --port-file "$run_dir/port$i" --runs 1 \
-    2>"$run_dir/worker$i.log" &
-  pids+=($!)
-done
-for i in 0 1; do
-  for _ in $(seq 100); do [[ -s "$run_dir/port$i" ]] && break; sleep 0.1; done
-  [[ -s "$run_dir/port$i" ]] || { echo "worker $i did not start:"; cat "$run_dir/worker$i.log"; exit 1; }
-done
-workers="127.0.0.1:$(cat "$run_dir/port0"),127.0.0.1:$(cat "$run_dir/port1")"
+start_workers 2 --runs 1
 echo "=== the same across two worker processes ($workers) ==="
 ./build/train_gpt "${model[@]}" --remap 20:1:0:3 --workers "$workers" "$@" |
   tee "$run_dir/workers.out"

@@ -10,26 +10,10 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target pipit-worker train_gpt
 
 run_dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$run_dir"
-}
-trap cleanup EXIT
+source samples/local_workers.sh
+trap cleanup_workers EXIT
 
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$run_dir/token"
-endpoints=()
-for i in 0 1 2 3; do
-  ./build/pipit-worker --listen 127.0.0.1:0 --port-file "$run_dir/port$i" \
-    --token-file "$run_dir/token" --threads 1 2>"$run_dir/worker$i.log" &
-  pids+=($!)
-done
-for i in 0 1 2 3; do
-  for _ in $(seq 100); do [[ -s "$run_dir/port$i" ]] && break; sleep 0.1; done
-  [[ -s "$run_dir/port$i" ]] || { echo "worker $i did not start:"; cat "$run_dir/worker$i.log"; exit 1; }
-  endpoints+=("127.0.0.1:$(cat "$run_dir/port$i")")
-done
-workers=$(IFS=,; echo "${endpoints[*]}")
+start_workers 4 --token-file "$run_dir/token" --threads 1
 echo "run_distributed: 4 workers at $workers"
 ./build/train_gpt --workers "$workers" --token-file "$run_dir/token" --threads 1 "$@"
