@@ -163,6 +163,7 @@ OptimizerStep Coordinator::optimizer_step() {
 
 double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   Busy busy(busy_, "train_step");
+  const double started = trace_clock_us();
   const int m = config_.microbatches, p = config_.stages;
   std::vector<Tensor> inputs = split_batch(input, "input");
   std::vector<Tensor> targets = split_batch(target, "target");
@@ -227,7 +228,7 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
     require_consistent();
   }
   ++trained_;
-  if (policy_ && !stats_.layers.empty()) rebalance();
+  if (policy_ && !stats_.layers.empty()) rebalance((trace_clock_us() - started) / 1000.0);
   double total = 0;
   for (double loss : losses) total += loss;
   return total / m;
@@ -241,8 +242,26 @@ void Coordinator::enable_rebalancing(std::vector<std::string> layer_kinds) {
   policy_.emplace(rebalance, config_.stages, config_.chunks_per_stage, std::move(layer_kinds));
 }
 
-void Coordinator::rebalance() {
+void Coordinator::rebalance(double step_ms) {
   const int m = config_.microbatches;
+  const RebalanceConfig& rc = config_.rebalance;
+  recent_step_ms_.push_back(step_ms);
+  if (static_cast<int>(recent_step_ms_.size()) > rc.window) {
+    recent_step_ms_.erase(recent_step_ms_.begin());
+  }
+  if (trial_) {
+    const std::optional<bool> worse = trial_->record(trained_, step_ms);
+    if (worse && *worse) {
+      const std::vector<LayerRange> back = trial_->before();
+      const std::string why = "undone: " + trial_->summary();
+      trial_.reset();
+      policy_.reset();
+      remap_now(back, why);
+      stats_.rebalance_verdict = "rebalancing stopped for this run; remap " + why;
+      return;
+    }
+    if (worse) trial_.reset();
+  }
   LayerCosts costs;
   for (const LayerTiming& t : stats_.layers) {
     costs.ms.push_back((t.forward_us + t.backward_us) / 1000.0 / m);
@@ -253,6 +272,9 @@ void Coordinator::rebalance() {
   stats_.rebalance_verdict = policy_->verdict();
   if (!decision) return;
   const double start = trace_clock_us();
+  trial_.emplace(ranges_, median_of(recent_step_ms_), trained_, rc.cooldown, rc.window,
+                 rc.threshold);
+  recent_step_ms_.clear();
   remap_now(decision->to, decision->reason());
   stats_.remap_ms = (trace_clock_us() - start) / 1000.0;
   stats_.rebalanced = decision;
@@ -321,6 +343,9 @@ void Coordinator::await_all(MessageKind kind, const std::string& waiting_for) {
 
 void Coordinator::remap(const std::vector<LayerRange>& ranges) {
   Busy busy(busy_, "remap");
+  // The user chose this partition: an automatic remap on trial is no longer judged.
+  trial_.reset();
+  recent_step_ms_.clear();
   remap_now(ranges, "requested");
 }
 

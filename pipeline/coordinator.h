@@ -16,6 +16,7 @@
 #include "optim/grad_scaler.h"
 #include "pipeline/partition.h"
 #include "pipeline/pipeline_config.h"
+#include "pipeline/remap_trial.h"
 #include "pipeline/trace.h"
 #include "tensor/state_dict.h"
 
@@ -97,8 +98,9 @@ class Coordinator {
   void send_to_all(const Message& message);
   void require_consistent() const;
   void remap_now(const std::vector<LayerRange>& ranges, const std::string& why);
-  // Feeds a profiled step's layer times to the rebalancing policy, and remaps if it says so.
-  void rebalance();
+  // Feeds a profiled step's layer times to the rebalancing policy, and remaps if it says so;
+  // undoes an automatic remap whose steps turned out slower (RemapTrial).
+  void rebalance(double step_ms);
   // Waits for one reply of `kind` from every stage.
   void await_all(MessageKind kind, const std::string& waiting_for);
   // Entered by every public call that talks to the stages: a second caller (another thread
@@ -118,7 +120,9 @@ class Coordinator {
   std::string inconsistent_;  // why the stages may disagree; empty while they agree
   std::vector<LayerRange> ranges_;
   std::optional<RebalancePolicy> policy_;
-  int64_t trained_ = 0;  // training steps so far: the policy's clock
+  std::vector<double> recent_step_ms_;  // the last window's step times, oldest first
+  std::optional<RemapTrial> trial_;     // the last automatic remap, until judged
+  int64_t trained_ = 0;                 // training steps so far: the policy's clock
   std::function<void()> on_remap_;
   std::atomic<bool> busy_{false};
 };

@@ -368,6 +368,10 @@ int main(int argc, char** argv) {
       coordinator.set_lr(schedule.lr(step));
       if (pipeline_config.trace && step + 3 == steps) coordinator.clear_trace();
       const double loss = coordinator.train_step(x, y);
+      if (coordinator.last_step().rebalance_verdict.rfind("rebalancing stopped", 0) == 0) {
+        std::printf("after step %lld: %s\n", static_cast<long long>(step + 1),
+                    coordinator.last_step().rebalance_verdict.c_str());
+      }
       if (const auto& decision = coordinator.last_step().rebalanced) {
         std::printf("rebalanced after step %lld in %.1f ms: %s\n", static_cast<long long>(step + 1),
                     coordinator.last_step().remap_ms, decision->reason().c_str());
