@@ -8,9 +8,9 @@
 //    fewer cores than stages the stages also wait for cores, which no partition removes.
 // For each: the step time with the uniform partition (no rebalancing), after automatic
 // rebalancing (the last 10 steps), and the step time the fitted cost model predicts for the
-// partition it chose (its optimum); the steps until the last remap, the remap pause and the
-// bytes moved. Printed as a table and appended to bench/RESULTS.md.
-// usage: rebalance [--steps 40] [--no-append]
+// partition it chose (its optimum); the steps until the last remap, whether a remap was
+// undone because steps got slower (RemapTrial), the remap pause and the bytes moved. Printed as a
+// table and appended to bench/RESULTS.md. usage: rebalance [--steps 40] [--no-append]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -130,6 +130,7 @@ std::shared_ptr<Sequential> sleep_gpt(int64_t embedding_us, int64_t block_us, in
 struct Result {
   double uniform_ms = 0, after_ms = 0, predicted_ms = 0;
   int remaps = 0;
+  bool undone = false;  // a remap made steps slower and was undone (RemapTrial)
   int64_t last_remap_step = 0;
   double pause_ms = 0, moved_mb = 0;
   std::string final_ranges;
@@ -160,6 +161,7 @@ Result measure(const Scenario& scenario, int steps, Make make) {
   for (int step = 0; step < steps; ++step) {
     const double ms = step_ms(*pipeline);
     const StepStats& stats = pipeline->coordinator().last_step();
+    if (stats.rebalance_verdict.rfind("rebalancing stopped", 0) == 0) result.undone = true;
     if (stats.rebalanced) {
       ++result.remaps;
       result.last_remap_step = step + 1;
@@ -268,8 +270,9 @@ int run(int argc, char** argv) {
   std::ostringstream table;
   table << "| imbalance | model | stages in | uniform ms/step | after rebalancing | predicted "
            "optimum | "
-           "after / optimum | steps to rebalance | remaps | remap pause ms | pause / step | MB "
-           "moved | final partition |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+           "after / optimum | steps to rebalance | remaps | undone | remap pause ms | pause / step "
+           "| MB "
+           "moved | final partition |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::printf("%s", table.str().c_str());
   for (const Scenario& scenario : scenarios) {
     for (const bool workers : {false, true}) {
@@ -296,14 +299,15 @@ int run(int argc, char** argv) {
         });
       }
       char row[1024];
-      std::snprintf(
-          row, sizeof row,
-          "| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %lld | %d | %.1f | %.2f | %.2f | %s |\n",
-          scenario.name.c_str(), scenario.model_name.c_str(),
-          workers ? "4 worker processes" : "4 threads", r.uniform_ms, r.after_ms, r.predicted_ms,
-          r.predicted_ms > 0 ? r.after_ms / r.predicted_ms : 0.0,
-          static_cast<long long>(r.last_remap_step), r.remaps, r.pause_ms,
-          r.after_ms > 0 ? r.pause_ms / r.after_ms : 0.0, r.moved_mb, r.final_ranges.c_str());
+      std::snprintf(row, sizeof row,
+                    "| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %lld | %d | %s | %.1f | %.2f | "
+                    "%.2f | %s |\n",
+                    scenario.name.c_str(), scenario.model_name.c_str(),
+                    workers ? "4 worker processes" : "4 threads", r.uniform_ms, r.after_ms,
+                    r.predicted_ms, r.predicted_ms > 0 ? r.after_ms / r.predicted_ms : 0.0,
+                    static_cast<long long>(r.last_remap_step), r.remaps, r.undone ? "yes" : "no",
+                    r.pause_ms, r.after_ms > 0 ? r.pause_ms / r.after_ms : 0.0, r.moved_mb,
+                    r.final_ranges.c_str());
       std::printf("%s", row);
       std::fflush(stdout);
       table << row;
