@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "bench/sleep_layer.h"
 #include "pipeline/worker.h"
 #include "tensor/parallel.h"
 #include "tools/chaos/roles.h"
@@ -34,6 +35,8 @@ int main(int argc, char** argv) {
     // against each other.
     options.threads = 1;
     pipit::set_num_threads(1);
+    // Stage packages of tests/rebalance_pipeline_test.cpp hold these.
+    pipit::bench::register_sleep_layer();
     pipit::run_worker(options);
     return 0;
   }
