@@ -11,6 +11,13 @@ std::string layer_prefix(size_t layer) {
   return std::to_string(layer) + ".";
 }
 
+// "{3, 4, 5}": for errors.
+std::string layer_list(const std::vector<size_t>& layers) {
+  std::string text;
+  for (size_t l : layers) text += (text.empty() ? "{" : ", ") + std::to_string(l);
+  return text.empty() ? "{}" : text + "}";
+}
+
 bool starts_with(const std::string& text, const std::string& prefix) {
   return text.compare(0, prefix.size(), prefix) == 0;
 }
@@ -125,9 +132,8 @@ void LayerMigration::accept(int chunk, const LayerTransfer& transfer,
                   " arrived with the optimizer entry '", name, "' of another layer");
     }
   }
-  PIPIT_CHECK(got == expected, "remap: chunk ", chunk, " expected ", expected.size(),
-              " layers from chunk ", transfer.from_chunk, " and got ", got.size(),
-              got == expected ? "" : " (not the layers the remap moves)");
+  PIPIT_CHECK(got == expected, "remap: chunk ", chunk, " expected layers ", layer_list(expected),
+              " from chunk ", transfer.from_chunk, " and got ", layer_list(got));
 }
 
 void LayerMigration::receive(const Message& message) {
