@@ -1,10 +1,11 @@
 // Automatic rebalancing in a running pipeline: a stage slowed on purpose loses layers until
-// the fitted cost model finds nothing better, then the partition stays; training is the same
-// bit for bit as without rebalancing. In threads and over worker processes. The layers cost
+// the fitted cost model finds nothing clearly better, then the partition stays; training is the
+// same bit for bit as without rebalancing. In threads and over worker processes. The layers cost
 // sleeps (bench/sleep_layer.h), not computation, so a loaded machine (ctest -j) barely moves
 // their times and the optimum is known: 12 layers of 1 ms forward and 2 ms backward, stage 1
 // slowed 3x, are best cut 9 + 3 (27 ms per microbatch on each stage; 6 + 6 gives 54 ms on
 // stage 1, 8 + 4 gives 36 and 10 + 2 gives 30).
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include "bench/sleep_layer.h"
@@ -83,12 +84,19 @@ void check_converged(const Run& run, const Run& plain) {
             return all;
           }());
   INFO("last verdict: " << run.last_verdict);
-  // The policy reached the optimum in at most two moves (each after a window of 4 steps and
-  // a cooldown of 3), kept it for the last 15 steps, and undid nothing.
+  // The policy came within its threshold of the optimum in at most two moves (each after a
+  // window of 4 steps and a cooldown of 3), stayed for the last 15 steps, and undid nothing.
   REQUIRE(!run.remaps.empty());
   CHECK(run.remaps.size() <= 2);
   CHECK(run.last_remap_step <= kSteps - 15);
-  CHECK(run.final_ranges == std::vector<LayerRange>{{0, 9}, {9, 12}});
+  // Per microbatch, stage 0 takes 3 ms a layer and stage 1 9 ms: 9 + 3 gives 27 ms on both.
+  // The policy keeps any partition within its threshold of the best (gain <= 10%): its
+  // slowest stage takes at most 27 / 0.9 = 30 ms (10 + 2, at 30 ms, is one; measured
+  // speeds on a loaded machine may lead there first).
+  const auto& r = run.final_ranges;
+  const double slowest = std::max(3.0 * static_cast<double>(r[0].end - r[0].begin),
+                                  9.0 * static_cast<double>(r[1].end - r[1].begin));
+  CHECK(slowest <= 27.0 / 0.9 + 1e-9);
   CHECK(run.last_verdict.rfind("rebalancing stopped", 0) != 0);
   CHECK_FALSE(run.last_verdict.empty());
   CHECK(run.losses == plain.losses);
