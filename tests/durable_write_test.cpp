@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "file_faults.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipit.h"
@@ -26,44 +27,10 @@
 #include "serialize/model_io.h"
 
 using namespace pipit;
+using namespace pipit::testing;
 namespace fs = std::filesystem;
 
-namespace {
-
-// Removed on every exit, failed REQUIREs included.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() /
-             ("pipit_test_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
-
-// Installed for one scope: fails `step` with EIO on paths containing `fragment`.
-struct InjectFault {
-  InjectFault(FileStep step, std::string fragment, int err = EIO) {
-    set_file_fault_hook([=](FileStep s, const std::string& path) {
-      return s == step && path.find(fragment) != std::string::npos ? err : 0;
-    });
-  }
-  ~InjectFault() { set_file_fault_hook(nullptr); }
-};
-
-std::set<std::string> entries(const fs::path& dir) {
-  std::set<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    names.insert(entry.path().filename().string());
-  }
-  return names;
-}
-
-const std::string kEio = std::strerror(EIO);
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("concurrent writers of one file leave one writer's whole contents and no temporaries",
           "[serialize][durable]") {

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "file_faults.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipit.h"
@@ -22,40 +23,11 @@
 #include "serialize/model_io.h"
 
 using namespace pipit;
+using namespace pipit::testing;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() /
-             ("pipit_test_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
-
-struct InjectFault {
-  InjectFault(FileStep step, std::string fragment, int err = EIO) {
-    set_file_fault_hook([=](FileStep s, const std::string& path) {
-      return s == step && path.find(fragment) != std::string::npos ? err : 0;
-    });
-  }
-  ~InjectFault() { set_file_fault_hook(nullptr); }
-};
-
-std::set<std::string> entries(const fs::path& dir) {
-  std::set<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    names.insert(entry.path().filename().string());
-  }
-  return names;
-}
-
-const std::string kEio = std::strerror(EIO);
 const std::set<std::string> kModelFiles = {"config.json", "model.safetensors"};
 
 // Two models that cannot load each other's weights, so a mixed pair cannot pass as either.
