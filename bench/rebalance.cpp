@@ -1,16 +1,18 @@
 // Automatic rebalancing, measured: p = 4 stages, uniform partition at the start, under three
 // imbalances: stage 2 slowed 2x, stage 2 slowed 4x (its layers stretched, as on a slower
 // machine), and a model whose embedding and head outweigh its blocks. Two kinds of model:
-//  - sleep-cost layers shaped like a 16-block GPT (bench/sleep_layer.h), in threads: layers
-//    that wait instead of computing, so 4 stages do not compete for this machine's cores and
-//    the step time is the pipeline's own;
+//  - sleep-cost layers shaped like a 16-block GPT (bench/sleep_layer.h), in threads and
+//    across worker processes (this program in its worker role, which knows SleepLayer):
+//    layers that wait instead of computing, so 4 stages do not compete for this machine's
+//    cores and the step time is the pipeline's own, as on separate machines;
 //  - a real 16-block GPT, in threads and across pipit-worker processes: on a machine with
 //    fewer cores than stages the stages also wait for cores, which no partition removes.
 // For each: the step time with the uniform partition (no rebalancing), after automatic
 // rebalancing (the last 10 steps), and the step time the fitted cost model predicts for the
 // partition it chose (its optimum); the steps until the last remap, whether a remap was
 // undone because steps got slower (RemapTrial), the remap pause and the bytes moved. Printed as a
-// table and appended to bench/RESULTS.md. usage: rebalance [--steps 40] [--no-append]
+// table and appended to bench/RESULTS.md. usage: rebalance [--steps 40] [--no-append] [--only TEXT]
+// (rebalance --worker PORT_FILE SLOWDOWN is the worker role, started by the benchmark itself.)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +36,7 @@
 #include "nn/builders.h"
 #include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/worker.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 
@@ -57,26 +60,32 @@ struct Scenario {
   Batch batch;
   nlohmann::json loss;
   std::vector<double> slowdown;  // per stage
-  bool over_workers = false;     // also run it across pipit-worker processes
+  bool sleep_cost = false;       // its workers must know SleepLayer: this program's worker role
 };
 
-// A pipit-worker process from beside this program, stopped when the object goes.
+// A worker process serving one run, stopped when the object goes: pipit-worker from beside
+// this program, or this program in its worker role for sleep-cost models.
 class Worker {
  public:
-  Worker(const fs::path& dir, int index, double slowdown) {
-    const std::string binary = (fs::read_symlink("/proc/self/exe").parent_path() / "pipit-worker");
+  Worker(const fs::path& dir, int index, double slowdown, bool sleep_cost) {
+    const fs::path self = fs::read_symlink("/proc/self/exe");
+    const std::string binary =
+        sleep_cost ? self.string() : (self.parent_path() / "pipit-worker").string();
     const std::string port_file = (dir / ("port" + std::to_string(index))).string();
-    std::vector<std::string> args = {binary,
-                                     "--listen",
-                                     "127.0.0.1:0",
-                                     "--runs",
-                                     "1",
-                                     "--port-file",
-                                     port_file,
-                                     "--threads",
-                                     "1",
-                                     "--slowdown",
-                                     std::to_string(slowdown)};
+    std::vector<std::string> args =
+        sleep_cost
+            ? std::vector<std::string>{binary, "--worker", port_file, std::to_string(slowdown)}
+            : std::vector<std::string>{binary,
+                                       "--listen",
+                                       "127.0.0.1:0",
+                                       "--runs",
+                                       "1",
+                                       "--port-file",
+                                       port_file,
+                                       "--threads",
+                                       "1",
+                                       "--slowdown",
+                                       std::to_string(slowdown)};
     fs::remove(port_file);  // an earlier worker's
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -91,6 +100,7 @@ class Worker {
     for (int i = 0; i < 500 && !fs::exists(port_file); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    PIPIT_CHECK(fs::exists(port_file), binary, " wrote no port within 5 s (log: ", log, ")");
     std::string port = read_file(port_file);
     while (!port.empty() && (port.back() == '\n' || port.back() == ' ')) port.pop_back();
     endpoint_ = "127.0.0.1:" + port;
@@ -199,18 +209,38 @@ std::string machine() {
   return "unknown CPU";
 }
 
+// The worker role: pipit-worker's defaults, serving one run, with SleepLayer known.
+int worker_role(const std::string& port_file, double slowdown) {
+  set_num_threads(1);
+  bench::register_sleep_layer();
+  WorkerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.runs = 1;
+  options.port_file = port_file;
+  options.slowdown = slowdown;
+  options.threads = 1;
+  run_worker(options);
+  return 0;
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "--worker") == 0) {
+    return worker_role(argv[2], std::atof(argv[3]));
+  }
   int steps = 40;
   bool append = true;
+  std::string only;  // run only the rows whose "imbalance | model | stages in" contains this
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-append") == 0) {
       append = false;
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
     } else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
       steps = std::max(20, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: rebalance [--steps N] [--no-append]\n");
+      std::fprintf(stderr, "usage: rebalance [--steps N] [--no-append] [--only TEXT]\n");
       return 2;
     }
   }
@@ -234,35 +264,45 @@ int run(int argc, char** argv) {
   const std::string heavy_shape =
       "sleep-cost GPT shape: embedding 2000 us, 16 blocks 300 us, head 4000 us";
   const std::vector<Scenario> scenarios = {
-      {"stage 2 slowed 2x", blocks_shape, sleepers(100, 300, 600), sleep_batch, mse, {1, 1, 2, 1}},
-      {"stage 2 slowed 4x", blocks_shape, sleepers(100, 300, 600), sleep_batch, mse, {1, 1, 4, 1}},
+      {"stage 2 slowed 2x",
+       blocks_shape,
+       sleepers(100, 300, 600),
+       sleep_batch,
+       mse,
+       {1, 1, 2, 1},
+       true},
+      {"stage 2 slowed 4x",
+       blocks_shape,
+       sleepers(100, 300, 600),
+       sleep_batch,
+       mse,
+       {1, 1, 4, 1},
+       true},
       {"heavy embedding and head",
        heavy_shape,
        sleepers(2000, 300, 4000),
        sleep_batch,
        mse,
-       {1, 1, 1, 1}},
+       {1, 1, 1, 1},
+       true},
       {"stage 2 slowed 2x",
        "GPT, 16 blocks, width 64",
        gpt_of(blocks),
        gpt_batch(blocks),
        cross_entropy,
-       {1, 1, 2, 1},
-       true},
+       {1, 1, 2, 1}},
       {"stage 2 slowed 4x",
        "GPT, 16 blocks, width 64",
        gpt_of(blocks),
        gpt_batch(blocks),
        cross_entropy,
-       {1, 1, 4, 1},
-       true},
+       {1, 1, 4, 1}},
       {"heavy embedding and head",
        "GPT, 16 blocks, width 64, vocabulary 8192",
        gpt_of(heavy_ends),
        gpt_batch(heavy_ends),
        cross_entropy,
-       {1, 1, 1, 1},
-       true},
+       {1, 1, 1, 1}},
   };
   const fs::path dir = fs::temp_directory_path() / ("pipit_rebalance_" + std::to_string(getpid()));
   fs::create_directories(dir);
@@ -276,7 +316,9 @@ int run(int argc, char** argv) {
   std::printf("%s", table.str().c_str());
   for (const Scenario& scenario : scenarios) {
     for (const bool workers : {false, true}) {
-      if (workers && !scenario.over_workers) continue;
+      const std::string label = scenario.name + " | " + scenario.model_name + " | " +
+                                (workers ? "4 worker processes" : "4 threads");
+      if (label.find(only) == std::string::npos) continue;
       Result r;
       if (!workers) {
         r = measure(scenario, steps, [&](bool rebalance) {
@@ -291,7 +333,8 @@ int run(int argc, char** argv) {
           pool.clear();
           std::vector<std::string> endpoints;
           for (int s = 0; s < kStages; ++s) {
-            pool.push_back(std::make_unique<Worker>(dir, s, scenario.slowdown[s]));
+            pool.push_back(
+                std::make_unique<Worker>(dir, s, scenario.slowdown[s], scenario.sleep_cost));
             endpoints.push_back(pool.back()->endpoint());
           }
           return std::make_unique<DistributedPipeline>(*scenario.model(),
@@ -300,11 +343,10 @@ int run(int argc, char** argv) {
       }
       char row[1024];
       std::snprintf(row, sizeof row,
-                    "| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %lld | %d | %s | %.1f | %.2f | "
+                    "| %s | %.1f | %.1f | %.1f | %.2f | %lld | %d | %s | %.1f | %.2f | "
                     "%.2f | %s |\n",
-                    scenario.name.c_str(), scenario.model_name.c_str(),
-                    workers ? "4 worker processes" : "4 threads", r.uniform_ms, r.after_ms,
-                    r.predicted_ms, r.predicted_ms > 0 ? r.after_ms / r.predicted_ms : 0.0,
+                    label.c_str(), r.uniform_ms, r.after_ms, r.predicted_ms,
+                    r.predicted_ms > 0 ? r.after_ms / r.predicted_ms : 0.0,
                     static_cast<long long>(r.last_remap_step), r.remaps, r.undone ? "yes" : "no",
                     r.pause_ms, r.after_ms > 0 ? r.pause_ms / r.after_ms : 0.0, r.moved_mb,
                     r.final_ranges.c_str());
@@ -328,7 +370,8 @@ int run(int argc, char** argv) {
             << "rebalancing; after: the last 10 of " << steps
             << "). Predicted optimum: the fitted cost model's slowest stage x (m + p - 1) for "
                "the partition it chose. Sleep-cost layers wait instead of computing, so their "
-               "4 stages do not share this machine's cores; the real GPT's 4 stages do.\n\n"
+               "4 stages do not share this machine's cores (as on 4 machines); the real GPT's 4 "
+               "stages do.\n\n"
             << table.str();
   }
   return 0;
