@@ -29,14 +29,7 @@ constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 // A field holding a list of names (weights, optimizer entries).
 std::vector<std::string> read_names(Fields& f, const char* list) {
-  std::vector<std::string> names;
-  for (const json& name : f.array(list, kMaxControlList)) {
-    if (!name.is_string() || name.get_ref<const std::string&>().size() > kMaxControlString) {
-      f.fail("field \"", list, "\" has the entry ", name.dump(), ", not a name");
-    }
-    names.push_back(name.get<std::string>());
-  }
-  return names;
+  return f.strings(list, kMaxControlList, kMaxControlString);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tensor/error.h"
 
@@ -71,6 +72,19 @@ class JsonFields {
       fail_field(name, "has ", value.size(), " entries, more than ", max_size);
     }
     return value;
+  }
+
+  // An array of at most max_size strings, each at most max_length bytes.
+  std::vector<std::string> strings(const char* name, size_t max_size, size_t max_length) {
+    std::vector<std::string> out;
+    for (const nlohmann::json& entry : array(name, max_size)) {
+      if (!entry.is_string() || entry.get_ref<const std::string&>().size() > max_length) {
+        fail_field(name, "has the entry ", entry.dump(), ", not a string of at most ", max_length,
+                   " bytes");
+      }
+      out.push_back(entry.get<std::string>());
+    }
+    return out;
   }
 
   const nlohmann::json& object(const char* name) {

@@ -48,6 +48,16 @@ const char* message_kind_name(MessageKind kind) {
       return "RemapCommit";
     case MessageKind::RemapDone:
       return "RemapDone";
+    case MessageKind::PsJoin:
+      return "PsJoin";
+    case MessageKind::PsParameters:
+      return "PsParameters";
+    case MessageKind::PsPush:
+      return "PsPush";
+    case MessageKind::PsLeave:
+      return "PsLeave";
+    case MessageKind::PsError:
+      return "PsError";
   }
   return "unknown";
 }

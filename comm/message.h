@@ -40,6 +40,12 @@ enum class MessageKind : uint8_t {
   RemapReady,     // stage -> coordinator: the stage holds every layer of its new chunks
   RemapCommit,    // coordinator -> stage: train with the new chunks from now on
   RemapDone,      // stage -> coordinator: committed
+  // Parameter server (ps/): worker <-> server shard.
+  PsJoin,        // worker -> server: send me the parameters
+  PsParameters,  // server -> worker: tensors: the shard's parameters at a version
+  PsPush,        // worker -> server: tensors: gradients computed from a version
+  PsLeave,       // worker -> server: no more pushes from me
+  PsError,       // server -> worker: the run cannot go on, or a push was refused
 };
 
 const char* message_kind_name(MessageKind kind);

@@ -1,0 +1,332 @@
+#include "ps/parameter_server.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "autograd/ops.h"
+#include "comm/control.h"
+#include "ps/ps_messages.h"
+#include "tensor/backend.h"
+#include "tensor/grad_mode.h"
+
+namespace pipit {
+
+ParameterServer::ParameterServer(std::shared_ptr<Communicator> comm, NamedParameters parameters,
+                                 PsConfig config, int shard)
+    : comm_(std::move(comm)),
+      parameters_(std::move(parameters)),
+      config_(std::move(config)),
+      shard_(shard),
+      gate_(config_.mode == "bounded" ? config_.max_staleness : -1, config_.accumulate),
+      live_(config_.workers, true),
+      joined_(config_.workers, false),
+      sums_(parameters_.size()) {
+  validate(config_);
+  PIPIT_CHECK(shard >= 0 && shard < config_.servers, "ParameterServer: shard ", shard,
+              " is not in [0, ", config_.servers, ")");
+  PIPIT_CHECK(!parameters_.empty(), "ParameterServer: shard ", shard, " holds no parameters");
+  for (auto& [name, p] : parameters_) p.zero_grad();
+  optimizer_ = make_optimizer(config_.optimizer, parameters_);
+}
+
+ParameterServer::~ParameterServer() = default;
+
+void ParameterServer::say(const std::string& line) const {
+  const std::string text = "[ps shard " + std::to_string(shard_) + "] " + line;
+  if (log) {
+    log(text);
+  } else {
+    std::fprintf(stderr, "%s\n", text.c_str());
+  }
+}
+
+int ParameterServer::worker_of(int endpoint) const {
+  const int worker = endpoint - config_.servers;
+  return worker >= 0 && worker < config_.workers ? worker : -1;
+}
+
+std::string ParameterServer::who(int worker) const {
+  return "worker " + std::to_string(worker);
+}
+
+void ParameterServer::serve() {
+  auto anyone_left = [&] {
+    return std::any_of(live_.begin(), live_.end(), [](bool live) { return live; });
+  };
+  while (anyone_left()) {
+    std::optional<Message> message = comm_->try_receive(config_.timeout);
+    if (!message) {
+      std::string waiting;
+      for (int w = 0; w < config_.workers; ++w) {
+        if (live_[w]) waiting += (waiting.empty() ? "" : ", ") + std::to_string(w);
+      }
+      throw Error(detail::concat("parameter server shard ", shard_, ": no message for ",
+                                 config_.timeout.count(), " ms at version ", stats_.version,
+                                 " (waiting on workers ", waiting, ")"));
+    }
+    if (message->kind == MessageKind::PeerLost) {
+      const PeerLost lost = read_peer_lost(*message);
+      const int worker = worker_of(lost.peer);
+      if (worker >= 0 && live_[worker]) {
+        on_gone(worker, "lost (" + lost.address + ": " + lost.reason + ")");
+      }
+      continue;
+    }
+    const int worker = worker_of(message->from);
+    if (worker < 0) {
+      say(std::string("ignored a ") + message_kind_name(message->kind) + " from endpoint " +
+          std::to_string(message->from) + ", which is no worker of this run");
+      continue;
+    }
+    if (!live_[worker]) continue;  // a dropped worker's late messages
+    switch (message->kind) {
+      case MessageKind::PsJoin:
+        on_join(worker);
+        break;
+      case MessageKind::PsPush:
+        on_push(worker, *message);
+        break;
+      case MessageKind::PsLeave:
+        live_[worker] = false;
+        gate_.forget(worker);
+        if (config_.mode == "sync") {
+          try_sync_update();
+        } else {
+          drain();
+        }
+        break;
+      case MessageKind::Heartbeat:
+        break;
+      default:
+        say(std::string("ignored a ") + message_kind_name(message->kind) + " from " + who(worker));
+    }
+  }
+}
+
+void ParameterServer::on_join(int worker) {
+  if (joined_[worker]) {
+    refuse(worker, "joined twice");
+    return;
+  }
+  joined_[worker] = true;
+  if (config_.mode == "bounded") {
+    waiting_reads_.push_back(worker);
+    drain();
+  } else {
+    send_parameters(worker);
+    if (config_.mode == "async") gate_.read(worker, stats_.version);
+  }
+}
+
+void ParameterServer::on_push(int worker, const Message& message) {
+  std::optional<Push> push = decode_push(worker, message);
+  if (!push) return;
+  if (config_.mode == "sync") {
+    sync_pushes_[worker] = std::move(*push);
+    try_sync_update();
+  } else {
+    waiting_pushes_.push_back(std::move(*push));
+    drain();
+  }
+}
+
+std::optional<ParameterServer::Push> ParameterServer::decode_push(int worker,
+                                                                  const Message& message) {
+  PsPush meta;
+  try {
+    meta = read_ps_push(message);
+  } catch (const ControlError& e) {
+    refuse(worker, e.what());
+    return std::nullopt;
+  }
+  if (!joined_[worker]) {
+    refuse(worker, "pushed before joining");
+    return std::nullopt;
+  }
+  if (meta.version > stats_.version) {
+    refuse(worker,
+           detail::concat("pushed a gradient for version ", meta.version,
+                          ", which this shard has not reached (it is at ", stats_.version, ")"));
+    return std::nullopt;
+  }
+  const bool outstanding = config_.mode == "sync" ? !sync_pushes_.count(worker)
+                                                  : meta.version == gate_.read_version(worker);
+  if (!outstanding || (config_.mode == "sync" && meta.version != stats_.version)) {
+    refuse(worker, detail::concat("pushed a gradient for version ", meta.version,
+                                  " without having read it"));
+    return std::nullopt;
+  }
+  Push push{worker, meta.version, std::vector<Tensor>(parameters_.size())};
+  size_t next = 0;
+  for (size_t i = 0; i < meta.names.size(); ++i) {
+    while (next < parameters_.size() && parameters_[next].first != meta.names[i]) ++next;
+    if (next == parameters_.size()) {
+      refuse(worker, "pushed a gradient for \"" + meta.names[i] +
+                         "\", which is not a parameter of this shard (or is out of order)");
+      return std::nullopt;
+    }
+    const Tensor& param = parameters_[next].second;
+    const Tensor& gradient = message.tensors[i];
+    const DType want = meta.compressed ? DType::bf16 : param.dtype();
+    if (gradient.shape() != param.shape() || gradient.dtype() != want) {
+      refuse(worker, detail::concat("pushed a gradient for \"", meta.names[i], "\" of shape ",
+                                    shape_str(gradient.shape()), " ", gradient.dtype(),
+                                    "; the parameter needs ", shape_str(param.shape()), " ", want));
+      return std::nullopt;
+    }
+    stats_.pushed_bytes += static_cast<int64_t>(gradient.nbytes());
+    push.gradients[next] = meta.compressed ? gradient.to(param.dtype()) : gradient;
+    ++next;
+  }
+  return push;
+}
+
+void ParameterServer::refuse(int worker, const std::string& why) {
+  ++stats_.refused;
+  say("refused a message from " + who(worker) + ": " + why + "; nothing of it was applied");
+  comm_->send(config_.worker_id(worker),
+              to_message(PsError{"parameter server shard " + std::to_string(shard_) + " refused " +
+                                 who(worker) + "'s push: " + why}));
+  on_gone(worker, "dropped after a refused push");
+}
+
+void ParameterServer::on_gone(int worker, const std::string& why) {
+  live_[worker] = false;
+  gate_.forget(worker);
+  stats_.lost.push_back(worker);
+  say(who(worker) + " " + why);
+  waiting_reads_.erase(std::remove(waiting_reads_.begin(), waiting_reads_.end(), worker),
+                       waiting_reads_.end());
+  if (config_.mode != "sync") {
+    drain();
+    return;
+  }
+  sync_pushes_.erase(worker);
+  const int live = static_cast<int>(std::count(live_.begin(), live_.end(), true));
+  const int needed = config_.min_workers > 0 ? config_.min_workers : config_.workers;
+  if (live < needed) {
+    const std::string message =
+        detail::concat("parameter server shard ", shard_, ": sync step at version ", stats_.version,
+                       " lost ", who(worker), " (", why, "); ", live, " of ", config_.workers,
+                       " workers left, fewer than the ", needed, " it needs");
+    for (int w = 0; w < config_.workers; ++w) {
+      if (live_[w]) comm_->send(config_.worker_id(w), to_message(PsError{message}));
+    }
+    throw Error(message);
+  }
+  try_sync_update();
+}
+
+void ParameterServer::try_sync_update() {
+  int live = 0;
+  for (int w = 0; w < config_.workers; ++w) {
+    if (!live_[w]) continue;
+    ++live;
+    if (!sync_pushes_.count(w)) return;
+  }
+  if (live == 0) return;
+  NoGradGuard no_grad;
+  for (auto& [w, push] : sync_pushes_) add(push);  // std::map: worker order
+  if (live < config_.workers) {
+    // Workers scaled by 1 / workers; the live ones' mean needs 1 / live.
+    const double rescale = static_cast<double>(config_.workers) / live;
+    for (Tensor& sum : sums_) {
+      if (sum.defined()) sum = sum * rescale;
+    }
+  }
+  update();
+  for (const auto& [w, push] : sync_pushes_) send_parameters(w);
+  sync_pushes_.clear();
+}
+
+void ParameterServer::add(const Push& push) {
+  for (size_t j = 0; j < sums_.size(); ++j) {
+    const Tensor& g = push.gradients[j];
+    if (!g.defined()) continue;
+    sums_[j] = sums_[j].defined() ? sums_[j] + g : g;
+  }
+  ++summed_;
+  ++stats_.gradients;
+  ++stats_.staleness[stats_.version - push.version];
+}
+
+void ParameterServer::update() {
+  for (size_t j = 0; j < parameters_.size(); ++j) {
+    if (sums_[j].defined()) parameters_[j].second.set_grad(sums_[j]);
+  }
+  optimizer_->step();
+  optimizer_->zero_grad();
+  for (Tensor& sum : sums_) sum = Tensor();
+  summed_ = 0;
+  ++stats_.version;
+  if (after_update) after_update(*this);
+}
+
+void ParameterServer::drain() {
+  NoGradGuard no_grad;
+  for (bool applied = true; applied;) {
+    applied = false;
+    std::stable_sort(waiting_pushes_.begin(), waiting_pushes_.end(),
+                     [](const Push& a, const Push& b) { return a.version < b.version; });
+    for (auto it = waiting_pushes_.begin(); it != waiting_pushes_.end(); ++it) {
+      if (!live_[it->worker]) continue;
+      if (!gate_.may_apply(it->worker, stats_.version, summed_)) continue;
+      const Push push = std::move(*it);
+      waiting_pushes_.erase(it);
+      gate_.forget(push.worker);
+      add(push);
+      if (summed_ == config_.accumulate) update();
+      waiting_reads_.push_back(push.worker);
+      applied = true;
+      break;
+    }
+  }
+  while (!waiting_reads_.empty() && gate_.may_read(stats_.version, summed_)) {
+    const int worker = waiting_reads_.front();
+    waiting_reads_.erase(waiting_reads_.begin());
+    send_parameters(worker);
+    gate_.read(worker, stats_.version);
+  }
+}
+
+void ParameterServer::send_parameters(int worker) {
+  std::vector<std::string> names;
+  std::vector<Tensor> tensors;
+  for (const auto& [name, p] : parameters_) {
+    names.push_back(name);
+    // In one process the message hands tensors over as they are, and the next update
+    // changes the parameters in place: send a snapshot.
+    tensors.push_back(comm_->carries_device_tensors() ? p.detach().clone() : p.detach());
+  }
+  comm_->send(config_.worker_id(worker),
+              to_message(PsParameters{stats_.version, std::move(names)}, std::move(tensors)));
+}
+
+void ParameterServer::load(const StateDict& weights, const StateDict& optimizer_state,
+                           int64_t version) {
+  NoGradGuard no_grad;
+  for (auto& [name, p] : parameters_) {
+    auto it = weights.find(name);
+    PIPIT_CHECK(it != weights.end(), "parameter server shard ", shard_,
+                ": the checkpoint lacks the parameter \"", name, "\"");
+    PIPIT_CHECK(it->second.shape() == p.shape() && it->second.dtype() == p.dtype(),
+                "parameter server shard ", shard_, ": the checkpoint's \"", name, "\" is ",
+                shape_str(it->second.shape()), " ", it->second.dtype(), ", the parameter ",
+                shape_str(p.shape()), " ", p.dtype());
+    backend(p).copy(it->second, p);
+  }
+  optimizer_->load_state_dict(optimizer_state);
+  stats_.version = version;
+}
+
+StateDict ParameterServer::weights() const {
+  StateDict out;
+  for (const auto& [name, p] : parameters_) out.emplace(name, p.detach().clone());
+  return out;
+}
+
+StateDict ParameterServer::optimizer_state() const {
+  return optimizer_->state_dict();
+}
+
+}  // namespace pipit
