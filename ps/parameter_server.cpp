@@ -294,9 +294,10 @@ void ParameterServer::send_parameters(int worker) {
   std::vector<Tensor> tensors;
   for (const auto& [name, p] : parameters_) {
     names.push_back(name);
-    // In one process the message hands tensors over as they are, and the next update
-    // changes the parameters in place: send a snapshot.
-    tensors.push_back(comm_->carries_device_tensors() ? p.detach().clone() : p.detach());
+    // A message's tensors leave later than send() returns (in one process they are handed
+    // over, over TCP written from where they lie), and the next update changes the
+    // parameters in place: send a snapshot.
+    tensors.push_back(p.detach().clone());
   }
   comm_->send(config_.worker_id(worker),
               to_message(PsParameters{stats_.version, std::move(names)}, std::move(tensors)));
@@ -305,6 +306,9 @@ void ParameterServer::send_parameters(int worker) {
 void ParameterServer::load(const StateDict& weights, const StateDict& optimizer_state,
                            int64_t version) {
   NoGradGuard no_grad;
+  PIPIT_CHECK(weights.size() == parameters_.size(), "parameter server shard ", shard_,
+              ": the checkpoint holds ", weights.size(), " parameters, the shard ",
+              parameters_.size(), " (was it written with another number of shards?)");
   for (auto& [name, p] : parameters_) {
     auto it = weights.find(name);
     PIPIT_CHECK(it != weights.end(), "parameter server shard ", shard_,

@@ -1,0 +1,385 @@
+// Data-parallel training with a parameter server (ps/): an MLP on synthetic clustered data,
+// `--workers` replicas each training on its own batches, the parameters sharded over
+// `--servers` servers, in threads or in processes talking TCP.
+//   train_ps                                   # sync, 1 server, 2 workers, in threads
+//   train_ps --mode async --workers 4 --servers 2 --transport tcp
+//   train_ps --mode bounded --max-staleness 2 --slowdown 1:4
+// With --checkpoint DIR every shard saves its weights and optimizer state there (atomically)
+// every --checkpoint-every updates and at the end; --resume continues from them.
+// The TCP transport starts this program again in a server and a worker role (--role), one
+// process each, on 127.0.0.1; their logs go to DIR/<role><index>.log.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <unistd.h>
+
+#include "comm/tcp_communicator.h"
+#include "flags.h"
+#include "nn/builders.h"
+#include "pipit.h"
+#include "ps/local_run.h"
+#include "ps/ps_checkpoint.h"
+#include "ps/shard_plan.h"
+#include "serialize/atomic_file.h"
+#include "serialize/checkpoint.h"
+#include "tools/chaos/child.h"
+
+using namespace pipit;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Setup {
+  PsConfig config;
+  int64_t features = 32, classes = 8, hidden = 128, samples = 8192, batch = 32, steps = 200;
+  uint64_t seed = 1;
+  std::vector<double> slowdown;  // per worker
+  std::string checkpoint;        // directory; empty: none
+  int64_t checkpoint_every = 0;
+  bool resume = false;
+};
+
+// Each class is a Gaussian cloud around its own random centre (as train_mlp).
+std::pair<Tensor, Tensor> make_dataset(const Setup& s) {
+  Generator generator(s.seed + 1000);
+  Tensor centres = normal({s.classes, s.features}, 0.0, 1.0, &generator);
+  std::vector<int64_t> labels(static_cast<size_t>(s.samples));
+  for (auto& label : labels) {
+    label = static_cast<int64_t>(generator.bits(generator.reserve(1)) %
+                                 static_cast<uint64_t>(s.classes));
+  }
+  Tensor y = from_vector(labels, {s.samples});
+  Tensor x = embedding(centres, y) + normal({s.samples, s.features}, 0.0, 1.0, &generator);
+  return {x, y};
+}
+
+std::shared_ptr<Sequential> make_model(const Setup& s) {
+  Generator generator(s.seed);
+  return mlp({s.features, s.hidden, s.hidden, s.classes}, "relu", &generator);
+}
+
+// Worker w's batch at its step `step`: in sync mode, the step's large batch is the workers'
+// batches side by side, in worker order.
+std::pair<Tensor, Tensor> batch_of(const Setup& s, const std::pair<Tensor, Tensor>& data, int w,
+                                   int64_t step) {
+  const int64_t begin = ((step * s.config.workers + w) * s.batch) % (s.samples - s.batch + 1);
+  return {narrow(data.first, 0, begin, s.batch).contiguous(),
+          narrow(data.second, 0, begin, s.batch).contiguous()};
+}
+
+double accuracy(Module& model, const std::pair<Tensor, Tensor>& data) {
+  NoGradGuard no_grad;
+  const std::vector<int64_t> predicted = argmax(model.forward(data.first), 1).to_vector<int64_t>();
+  const std::vector<int64_t> labels = data.second.to_vector<int64_t>();
+  int64_t right = 0;
+  for (size_t i = 0; i < labels.size(); ++i) right += predicted[i] == labels[i];
+  return static_cast<double>(right) / static_cast<double>(labels.size());
+}
+
+// The step a worker starts at: 0, or when resuming, where the versions it read on joining
+// say the run was.
+int64_t first_step(const Setup& s, const PsWorker& worker) {
+  if (!s.resume) return 0;
+  const int64_t version = worker.versions().front();
+  return s.config.mode == "sync" ? version : version * s.config.accumulate / s.config.workers;
+}
+
+void print_stats(const PsServerStats& stats, int shard) {
+  std::string histogram;
+  for (const auto& [staleness, count] : stats.staleness) {
+    histogram += " " + std::to_string(staleness) + ":" + std::to_string(count);
+  }
+  std::printf(
+      "shard %d: %lld updates, %lld gradients, %lld refused, %.2f MB pushed, "
+      "staleness (versions:gradients)%s\n",
+      shard, static_cast<long long>(stats.version), static_cast<long long>(stats.gradients),
+      static_cast<long long>(stats.refused), static_cast<double>(stats.pushed_bytes) / 1e6,
+      histogram.c_str());
+}
+
+std::unique_ptr<ParameterServer> make_server(const Setup& s, std::shared_ptr<Communicator> comm,
+                                             int shard) {
+  auto model = make_model(s);
+  const NamedParameters all = model->named_parameters();
+  auto server = std::make_unique<ParameterServer>(
+      std::move(comm), shard_parameters(all, plan_shards(all, s.config.servers), shard), s.config,
+      shard);
+  if (!s.checkpoint.empty()) {
+    const std::string path = shard_checkpoint_path(s.checkpoint, shard, s.config.servers);
+    if (s.resume) load_shard_checkpoint(path, *server, s.config.servers);
+    const nlohmann::json model_config = model->config();
+    server->after_update = [&s, path, model_config](const ParameterServer& server) {
+      if (s.checkpoint_every > 0 && server.stats().version % s.checkpoint_every == 0) {
+        save_shard_checkpoint(path, server, model_config, s.config.optimizer);
+      }
+    };
+  }
+  return server;
+}
+
+void save_final(const Setup& s, const ParameterServer& server) {
+  if (s.checkpoint.empty()) return;
+  save_shard_checkpoint(shard_checkpoint_path(s.checkpoint, server.shard(), s.config.servers),
+                        server, make_model(s)->config(), s.config.optimizer);
+}
+
+void report(const Setup& s, const StateDict& weights, double seconds, int64_t samples) {
+  auto model = make_model(s);
+  model->load_state_dict(weights);
+  std::printf("trained %lld samples in %.2f s (%.0f samples/s); train accuracy %.2f%%\n",
+              static_cast<long long>(samples), seconds, static_cast<double>(samples) / seconds,
+              100.0 * accuracy(*model, make_dataset(s)));
+}
+
+int run_in_threads(const Setup& s) {
+  const auto data = make_dataset(s);
+  PIPIT_CHECK(s.checkpoint.empty(),
+              "--checkpoint needs --transport tcp (the in-thread run keeps no checkpoints)");
+  auto model = make_model(s);
+  PsLocalOptions options;
+  options.steps = s.steps;
+  options.batch = [&](int w, int64_t step) { return batch_of(s, data, w, step); };
+  options.slowdown = s.slowdown;
+  options.on_step = [&](int w, int64_t step, double loss) {
+    if (w == 0 && ((step + 1) % 50 == 0 || step == 0)) {
+      std::printf("worker 0 step %4lld  loss %.4f\n", static_cast<long long>(step + 1), loss);
+    }
+  };
+  const PsRunReport result = train_ps_locally(*model, s.config, options);
+  for (size_t shard = 0; shard < result.servers.size(); ++shard) {
+    print_stats(result.servers[shard], static_cast<int>(shard));
+  }
+  report(s, result.weights, result.seconds, s.steps * s.config.workers * s.batch);
+  return 0;
+}
+
+TcpOptions tcp_options(int64_t timeout_ms) {
+  TcpOptions tcp;
+  tcp.peer_timeout = std::chrono::milliseconds(std::min<int64_t>(timeout_ms, 5000));
+  return tcp;
+}
+
+int server_role(const Setup& s, int shard, const std::string& port_file) {
+  auto comm = std::make_shared<TcpCommunicator>(s.config.server_id(shard),
+                                                tcp_options(s.config.timeout.count()));
+  const uint16_t port = comm->listen("127.0.0.1", 0);
+  auto server = make_server(s, comm, shard);
+  write_file_atomic(port_file, std::to_string(port) + "\n");
+  server->serve();
+  save_final(s, *server);
+  print_stats(server->stats(), shard);
+  comm->close();
+  return 0;
+}
+
+int worker_role(const Setup& s, int w, const std::vector<std::string>& servers) {
+  auto comm = std::make_shared<TcpCommunicator>(s.config.worker_id(w),
+                                                tcp_options(s.config.timeout.count()));
+  for (int shard = 0; shard < s.config.servers; ++shard) {
+    const auto [host, port] = parse_endpoint(servers.at(static_cast<size_t>(shard)));
+    comm->connect(s.config.server_id(shard), host, port);
+  }
+  const auto data = make_dataset(s);
+  PsWorker worker(comm, make_model(s), s.config, w, s.slowdown.empty() ? 1.0 : s.slowdown[w]);
+  worker.join();
+  for (int64_t step = first_step(s, worker); step < s.steps; ++step) {
+    const auto [x, y] = batch_of(s, data, w, step);
+    const double loss = worker.step(x, y);
+    if (w == 0 && ((step + 1) % 50 == 0 || step == 0)) {
+      std::printf("worker 0 step %4lld  loss %.4f\n", static_cast<long long>(step + 1), loss);
+      std::fflush(stdout);
+    }
+  }
+  worker.leave();
+  comm->close();
+  return 0;
+}
+
+// Starts every server and worker as a process of this program and waits for them all; the
+// first that fails stops the rest.
+int run_processes(const Setup& s, const std::vector<std::string>& role_flags) {
+  const fs::path dir = s.checkpoint.empty()
+                           ? fs::temp_directory_path() / ("pipit_ps_" + std::to_string(getpid()))
+                           : fs::path(s.checkpoint);
+  fs::create_directories(dir);
+  std::vector<std::unique_ptr<chaos::Child>> children;
+  auto start = [&](const std::string& role, int index, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(), "--role", role,
+                                     "--index", std::to_string(index)};
+    argv.insert(argv.end(), role_flags.begin(), role_flags.end());
+    if (s.checkpoint.empty()) {  // the final weights come back through a temporary one
+      argv.insert(argv.end(), {"--checkpoint", dir.string(), "--checkpoint-every", "0"});
+    }
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const std::string log = (dir / (role + std::to_string(index) + ".log")).string();
+    children.push_back(std::make_unique<chaos::Child>(argv, log, log));
+  };
+  const auto begin = std::chrono::steady_clock::now();
+  std::vector<std::string> endpoints;
+  for (int shard = 0; shard < s.config.servers; ++shard) {
+    const fs::path port_file = dir / ("server" + std::to_string(shard) + ".port");
+    fs::remove(port_file);
+    start("server", shard, {"--port-file", port_file.string()});
+    for (int i = 0; i < 1000 && !fs::exists(port_file); ++i) {
+      PIPIT_CHECK(children.back()->running(), "server ", shard, " exited at start (see ",
+                  (dir / ("server" + std::to_string(shard) + ".log")).string(), ")");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    PIPIT_CHECK(fs::exists(port_file), "server ", shard, " did not start within 10 s");
+    std::string port = read_file(port_file.string());
+    endpoints.push_back("127.0.0.1:" + port.substr(0, port.find('\n')));
+  }
+  std::string joined;
+  for (const auto& e : endpoints) joined += (joined.empty() ? "" : ",") + e;
+  for (int w = 0; w < s.config.workers; ++w) start("worker", w, {"--server-endpoints", joined});
+  std::printf("started %d servers and %d workers (logs in %s)\n", s.config.servers,
+              s.config.workers, dir.string().c_str());
+  std::fflush(stdout);
+  int failed = -1;
+  for (bool running = true; running && failed < 0;) {
+    running = false;
+    for (size_t i = 0; i < children.size(); ++i) {
+      const std::optional<int> status = children[i]->exit_status();
+      if (!status) running = true;
+      if (status && *status != 0) failed = static_cast<int>(i);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  auto log_of = [&](size_t i) {
+    const bool server = static_cast<int>(i) < s.config.servers;
+    const int index = server ? static_cast<int>(i) : static_cast<int>(i) - s.config.servers;
+    return (dir / ((server ? "server" : "worker") + std::to_string(index) + ".log")).string();
+  };
+  if (failed >= 0) {
+    for (auto& child : children) child->kill();
+    std::fprintf(stderr, "train_ps: %s failed; its log:\n%s", log_of(failed).c_str(),
+                 read_file(log_of(failed)).c_str());
+    return 1;
+  }
+  // Worker 0's progress and every shard's statistics, without the connection log lines.
+  auto print_log = [](const std::string& path) {
+    std::istringstream lines(read_file(path));
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("[tcp ", 0) != 0) std::printf("%s\n", line.c_str());
+    }
+  };
+  print_log(log_of(static_cast<size_t>(s.config.servers)));
+  StateDict weights;
+  for (int shard = 0; shard < s.config.servers; ++shard) {
+    print_log(log_of(static_cast<size_t>(shard)));
+    const Checkpoint c =
+        load_checkpoint(shard_checkpoint_path(dir.string(), shard, s.config.servers));
+    weights.insert(c.weights.begin(), c.weights.end());
+  }
+  report(s, weights, seconds, s.steps * s.config.workers * s.batch);
+  if (s.checkpoint.empty()) fs::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  samples::Flags flags("train_ps",
+                       "Data-parallel training of an MLP with a parameter server (ps/).");
+  flags.add("mode", "sync", "sync, async (AsySG-InCon) or bounded (stale-synchronous)");
+  flags.add("servers", "1", "parameter-server shards");
+  flags.add("workers", "2", "data-parallel workers");
+  flags.add("accumulate", "1", "async and bounded: gradients per update");
+  flags.add("max-staleness", "4", "bounded: the most versions a gradient may lag");
+  flags.add("min-workers", "0", "sync: go on without lost workers while this many live (0: all)");
+  flags.add_switch("compress", "push gradients as bf16 with error feedback");
+  flags.add("optimizer", "sgd", "sgd (momentum 0.9) or adamw");
+  flags.add("lr", "0.05", "learning rate");
+  flags.add("steps", "200", "steps per worker");
+  flags.add("batch", "32", "samples per worker step");
+  flags.add("hidden", "128", "hidden width (two hidden layers)");
+  flags.add("seed", "1", "random seed (model and data)");
+  flags.add("transport", "threads", "threads (one process) or tcp (a process per role)");
+  flags.add_repeatable("slowdown", "WORKER:FACTOR: that worker computes FACTOR times slower");
+  flags.add("checkpoint", "", "directory for shard checkpoints (tcp transport)");
+  flags.add("checkpoint-every", "50", "save every this many updates (with --checkpoint)");
+  flags.add_switch("resume", "continue from the checkpoints in --checkpoint");
+  flags.add("timeout-ms", "60000", "the longest any side waits for a message");
+  flags.add("role", "", "internal: server or worker (started by --transport tcp)");
+  flags.add("index", "0", "internal: the role's shard or worker index");
+  flags.add("port-file", "", "internal: where a server writes its port");
+  flags.add("server-endpoints", "", "internal: host:port of every shard, comma-separated");
+  flags.parse(argc, argv);
+
+  Setup s;
+  s.config.mode = flags.str("mode");
+  s.config.servers = static_cast<int>(flags.integer("servers"));
+  s.config.workers = static_cast<int>(flags.integer("workers"));
+  s.config.accumulate = static_cast<int>(flags.integer("accumulate"));
+  s.config.max_staleness = static_cast<int>(flags.integer("max-staleness", 0));
+  s.config.min_workers = static_cast<int>(flags.integer("min-workers", 0));
+  s.config.compress = flags.on("compress");
+  s.config.timeout = std::chrono::milliseconds(flags.integer("timeout-ms"));
+  const std::string optimizer = flags.str("optimizer");
+  if (optimizer == "sgd") {
+    s.config.optimizer = {{"type", "SGD"}, {"lr", flags.number("lr")}, {"momentum", 0.9}};
+  } else if (optimizer == "adamw") {
+    s.config.optimizer = {{"type", "AdamW"}, {"lr", flags.number("lr")}};
+  } else {
+    flags.fail("--optimizer must be sgd or adamw, got '" + optimizer + "'");
+  }
+  s.steps = flags.integer("steps");
+  s.batch = flags.integer("batch");
+  s.hidden = flags.integer("hidden");
+  s.seed = static_cast<uint64_t>(flags.integer("seed", 0));
+  s.checkpoint = flags.str("checkpoint");
+  s.checkpoint_every = flags.integer("checkpoint-every", 0);
+  s.resume = flags.on("resume");
+  if (s.resume && s.checkpoint.empty()) flags.fail("--resume needs --checkpoint DIR");
+  if (s.batch > s.samples) flags.fail("--batch must not exceed " + std::to_string(s.samples));
+  for (const std::string& item : flags.all("slowdown")) {
+    const size_t colon = item.find(':');
+    char* end = nullptr;
+    const long worker = colon == std::string::npos ? -1 : std::strtol(item.c_str(), &end, 10);
+    const double factor = colon == std::string::npos ? 0 : std::atof(item.c_str() + colon + 1);
+    if (worker < 0 || worker >= s.config.workers || end != item.c_str() + colon || factor < 1) {
+      flags.fail("--slowdown expects WORKER:FACTOR with a worker in [0, " +
+                 std::to_string(s.config.workers) + ") and a factor >= 1, got '" + item + "'");
+    }
+    s.slowdown.resize(static_cast<size_t>(s.config.workers), 1.0);
+    s.slowdown[static_cast<size_t>(worker)] = factor;
+  }
+  const std::string transport = flags.str("transport"), role = flags.str("role");
+  if (transport != "threads" && transport != "tcp") {
+    flags.fail("--transport must be threads or tcp, got '" + transport + "'");
+  }
+  try {
+    validate(s.config);
+    set_num_threads(1);  // one core per worker or server: they run side by side
+    const int index = static_cast<int>(flags.integer("index", 0));
+    if (role == "server") return server_role(s, index, flags.str("port-file"));
+    if (role == "worker") return worker_role(s, index, flags.items("server-endpoints"));
+    if (!role.empty()) flags.fail("--role must be server or worker, got '" + role + "'");
+    std::printf("train_ps: %s, %d server(s), %d worker(s), %s, batch %lld per worker\n",
+                s.config.mode.c_str(), s.config.servers, s.config.workers, transport.c_str(),
+                static_cast<long long>(s.batch));
+    if (transport == "threads") return run_in_threads(s);
+    // The roles get this run's flags back, minus the launcher's own.
+    std::vector<std::string> role_flags;
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg == "--transport") {
+        ++i;
+        continue;
+      }
+      role_flags.push_back(arg);
+    }
+    return run_processes(s, role_flags);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_ps: %s\n", e.what());
+    return 1;
+  }
+}
