@@ -19,12 +19,12 @@
 
 #include <unistd.h>
 
-#include "comm/tcp_communicator.h"
 #include "flags.h"
 #include "nn/builders.h"
 #include "pipit.h"
 #include "ps/local_run.h"
 #include "ps/ps_checkpoint.h"
+#include "ps/ps_tcp.h"
 #include "ps/shard_plan.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
@@ -166,9 +166,9 @@ TcpOptions tcp_options(int64_t timeout_ms) {
 }
 
 int server_role(const Setup& s, int shard, const std::string& port_file) {
-  auto comm = std::make_shared<TcpCommunicator>(s.config.server_id(shard),
-                                                tcp_options(s.config.timeout.count()));
-  const uint16_t port = comm->listen("127.0.0.1", 0);
+  uint16_t port = 0;
+  auto comm = listen_as_ps_shard(s.config, shard, "127.0.0.1:0",
+                                 tcp_options(s.config.timeout.count()), &port);
   auto server = make_server(s, comm, shard);
   write_file_atomic(port_file, std::to_string(port) + "\n");
   server->serve();
@@ -179,12 +179,7 @@ int server_role(const Setup& s, int shard, const std::string& port_file) {
 }
 
 int worker_role(const Setup& s, int w, const std::vector<std::string>& servers) {
-  auto comm = std::make_shared<TcpCommunicator>(s.config.worker_id(w),
-                                                tcp_options(s.config.timeout.count()));
-  for (int shard = 0; shard < s.config.servers; ++shard) {
-    const auto [host, port] = parse_endpoint(servers.at(static_cast<size_t>(shard)));
-    comm->connect(s.config.server_id(shard), host, port);
-  }
+  auto comm = connect_as_ps_worker(s.config, w, servers, tcp_options(s.config.timeout.count()));
   const auto data = make_dataset(s);
   PsWorker worker(comm, make_model(s), s.config, w, s.slowdown.empty() ? 1.0 : s.slowdown[w]);
   worker.join();

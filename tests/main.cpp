@@ -3,7 +3,9 @@
 // runs a pipeline worker, so the distributed tests start real worker processes from this
 // same executable in every build configuration (sanitizers included);
 //   pipit_tests --chaos-role worker|trainer FLAGS
-// are the chaos test's worker and trainer (tools/chaos/roles.h).
+// are the chaos test's worker and trainer (tools/chaos/roles.h);
+//   pipit_tests --ps-role server|worker ...
+// are the parameter-server tests' processes (tests/ps_task.h).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -11,12 +13,16 @@
 
 #include "bench/sleep_layer.h"
 #include "pipeline/worker.h"
+#include "ps_task.h"
 #include "tensor/parallel.h"
 #include "tools/chaos/roles.h"
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--chaos-role") == 0) {
     return pipit::chaos::role_main(argc, argv);
+  }
+  if (argc >= 2 && std::strcmp(argv[1], "--ps-role") == 0) {
+    return pipit::testing::ps_role_main(argc, argv);
   }
   if (argc >= 4 && std::strcmp(argv[1], "--worker") == 0) {
     pipit::WorkerOptions options;

@@ -5,8 +5,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <thread>
+
+#include <unistd.h>
 
 #include "comm/local_communicator.h"
 #include "nn/builders.h"
@@ -15,34 +18,18 @@
 #include "ps/local_run.h"
 #include "ps/ps_messages.h"
 #include "ps/shard_plan.h"
+#include "ps_task.h"
+#include "serialize/checkpoint.h"
+#include "tools/chaos/child.h"
 
 using namespace pipit;
+namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kIn = 16, kClasses = 4;
-
-// A learnable classification task: labels are the argmax of a fixed random linear map of
-// the inputs; `seed` draws the inputs (a held-out set takes another).
-struct Task {
-  Tensor inputs, labels;  // [rows, kIn] f32, [rows] i64
-  explicit Task(int64_t rows, uint64_t seed = 11) {
-    Generator teacher_generator(10), generator(seed);
-    const Tensor teacher = randn({kIn, kClasses}, &teacher_generator);
-    inputs = randn({rows, kIn}, &generator);
-    labels = argmax(matmul(inputs, teacher), 1);
-  }
-  std::pair<Tensor, Tensor> rows(int64_t start, int64_t count) const {
-    start %= inputs.size(0) - count + 1;
-    return {narrow(inputs, 0, start, count).contiguous(),
-            narrow(labels, 0, start, count).contiguous()};
-  }
-};
-
-std::shared_ptr<Module> make_mlp(int64_t hidden = 32) {
-  Generator generator(3);
-  return mlp({kIn, hidden, hidden, kClasses}, "relu", &generator);
-}
+using testing::make_ps_mlp;
+using testing::ps_config_of;
+using Task = testing::PsTask;
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() &&
@@ -56,16 +43,6 @@ double accuracy(Module& model, const Task& task) {
   int64_t right = 0;
   for (size_t i = 0; i < labels.size(); ++i) right += predicted[i] == labels[i];
   return static_cast<double>(right) / static_cast<double>(labels.size());
-}
-
-PsConfig config_of(const std::string& mode, int workers, int servers, nlohmann::json optimizer) {
-  PsConfig c;
-  c.mode = mode;
-  c.workers = workers;
-  c.servers = servers;
-  c.optimizer = std::move(optimizer);
-  c.timeout = std::chrono::milliseconds(60000);
-  return c;
 }
 
 }  // namespace
@@ -88,56 +65,266 @@ TEST_CASE("plan_shards balances whole tensors by bytes, in model order per shard
   CHECK_THROWS_WITH(plan_shards(parameters, 7), Catch::Contains("would leave a shard empty"));
 }
 
+namespace {
+
+constexpr int kSyncWorkers = 3, kSyncSteps = 4;
+const nlohmann::json kSgd = {
+    {"type", "SGD"}, {"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 1e-3}};
+const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
+
+// Single-process training on each step's large batch (the workers' batches in worker order),
+// as sequential gradient accumulation; the loss of every worker's part of it, by step.
+std::pair<StateDict, std::vector<std::vector<double>>> large_batch_reference(
+    const nlohmann::json& optimizer, const Task& task) {
+  auto reference = make_ps_mlp();
+  auto reference_optimizer = make_optimizer(optimizer, reference->named_parameters());
+  auto loss = make_loss({{"type", "CrossEntropyLoss"}});
+  std::vector<std::vector<double>> losses(kSyncWorkers);
+  for (int64_t step = 0; step < kSyncSteps; ++step) {
+    reference_optimizer->zero_grad();
+    for (int w = 0; w < kSyncWorkers; ++w) {
+      const auto [x, y] = task.batch(kSyncWorkers, w, step);
+      Tensor out = reference->forward(x);
+      losses[w].push_back(loss->compute_loss(out, y).item<double>());
+      out.backward(loss->compute_gradient(out, y) * (1.0 / kSyncWorkers));
+    }
+    reference_optimizer->step();
+  }
+  return {reference->state_dict(), losses};
+}
+
+void check_bitwise_equal(const StateDict& got, const StateDict& want) {
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, value] : want) {
+    INFO(name);
+    REQUIRE(got.count(name));
+    CHECK(bitwise_equal(got.at(name), value));
+  }
+}
+
+}  // namespace
+
 TEST_CASE("sync parameter server equals sequential accumulation bit for bit", "[ps]") {
   const Task task(512);
-  constexpr int kWorkers = 3, kSteps = 4;
-  constexpr int64_t kBatch = 8;
-  auto batch = [&](int worker, int64_t step) {
-    return task.rows((step * kWorkers + worker) * kBatch, kBatch);
-  };
-  const nlohmann::json sgd = {
-      {"type", "SGD"}, {"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 1e-3}};
-  const nlohmann::json adamw = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
-  for (const auto& optimizer : {sgd, adamw}) {
+  for (const auto& optimizer : {kSgd, kAdamW}) {
     for (int servers : {1, 2}) {
       DYNAMIC_SECTION(optimizer["type"].get<std::string>() << ", " << servers << " shard(s)") {
-        auto model = make_mlp();
-        auto reference = build_module(model->config());
-        StateDict initial;
-        for (const auto& [name, p] : model->state_dict()) initial.emplace(name, p.clone());
-        reference->load_state_dict(initial);
-
         PsLocalOptions options;
-        options.steps = kSteps;
-        options.batch = batch;
-        const PsRunReport report =
-            train_ps_locally(*model, config_of("sync", kWorkers, servers, optimizer), options);
-
-        auto reference_optimizer = make_optimizer(optimizer, reference->named_parameters());
-        auto loss = make_loss({{"type", "CrossEntropyLoss"}});
-        for (int64_t step = 0; step < kSteps; ++step) {
-          reference_optimizer->zero_grad();
-          for (int w = 0; w < kWorkers; ++w) {
-            const auto [x, y] = batch(w, step);
-            Tensor out = reference->forward(x);
-            CHECK(loss->compute_loss(out, y).item<double>() == report.losses[w][step]);
-            out.backward(loss->compute_gradient(out, y) * (1.0 / kWorkers));
-          }
-          reference_optimizer->step();
-        }
-        for (const auto& [name, want] : reference->state_dict()) {
-          INFO(name);
-          REQUIRE(report.weights.count(name));
-          CHECK(bitwise_equal(report.weights.at(name), want));
-        }
+        options.steps = kSyncSteps;
+        options.batch = [&](int w, int64_t step) { return task.batch(kSyncWorkers, w, step); };
+        const PsRunReport report = train_ps_locally(
+            *make_ps_mlp(), ps_config_of("sync", kSyncWorkers, servers, optimizer), options);
+        const auto [want, losses] = large_batch_reference(optimizer, task);
+        CHECK(report.losses == losses);
+        check_bitwise_equal(report.weights, want);
         for (const PsServerStats& s : report.servers) {
-          CHECK(s.version == kSteps);
-          CHECK(s.gradients == kWorkers * kSteps);
-          CHECK(s.staleness == std::map<int64_t, int64_t>{{0, kWorkers * kSteps}});
+          CHECK(s.version == kSyncSteps);
+          CHECK(s.gradients == kSyncWorkers * kSyncSteps);
+          CHECK(s.staleness == std::map<int64_t, int64_t>{{0, kSyncWorkers * kSyncSteps}});
         }
       }
     }
   }
+}
+
+namespace {
+
+// A parameter-server run whose servers and workers are processes of this executable
+// (tests/ps_task.h), with their logs and checkpoints in one directory.
+class PsProcesses {
+ public:
+  explicit PsProcesses(const std::string& name)
+      : dir_(fs::temp_directory_path() / ("pipit_ps_" + name + "_" + std::to_string(getpid()))) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  ~PsProcesses() {
+    children_.clear();
+    fs::remove_all(dir_);
+  }
+
+  // Starts shard s and waits for its port; returns its "host:port".
+  std::string start_server(int s, const nlohmann::json& config) {
+    const std::string port_file = (dir_ / ("port" + std::to_string(s))).string();
+    fs::remove(port_file);
+    chaos::Child& child =
+        start("server" + std::to_string(s),
+              {"server", std::to_string(s), config.dump(), port_file, dir_.string()});
+    for (int i = 0; i < 1000 && !fs::exists(port_file) && child.running(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    INFO(log("server" + std::to_string(s)));
+    REQUIRE(fs::exists(port_file));
+    std::string endpoint = "127.0.0.1:";
+    endpoint += read_file(port_file);
+    return endpoint;
+  }
+  std::string start_servers(const nlohmann::json& config) {
+    std::string endpoints;
+    for (int s = 0; s < config.at("servers").get<int>(); ++s) {
+      if (s > 0) endpoints += ",";
+      endpoints += start_server(s, config);
+    }
+    return endpoints;
+  }
+  chaos::Child& start_worker(int w, const nlohmann::json& config, const std::string& endpoints,
+                             int64_t steps) {
+    return start("worker" + std::to_string(w),
+                 {"worker", std::to_string(w), config.dump(), endpoints, std::to_string(steps)});
+  }
+  chaos::Child& child(const std::string& name) { return *children_.at(name); }
+  // Waits for the process to exit; its exit status.
+  int wait(const std::string& name) {
+    INFO(name << ": " << log(name));
+    REQUIRE(child(name).wait_exit(chaos::Clock::now() + std::chrono::seconds(120)));
+    return *child(name).exit_status();
+  }
+  std::string log(const std::string& name) const {
+    return fs::exists(dir_ / (name + ".log")) ? read_file((dir_ / (name + ".log")).string()) : "";
+  }
+  std::string checkpoint(int s, int servers) const {
+    return shard_checkpoint_path(dir_.string(), s, servers);
+  }
+  StateDict weights(int servers) const {
+    StateDict all;
+    for (int s = 0; s < servers; ++s) {
+      for (auto& [name, value] : load_checkpoint(checkpoint(s, servers)).weights) {
+        all.emplace(name, value);
+      }
+    }
+    return all;
+  }
+
+ private:
+  chaos::Child& start(const std::string& name, std::vector<std::string> role) {
+    std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(), "--ps-role"};
+    argv.insert(argv.end(), role.begin(), role.end());
+    const std::string path = (dir_ / (name + ".log")).string();
+    children_[name] = std::make_unique<chaos::Child>(argv, path, path);
+    return *children_[name];
+  }
+
+  fs::path dir_;
+  std::map<std::string, std::unique_ptr<chaos::Child>> children_;
+};
+
+nlohmann::json role_config(const std::string& mode, int servers, int workers,
+                           const nlohmann::json& optimizer) {
+  return {{"mode", mode}, {"servers", servers}, {"workers", workers}, {"optimizer", optimizer}};
+}
+
+}  // namespace
+
+TEST_CASE("sync over TCP worker and server processes equals the large batch bit for bit",
+          "[ps][distributed]") {
+  const Task task(512);
+  for (const auto& optimizer : {kSgd, kAdamW}) {
+    for (int servers : {1, 2}) {
+      DYNAMIC_SECTION(optimizer["type"].get<std::string>() << ", " << servers << " shard(s)") {
+        PsProcesses run("sync");
+        const nlohmann::json config = role_config("sync", servers, kSyncWorkers, optimizer);
+        const std::string endpoints = run.start_servers(config);
+        for (int w = 0; w < kSyncWorkers; ++w) run.start_worker(w, config, endpoints, kSyncSteps);
+        for (int w = 0; w < kSyncWorkers; ++w) CHECK(run.wait("worker" + std::to_string(w)) == 0);
+        for (int s = 0; s < servers; ++s) CHECK(run.wait("server" + std::to_string(s)) == 0);
+        check_bitwise_equal(run.weights(servers), large_batch_reference(optimizer, task).first);
+      }
+    }
+  }
+}
+
+TEST_CASE("a killed worker process: async goes on and logs it, sync fails naming it",
+          "[ps][distributed]") {
+  for (const std::string mode : {"async", "sync"}) {
+    DYNAMIC_SECTION(mode) {
+      PsProcesses run("killed_worker");
+      const nlohmann::json config = role_config(mode, 2, 3, kSgd);
+      const std::string endpoints = run.start_servers(config);
+      // Async: workers 0 and 1 finish; worker 2 would run for ever. Sync: all would.
+      const int64_t steps = mode == "async" ? 20 : 1000000;
+      run.start_worker(0, config, endpoints, steps);
+      run.start_worker(1, config, endpoints, steps);
+      run.start_worker(2, config, endpoints, 1000000);
+      if (mode == "async") {
+        CHECK(run.wait("worker0") == 0);
+        CHECK(run.wait("worker1") == 0);
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      }
+      run.child("worker2").kill();
+      for (int s = 0; s < 2; ++s) {
+        const std::string server = "server" + std::to_string(s);
+        const std::string log = run.log(server);
+        if (mode == "async") {
+          CHECK(run.wait(server) == 0);
+          CHECK_THAT(run.log(server), Catch::Contains("worker 2 lost"));
+          CHECK(load_checkpoint(run.checkpoint(s, 2)).step >= 40);
+        } else {
+          CHECK(run.wait(server) == 1);
+          CHECK_THAT(run.log(server), Catch::Contains("lost worker 2"));
+        }
+      }
+      if (mode == "sync") {
+        for (const std::string worker : {"worker0", "worker1"}) {
+          CHECK(run.wait(worker) == 1);
+          CHECK_THAT(run.log(worker), Catch::Contains("lost worker 2"));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a killed server: workers stop naming it, and a resumed run equals an unbroken one",
+          "[ps][distributed]") {
+  const Task task(512);
+  constexpr int64_t kSteps = 40;
+  PsProcesses run("killed_server");
+  nlohmann::json config = role_config("sync", 1, 2, kSgd);
+  config["checkpoint_every"] = 5;
+  nlohmann::json slow = config;
+  slow["slowdown"] = 30.0;  // long enough steps to kill the server mid-run
+  std::string endpoint = run.start_server(0, config);
+  run.start_worker(0, slow, endpoint, kSteps);
+  run.start_worker(1, slow, endpoint, kSteps);
+  // Kill the server once it has checkpointed at least 10 updates.
+  for (int i = 0; i < 3000; ++i) {
+    if (fs::exists(run.checkpoint(0, 1)) && load_checkpoint(run.checkpoint(0, 1)).step >= 10) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  run.child("server0").kill();
+  const int64_t saved = load_checkpoint(run.checkpoint(0, 1)).step;
+  INFO("killed after the checkpoint of version " << saved);
+  CHECK(saved >= 10);
+  CHECK(saved < kSteps);
+  for (const std::string worker : {"worker0", "worker1"}) {
+    CHECK(run.wait(worker) == 1);
+    CHECK_THAT(run.log(worker), Catch::Contains("lost server shard 0"));
+  }
+  config["resume"] = true;
+  endpoint = run.start_server(0, config);
+  run.start_worker(0, config, endpoint, kSteps);
+  run.start_worker(1, config, endpoint, kSteps);
+  CHECK(run.wait("worker0") == 0);
+  CHECK(run.wait("worker1") == 0);
+  CHECK(run.wait("server0") == 0);
+  CHECK(load_checkpoint(run.checkpoint(0, 1)).step == kSteps);
+
+  // The unbroken run: the large batch, kSteps steps, 2 workers.
+  auto reference = make_ps_mlp();
+  auto optimizer = make_optimizer(kSgd, reference->named_parameters());
+  auto loss = make_loss({{"type", "CrossEntropyLoss"}});
+  for (int64_t step = 0; step < kSteps; ++step) {
+    optimizer->zero_grad();
+    for (int w = 0; w < 2; ++w) {
+      const auto [x, y] = task.batch(2, w, step);
+      Tensor out = reference->forward(x);
+      out.backward(loss->compute_gradient(out, y) * 0.5);
+    }
+    optimizer->step();
+  }
+  check_bitwise_equal(run.weights(1), reference->state_dict());
 }
 
 TEST_CASE("async and bounded modes count every gradient and learn as well as sync", "[ps]") {
@@ -155,9 +342,9 @@ TEST_CASE("async and bounded modes count every gradient and learn as well as syn
   };
   for (const Mode& mode :
        {Mode{"sync", 1}, Mode{"async", 1}, Mode{"async", 3}, Mode{"bounded", 1}}) {
-    auto model = make_mlp();
+    auto model = make_ps_mlp();
     const double before = accuracy(*model, held_out);
-    PsConfig config = config_of(mode.name, kWorkers, 2, adamw);
+    PsConfig config = ps_config_of(mode.name, kWorkers, 2, adamw);
     config.accumulate = mode.accumulate;
     config.max_staleness = 2;
     PsLocalOptions options;
@@ -196,7 +383,7 @@ TEST_CASE("bounded staleness holds with one worker slowed 4x", "[ps]") {
   constexpr int kWorkers = 4, kSteps = 24;
   for (int bound : {0, 1, 3}) {
     DYNAMIC_SECTION("max_staleness " << bound) {
-      PsConfig config = config_of("bounded", kWorkers, 2, {{"type", "SGD"}, {"lr", 0.05}});
+      PsConfig config = ps_config_of("bounded", kWorkers, 2, {{"type", "SGD"}, {"lr", 0.05}});
       config.max_staleness = bound;
       PsLocalOptions options;
       options.steps = kSteps;
@@ -204,7 +391,7 @@ TEST_CASE("bounded staleness holds with one worker slowed 4x", "[ps]") {
         return task.rows((step * kWorkers + worker) * 16, 16);
       };
       options.slowdown = {1, 1, 4, 1};
-      const PsRunReport report = train_ps_locally(*make_mlp(128), config, options);
+      const PsRunReport report = train_ps_locally(*make_ps_mlp(128), config, options);
       for (const PsServerStats& s : report.servers) {
         CHECK(s.gradients == kWorkers * kSteps);
         CHECK(s.staleness.rbegin()->first <= bound);
@@ -302,14 +489,14 @@ TEST_CASE("bf16 gradient compression rounds to nearest even and feeds the error 
 TEST_CASE("compressed pushes train, halve the bytes, and stay close to uncompressed", "[ps]") {
   const Task task(1024), held_out(512, 12);
   auto run = [&](bool compress) {
-    PsConfig config = config_of("sync", 2, 1, {{"type", "AdamW"}, {"lr", 0.01}});
+    PsConfig config = ps_config_of("sync", 2, 1, {{"type", "AdamW"}, {"lr", 0.01}});
     config.compress = compress;
     PsLocalOptions options;
     options.steps = 40;
     options.batch = [&](int worker, int64_t step) {
       return task.rows((step * 2 + worker) * 16, 16);
     };
-    auto model = make_mlp();
+    auto model = make_ps_mlp();
     PsRunReport report = train_ps_locally(*model, config, options);
     model->load_state_dict(report.weights);
     return std::make_pair(report, accuracy(*model, held_out));
@@ -398,7 +585,7 @@ TEST_CASE("malformed and mismatched pushes are refused with a reason; nothing is
   };
   for (const Bad& bad : cases) {
     DYNAMIC_SECTION(bad.what) {
-      PsConfig config = config_of("async", 1, 1, {{"type", "SGD"}, {"lr", 1.0}});
+      PsConfig config = ps_config_of("async", 1, 1, {{"type", "SGD"}, {"lr", 1.0}});
       ServerUnderTest s(config, two_parameters());
       auto worker = s.worker(0);
       worker->send(0, Message(MessageKind::PsJoin, 0));
@@ -423,7 +610,7 @@ TEST_CASE("sync: a lost worker fails the step by name, or with min_workers the r
           "[ps]") {
   for (int min_workers : {0, 2}) {
     DYNAMIC_SECTION("min_workers " << min_workers) {
-      PsConfig config = config_of("sync", 3, 1, {{"type", "SGD"}, {"lr", 1.0}});
+      PsConfig config = ps_config_of("sync", 3, 1, {{"type", "SGD"}, {"lr", 1.0}});
       config.min_workers = min_workers;
       ServerUnderTest s(config, two_parameters());
       std::vector<std::shared_ptr<Communicator>> workers;
