@@ -79,26 +79,31 @@ void ParameterServer::serve() {
       continue;
     }
     if (!live_[worker]) continue;  // a dropped worker's late messages
-    switch (message->kind) {
-      case MessageKind::PsJoin:
-        on_join(worker);
-        break;
-      case MessageKind::PsPush:
-        on_push(worker, *message);
-        break;
-      case MessageKind::PsLeave:
-        live_[worker] = false;
-        gate_.forget(worker);
-        if (config_.mode == "sync") {
-          try_sync_update();
-        } else {
-          drain();
-        }
-        break;
-      case MessageKind::Heartbeat:
-        break;
-      default:
-        say(std::string("ignored a ") + message_kind_name(message->kind) + " from " + who(worker));
+    try {
+      switch (message->kind) {
+        case MessageKind::PsJoin:
+          read_empty(*message);
+          on_join(worker);
+          break;
+        case MessageKind::PsPush:
+          on_push(worker, *message);
+          break;
+        case MessageKind::PsLeave:
+          read_empty(*message);
+          live_[worker] = false;
+          gate_.forget(worker);
+          if (config_.mode == "sync") {
+            try_sync_update();
+          } else {
+            drain();
+          }
+          break;
+        default:
+          say(std::string("ignored a ") + message_kind_name(message->kind) + " from " +
+              who(worker));
+      }
+    } catch (const ControlError& e) {
+      refuse(worker, e.what());
     }
   }
 }

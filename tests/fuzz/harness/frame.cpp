@@ -11,6 +11,7 @@
 #include "comm/frame.h"
 #include "comm/handshake.h"
 #include "pipit.h"
+#include "ps/ps_messages.h"
 #include "tests/fuzz/harness/check.h"
 #include "tests/fuzz/harness/frame_input.h"
 
@@ -79,6 +80,15 @@ void read_typed(const Message& message) {
         rewritten =
             to_message(read_layer_transfer(message), message.step, message.chunk, message.tensors);
         break;
+      case MessageKind::PsParameters:
+        rewritten = to_message(read_ps_parameters(message), message.tensors);
+        break;
+      case MessageKind::PsPush:
+        rewritten = to_message(read_ps_push(message), message.tensors);
+        break;
+      case MessageKind::PsError:
+        rewritten = to_message(read_ps_error(message));
+        break;
       case MessageKind::Hello:
         rewritten =
             std::visit([](const auto& m) { return to_message(m); }, read_handshake(message));
@@ -93,6 +103,8 @@ void read_typed(const Message& message) {
       case MessageKind::RemapReady:
       case MessageKind::RemapCommit:
       case MessageKind::RemapDone:
+      case MessageKind::PsJoin:
+      case MessageKind::PsLeave:
         read_empty(message);
         rewritten = message;
         break;
