@@ -1,6 +1,7 @@
 #include "ps/parameter_server.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "autograd/ops.h"
@@ -64,6 +65,15 @@ void ParameterServer::serve() {
                                  config_.timeout.count(), " ms at version ", stats_.version,
                                  " (waiting on workers ", waiting, ")"));
     }
+    const auto busy_since = std::chrono::steady_clock::now();
+    struct Busy {
+      std::chrono::steady_clock::time_point since;
+      double& total;
+      ~Busy() {
+        total += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since)
+                     .count();
+      }
+    } busy{busy_since, stats_.busy_ms};
     if (message->kind == MessageKind::PeerLost) {
       const PeerLost lost = read_peer_lost(*message);
       const int worker = worker_of(lost.peer);
@@ -295,17 +305,18 @@ void ParameterServer::drain() {
 }
 
 void ParameterServer::send_parameters(int worker) {
-  std::vector<std::string> names;
-  std::vector<Tensor> tensors;
-  for (const auto& [name, p] : parameters_) {
-    names.push_back(name);
-    // A message's tensors leave later than send() returns (in one process they are handed
-    // over, over TCP written from where they lie), and the next update changes the
-    // parameters in place: send a snapshot.
-    tensors.push_back(p.detach().clone());
+  // A message's tensors leave later than send() returns (in one process they are handed
+  // over, over TCP written from where they lie), and the next update changes the parameters
+  // in place: workers get a snapshot, taken once per version and shared by every reply.
+  if (snapshot_version_ != stats_.version) {
+    snapshot_.clear();
+    for (const auto& [name, p] : parameters_) snapshot_.push_back(p.detach().clone());
+    snapshot_version_ = stats_.version;
   }
+  std::vector<std::string> names;
+  for (const auto& [name, p] : parameters_) names.push_back(name);
   comm_->send(config_.worker_id(worker),
-              to_message(PsParameters{stats_.version, std::move(names)}, std::move(tensors)));
+              to_message(PsParameters{stats_.version, std::move(names)}, snapshot_));
 }
 
 void ParameterServer::load(const StateDict& weights, const StateDict& optimizer_state,
@@ -326,6 +337,7 @@ void ParameterServer::load(const StateDict& weights, const StateDict& optimizer_
   }
   optimizer_->load_state_dict(optimizer_state);
   stats_.version = version;
+  snapshot_version_ = -1;
 }
 
 StateDict ParameterServer::weights() const {

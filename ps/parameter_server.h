@@ -36,6 +36,7 @@ struct PsServerStats {
   int64_t gradients = 0;                 // pushes summed into updates
   int64_t refused = 0;                   // pushes refused
   int64_t pushed_bytes = 0;              // tensor bytes of the pushes received
+  double busy_ms = 0;                    // handling messages, not waiting for them
   std::map<int64_t, int64_t> staleness;  // staleness -> gradients
   std::vector<int> lost;                 // workers lost during the run
 };
@@ -98,6 +99,8 @@ class ParameterServer {
   std::vector<int> waiting_reads_;    // bounded: workers owed parameters, in order
   std::vector<Tensor> sums_;          // async and bounded: the next update's gradients
   int64_t summed_ = 0;
+  std::vector<Tensor> snapshot_;  // the parameters at snapshot_version_, as sent to workers
+  int64_t snapshot_version_ = -1;
 };
 
 }  // namespace pipit

@@ -1,0 +1,383 @@
+// The parameter server, measured (ps/):
+//  1. Throughput against the number of workers (1, 2, 4): MLP 784-1024-1024-10, batch 64 per
+//     worker, SGD; one server and the workers as processes over TCP (this program in its
+//     server and worker roles), sync and async; beside it, in the same run, PyTorch
+//     DistributedDataParallel (gloo) with as many worker processes (bench/ps_ddp.py).
+//  2. A model of more cores: from the 1-worker run's measured compute, communication and
+//     server times per step, the sync step time with W workers each on its own core.
+//  3. Time to a target loss with one worker of 4 slowed 4x: sync, async and bounded, in
+//     threads, an MLP on clustered data (as train_ps).
+// Printed and appended to bench/RESULTS.md.
+//   usage: ps [--steps 40] [--no-append]
+// (ps --role server|worker ... are the roles it starts itself.)
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <unistd.h>
+
+#include "nn/builders.h"
+#include "pipit.h"
+#include "ps/local_run.h"
+#include "ps/ps_tcp.h"
+#include "ps/shard_plan.h"
+#include "serialize/atomic_file.h"
+#include "tools/chaos/child.h"
+
+using namespace pipit;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::vector<int64_t> kDims = {784, 1024, 1024, 10};
+constexpr int64_t kBatch = 64, kWarmup = 5;
+
+PsConfig config_from(const json& c) {
+  PsConfig config;
+  config.mode = c.at("mode");
+  config.workers = c.at("workers");
+  config.servers = 1;
+  config.optimizer = {{"type", "SGD"}, {"lr", 0.01}};
+  return config;
+}
+
+std::shared_ptr<Module> throughput_model() {
+  Generator generator(0);
+  return mlp(kDims, "relu", &generator);
+}
+
+double seconds_now() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+// The roles: a server writes its port, serves, and writes its statistics; a worker trains
+// kWarmup untimed steps and `steps` timed ones on its own synthetic batch and writes its times.
+int role_main(char** argv) {
+  set_num_threads(1);
+  const std::string role = argv[2];
+  const int index = std::stoi(argv[3]);
+  const PsConfig config = config_from(json::parse(argv[4]));
+  if (role == "server") {
+    uint16_t port = 0;
+    auto comm = listen_as_ps_shard(config, 0, "127.0.0.1:0", {}, &port);
+    ParameterServer server(comm, throughput_model()->named_parameters(), config, 0);
+    write_file_atomic(argv[5], std::to_string(port));
+    server.serve();
+    const PsServerStats& s = server.stats();
+    write_file_atomic(argv[6], json{{"busy_ms", s.busy_ms}, {"gradients", s.gradients}}.dump());
+    comm->close();
+    return 0;
+  }
+  auto comm = connect_as_ps_worker(config, index, {argv[5]}, {});
+  const int64_t steps = std::stoll(argv[6]);
+  Generator generator(100 + static_cast<uint64_t>(index));
+  const Tensor x = randn({kBatch, kDims.front()}, &generator);
+  std::vector<int64_t> labels(kBatch);
+  for (auto& label : labels)
+    label = static_cast<int64_t>(generator.bits(generator.reserve(1)) % 10);
+  const Tensor y = from_vector(labels, {kBatch});
+  PsWorker worker(comm, throughput_model(), config, index);
+  worker.join();
+  for (int64_t i = 0; i < kWarmup; ++i) worker.step(x, y);
+  const PsWorkerStats before = worker.stats();
+  const double start = seconds_now();
+  for (int64_t i = 0; i < steps; ++i) worker.step(x, y);
+  const double end = seconds_now();
+  const PsWorkerStats& after = worker.stats();
+  worker.leave();
+  comm->close();
+  write_file_atomic(argv[7], json{{"start", start},
+                                  {"end", end},
+                                  {"steps", steps},
+                                  {"compute_ms", after.compute_ms - before.compute_ms},
+                                  {"wait_ms", after.wait_ms - before.wait_ms}}
+                                 .dump());
+  return 0;
+}
+
+struct Throughput {
+  double samples_per_s = 0, compute_ms = 0, wait_ms = 0, server_ms_per_gradient = 0;
+};
+
+// One server and `workers` worker processes of this program.
+Throughput measure_processes(const std::string& mode, int workers, int64_t steps,
+                             const fs::path& dir) {
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const std::string config = json{{"mode", mode}, {"workers", workers}}.dump();
+  auto path = [&](const std::string& name) { return (dir / name).string(); };
+  fs::remove(path("port"));
+  std::vector<std::unique_ptr<chaos::Child>> children;
+  children.push_back(
+      std::make_unique<chaos::Child>(std::vector<std::string>{self, "--role", "server", "0", config,
+                                                              path("port"), path("server.json")},
+                                     path("server.log"), path("server.log")));
+  for (int i = 0; i < 1000 && !fs::exists(path("port")); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  PIPIT_CHECK(fs::exists(path("port")),
+              "the server did not start: ", read_file(path("server.log")));
+  const std::string endpoint = "127.0.0.1:" + read_file(path("port"));
+  for (int w = 0; w < workers; ++w) {
+    const std::string name = "worker" + std::to_string(w);
+    children.push_back(std::make_unique<chaos::Child>(
+        std::vector<std::string>{self, "--role", "worker", std::to_string(w), config, endpoint,
+                                 std::to_string(steps), path(name + ".json")},
+        path(name + ".log"), path(name + ".log")));
+  }
+  for (size_t i = 0; i < children.size(); ++i) {
+    PIPIT_CHECK(children[i]->wait_exit(Clock::now() + std::chrono::minutes(5)) &&
+                    children[i]->exit_status() == 0,
+                "a ", mode, " process failed: ",
+                read_file(path(i == 0 ? "server.log" : "worker" + std::to_string(i - 1) + ".log")));
+  }
+  Throughput t;
+  double first = 1e300, last = 0;
+  for (int w = 0; w < workers; ++w) {
+    const json r = json::parse(read_file(path("worker" + std::to_string(w) + ".json")));
+    first = std::min(first, r.at("start").get<double>());
+    last = std::max(last, r.at("end").get<double>());
+    t.compute_ms += r.at("compute_ms").get<double>() / static_cast<double>(steps) / workers;
+    t.wait_ms += r.at("wait_ms").get<double>() / static_cast<double>(steps) / workers;
+  }
+  const json server = json::parse(read_file(path("server.json")));
+  t.server_ms_per_gradient =
+      server.at("busy_ms").get<double>() / server.at("gradients").get<double>();
+  t.samples_per_s = static_cast<double>(workers * steps * kBatch) / (last - first);
+  return t;
+}
+
+// The same run in threads of this process (train_ps_locally): no bytes are copied between
+// workers and server but the parameter snapshot. Timed from the moment every worker is past
+// its warm-up steps.
+double measure_threads(const std::string& mode, int workers, int64_t steps) {
+  set_num_threads(1);
+  PsConfig config = config_from(json{{"mode", mode}, {"workers", workers}});
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int w = 0; w < workers; ++w) {
+    Generator generator(100 + static_cast<uint64_t>(w));
+    const Tensor x = randn({kBatch, kDims.front()}, &generator);
+    std::vector<int64_t> labels(kBatch);
+    for (auto& label : labels) {
+      label = static_cast<int64_t>(generator.bits(generator.reserve(1)) % 10);
+    }
+    batches.emplace_back(x, from_vector(labels, {kBatch}));
+  }
+  PsLocalOptions options;
+  options.steps = kWarmup + steps;
+  options.batch = [&](int w, int64_t) { return batches[static_cast<size_t>(w)]; };
+  int warmed_up = 0;
+  Clock::time_point start, end;
+  options.on_step = [&](int, int64_t step, double) {
+    if (step == kWarmup - 1 && ++warmed_up == workers) start = Clock::now();
+    end = Clock::now();
+  };
+  train_ps_locally(*throughput_model(), config, options);
+  return static_cast<double>(workers * steps * kBatch) /
+         std::chrono::duration<double>(end - start).count();
+}
+
+// bench/ps_ddp.py's samples/s, or 0 when PyTorch is not there.
+double measure_ddp(int workers, int64_t steps) {
+  const std::string command = std::string("/usr/bin/python3 ") + PIPIT_SOURCE_DIR +
+                              "/bench/ps_ddp.py --workers " + std::to_string(workers) +
+                              " --dims 784,1024,1024,10 --batch " + std::to_string(kBatch) +
+                              " --steps " + std::to_string(steps) + " 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return 0;
+  std::string out, last_line;
+  std::array<char, 4096> buffer;
+  while (fgets(buffer.data(), buffer.size(), pipe)) last_line = buffer.data();
+  if (pclose(pipe) != 0) return 0;
+  try {
+    return json::parse(last_line).at("samples_per_s").get<double>();
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+// Part 3: the clustered-data MLP of train_ps, 4 workers, worker 3 slowed 4x.
+struct TimeToLoss {
+  double seconds = -1;  // until the mean of the last 40 worker losses fell below the target
+  int64_t updates = 0;
+  double total_seconds = 0;
+  int64_t max_staleness = 0;
+};
+
+TimeToLoss time_to_loss(const std::string& mode, double target) {
+  constexpr int64_t kFeatures = 32, kClasses = 8, kSamples = 8192, kSmallBatch = 32;
+  Generator generator(1001);
+  const Tensor centres = normal({kClasses, kFeatures}, 0.0, 1.0, &generator);
+  std::vector<int64_t> labels(kSamples);
+  for (auto& label : labels)
+    label = static_cast<int64_t>(generator.bits(generator.reserve(1)) % kClasses);
+  const Tensor y = from_vector(labels, {kSamples});
+  const Tensor x = embedding(centres, y) + normal({kSamples, kFeatures}, 0.0, 1.5, &generator);
+  Generator model_generator(1);
+  auto model = mlp({kFeatures, 128, 128, kClasses}, "relu", &model_generator);
+
+  PsConfig config;
+  config.mode = mode;
+  config.workers = 4;
+  config.max_staleness = 3;
+  config.optimizer = {{"type", "SGD"}, {"lr", 0.02}, {"momentum", 0.9}};
+  PsLocalOptions options;
+  options.steps = 300;
+  options.slowdown = {1, 1, 1, 4};
+  options.batch = [&](int w, int64_t step) {
+    const int64_t begin = ((step * 4 + w) * kSmallBatch) % (kSamples - kSmallBatch + 1);
+    return std::make_pair(narrow(x, 0, begin, kSmallBatch).contiguous(),
+                          narrow(y, 0, begin, kSmallBatch).contiguous());
+  };
+  TimeToLoss result;
+  std::deque<double> recent;
+  double sum = 0;
+  const auto start = Clock::now();
+  options.on_step = [&](int, int64_t, double loss) {
+    recent.push_back(loss);
+    sum += loss;
+    if (recent.size() > 40) {
+      sum -= recent.front();
+      recent.pop_front();
+    }
+    if (result.seconds < 0 && recent.size() == 40 && sum / 40 < target) {
+      result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    }
+  };
+  const PsRunReport report = train_ps_locally(*model, config, options);
+  result.total_seconds = report.seconds;
+  result.updates = report.servers[0].version;
+  result.max_staleness = report.servers[0].staleness.rbegin()->first;
+  return result;
+}
+
+std::string machine() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+std::string format(const char* pattern, auto... values) {
+  char text[512];
+  std::snprintf(text, sizeof text, pattern, values...);
+  return text;
+}
+
+int run(int argc, char** argv) {
+  int64_t steps = 40;
+  bool append = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--no-append") == 0) {
+      append = false;
+    } else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
+      steps = std::max<int64_t>(10, std::atoll(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: ps [--steps N] [--no-append]\n");
+      return 2;
+    }
+  }
+  const fs::path dir = fs::temp_directory_path() / ("pipit_bench_ps_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::ostringstream out;
+  out << "Throughput, MLP 784-1024-1024-10, batch " << kBatch << " per worker, SGD, one thread "
+      << "per process, " << steps << " timed steps after " << kWarmup << ":\n\n"
+      << "| workers | DDP (gloo) samples/s | pipit sync, threads | sync threads / DDP | pipit "
+         "sync, TCP processes | sync TCP / DDP | pipit async, threads | pipit async, TCP "
+         "processes | TCP sync: compute ms/step | push+pull ms/step | server ms/gradient |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|\n";
+  std::printf("%s", out.str().c_str());
+  Throughput single;
+  for (int workers : {1, 2, 4}) {
+    const double ddp = measure_ddp(workers, steps);
+    const double sync_threads = measure_threads("sync", workers, steps);
+    const Throughput sync = measure_processes("sync", workers, steps, dir);
+    const double async_threads = measure_threads("async", workers, steps);
+    const Throughput async = measure_processes("async", workers, steps, dir);
+    if (workers == 1) single = sync;
+    auto ratio = [&](double pipit) { return ddp > 0 ? format("%.2f", pipit / ddp) : "-"; };
+    const std::string row =
+        format("| %d | %s | %.0f | %s | %.0f | %s | %.0f | %.0f | %.2f | %.2f | %.2f |\n", workers,
+               ddp > 0 ? format("%.0f", ddp).c_str() : "not installed", sync_threads,
+               ratio(sync_threads).c_str(), sync.samples_per_s, ratio(sync.samples_per_s).c_str(),
+               async_threads, async.samples_per_s, sync.compute_ms, sync.wait_ms,
+               sync.server_ms_per_gradient);
+    std::printf("%s", row.c_str());
+    std::fflush(stdout);
+    out << row;
+  }
+  // Each worker on its own core and the server on another: a sync step is the compute, the
+  // communication (push and pull, measured with one worker, less the server's own time) and
+  // the server's work for every gradient, which it does one after another.
+  const double comm = std::max(0.0, single.wait_ms - single.server_ms_per_gradient);
+  out << "\nModel of more cores, from the 1-worker sync run (compute "
+      << format("%.2f", single.compute_ms) << " ms, communication " << format("%.2f", comm)
+      << " ms, server " << format("%.2f", single.server_ms_per_gradient)
+      << " ms per gradient): sync step = compute + communication + workers x server time.\n\n"
+      << "| workers | predicted step ms | predicted samples/s | speed-up over 1 "
+         "|\n|---|---|---|---|\n";
+  const double one = single.compute_ms + comm + single.server_ms_per_gradient;
+  for (int workers : {1, 2, 4, 8, 16}) {
+    const double step = single.compute_ms + comm + workers * single.server_ms_per_gradient;
+    out << format("| %d | %.2f | %.0f | %.2f |\n", workers, step, workers * kBatch * 1000.0 / step,
+                  workers * one / step);
+  }
+  out << "\nTime to a target loss (mean of the last 40 worker losses < 0.35), MLP 32-128-128-8 "
+         "on clustered data, 4 workers in threads, worker 3 slowed 4x, 300 steps each, SGD "
+         "lr 0.02 momentum 0.9:\n\n"
+         "| mode | seconds to target | run seconds | updates | largest staleness |\n"
+         "|---|---|---|---|---|\n";
+  std::map<std::string, double> reached;
+  for (const std::string mode : {"sync", "async", "bounded"}) {
+    const TimeToLoss t = time_to_loss(mode, 0.35);
+    reached[mode] = t.seconds;
+    out << format("| %s | %s | %.2f | %lld | %lld |\n",
+                  mode == "bounded" ? "bounded (max_staleness 3)" : mode.c_str(),
+                  t.seconds < 0 ? "not reached" : format("%.2f", t.seconds).c_str(),
+                  t.total_seconds, static_cast<long long>(t.updates),
+                  static_cast<long long>(t.max_staleness));
+  }
+  if (reached["sync"] > 0 && reached["async"] > 0 && reached["bounded"] > 0) {
+    out << format("\nasync reached the target %.2fx as fast as sync, bounded %.2fx.\n",
+                  reached["sync"] / reached["async"], reached["sync"] / reached["bounded"]);
+  }
+  std::printf("%s", out.str().substr(out.str().find("\nModel")).c_str());
+  fs::remove_all(dir);
+  if (append) {
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+    std::ofstream results(std::string(PIPIT_SOURCE_DIR) + "/bench/RESULTS.md", std::ios::app);
+    results << "\n## ps, " << date << ", " << machine() << ", "
+            << std::thread::hardware_concurrency() << " cores\n\n`build/ps --steps " << steps
+            << "`. " << out.str();
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc >= 7 && std::strcmp(argv[1], "--role") == 0) return role_main(argv);
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ps: %s\n", e.what());
+    return 1;
+  }
+}
