@@ -21,63 +21,15 @@
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
+#include "text_data.h"
 
 using namespace pipit;
 
 namespace {
 
-// A small made-up language with real structure (grammar, agreement, punctuation), so the
-// demo needs no files and its loss falls visibly.
-std::string generated_text(size_t length, uint64_t seed) {
-  const std::vector<std::string> subjects = {"the cat",  "a dog",        "the old man", "my sister",
-                                             "the king", "a small bird", "the sailor"};
-  const std::vector<std::string> verbs = {"sees",  "likes",     "follows",
-                                          "calls", "remembers", "finds"};
-  const std::vector<std::string> objects = {"the sea",    "a red apple", "the tall tower",
-                                            "her friend", "the moon",    "a quiet song"};
-  const std::vector<std::string> endings = {".", "!", " today.", " again.", " at night."};
-  Generator generator(seed);
-  auto pick = [&](const std::vector<std::string>& words) {
-    return words[generator.bits(generator.reserve(1)) % words.size()];
-  };
-  std::string text;
-  while (text.size() < length) {
-    text += pick(subjects) + " " + pick(verbs) + " " + pick(objects) + pick(endings) + "\n";
-  }
-  return text;
-}
-
-struct Vocabulary {
-  std::vector<char> chars;
-  int index_of[256];
-  explicit Vocabulary(const std::string& text) {
-    bool seen[256] = {};
-    for (unsigned char c : text) seen[c] = true;
-    for (int c = 0; c < 256; ++c) {
-      index_of[c] = -1;
-      if (seen[c]) {
-        index_of[c] = static_cast<int>(chars.size());
-        chars.push_back(static_cast<char>(c));
-      }
-    }
-  }
-};
-
-// `batch` random windows of context + 1 tokens: inputs are the first context, targets the
-// last context.
-std::pair<Tensor, Tensor> sample_batch(const std::vector<int64_t>& tokens, int64_t batch,
-                                       int64_t context, Generator& generator) {
-  std::vector<int64_t> x(static_cast<size_t>(batch * context)), y(x.size());
-  const uint64_t span = tokens.size() - static_cast<uint64_t>(context) - 1;
-  for (int64_t b = 0; b < batch; ++b) {
-    uint64_t start = generator.bits(generator.reserve(1)) % span;
-    for (int64_t t = 0; t < context; ++t) {
-      x[static_cast<size_t>(b * context + t)] = tokens[start + static_cast<uint64_t>(t)];
-      y[static_cast<size_t>(b * context + t)] = tokens[start + static_cast<uint64_t>(t) + 1];
-    }
-  }
-  return {from_vector(x, {batch, context}), from_vector(y, {batch, context})};
-}
+using samples::generated_text;
+using samples::sample_batch;
+using samples::Vocabulary;
 
 std::string sample_text(Module& model, const Vocabulary& vocab, int64_t first_token,
                         int64_t context, int64_t length, Generator& generator) {
@@ -248,9 +200,7 @@ int main(int argc, char** argv) {
                  " characters; it needs more than --context + 1");
     }
     Vocabulary vocab(text);
-    std::vector<int64_t> tokens;
-    tokens.reserve(text.size());
-    for (unsigned char c : text) tokens.push_back(vocab.index_of[c]);
+    const std::vector<int64_t> tokens = vocab.encode(text);
 
     Generator generator(seed);
     GptConfig config{static_cast<int64_t>(vocab.chars.size()), context, layers, heads, width, 0.0};

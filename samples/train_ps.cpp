@@ -1,5 +1,6 @@
-// Data-parallel training with a parameter server (ps/): an MLP on synthetic clustered data,
-// `--workers` replicas each training on its own batches, the parameters sharded over
+// Data-parallel training with a parameter server (ps/): an MLP on synthetic clustered data or
+// a character-level GPT (--model gpt, on --data FILE or generated text), `--workers` replicas each
+// training on its own batches, the parameters sharded over
 // `--servers` servers, in threads or in processes talking TCP.
 //   train_ps                                   # sync, 1 server, 2 workers, in threads
 //   train_ps --mode async --workers 4 --servers 2 --transport tcp
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include "flags.h"
+#include "loss/loss.h"
 #include "nn/builders.h"
 #include "pipit.h"
 #include "ps/local_run.h"
@@ -28,6 +30,7 @@
 #include "ps/shard_plan.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
+#include "text_data.h"
 #include "tools/chaos/child.h"
 
 using namespace pipit;
@@ -37,7 +40,11 @@ namespace {
 
 struct Setup {
   PsConfig config;
-  int64_t features = 32, classes = 8, hidden = 128, samples = 8192, batch = 32, steps = 200;
+  std::string model = "mlp";                                         // or "gpt"
+  int64_t features = 32, classes = 8, hidden = 128, samples = 8192;  // mlp
+  std::string data;                                                  // gpt: a text file
+  int64_t layers = 2, heads = 4, width = 64, context = 32;           // gpt
+  int64_t batch = 32, steps = 200;
   uint64_t seed = 1;
   std::vector<double> slowdown;  // per worker
   std::string checkpoint;        // directory; empty: none
@@ -45,8 +52,26 @@ struct Setup {
   bool resume = false;
 };
 
-// Each class is a Gaussian cloud around its own random centre (as train_mlp).
-std::pair<Tensor, Tensor> make_dataset(const Setup& s) {
+// The training data every process rebuilds the same way: clustered points for the MLP (each
+// class a Gaussian cloud around its own random centre, as train_mlp), characters for the GPT.
+struct Data {
+  Tensor x, y;                  // mlp
+  std::vector<int64_t> tokens;  // gpt
+  int64_t vocabulary = 0;
+};
+
+Data make_data(const Setup& s) {
+  Data d;
+  if (s.model == "gpt") {
+    const std::string text =
+        s.data.empty() ? samples::generated_text(200000, s.seed) : read_file(s.data);
+    PIPIT_CHECK(text.size() > static_cast<size_t>(s.context) + 1, "the training text has ",
+                text.size(), " characters; it needs more than --context + 1");
+    const samples::Vocabulary vocabulary(text);
+    d.tokens = vocabulary.encode(text);
+    d.vocabulary = static_cast<int64_t>(vocabulary.chars.size());
+    return d;
+  }
   Generator generator(s.seed + 1000);
   Tensor centres = normal({s.classes, s.features}, 0.0, 1.0, &generator);
   std::vector<int64_t> labels(static_cast<size_t>(s.samples));
@@ -54,32 +79,54 @@ std::pair<Tensor, Tensor> make_dataset(const Setup& s) {
     label = static_cast<int64_t>(generator.bits(generator.reserve(1)) %
                                  static_cast<uint64_t>(s.classes));
   }
-  Tensor y = from_vector(labels, {s.samples});
-  Tensor x = embedding(centres, y) + normal({s.samples, s.features}, 0.0, 1.0, &generator);
-  return {x, y};
+  d.y = from_vector(labels, {s.samples});
+  d.x = embedding(centres, d.y) + normal({s.samples, s.features}, 0.0, 1.0, &generator);
+  return d;
 }
 
-std::shared_ptr<Sequential> make_model(const Setup& s) {
+std::shared_ptr<Sequential> make_model(const Setup& s, const Data& data) {
   Generator generator(s.seed);
+  if (s.model == "gpt") {
+    return gpt({data.vocabulary, s.context, s.layers, s.heads, s.width, 0.0}, &generator);
+  }
   return mlp({s.features, s.hidden, s.hidden, s.classes}, "relu", &generator);
 }
 
 // Worker w's batch at its step `step`: in sync mode, the step's large batch is the workers'
 // batches side by side, in worker order.
-std::pair<Tensor, Tensor> batch_of(const Setup& s, const std::pair<Tensor, Tensor>& data, int w,
-                                   int64_t step) {
-  const int64_t begin = ((step * s.config.workers + w) * s.batch) % (s.samples - s.batch + 1);
-  return {narrow(data.first, 0, begin, s.batch).contiguous(),
-          narrow(data.second, 0, begin, s.batch).contiguous()};
+std::pair<Tensor, Tensor> batch_of(const Setup& s, const Data& data, int w, int64_t step) {
+  const int64_t index = step * s.config.workers + w;
+  if (s.model == "gpt") {
+    Generator generator(s.seed * 1000003 + static_cast<uint64_t>(index));
+    return samples::sample_batch(data.tokens, s.batch, s.context, generator);
+  }
+  const int64_t begin = (index * s.batch) % (s.samples - s.batch + 1);
+  return {narrow(data.x, 0, begin, s.batch).contiguous(),
+          narrow(data.y, 0, begin, s.batch).contiguous()};
 }
 
-double accuracy(Module& model, const std::pair<Tensor, Tensor>& data) {
+// The MLP's accuracy on all its data, or the GPT's loss on 8 fixed batches.
+std::string evaluate(const Setup& s, Module& model, const Data& data) {
   NoGradGuard no_grad;
-  const std::vector<int64_t> predicted = argmax(model.forward(data.first), 1).to_vector<int64_t>();
-  const std::vector<int64_t> labels = data.second.to_vector<int64_t>();
+  char text[64];
+  if (s.model == "gpt") {
+    CrossEntropyLoss loss;
+    double total = 0;
+    for (int i = 0; i < 8; ++i) {
+      Generator generator(777 + static_cast<uint64_t>(i));
+      const auto [x, y] = samples::sample_batch(data.tokens, s.batch, s.context, generator);
+      total += loss.compute_loss(model.forward(x), y).item<double>();
+    }
+    std::snprintf(text, sizeof text, "loss %.4f", total / 8);
+    return text;
+  }
+  const std::vector<int64_t> predicted = argmax(model.forward(data.x), 1).to_vector<int64_t>();
+  const std::vector<int64_t> labels = data.y.to_vector<int64_t>();
   int64_t right = 0;
   for (size_t i = 0; i < labels.size(); ++i) right += predicted[i] == labels[i];
-  return static_cast<double>(right) / static_cast<double>(labels.size());
+  std::snprintf(text, sizeof text, "train accuracy %.2f%%",
+                100.0 * static_cast<double>(right) / static_cast<double>(labels.size()));
+  return text;
 }
 
 // The step a worker starts at: 0, or when resuming, where the versions it read on joining
@@ -105,7 +152,7 @@ void print_stats(const PsServerStats& stats, int shard) {
 
 std::unique_ptr<ParameterServer> make_server(const Setup& s, std::shared_ptr<Communicator> comm,
                                              int shard) {
-  auto model = make_model(s);
+  auto model = make_model(s, make_data(s));
   const NamedParameters all = model->named_parameters();
   auto server = std::make_unique<ParameterServer>(
       std::move(comm), shard_parameters(all, plan_shards(all, s.config.servers), shard), s.config,
@@ -126,22 +173,23 @@ std::unique_ptr<ParameterServer> make_server(const Setup& s, std::shared_ptr<Com
 void save_final(const Setup& s, const ParameterServer& server) {
   if (s.checkpoint.empty()) return;
   save_shard_checkpoint(shard_checkpoint_path(s.checkpoint, server.shard(), s.config.servers),
-                        server, make_model(s)->config(), s.config.optimizer);
+                        server, make_model(s, make_data(s))->config(), s.config.optimizer);
 }
 
 void report(const Setup& s, const StateDict& weights, double seconds, int64_t samples) {
-  auto model = make_model(s);
+  const Data data = make_data(s);
+  auto model = make_model(s, data);
   model->load_state_dict(weights);
-  std::printf("trained %lld samples in %.2f s (%.0f samples/s); train accuracy %.2f%%\n",
+  std::printf("trained %lld samples in %.2f s (%.0f samples/s); %s\n",
               static_cast<long long>(samples), seconds, static_cast<double>(samples) / seconds,
-              100.0 * accuracy(*model, make_dataset(s)));
+              evaluate(s, *model, data).c_str());
 }
 
 int run_in_threads(const Setup& s) {
-  const auto data = make_dataset(s);
+  const Data data = make_data(s);
   PIPIT_CHECK(s.checkpoint.empty(),
               "--checkpoint needs --transport tcp (the in-thread run keeps no checkpoints)");
-  auto model = make_model(s);
+  auto model = make_model(s, data);
   PsLocalOptions options;
   options.steps = s.steps;
   options.batch = [&](int w, int64_t step) { return batch_of(s, data, w, step); };
@@ -180,8 +228,8 @@ int server_role(const Setup& s, int shard, const std::string& port_file) {
 
 int worker_role(const Setup& s, int w, const std::vector<std::string>& servers) {
   auto comm = connect_as_ps_worker(s.config, w, servers, tcp_options(s.config.timeout.count()));
-  const auto data = make_dataset(s);
-  PsWorker worker(comm, make_model(s), s.config, w, s.slowdown.empty() ? 1.0 : s.slowdown[w]);
+  const Data data = make_data(s);
+  PsWorker worker(comm, make_model(s, data), s.config, w, s.slowdown.empty() ? 1.0 : s.slowdown[w]);
   worker.join();
   for (int64_t step = first_step(s, worker); step < s.steps; ++step) {
     const auto [x, y] = batch_of(s, data, w, step);
@@ -295,7 +343,12 @@ int main(int argc, char** argv) {
   flags.add("lr", "0.05", "learning rate");
   flags.add("steps", "200", "steps per worker");
   flags.add("batch", "32", "samples per worker step");
-  flags.add("hidden", "128", "hidden width (two hidden layers)");
+  flags.add("model", "mlp", "mlp (synthetic clusters) or gpt (a character-level GPT)");
+  flags.add("hidden", "128", "mlp: hidden width (two hidden layers)");
+  flags.add("data", "", "gpt: a text file (default: text generated by the program)");
+  flags.add("layers", "2", "gpt: transformer blocks");
+  flags.add("width", "64", "gpt: embedding width");
+  flags.add("context", "32", "gpt: characters per window");
   flags.add("seed", "1", "random seed (model and data)");
   flags.add("transport", "threads", "threads (one process) or tcp (a process per role)");
   flags.add_repeatable("slowdown", "WORKER:FACTOR: that worker computes FACTOR times slower");
@@ -329,12 +382,22 @@ int main(int argc, char** argv) {
   s.steps = flags.integer("steps");
   s.batch = flags.integer("batch");
   s.hidden = flags.integer("hidden");
+  s.model = flags.str("model");
+  if (s.model != "mlp" && s.model != "gpt") {
+    flags.fail("--model must be mlp or gpt, got '" + s.model + "'");
+  }
+  s.data = flags.str("data");
+  s.layers = flags.integer("layers");
+  s.width = flags.integer("width");
+  s.context = flags.integer("context");
+  if (s.width % s.heads != 0) flags.fail("--width must be a multiple of 4 (the heads)");
   s.seed = static_cast<uint64_t>(flags.integer("seed", 0));
   s.checkpoint = flags.str("checkpoint");
   s.checkpoint_every = flags.integer("checkpoint-every", 0);
   s.resume = flags.on("resume");
   if (s.resume && s.checkpoint.empty()) flags.fail("--resume needs --checkpoint DIR");
-  if (s.batch > s.samples) flags.fail("--batch must not exceed " + std::to_string(s.samples));
+  if (s.model == "mlp" && s.batch > s.samples)
+    flags.fail("--batch must not exceed " + std::to_string(s.samples));
   for (const std::string& item : flags.all("slowdown")) {
     const size_t colon = item.find(':');
     char* end = nullptr;

@@ -1,0 +1,77 @@
+#pragma once
+// Text for the character-level samples (train_gpt, train_ps): a generated corpus, its
+// vocabulary, and random training windows.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipit.h"
+
+namespace samples {
+
+using pipit::from_vector;
+using pipit::Generator;
+using pipit::Tensor;
+
+// A small made-up language with real structure (grammar, agreement, punctuation), so the
+// demo needs no files and its loss falls visibly.
+inline std::string generated_text(size_t length, uint64_t seed) {
+  const std::vector<std::string> subjects = {"the cat",  "a dog",        "the old man", "my sister",
+                                             "the king", "a small bird", "the sailor"};
+  const std::vector<std::string> verbs = {"sees",  "likes",     "follows",
+                                          "calls", "remembers", "finds"};
+  const std::vector<std::string> objects = {"the sea",    "a red apple", "the tall tower",
+                                            "her friend", "the moon",    "a quiet song"};
+  const std::vector<std::string> endings = {".", "!", " today.", " again.", " at night."};
+  Generator generator(seed);
+  auto pick = [&](const std::vector<std::string>& words) {
+    return words[generator.bits(generator.reserve(1)) % words.size()];
+  };
+  std::string text;
+  while (text.size() < length) {
+    text += pick(subjects) + " " + pick(verbs) + " " + pick(objects) + pick(endings) + "\n";
+  }
+  return text;
+}
+
+// The characters of a text, numbered in byte order.
+struct Vocabulary {
+  std::vector<char> chars;
+  int index_of[256];
+  explicit Vocabulary(const std::string& text) {
+    bool seen[256] = {};
+    for (unsigned char c : text) seen[c] = true;
+    for (int c = 0; c < 256; ++c) {
+      index_of[c] = -1;
+      if (seen[c]) {
+        index_of[c] = static_cast<int>(chars.size());
+        chars.push_back(static_cast<char>(c));
+      }
+    }
+  }
+  std::vector<int64_t> encode(const std::string& text) const {
+    std::vector<int64_t> tokens;
+    tokens.reserve(text.size());
+    for (unsigned char c : text) tokens.push_back(index_of[c]);
+    return tokens;
+  }
+};
+
+// `batch` random windows of context + 1 tokens: inputs are the first context, targets the
+// last context.
+inline std::pair<Tensor, Tensor> sample_batch(const std::vector<int64_t>& tokens, int64_t batch,
+                                              int64_t context, Generator& generator) {
+  std::vector<int64_t> x(static_cast<size_t>(batch * context)), y(x.size());
+  const uint64_t span = tokens.size() - static_cast<uint64_t>(context) - 1;
+  for (int64_t b = 0; b < batch; ++b) {
+    uint64_t start = generator.bits(generator.reserve(1)) % span;
+    for (int64_t t = 0; t < context; ++t) {
+      x[static_cast<size_t>(b * context + t)] = tokens[start + static_cast<uint64_t>(t)];
+      y[static_cast<size_t>(b * context + t)] = tokens[start + static_cast<uint64_t>(t) + 1];
+    }
+  }
+  return {from_vector(x, {batch, context}), from_vector(y, {batch, context})};
+}
+
+}  // namespace samples
