@@ -263,6 +263,7 @@ bool is_coordinator_command(MessageKind kind) {
     case MessageKind::Shutdown:
     case MessageKind::FetchState:
     case MessageKind::StagePackage:
+    case MessageKind::PsPackage:
     case MessageKind::Start:
     case MessageKind::RemapPrepare:
     case MessageKind::RemapCommit:

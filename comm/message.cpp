@@ -58,6 +58,8 @@ const char* message_kind_name(MessageKind kind) {
       return "PsLeave";
     case MessageKind::PsError:
       return "PsError";
+    case MessageKind::PsPackage:
+      return "PsPackage";
   }
   return "unknown";
 }

@@ -46,6 +46,7 @@ enum class MessageKind : uint8_t {
   PsPush,        // worker -> server: tensors: gradients computed from a version
   PsLeave,       // worker -> server: no more pushes from me
   PsError,       // server -> worker: the run cannot go on, or a push was refused
+  PsPackage,     // launcher -> pipit-worker: serve a shard or worker role (ps/ps_package.h)
 };
 
 const char* message_kind_name(MessageKind kind);

@@ -117,7 +117,8 @@ std::unique_ptr<Stage> build_stage(const std::shared_ptr<TcpCommunicator>& comm,
 }
 
 // Waits for this run's stage package and builds the stage; nothing when the run ends first
-// (the coordinator went away, told the worker to shut down, or sent no package in time).
+// (the coordinator went away, told the worker to shut down, or sent no package in time), or
+// when the package was another kind, which serve_other has served by then.
 std::unique_ptr<Stage> await_stage(const std::shared_ptr<TcpCommunicator>& comm, Claim& claim,
                                    const WorkerOptions& options, const TcpOptions& tcp) {
   while (true) {
@@ -140,7 +141,21 @@ std::unique_ptr<Stage> await_stage(const std::shared_ptr<TcpCommunicator>& comm,
       tcp.log("[worker] the coordinator ended the run before it started");
       return nullptr;
     }
-    if (message->kind != MessageKind::StagePackage) continue;
+    if (message->kind != MessageKind::StagePackage) {
+      if (message->kind != MessageKind::PsPackage || !options.serve_other) continue;
+      comm->set_session(claim.run_session());
+      try {
+        options.serve_other(comm, *message);
+        tcp.log("[worker] run finished");
+      } catch (const std::exception& e) {
+        tcp.log(std::string("[worker] the run's role failed: ") + e.what());
+        comm->send(
+            kCoordinator,
+            to_message(StageError{std::string("worker ") + options.listen + ": " + e.what(), -1},
+                       0));
+      }
+      return nullptr;
+    }
     try {
       comm->set_session(claim.run_session());
       std::unique_ptr<Stage> stage =

@@ -5,6 +5,8 @@
 // waits for the next coordinator. A bad package is answered with a StageError, not a crash;
 // a coordinator that vanishes, shuts the run down or sends no package in time releases the
 // worker. Listening beyond loopback without a token is logged as a warning.
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "comm/tcp_communicator.h"
@@ -25,6 +27,11 @@ struct WorkerOptions {
   // stage package lists every stage's address), so workers that share a machine do not
   // spin against each other.
   int threads = 0;
+  // Serves a package of another kind than StagePackage (pipit-worker installs the
+  // parameter-server roles, ps/ps_role.h): called with the run's communicator, claimed by
+  // the coordinator, and the package; returns when the role is done. What it throws is logged
+  // and sent to the coordinator as a StageError.
+  std::function<void(const std::shared_ptr<TcpCommunicator>&, const Message&)> serve_other;
 };
 
 void run_worker(const WorkerOptions& options);

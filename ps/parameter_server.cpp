@@ -74,8 +74,16 @@ void ParameterServer::serve() {
                      .count();
       }
     } busy{busy_since, stats_.busy_ms};
+    if (message->from == kCoordinator && message->kind == MessageKind::Shutdown) {
+      throw Error(detail::concat("parameter server shard ", shard_,
+                                 ": the launcher ended the run at version ", stats_.version));
+    }
     if (message->kind == MessageKind::PeerLost) {
       const PeerLost lost = read_peer_lost(*message);
+      if (lost.peer == kCoordinator) {
+        throw Error(detail::concat("parameter server shard ", shard_, ": lost the launcher (",
+                                   lost.address, ": ", lost.reason, ")"));
+      }
       const int worker = worker_of(lost.peer);
       if (worker >= 0 && live_[worker]) {
         on_gone(worker, "lost (" + lost.address + ": " + lost.reason + ")");

@@ -1,5 +1,7 @@
 #include "ps/ps_config.h"
 
+#include "comm/control.h"
+#include "comm/json_fields.h"
 #include "tensor/error.h"
 
 namespace pipit {
@@ -18,6 +20,41 @@ void validate(const PsConfig& c) {
               "PsConfig.min_workers must be in [0, workers = ", c.workers, "], got ",
               c.min_workers);
   PIPIT_CHECK(c.timeout.count() > 0, "PsConfig.timeout must be positive");
+}
+
+nlohmann::json to_json(const PsConfig& c) {
+  return {{"mode", c.mode},
+          {"servers", c.servers},
+          {"workers", c.workers},
+          {"accumulate", c.accumulate},
+          {"max_staleness", c.max_staleness},
+          {"min_workers", c.min_workers},
+          {"compress", c.compress},
+          {"optimizer", c.optimizer},
+          {"loss", c.loss},
+          {"timeout_ms", c.timeout.count()}};
+}
+
+PsConfig ps_config_from_json(const nlohmann::json& json, const std::string& what) {
+  JsonFields<ControlError> f(json, what);
+  PsConfig c;
+  c.mode = f.string("mode", 16);
+  c.servers = static_cast<int>(f.integer("servers", 1, 1024));
+  c.workers = static_cast<int>(f.integer("workers", 1, 1 << 16));
+  c.accumulate = static_cast<int>(f.integer("accumulate", 1, 1 << 16));
+  c.max_staleness = static_cast<int>(f.integer("max_staleness", 0, 1 << 30));
+  c.min_workers = static_cast<int>(f.integer("min_workers", 0, 1 << 16));
+  c.compress = f.boolean("compress");
+  c.optimizer = f.object("optimizer");
+  c.loss = f.object("loss");
+  c.timeout = std::chrono::milliseconds(f.integer("timeout_ms", 1, int64_t{1} << 40));
+  f.done();
+  try {
+    validate(c);
+  } catch (const Error& e) {
+    throw ControlError(what + ": " + e.what());
+  }
+  return c;
 }
 
 }  // namespace pipit

@@ -36,4 +36,10 @@ struct PsConfig {
 // Throws an Error naming the first invalid field.
 void validate(const PsConfig& config);
 
+// As JSON (every field; the timeout as "timeout_ms") and back: the reader refuses unknown
+// fields, missing or mistyped ones with a ControlError naming `what` and the field, then
+// validates.
+nlohmann::json to_json(const PsConfig& config);
+PsConfig ps_config_from_json(const nlohmann::json& json, const std::string& what);
+
 }  // namespace pipit

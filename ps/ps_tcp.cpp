@@ -18,22 +18,28 @@ std::shared_ptr<TcpCommunicator> listen_as_ps_shard(const PsConfig& config, int 
   return comm;
 }
 
+void connect_to_ps_shards(TcpCommunicator& comm, const PsConfig& config, int worker,
+                          const std::vector<std::string>& shards) {
+  PIPIT_CHECK(static_cast<int>(shards.size()) == config.servers, "parameter-server worker ", worker,
+              ": ", shards.size(), " shard addresses for ", config.servers, " shards");
+  for (int s = 0; s < config.servers; ++s) {
+    const std::string& address = shards[static_cast<size_t>(s)];
+    try {
+      const auto [host, port] = parse_endpoint(address);
+      comm.connect(config.server_id(s), host, port);
+    } catch (const Error& e) {
+      throw Error(detail::concat("parameter-server worker ", worker, ": cannot reach shard ", s,
+                                 " at ", address, ": ", e.what()));
+    }
+  }
+}
+
 std::shared_ptr<TcpCommunicator> connect_as_ps_worker(const PsConfig& config, int worker,
                                                       const std::vector<std::string>& shards,
                                                       TcpOptions tcp) {
   validate(config);
-  PIPIT_CHECK(static_cast<int>(shards.size()) == config.servers, "parameter-server worker ", worker,
-              ": ", shards.size(), " shard addresses for ", config.servers, " shards");
   auto comm = std::make_shared<TcpCommunicator>(config.worker_id(worker), std::move(tcp));
-  for (int s = 0; s < config.servers; ++s) {
-    const auto [host, port] = parse_endpoint(shards[static_cast<size_t>(s)]);
-    try {
-      comm->connect(config.server_id(s), host, port);
-    } catch (const Error& e) {
-      throw Error(detail::concat("parameter-server worker ", worker, ": cannot reach shard ", s,
-                                 " at ", shards[static_cast<size_t>(s)], ": ", e.what()));
-    }
-  }
+  connect_to_ps_shards(*comm, config, worker, shards);
   return comm;
 }
 

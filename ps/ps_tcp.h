@@ -17,6 +17,11 @@ std::shared_ptr<TcpCommunicator> listen_as_ps_shard(const PsConfig& config, int 
                                                     const std::string& listen, TcpOptions tcp,
                                                     uint16_t* bound_port = nullptr);
 
+// Connects `comm` (worker `worker`'s endpoint) to every shard at `shards`, in shard order;
+// errors name the shard and address.
+void connect_to_ps_shards(TcpCommunicator& comm, const PsConfig& config, int worker,
+                          const std::vector<std::string>& shards);
+
 // Worker `worker`'s communicator, connected to every shard; `shards` holds their "host:port"
 // in shard order. Errors name the shard and address.
 std::shared_ptr<TcpCommunicator> connect_as_ps_worker(const PsConfig& config, int worker,

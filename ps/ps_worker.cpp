@@ -89,8 +89,16 @@ void PsWorker::receive_parameters(std::vector<bool> pending) {
       throw Error(detail::concat("parameter-server worker ", index_, ": no parameters from shard ",
                                  shards, " within ", config_.timeout.count(), " ms"));
     }
+    if (message->from == kCoordinator && message->kind == MessageKind::Shutdown) {
+      throw Error(
+          detail::concat("parameter-server worker ", index_, ": the launcher ended the run"));
+    }
     if (message->kind == MessageKind::PeerLost) {
       const PeerLost lost = read_peer_lost(*message);
+      if (lost.peer == kCoordinator) {
+        throw Error(detail::concat("parameter-server worker ", index_, ": lost the launcher (",
+                                   lost.address, ": ", lost.reason, ")"));
+      }
       if (shard_of(lost.peer) < 0) continue;
       throw Error(detail::concat("parameter-server worker ", index_, ": lost server shard ",
                                  lost.peer, " at ", lost.address, " (", lost.reason, ")"));

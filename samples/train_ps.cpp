@@ -7,6 +7,8 @@
 //   train_ps --mode bounded --max-staleness 2 --slowdown 1:4
 // With --checkpoint DIR every shard saves its weights and optimizer state there (atomically)
 // every --checkpoint-every updates and at the end; --resume continues from them.
+// --pipit-workers ADDRESSES runs the shards and workers on bare pipit-worker processes (the
+// first --servers addresses serve the shards), shipping each worker its data shard.
 // The TCP transport starts this program again in a server and a worker role (--role), one
 // process each, on 127.0.0.1; their logs go to DIR/<role><index>.log.
 #include <chrono>
@@ -26,6 +28,7 @@
 #include "pipit.h"
 #include "ps/local_run.h"
 #include "ps/ps_checkpoint.h"
+#include "ps/ps_launch.h"
 #include "ps/ps_tcp.h"
 #include "ps/shard_plan.h"
 #include "serialize/atomic_file.h"
@@ -207,6 +210,31 @@ int run_in_threads(const Setup& s) {
   return 0;
 }
 
+// Every role on a bare pipit-worker: each worker gets its batches of every step as its data.
+int run_on_workers(const Setup& s, const std::vector<std::string>& addresses) {
+  PIPIT_CHECK(s.checkpoint.empty() && !s.resume && s.slowdown.empty(),
+              "--checkpoint, --resume and --slowdown are not supported with --pipit-workers");
+  const Data data = make_data(s);
+  std::vector<PsWorkerData> shards;
+  for (int w = 0; w < s.config.workers; ++w) {
+    std::vector<Tensor> xs, ys;
+    for (int64_t step = 0; step < s.steps; ++step) {
+      const auto [x, y] = batch_of(s, data, w, step);
+      xs.push_back(x);
+      ys.push_back(y);
+    }
+    shards.push_back({cat(xs, 0), cat(ys, 0)});
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const PsLaunchResult result =
+      train_ps_on_workers(*make_model(s, data), s.config, shards, s.batch, s.steps, addresses);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("shard 0: %lld updates\n", static_cast<long long>(result.version));
+  report(s, result.weights, seconds, s.steps * s.config.workers * s.batch);
+  return 0;
+}
+
 TcpOptions tcp_options(int64_t timeout_ms) {
   TcpOptions tcp;
   tcp.peer_timeout = std::chrono::milliseconds(std::min<int64_t>(timeout_ms, 5000));
@@ -351,6 +379,8 @@ int main(int argc, char** argv) {
   flags.add("context", "32", "gpt: characters per window");
   flags.add("seed", "1", "random seed (model and data)");
   flags.add("transport", "threads", "threads (one process) or tcp (a process per role)");
+  flags.add("pipit-workers", "",
+            "host:port of --servers + --workers running pipit-workers (instead of --transport)");
   flags.add_repeatable("slowdown", "WORKER:FACTOR: that worker computes FACTOR times slower");
   flags.add("checkpoint", "", "directory for shard checkpoints (tcp transport)");
   flags.add("checkpoint-every", "50", "save every this many updates (with --checkpoint)");
@@ -422,8 +452,10 @@ int main(int argc, char** argv) {
     if (role == "worker") return worker_role(s, index, flags.items("server-endpoints"));
     if (!role.empty()) flags.fail("--role must be server or worker, got '" + role + "'");
     std::printf("train_ps: %s, %d server(s), %d worker(s), %s, batch %lld per worker\n",
-                s.config.mode.c_str(), s.config.servers, s.config.workers, transport.c_str(),
+                s.config.mode.c_str(), s.config.servers, s.config.workers,
+                flags.str("pipit-workers").empty() ? transport.c_str() : "pipit-workers",
                 static_cast<long long>(s.batch));
+    if (!flags.str("pipit-workers").empty()) return run_on_workers(s, flags.items("pipit-workers"));
     if (transport == "threads") return run_in_threads(s);
     // The roles get this run's flags back, minus the launcher's own.
     std::vector<std::string> role_flags;

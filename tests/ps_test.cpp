@@ -16,11 +16,13 @@
 #include "nn/registry.h"
 #include "pipit.h"
 #include "ps/local_run.h"
+#include "ps/ps_launch.h"
 #include "ps/ps_messages.h"
 #include "ps/shard_plan.h"
 #include "ps_task.h"
 #include "serialize/checkpoint.h"
 #include "tools/chaos/child.h"
+#include "worker_process.h"
 
 using namespace pipit;
 namespace fs = std::filesystem;
@@ -650,4 +652,77 @@ TEST_CASE("sync: a lost worker fails the step by name, or with min_workers the r
       }
     }
   }
+}
+
+TEST_CASE("sync on bare pipit-worker processes equals the large batch bit for bit",
+          "[ps][distributed]") {
+  const Task task(512);
+  for (int servers : {1, 2}) {
+    DYNAMIC_SECTION(servers << " shard(s)") {
+      std::vector<std::unique_ptr<testing::WorkerProcess>> processes;
+      std::vector<std::string> addresses;
+      for (int i = 0; i < servers + kSyncWorkers; ++i) {
+        processes.push_back(std::make_unique<testing::WorkerProcess>());
+        addresses.push_back(processes.back()->endpoint());
+      }
+      // Worker w's data shard: its batches of every step, in step order.
+      std::vector<PsWorkerData> data;
+      for (int w = 0; w < kSyncWorkers; ++w) {
+        std::vector<Tensor> xs, ys;
+        for (int64_t step = 0; step < kSyncSteps; ++step) {
+          const auto [x, y] = task.batch(kSyncWorkers, w, step);
+          xs.push_back(x);
+          ys.push_back(y);
+        }
+        data.push_back({cat(xs, 0), cat(ys, 0)});
+      }
+      const PsLaunchResult result =
+          train_ps_on_workers(*make_ps_mlp(), ps_config_of("sync", kSyncWorkers, servers, kAdamW),
+                              data, testing::kPsBatch, kSyncSteps, addresses);
+      CHECK(result.version == kSyncSteps);
+      check_bitwise_equal(result.weights, large_batch_reference(kAdamW, task).first);
+      CHECK(result.optimizer_state.count("step"));
+    }
+  }
+}
+
+TEST_CASE("a bad parameter-server package is refused by name and releases the worker",
+          "[ps][distributed]") {
+  testing::WorkerProcess shard, worker;
+  PsConfig config = ps_config_of("sync", 1, 1, kSgd);
+  config.timeout = std::chrono::milliseconds(20000);
+  // A worker data shard with fewer rows than a batch.
+  std::vector<PsWorkerData> data = {
+      {zeros({4, testing::kPsIn}), zeros({4}, {.dtype = DType::i64})}};
+  CHECK_THROWS_WITH(train_ps_on_workers(*make_ps_mlp(), config, data, 8, 2,
+                                        {shard.endpoint(), worker.endpoint()}),
+                    Catch::Contains("worker 0 (" + worker.endpoint() + ") failed") &&
+                        Catch::Contains("at least batch = 8"));
+  // Both workers serve the next run.
+  INFO("shard's log:\n" << shard.log() << "\nworker's log:\n" << worker.log());
+  data = {{zeros({8, testing::kPsIn}), zeros({8}, {.dtype = DType::i64})}};
+  const PsLaunchResult result = train_ps_on_workers(*make_ps_mlp(), config, data, 8, 2,
+                                                    {shard.endpoint(), worker.endpoint()});
+  CHECK(result.version == 2);
+}
+
+TEST_CASE("PsConfig JSON: written and read back; unknown, missing and bad fields named", "[ps]") {
+  PsConfig c = ps_config_of("bounded", 3, 2, kAdamW);
+  c.max_staleness = 2;
+  c.compress = true;
+  const PsConfig back = ps_config_from_json(to_json(c), "config");
+  CHECK(to_json(back) == to_json(c));
+  nlohmann::json extra = to_json(c);
+  extra["speed"] = 1;
+  CHECK_THROWS_WITH(ps_config_from_json(extra, "config"),
+                    Catch::Contains("unknown field \"speed\""));
+  nlohmann::json missing = to_json(c);
+  missing.erase("mode");
+  CHECK_THROWS_WITH(ps_config_from_json(missing, "config"), Catch::Contains("\"mode\""));
+  nlohmann::json bad = to_json(c);
+  bad["mode"] = "eventual";
+  CHECK_THROWS_WITH(ps_config_from_json(bad, "config"), Catch::Contains("PsConfig.mode"));
+  bad = to_json(c);
+  bad["workers"] = 0;
+  CHECK_THROWS_WITH(ps_config_from_json(bad, "config"), Catch::Contains("\"workers\""));
 }

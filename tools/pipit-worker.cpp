@@ -1,8 +1,10 @@
-// pipit-worker: serves pipeline stages to coordinators over TCP, one run after another.
+// pipit-worker: serves pipeline stages to coordinators over TCP, one run after another, and
+// parameter-server shard and worker roles to launchers (ps/ps_launch.h).
 //   pipit-worker --listen 127.0.0.1:7001 [--token-file FILE]
 #include <cstdio>
 
 #include "pipeline/worker.h"
+#include "ps/ps_role.h"
 #include "samples/flags.h"
 #include "tensor/parallel.h"
 
@@ -51,6 +53,13 @@ int main(int argc, char** argv) {
     if (!flags.str("token-file").empty()) {
       options.tcp.token = pipit::read_token_file(flags.str("token-file"));
     }
+    options.serve_other = [log = options.tcp.log](
+                              const std::shared_ptr<pipit::TcpCommunicator>& comm,
+                              const pipit::Message& package) {
+      pipit::serve_ps_package(
+          comm, package,
+          log ? log : [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+    };
     pipit::run_worker(options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipit-worker: %s\n", e.what());

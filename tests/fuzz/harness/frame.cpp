@@ -12,6 +12,7 @@
 #include "comm/handshake.h"
 #include "pipit.h"
 #include "ps/ps_messages.h"
+#include "ps/ps_package.h"
 #include "tests/fuzz/harness/check.h"
 #include "tests/fuzz/harness/frame_input.h"
 
@@ -88,6 +89,10 @@ void read_typed(const Message& message) {
         break;
       case MessageKind::PsError:
         rewritten = to_message(read_ps_error(message));
+        break;
+      case MessageKind::PsPackage:  // its tensors come back in name order: read only
+        read_ps_package(message);
+        rewritten = message;
         break;
       case MessageKind::Hello:
         rewritten =
