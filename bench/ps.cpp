@@ -15,10 +15,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +26,7 @@
 
 #include <unistd.h>
 
+#include "bench/results.h"
 #include "nn/builders.h"
 #include "pipit.h"
 #include "ps/local_run.h"
@@ -272,15 +271,6 @@ TimeToLoss time_to_loss(const std::string& mode) {
   return result;
 }
 
-std::string machine() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
-
 std::string format(const char* pattern, auto... values) {
   char text[512];
   std::snprintf(text, sizeof text, pattern, values...);
@@ -373,13 +363,7 @@ int run(int argc, char** argv) {
   std::printf("%s", out.str().substr(out.str().find("\nModel")).c_str());
   fs::remove_all(dir);
   if (append) {
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-    std::ofstream results(std::string(PIPIT_SOURCE_DIR) + "/bench/RESULTS.md", std::ios::app);
-    results << "\n## ps, " << date << ", " << machine() << ", "
-            << std::thread::hardware_concurrency() << " cores\n\n`build/ps --steps " << steps
-            << "`. " << out.str();
+    bench::append_results("ps", "`build/ps --steps " + std::to_string(steps) + "`. " + out.str());
   }
   return 0;
 }

@@ -17,9 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -32,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/results.h"
 #include "bench/sleep_layer.h"
 #include "nn/builders.h"
 #include "pipeline/distributed_pipeline.h"
@@ -200,15 +199,6 @@ PipelineConfig config_for(const Scenario& scenario, bool rebalance) {
   return c;
 }
 
-std::string machine() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
-
 // The worker role: pipit-worker's defaults, serving one run, with SleepLayer known.
 int worker_role(const std::string& port_file, double slowdown) {
   set_num_threads(1);
@@ -358,21 +348,17 @@ int run(int argc, char** argv) {
   std::error_code ignored;
   fs::remove_all(dir, ignored);
   if (append) {
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-    std::ofstream results(std::string(PIPIT_SOURCE_DIR) + "/bench/RESULTS.md", std::ios::app);
-    results << "\n## rebalance, " << date << ", " << machine() << ", "
-            << std::thread::hardware_concurrency() << " cores\n\n"
-            << "`build/rebalance --steps " << steps << "`: p = 4, m = 8, 1F1B, batch 16, one "
-            << "thread per kernel, uniform partition at the start, rebalancing window 4, "
-            << "cooldown 3. Step times are medians (uniform: steps 3-12 of a run without "
-            << "rebalancing; after: the last 10 of " << steps
-            << "). Predicted optimum: the fitted cost model's slowest stage x (m + p - 1) for "
-               "the partition it chose. Sleep-cost layers wait instead of computing, so their "
-               "4 stages do not share this machine's cores (as on 4 machines); the real GPT's 4 "
-               "stages do.\n\n"
-            << table.str();
+    std::ostringstream text;
+    text << "`build/rebalance --steps " << steps << "`: p = 4, m = 8, 1F1B, batch 16, one "
+         << "thread per kernel, uniform partition at the start, rebalancing window 4, "
+         << "cooldown 3. Step times are medians (uniform: steps 3-12 of a run without "
+         << "rebalancing; after: the last 10 of " << steps
+         << "). Predicted optimum: the fitted cost model's slowest stage x (m + p - 1) for "
+            "the partition it chose. Sleep-cost layers wait instead of computing, so their "
+            "4 stages do not share this machine's cores (as on 4 machines); the real GPT's 4 "
+            "stages do.\n\n"
+         << table.str();
+    bench::append_results("rebalance", text.str());
   }
   return 0;
 }

@@ -206,6 +206,15 @@ int run_in_threads(const Setup& s) {
   for (size_t shard = 0; shard < result.servers.size(); ++shard) {
     print_stats(result.servers[shard], static_cast<int>(shard));
   }
+  if (s.config.compress) {
+    int64_t pushed = 0, uncompressed = 0;
+    for (const PsWorkerStats& w : result.workers) {
+      pushed += w.pushed_bytes;
+      uncompressed += w.uncompressed_bytes;
+    }
+    std::printf("bf16 pushes: %.2f MB instead of %.2f MB (%.2f MB saved)\n", pushed / 1e6,
+                uncompressed / 1e6, (uncompressed - pushed) / 1e6);
+  }
   report(s, result.weights, result.seconds, s.steps * s.config.workers * s.batch);
   return 0;
 }
