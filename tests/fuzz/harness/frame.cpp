@@ -186,6 +186,22 @@ std::vector<std::string> frame_seeds() {
   seeds.push_back(encode_frame(activation));
   seeds.push_back(encode_frame(to_message(StateReply{{"0.weight"}, {"step"}}, 9,
                                           {ones({2, 2}), from_vector<int64_t>({4}, {})})));
+  // Parameter-server messages.
+  seeds.push_back(
+      encode_frame(to_message(PsPush{3, {"0.weight", "0.bias"}, true},
+                              {ones({2, 2}).to(DType::bf16), ones({2}).to(DType::bf16)})));
+  seeds.push_back(encode_frame(to_message(PsParameters{4, {"0.weight"}}, {ones({2, 2})})));
+  seeds.push_back(encode_frame(to_message(PsError{"refused"})));
+  PsPackage package;
+  package.role = "worker";
+  package.config.workers = 2;
+  package.model = {{"type", "Linear"}, {"in", 2}, {"out", 2}};
+  package.shards = {"127.0.0.1:7001"};
+  package.inputs = ones({4, 2});
+  package.targets = zeros({4, 2});
+  package.batch = 2;
+  package.steps = 3;
+  seeds.push_back(encode_frame(to_message(package)));
   return seeds;
 }
 
