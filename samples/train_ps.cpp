@@ -220,7 +220,8 @@ int run_in_threads(const Setup& s) {
 }
 
 // Every role on a bare pipit-worker: each worker gets its batches of every step as its data.
-int run_on_workers(const Setup& s, const std::vector<std::string>& addresses) {
+int run_on_workers(const Setup& s, const std::vector<std::string>& addresses,
+                   const TcpOptions& tcp) {
   PIPIT_CHECK(s.checkpoint.empty() && !s.resume && s.slowdown.empty(),
               "--checkpoint, --resume and --slowdown are not supported with --pipit-workers");
   const Data data = make_data(s);
@@ -236,7 +237,7 @@ int run_on_workers(const Setup& s, const std::vector<std::string>& addresses) {
   }
   const auto start = std::chrono::steady_clock::now();
   const PsLaunchResult result =
-      train_ps_on_workers(*make_model(s, data), s.config, shards, s.batch, s.steps, addresses);
+      train_ps_on_workers(*make_model(s, data), s.config, shards, s.batch, s.steps, addresses, tcp);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("shard 0: %lld updates\n", static_cast<long long>(result.version));
@@ -388,6 +389,7 @@ int main(int argc, char** argv) {
   flags.add("context", "32", "gpt: characters per window");
   flags.add("seed", "1", "random seed (model and data)");
   flags.add("transport", "threads", "threads (one process) or tcp (a process per role)");
+  flags.add("token-file", "", "with --pipit-workers: the file holding their shared token");
   flags.add("pipit-workers", "",
             "host:port of --servers + --workers running pipit-workers (instead of --transport)");
   flags.add_repeatable("slowdown", "WORKER:FACTOR: that worker computes FACTOR times slower");
@@ -464,7 +466,11 @@ int main(int argc, char** argv) {
                 s.config.mode.c_str(), s.config.servers, s.config.workers,
                 flags.str("pipit-workers").empty() ? transport.c_str() : "pipit-workers",
                 static_cast<long long>(s.batch));
-    if (!flags.str("pipit-workers").empty()) return run_on_workers(s, flags.items("pipit-workers"));
+    if (!flags.str("pipit-workers").empty()) {
+      TcpOptions tcp;
+      if (!flags.str("token-file").empty()) tcp.token = read_token_file(flags.str("token-file"));
+      return run_on_workers(s, flags.items("pipit-workers"), tcp);
+    }
     if (transport == "threads") return run_in_threads(s);
     // The roles get this run's flags back, minus the launcher's own.
     std::vector<std::string> role_flags;
