@@ -11,7 +11,8 @@ struct PsConfig {
   // "sync": each update averages one gradient from every worker, in worker order.
   // "async": AsySG-InCon; an update after every `accumulate` gradients from any workers.
   // "bounded": as async, but no gradient is applied more than max_staleness versions after
-  // the parameters it was computed from were read (stale-synchronous parallel).
+  // the parameters it was computed from were read (stale-synchronous parallel). One shard
+  // only: shards that gated reads each on their own could deadlock.
   std::string mode = "sync";
   int servers = 1;  // shards: parameters split over them by whole tensors, balanced by bytes
   int workers = 1;

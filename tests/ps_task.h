@@ -104,6 +104,7 @@ inline int run_ps_role(char** argv) {
   const PsTask task(512);
   PsWorker worker(comm, make_ps_mlp(), config, index, c.value("slowdown", 1.0));
   worker.join();
+  std::fprintf(stderr, "joined\n");
   for (int64_t step = resume ? worker.versions().front() : 0; step < std::stoll(argv[6]); ++step) {
     const auto [x, y] = task.batch(config.workers, index, step);
     worker.step(x, y);
