@@ -1,0 +1,247 @@
+#include "comm/mpi/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/frame.h"
+#include "comm/inbox.h"
+
+namespace pipit {
+namespace {
+
+constexpr int kTag = 7;
+constexpr size_t kRouteBytes = 8;  // int32 source endpoint, int32 destination endpoint
+
+void check(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw Error(detail::concat("MPI: ", call, " failed: ", std::string(text, length)));
+}
+
+}  // namespace
+
+struct MpiTransport::Impl {
+  std::map<int, int> ranks;
+  MpiOptions options;
+  int rank = 0, world = 1, local_rank = 0;
+  std::map<int, std::shared_ptr<Inbox>> inboxes;  // this rank's endpoints
+
+  std::mutex mutex;
+  std::deque<std::pair<int, std::string>> outgoing;  // (destination rank, bytes)
+  std::atomic<bool> stopping{false};
+  std::thread progress;
+
+  struct Pending {
+    MPI_Request request;
+    std::string bytes;
+  };
+
+  void deliver(std::string bytes, int from_rank) {
+    if (bytes.size() < kRouteBytes + kFrameHeaderSize) {
+      throw Error(detail::concat("MPI: rank ", from_rank, " sent a message of ", bytes.size(),
+                                 " bytes, too short for a frame"));
+    }
+    int32_t route[2];
+    std::memcpy(route, bytes.data(), kRouteBytes);
+    auto inbox = inboxes.find(route[1]);
+    if (inbox == inboxes.end()) {
+      throw Error(detail::concat("MPI: rank ", from_rank, " sent a message for endpoint ", route[1],
+                                 ", which is not on rank ", rank));
+    }
+    const auto* frame = reinterpret_cast<const uint8_t*>(bytes.data() + kRouteBytes);
+    const size_t size = bytes.size() - kRouteBytes;
+    const FrameHeader header = decode_frame_header(frame);
+    PIPIT_CHECK(kFrameHeaderSize + header.header_length + header.body_length == size,
+                "MPI: a frame from rank ", from_rank, " holds ", size, " bytes, its header says ",
+                kFrameHeaderSize + header.header_length + header.body_length);
+    const std::string_view json(reinterpret_cast<const char*>(frame) + kFrameHeaderSize,
+                                header.header_length);
+    const std::string_view body(json.data() + header.header_length, header.body_length);
+    if (frame_checksum(header, json, body) != header.checksum) {
+      throw FrameError(
+          detail::concat("MPI: a frame from rank ", from_rank, " does not match its checksum"));
+    }
+    Message message = decode_frame_payload(header, json, body);
+    message.from = route[0];
+    inbox->second->push(std::move(message));
+  }
+
+  void run() {
+    std::vector<Pending> sending;
+    MPI_Request barrier = MPI_REQUEST_NULL;
+    auto nap = std::chrono::microseconds(1);
+    while (true) {
+      bool moved = false;
+      std::deque<std::pair<int, std::string>> batch;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        batch.swap(outgoing);
+      }
+      for (auto& [to, bytes] : batch) {
+        sending.push_back({MPI_REQUEST_NULL, std::move(bytes)});
+        Pending& p = sending.back();
+        check(MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, to, kTag,
+                        MPI_COMM_WORLD, &p.request),
+              "MPI_Isend");
+        moved = true;
+      }
+      for (size_t i = 0; i < sending.size();) {
+        int done = 0;
+        check(MPI_Test(&sending[i].request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (done) {
+          sending.erase(sending.begin() + static_cast<std::ptrdiff_t>(i));
+          moved = true;
+        } else {
+          ++i;
+        }
+      }
+      while (true) {
+        int found = 0;
+        MPI_Message handle;
+        MPI_Status status;
+        check(MPI_Improbe(MPI_ANY_SOURCE, kTag, MPI_COMM_WORLD, &found, &handle, &status),
+              "MPI_Improbe");
+        if (!found) break;
+        int count = 0;
+        check(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
+        std::string bytes(static_cast<size_t>(count), '\0');
+        check(MPI_Mrecv(bytes.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
+        try {
+          deliver(std::move(bytes), status.MPI_SOURCE);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "[mpi %d] dropped a message: %s\n", rank, e.what());
+        }
+        moved = true;
+      }
+      if (stopping && sending.empty() && barrier == MPI_REQUEST_NULL) {
+        std::lock_guard<std::mutex> lock(mutex);
+        // Every rank's sends are out once all have entered the barrier; receiving goes on
+        // until then, so no message is left unreceived at MPI_Finalize.
+        if (outgoing.empty()) check(MPI_Ibarrier(MPI_COMM_WORLD, &barrier), "MPI_Ibarrier");
+      } else if (barrier != MPI_REQUEST_NULL) {
+        int done = 0;
+        check(MPI_Test(&barrier, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (done) return;
+      }
+      if (moved) {
+        nap = std::chrono::microseconds(1);
+      } else {
+        std::this_thread::sleep_for(nap);
+        nap = std::min(nap * 2, options.idle_sleep);
+      }
+    }
+  }
+};
+
+namespace {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(std::shared_ptr<MpiTransport::Impl> transport, int id,
+                  std::shared_ptr<Inbox> inbox)
+      : transport_(std::move(transport)), id_(id), inbox_(std::move(inbox)) {}
+  int id() const override { return id_; }
+  void send(int peer, Message message) override {
+    auto& t = *transport_;
+    auto rank = t.ranks.find(peer);
+    PIPIT_CHECK(rank != t.ranks.end(), "MPI: endpoint ", id_, " sends to endpoint ", peer,
+                ", which has no rank in the route table");
+    if (rank->second == t.rank) {  // an endpoint of this rank: no MPI
+      message.from = id_;
+      t.inboxes.at(peer)->push(std::move(message));
+      return;
+    }
+    const int32_t route[2] = {id_, peer};
+    std::string bytes(reinterpret_cast<const char*>(route), kRouteBytes);
+    bytes += encode_frame(message);
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.outgoing.emplace_back(rank->second, std::move(bytes));
+  }
+  Message receive() override { return inbox_->pop(); }
+  std::optional<Message> try_receive(std::chrono::milliseconds timeout) override {
+    return inbox_->pop_for(timeout);
+  }
+  void close() override { inbox_->close(); }
+
+ private:
+  std::shared_ptr<MpiTransport::Impl> transport_;
+  int id_;
+  std::shared_ptr<Inbox> inbox_;
+};
+
+}  // namespace
+
+std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiOptions options) {
+  int initialized = 0;
+  check(MPI_Initialized(&initialized), "MPI_Initialized");
+  if (!initialized) {
+    int provided = 0;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    PIPIT_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI: this MPI library gives thread level ",
+                provided, ", pipit's progress thread needs MPI_THREAD_SERIALIZED");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->ranks = std::move(ranks);
+  impl->options = options;
+  check(MPI_Comm_rank(MPI_COMM_WORLD, &impl->rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(MPI_COMM_WORLD, &impl->world), "MPI_Comm_size");
+  MPI_Comm node;
+  check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, impl->rank, MPI_INFO_NULL, &node),
+        "MPI_Comm_split_type");
+  check(MPI_Comm_rank(node, &impl->local_rank), "MPI_Comm_rank");
+  MPI_Comm_free(&node);
+  for (const auto& [endpoint, rank] : impl->ranks) {
+    PIPIT_CHECK(rank >= 0 && rank < impl->world, "MPI: endpoint ", endpoint, " is routed to rank ",
+                rank, ", but the job has ranks 0..", impl->world - 1);
+    if (rank == impl->rank) {
+      impl->inboxes[endpoint] = std::make_shared<Inbox>("MPI endpoint " + std::to_string(endpoint));
+    }
+  }
+  auto transport = std::shared_ptr<MpiTransport>(new MpiTransport(std::move(impl)));
+  transport->impl_->progress = std::thread([t = transport->impl_.get()] { t->run(); });
+  return transport;
+}
+
+MpiTransport::MpiTransport(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+MpiTransport::~MpiTransport() {
+  stop();
+}
+
+int MpiTransport::rank() const {
+  return impl_->rank;
+}
+int MpiTransport::world_size() const {
+  return impl_->world;
+}
+int MpiTransport::local_rank() const {
+  return impl_->local_rank;
+}
+
+std::shared_ptr<Communicator> MpiTransport::endpoint(int endpoint) {
+  auto inbox = impl_->inboxes.find(endpoint);
+  PIPIT_CHECK(inbox != impl_->inboxes.end(), "MPI: endpoint ", endpoint, " does not live on rank ",
+              impl_->rank);
+  return std::make_shared<MpiCommunicator>(impl_, endpoint, inbox->second);
+}
+
+void MpiTransport::stop() {
+  if (!impl_->progress.joinable()) return;
+  impl_->stopping = true;
+  impl_->progress.join();
+  for (auto& [endpoint, inbox] : impl_->inboxes) inbox->close();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace pipit

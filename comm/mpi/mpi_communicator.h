@@ -1,0 +1,53 @@
+#pragma once
+// Messages over MPI (Open MPI), for jobs started by mpirun or srun. One MpiTransport per
+// process owns MPI: it initialises it with MPI_THREAD_SERIALIZED and runs one progress
+// thread that makes every MPI call after that (sends with MPI_Isend, receives with
+// MPI_Improbe + MPI_Mrecv, so no receiver guesses a size), so callers on any thread only
+// touch queues. Each Communicator endpoint (a stage, the coordinator, a parameter-server
+// shard or worker) lives on one rank, given by a route table every rank builds the same way;
+// several endpoints may share a rank (the coordinator beside stage 0). A message travels as
+// our frame (checksummed) behind 8 bytes naming its source and destination endpoints;
+// between endpoints of one rank it is handed over without MPI. The progress thread polls,
+// sleeping up to `idle_sleep` when nothing moves, so an idle rank does not spin a core.
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace pipit {
+
+struct MpiOptions {
+  std::chrono::microseconds idle_sleep{200};  // the longest nap of an idle progress thread
+};
+
+class MpiTransport : public std::enable_shared_from_this<MpiTransport> {
+ public:
+  // Initialises MPI (once per process) and starts the progress thread. `ranks[endpoint]`:
+  // the rank each endpoint lives on.
+  static std::shared_ptr<MpiTransport> start(std::map<int, int> ranks, MpiOptions options = {});
+  ~MpiTransport();
+
+  int rank() const;
+  int world_size() const;
+  // The rank's index among the ranks of its node (for choosing a GPU), from MPI's shared-
+  // memory split.
+  int local_rank() const;
+
+  // The communicator of `endpoint`, which must live on this rank.
+  std::shared_ptr<Communicator> endpoint(int endpoint);
+
+  // Sends everything queued, waits in a barrier until every rank has (receiving meanwhile),
+  // stops the progress thread and finalises MPI. Every rank must call it (or let the
+  // transport go), as MPI_Finalize is collective.
+  void stop();
+
+  struct Impl;
+
+ private:
+  explicit MpiTransport(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;  // shared with the communicators, which queue into it
+};
+
+}  // namespace pipit
