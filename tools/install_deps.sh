@@ -10,6 +10,8 @@ packages=(cmake g++ make pkg-config libopenblas-dev nlohmann-json3-dev libasio-d
 # (libclang_rt.fuzzer*.a come from libclang-rt-14-dev, which libclang-rt-dev pulls in) and
 # clang's OpenMP runtime.
 packages+=(clang libclang-rt-dev libomp-dev)
+# The MPI transport (comm/mpi/) and its tests: Open MPI's headers, libraries and mpirun.
+packages+=(libopenmpi-dev openmpi-bin)
 if [[ "${1:-}" == "--with-torch" ]]; then
   packages+=(python3-torch python3-numpy)
 fi
