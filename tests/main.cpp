@@ -5,13 +5,16 @@
 //   pipit_tests --chaos-role worker|trainer FLAGS
 // are the chaos test's worker and trainer (tools/chaos/roles.h);
 //   pipit_tests --ps-role server|worker ...
-// are the parameter-server tests' processes (tests/ps_task.h).
+// are the parameter-server tests' processes (tests/ps_task.h);
+//   pipit_tests --mpi-role exchange
+// is the MPI test's program, under mpirun (tests/mpi_roles.h).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
 
 #include "bench/sleep_layer.h"
+#include "mpi_roles.h"
 #include "pipeline/worker.h"
 #include "ps/ps_role.h"
 #include "ps_task.h"
@@ -22,6 +25,11 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--chaos-role") == 0) {
     return pipit::chaos::role_main(argc, argv);
   }
+#ifdef PIPIT_WITH_MPI
+  if (argc >= 2 && std::strcmp(argv[1], "--mpi-role") == 0) {
+    return pipit::testing::mpi_role_main(argc, argv);
+  }
+#endif
   if (argc >= 2 && std::strcmp(argv[1], "--ps-role") == 0) {
     return pipit::testing::ps_role_main(argc, argv);
   }
