@@ -1,6 +1,8 @@
 #pragma once
-// The MPI tests' program, run by mpirun from tests/mpi_test.cpp:
+// The MPI tests' programs, run by mpirun from tests/mpi_test.cpp:
 //   mpirun -np 3 pipit_tests --mpi-role exchange
+//   mpirun -np P pipit_tests --mpi-role pipeline SCHEDULE   (SPMD pipeline vs in-process)
+//   mpirun -np 2 pipit_tests --mpi-role mismatch            (rank 1 builds another model)
 // Endpoints: the coordinator (-1) and stage 0 on rank 0, stage r on rank r. Every endpoint
 // sends every other one tensors of several dtypes and sizes (up to 8 MiB), from two threads
 // at once, 200 messages each; receivers check every value, the sender, and that each
@@ -8,6 +10,7 @@
 // and returns non-zero on any.
 #ifdef PIPIT_WITH_MPI
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -17,6 +20,9 @@
 #include <vector>
 
 #include "comm/mpi/mpi_communicator.h"
+#include "nn/builders.h"
+#include "pipeline/mpi/mpi_pipeline.h"
+#include "pipeline/pipeline.h"
 #include "pipit.h"
 
 namespace pipit::testing {
@@ -27,8 +33,71 @@ inline Tensor mpi_payload(int from, int to, int thread, int index) {
   return index % 3 == 0 ? t.to(DType::bf16) : t;
 }
 
+// Every rank builds the same MLP (seeded), rank r keeps stage r; rank 0 trains 3 steps and
+// compares every weight with an in-process Pipeline of the same config, bit for bit, and
+// prints "pipeline ok". `seed_of_rank_1` other than 5 makes rank 1 build another model, which
+// start-up must catch.
+inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_1) {
+  const char* rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
+  const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (!rank_text || !size_text) return 2;
+  const int rank = std::atoi(rank_text), size = std::atoi(size_text);
+  auto make_model = [&](uint64_t seed) {
+    Generator generator(seed);
+    return mlp({6, 8, 8, 8, 8, 3}, "relu", &generator);
+  };
+  PipelineConfig config;
+  config.stages = size;
+  config.microbatches = 4;
+  config.schedule = schedule;
+  config.chunks_per_stage = schedule == "interleaved" ? 2 : 1;
+  config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
+  Generator data(9);
+  const Tensor x = randn({8, 6}, &data);
+  const Tensor y = from_vector<int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+  auto model = make_model(rank == 1 ? seed_of_rank_1 : 5);
+  MpiPipeline pipeline(*model, config);
+  if (!pipeline.is_coordinator()) {
+    pipeline.serve();
+    return 0;
+  }
+  std::vector<double> losses;
+  for (int step = 0; step < 3; ++step) losses.push_back(pipeline.train_step(x, y));
+  const StateDict got = pipeline.coordinator().fetch_state().first;
+  Pipeline reference(make_model(5), config);
+  int mismatches = 0;
+  for (int step = 0; step < 3; ++step) {
+    mismatches += reference.train_step(x, y) != losses[static_cast<size_t>(step)];
+  }
+  const StateDict want = reference.coordinator().fetch_state().first;
+  for (const auto& [name, value] : want) {
+    auto it = got.find(name);
+    mismatches += it == got.end() || it->second.nbytes() != value.nbytes() ||
+                  std::memcmp(it->second.contiguous().raw_data(), value.contiguous().raw_data(),
+                              value.nbytes()) != 0;
+  }
+  std::printf("pipeline %s (%zu weights, %d mismatches)\n", mismatches == 0 ? "ok" : "FAILED",
+              want.size(), mismatches);
+  return mismatches == 0 ? 0 : 1;
+}
+
+inline int mpi_exchange_role();
+
+//   --mpi-role exchange | pipeline SCHEDULE | mismatch
 inline int mpi_role_main(int argc, char** argv) {
-  if (argc != 3 || std::string(argv[2]) != "exchange") return 2;
+  const std::string role = argc >= 3 ? argv[2] : "";
+  try {
+    if (role == "exchange") return mpi_exchange_role();
+    if (role == "pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5);
+    if (role == "mismatch") return mpi_pipeline_role("1f1b", 6);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mpi role %s: %s\n", role.c_str(), e.what());
+    return 1;
+  }
+  return 2;
+}
+
+inline int mpi_exchange_role() {
   auto transport = MpiTransport::start({{-1, 0}, {0, 0}, {1, 1}, {2, 2}});
   const int rank = transport->rank();
   if (transport->world_size() != 3) {

@@ -12,6 +12,7 @@
 
 #include "comm/frame.h"
 #include "comm/inbox.h"
+#include "comm/sha256.h"
 
 namespace pipit {
 namespace {
@@ -180,7 +181,8 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiOptions options) {
+std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiOptions options,
+                                                  const std::string& fingerprint) {
   int initialized = 0;
   check(MPI_Initialized(&initialized), "MPI_Initialized");
   if (!initialized) {
@@ -199,6 +201,23 @@ std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiO
         "MPI_Comm_split_type");
   check(MPI_Comm_rank(node, &impl->local_rank), "MPI_Comm_rank");
   MPI_Comm_free(&node);
+  if (!fingerprint.empty()) {
+    // Fixed-size digests, so every rank contributes the same count.
+    const std::string mine = to_hex(sha256(fingerprint));
+    std::string all(mine.size() * static_cast<size_t>(impl->world), '\0');
+    check(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(),
+                        static_cast<int>(mine.size()), MPI_BYTE, MPI_COMM_WORLD),
+          "MPI_Allgather");
+    std::string differ;
+    for (int r = 1; r < impl->world; ++r) {
+      if (all.compare(static_cast<size_t>(r) * mine.size(), mine.size(), all, 0, mine.size())) {
+        differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    PIPIT_CHECK(differ.empty(), "MPI: ranks ", differ,
+                " built a different model or configuration than rank 0 (every rank must run "
+                "the same program with the same flags and seed)");
+  }
   for (const auto& [endpoint, rank] : impl->ranks) {
     PIPIT_CHECK(rank >= 0 && rank < impl->world, "MPI: endpoint ", endpoint, " is routed to rank ",
                 rank, ", but the job has ranks 0..", impl->world - 1);

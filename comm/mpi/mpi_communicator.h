@@ -25,8 +25,11 @@ struct MpiOptions {
 class MpiTransport : public std::enable_shared_from_this<MpiTransport> {
  public:
   // Initialises MPI (once per process) and starts the progress thread. `ranks[endpoint]`:
-  // the rank each endpoint lives on.
-  static std::shared_ptr<MpiTransport> start(std::map<int, int> ranks, MpiOptions options = {});
+  // the rank each endpoint lives on. `fingerprint` (any text; empty: not checked) must be the
+  // same on every rank: otherwise every rank throws an Error naming the ranks that differ
+  // from rank 0 (SPMD programs that built different models or configs).
+  static std::shared_ptr<MpiTransport> start(std::map<int, int> ranks, MpiOptions options = {},
+                                             const std::string& fingerprint = "");
   ~MpiTransport();
 
   int rank() const;

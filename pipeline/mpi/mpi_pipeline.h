@@ -1,0 +1,45 @@
+#pragma once
+// MpiPipeline: SPMD pipelines under mpirun or srun. Every rank runs the same program, builds
+// the same model from the same config and seed, and constructs an MpiPipeline from it: rank
+// r keeps only stage r (world size = stages), rank 0 also runs the Coordinator on a thread
+// beside its stage. Nothing is shipped and nobody starts workers by hand. At start-up the
+// ranks compare a fingerprint of the model's config and weights and of the pipeline config;
+// a rank that differs is named and every rank throws. Only rank 0 trains: its train_step
+// needs the data; every other rank calls serve(), which returns when rank 0's pipeline goes.
+//   mpirun -np 4 build/train_gpt --launcher mpi ...
+#include <memory>
+#include <thread>
+
+#include "comm/mpi/mpi_communicator.h"
+#include "nn/sequential.h"
+#include "pipeline/coordinator.h"
+#include "pipeline/stage.h"
+
+namespace pipit {
+
+class MpiPipeline {
+ public:
+  MpiPipeline(const Sequential& model, PipelineConfig config, MpiOptions options = {});
+  ~MpiPipeline();  // rank 0 shuts the stages down; every rank then leaves MPI
+  MpiPipeline(const MpiPipeline&) = delete;
+  MpiPipeline& operator=(const MpiPipeline&) = delete;
+
+  int rank() const { return transport_->rank(); }
+  int world_size() const { return transport_->world_size(); }
+  int local_rank() const { return transport_->local_rank(); }
+  bool is_coordinator() const { return rank() == 0; }
+
+  // Rank 0 only.
+  double train_step(const Tensor& input, const Tensor& target);
+  Coordinator& coordinator();
+  // Other ranks: runs this rank's stage until rank 0 shuts the pipeline down.
+  void serve();
+
+ private:
+  std::shared_ptr<MpiTransport> transport_;
+  std::shared_ptr<Stage> stage_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::thread stage_thread_;  // rank 0: its stage runs beside the coordinator
+};
+
+}  // namespace pipit
