@@ -18,6 +18,9 @@
 #include "optim/optimizer.h"
 #include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
+#ifdef PIPIT_WITH_MPI
+#include "pipeline/mpi/mpi_pipeline.h"
+#endif
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
@@ -143,6 +146,9 @@ int main(int argc, char** argv) {
             "host:port,... of pipit-worker processes, one per stage (default: "
             "stages in threads of this process)");
   flags.add("token-file", "", "file holding the token the workers expect");
+  flags.add("launcher", "none",
+            "mpi: every rank of an mpirun/srun job runs this program, rank r trains stage r "
+            "and rank 0 also coordinates (stages = the job's size)");
   flags.add("peer-timeout-ms", "5000", "a worker silent this long is reported lost");
   flags.add("heartbeat-ms", "500", "heartbeat interval on idle connections to the workers");
   flags.add("connect-timeout-ms", "10000", "how long to retry connecting to a busy worker");
@@ -165,8 +171,24 @@ int main(int argc, char** argv) {
     if (!(lr > 0)) flags.fail("--lr must be positive");
     if (width % heads != 0) flags.fail("--width must be a multiple of --heads");
     const std::vector<std::string> workers = flags.items("workers");
-    const int stages = workers.empty() ? static_cast<int>(flags.integer("stages"))
-                                       : static_cast<int>(workers.size());
+    const std::string launcher = flags.str("launcher");
+    if (launcher != "none" && launcher != "mpi") {
+      flags.fail("--launcher must be none or mpi, got '" + launcher + "'");
+    }
+#ifndef PIPIT_WITH_MPI
+    if (launcher == "mpi") flags.fail("--launcher mpi: this pipit was built without MPI");
+#endif
+    if (launcher == "mpi" && !workers.empty()) flags.fail("--launcher mpi runs no --workers");
+    int stages = workers.empty() ? static_cast<int>(flags.integer("stages"))
+                                 : static_cast<int>(workers.size());
+    int ranks_on_node = 0;  // MPI: how many ranks share this node's cores
+#ifdef PIPIT_WITH_MPI
+    if (launcher == "mpi") {
+      const MpiJob job = mpi_job();
+      stages = job.world_size;
+      ranks_on_node = job.local_size;
+    }
+#endif
     const std::string checkpoint_dir = flags.str("checkpoint-dir");
     const int64_t checkpoint_every = flags.integer("checkpoint-every", 0);
     const bool resume = flags.on("resume");
@@ -188,9 +210,10 @@ int main(int argc, char** argv) {
     if (flags.integer("threads", 0) > 0) {
       set_num_threads(static_cast<int>(flags.integer("threads")));
     } else {
-      // Stages compute concurrently; sharing the cores out avoids oversubscribing them.
+      // Stages compute concurrently; sharing the cores out avoids oversubscribing them (under
+      // MPI, among the ranks on this node).
       const int cores = static_cast<int>(std::thread::hardware_concurrency());
-      set_num_threads(std::max(1, cores / stages));
+      set_num_threads(std::max(1, cores / (ranks_on_node > 0 ? ranks_on_node : stages)));
     }
 
     const std::string text =
@@ -262,13 +285,28 @@ int main(int argc, char** argv) {
     // Stages in threads of this process, or in worker processes: the same Coordinator.
     std::unique_ptr<Pipeline> local;
     std::unique_ptr<DistributedPipeline> remote;
-    if (workers.empty()) {
+    Coordinator* driver = nullptr;
+#ifdef PIPIT_WITH_MPI
+    std::unique_ptr<MpiPipeline> spmd;
+    if (launcher == "mpi") {
+      spmd = std::make_unique<MpiPipeline>(*model, pipeline_config, optimizer_state);
+      // Every rank but 0 serves its stage until rank 0 is done; rank 0 goes on as usual.
+      if (!spmd->is_coordinator()) {
+        spmd->serve();
+        return 0;
+      }
+      driver = &spmd->coordinator();
+    }
+#endif
+    if (!driver && workers.empty()) {
       local = std::make_unique<Pipeline>(model, pipeline_config, optimizer_state);
-    } else {
+      driver = &local->coordinator();
+    } else if (!driver) {
       remote = std::make_unique<DistributedPipeline>(*model, pipeline_config, workers, tcp,
                                                      optimizer_state);
+      driver = &remote->coordinator();
     }
-    Coordinator& coordinator = local ? local->coordinator() : remote->coordinator();
+    Coordinator& coordinator = *driver;
     auto ranges = [&] { return coordinator.chunk_ranges(); };
     auto remap = [&](const RemapRequest& request) {
       const auto before = ranges();
@@ -278,7 +316,7 @@ int main(int argc, char** argv) {
       if (local) {
         local->remap(after);
       } else {
-        remote->remap(after);
+        coordinator.remap(after);
       }
       std::printf(
           "remap after step %lld: %s -> %s (%.1f ms)\n", static_cast<long long>(request.step),
@@ -344,8 +382,8 @@ int main(int argc, char** argv) {
       save(std::max(first_step, steps));
       std::printf("checkpoint written to %s\n", checkpoint_path.c_str());
     }
-    // Worker processes trained their own copies of the weights: bring them home to sample.
-    if (remote) model->load_state_dict(coordinator.fetch_state().first);
+    // Worker processes or ranks trained their own copies of the weights: bring them home.
+    if (!local) model->load_state_dict(coordinator.fetch_state().first);
     std::printf("weights CRC-32C: %08x (equal runs, however partitioned, print the same)\n",
                 weights_checksum(*model));
     if (pipeline_config.trace) {

@@ -181,26 +181,43 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiOptions options,
-                                                  const std::string& fingerprint) {
+namespace {
+
+void initialize() {
   int initialized = 0;
   check(MPI_Initialized(&initialized), "MPI_Initialized");
-  if (!initialized) {
-    int provided = 0;
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
-    PIPIT_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI: this MPI library gives thread level ",
-                provided, ", pipit's progress thread needs MPI_THREAD_SERIALIZED");
-  }
+  if (initialized) return;
+  int provided = 0;
+  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  PIPIT_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI: this MPI library gives thread level ",
+              provided, ", pipit's progress thread needs MPI_THREAD_SERIALIZED");
+}
+
+}  // namespace
+
+MpiJob mpi_job() {
+  initialize();
+  MpiJob job;
+  check(MPI_Comm_rank(MPI_COMM_WORLD, &job.rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(MPI_COMM_WORLD, &job.world_size), "MPI_Comm_size");
+  MPI_Comm node;
+  check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, job.rank, MPI_INFO_NULL, &node),
+        "MPI_Comm_split_type");
+  check(MPI_Comm_rank(node, &job.local_rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(node, &job.local_size), "MPI_Comm_size");
+  MPI_Comm_free(&node);
+  return job;
+}
+
+std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiOptions options,
+                                                  const std::string& fingerprint) {
   auto impl = std::make_unique<Impl>();
   impl->ranks = std::move(ranks);
   impl->options = options;
-  check(MPI_Comm_rank(MPI_COMM_WORLD, &impl->rank), "MPI_Comm_rank");
-  check(MPI_Comm_size(MPI_COMM_WORLD, &impl->world), "MPI_Comm_size");
-  MPI_Comm node;
-  check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, impl->rank, MPI_INFO_NULL, &node),
-        "MPI_Comm_split_type");
-  check(MPI_Comm_rank(node, &impl->local_rank), "MPI_Comm_rank");
-  MPI_Comm_free(&node);
+  const MpiJob job = mpi_job();
+  impl->rank = job.rank;
+  impl->world = job.world_size;
+  impl->local_rank = job.local_rank;
   if (!fingerprint.empty()) {
     // Fixed-size digests, so every rank contributes the same count.
     const std::string mine = to_hex(sha256(fingerprint));

@@ -22,6 +22,14 @@ struct MpiOptions {
   std::chrono::microseconds idle_sleep{200};  // the longest nap of an idle progress thread
 };
 
+// This process's place in the MPI job (initialising MPI if needed): call it before any
+// MpiTransport starts, e.g. to size a pipeline by the job or share out a node's cores.
+struct MpiJob {
+  int rank = 0, world_size = 1;
+  int local_rank = 0, local_size = 1;  // among the ranks on this node
+};
+MpiJob mpi_job();
+
 class MpiTransport : public std::enable_shared_from_this<MpiTransport> {
  public:
   // Initialises MPI (once per process) and starts the progress thread. `ranks[endpoint]`:

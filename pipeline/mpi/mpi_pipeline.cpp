@@ -24,7 +24,8 @@ std::string fingerprint(const Sequential& model, const PipelineConfig& c) {
 
 }  // namespace
 
-MpiPipeline::MpiPipeline(const Sequential& model, PipelineConfig config, MpiOptions options) {
+MpiPipeline::MpiPipeline(const Sequential& model, PipelineConfig config,
+                         const StateDict& optimizer_state, MpiOptions options) {
   const std::vector<LayerRange> ranges = partition_model(model, config);
   std::map<int, int> routes{{kCoordinator, 0}};
   for (int s = 0; s < config.stages; ++s) routes[s] = s;
@@ -33,8 +34,8 @@ MpiPipeline::MpiPipeline(const Sequential& model, PipelineConfig config, MpiOpti
               " stages need as many MPI ranks, the job has ", transport_->world_size(),
               " (mpirun -np ", config.stages, ")");
   const int r = transport_->rank();
-  stage_ =
-      std::make_shared<Stage>(make_stage_spec(model, ranges, config, r), transport_->endpoint(r));
+  stage_ = std::make_shared<Stage>(make_stage_spec(model, ranges, config, r, optimizer_state),
+                                   transport_->endpoint(r));
   if (r == 0) {
     stage_thread_ = std::thread([stage = stage_] { stage->run(); });
     coordinator_ = std::make_unique<Coordinator>(transport_->endpoint(kCoordinator),

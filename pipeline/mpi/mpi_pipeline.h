@@ -19,7 +19,9 @@ namespace pipit {
 
 class MpiPipeline {
  public:
-  MpiPipeline(const Sequential& model, PipelineConfig config, MpiOptions options = {});
+  // `optimizer_state` (a checkpoint's, or empty) restores each stage's optimizer.
+  MpiPipeline(const Sequential& model, PipelineConfig config, const StateDict& optimizer_state = {},
+              MpiOptions options = {});
   ~MpiPipeline();  // rank 0 shuts the stages down; every rank then leaves MPI
   MpiPipeline(const MpiPipeline&) = delete;
   MpiPipeline& operator=(const MpiPipeline&) = delete;
