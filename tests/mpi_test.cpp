@@ -1,33 +1,93 @@
-// The MPI transport (comm/mpi/), through mpirun: tests/mpi_roles.h is the program.
+// The MPI transport (comm/mpi/) and SPMD pipelines (pipeline/mpi/), through mpirun:
+// tests/mpi_roles.h is the program every rank runs.
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 
-#include <unistd.h>
+#ifdef PIPIT_WITH_MPI
+namespace {
+
+struct Run {
+  int status = 0;
+  std::string output;
+};
+
+Run run_command(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe);
+  Run run;
+  char buffer[4096];
+  while (fgets(buffer, sizeof buffer, pipe)) run.output += buffer;
+  run.status = pclose(pipe);
+  return run;
+}
+
+// mpirun of this executable in an MPI role. Root in CI containers, and more ranks than cores
+// here: Open MPI needs both allowed. No leak report for MPI's own allocations in sanitizer
+// builds.
+Run mpirun(int ranks, const std::string& role) {
+  return run_command("timeout 300 mpirun --allow-run-as-root --oversubscribe -np " +
+                     std::to_string(ranks) + " -x ASAN_OPTIONS=detect_leaks=0 " +
+                     std::filesystem::read_symlink("/proc/self/exe").string() + " --mpi-role " +
+                     role + " 2>&1");
+}
+
+// Whether mpirun can start processes here at all; if not, the tests skip and say why.
+bool mpirun_works() {
+  static const Run probe =
+      run_command("timeout 60 mpirun --allow-run-as-root --oversubscribe -np 2 true 2>&1");
+  if (probe.status != 0) {
+    WARN("skipped: mpirun cannot start processes on this machine:\n" << probe.output);
+  }
+  return probe.status == 0;
+}
+
+}  // namespace
+#endif
 
 TEST_CASE("MPI: tensors between ranks and endpoints sharing a rank, from several threads",
           "[mpi]") {
 #ifndef PIPIT_WITH_MPI
   WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
 #else
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  // Root in CI containers, and more ranks than cores here: Open MPI needs both allowed. No
-  // leak report for MPI's own allocations in sanitizer builds.
-  const std::string command =
-      "mpirun --allow-run-as-root --oversubscribe -np 3 -x "
-      "ASAN_OPTIONS=detect_leaks=0 " +
-      self + " --mpi-role exchange 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe);
-  std::string output;
-  char buffer[4096];
-  while (fgets(buffer, sizeof buffer, pipe)) output += buffer;
-  const int status = pclose(pipe);
-  INFO(output);
-  CHECK(status == 0);
+  if (!mpirun_works()) return;
+  const Run run = mpirun(3, "exchange");
+  INFO(run.output);
+  CHECK(run.status == 0);
   for (int rank = 0; rank < 3; ++rank) {
-    CHECK(output.find("rank " + std::to_string(rank) + " ok") != std::string::npos);
+    CHECK(run.output.find("rank " + std::to_string(rank) + " ok") != std::string::npos);
   }
+#endif
+}
+
+TEST_CASE("MPI: an SPMD pipeline equals the in-process one bit for bit, every schedule", "[mpi]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"}) {
+    for (int ranks : {2, 4}) {
+      DYNAMIC_SECTION(schedule << ", " << ranks << " ranks") {
+        const Run run = mpirun(ranks, "pipeline " + schedule);
+        INFO(run.output);
+        CHECK(run.status == 0);
+        CHECK(run.output.find("pipeline ok") != std::string::npos);
+      }
+    }
+  }
+#endif
+}
+
+TEST_CASE("MPI: ranks that built different models are named at start-up", "[mpi]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  const Run run = mpirun(2, "mismatch");
+  INFO(run.output);
+  CHECK(run.status != 0);
+  CHECK(run.output.find("ranks 1 built a different model or configuration than rank 0") !=
+        std::string::npos);
 #endif
 }
