@@ -1,42 +1,28 @@
-// Parameter server: sync equals sequential gradient accumulation bit for bit (SGD and
-// AdamW, one and two shards); async and bounded account for every gradient, learn as well
-// as sync, and bounded keeps every gradient within its staleness bound with a slowed
+// Parameter server in one process: sync equals sequential gradient accumulation bit for bit
+// (SGD and AdamW, one and two shards); async and bounded account for every gradient, learn as
+// well as sync, and bounded keeps every gradient within its staleness bound with a slowed
 // worker; bf16 compression against a reference rounding; bad pushes and lost workers.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <thread>
-
-#include <unistd.h>
 
 #include "comm/local_communicator.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipit.h"
 #include "ps/local_run.h"
-#include "ps/ps_launch.h"
 #include "ps/ps_messages.h"
 #include "ps/shard_plan.h"
+#include "ps_reference.h"
 #include "ps_task.h"
-#include "serialize/checkpoint.h"
-#include "tools/chaos/child.h"
-#include "worker_process.h"
 
 using namespace pipit;
-namespace fs = std::filesystem;
+using namespace pipit::testing;
+using Task = PsTask;
 
 namespace {
-
-using testing::make_ps_mlp;
-using testing::ps_config_of;
-using Task = testing::PsTask;
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
-}
 
 double accuracy(Module& model, const Task& task) {
   NoGradGuard no_grad;
@@ -67,45 +53,6 @@ TEST_CASE("plan_shards balances whole tensors by bytes, in model order per shard
   CHECK_THROWS_WITH(plan_shards(parameters, 7), Catch::Contains("would leave a shard empty"));
 }
 
-namespace {
-
-constexpr int kSyncWorkers = 3, kSyncSteps = 4;
-const nlohmann::json kSgd = {
-    {"type", "SGD"}, {"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 1e-3}};
-const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
-
-// Single-process training on each step's large batch (the workers' batches in worker order),
-// as sequential gradient accumulation; the loss of every worker's part of it, by step.
-std::pair<StateDict, std::vector<std::vector<double>>> large_batch_reference(
-    const nlohmann::json& optimizer, const Task& task) {
-  auto reference = make_ps_mlp();
-  auto reference_optimizer = make_optimizer(optimizer, reference->named_parameters());
-  auto loss = make_loss({{"type", "CrossEntropyLoss"}});
-  std::vector<std::vector<double>> losses(kSyncWorkers);
-  for (int64_t step = 0; step < kSyncSteps; ++step) {
-    reference_optimizer->zero_grad();
-    for (int w = 0; w < kSyncWorkers; ++w) {
-      const auto [x, y] = task.batch(kSyncWorkers, w, step);
-      Tensor out = reference->forward(x);
-      losses[w].push_back(loss->compute_loss(out, y).item<double>());
-      out.backward(loss->compute_gradient(out, y) * (1.0 / kSyncWorkers));
-    }
-    reference_optimizer->step();
-  }
-  return {reference->state_dict(), losses};
-}
-
-void check_bitwise_equal(const StateDict& got, const StateDict& want) {
-  REQUIRE(got.size() == want.size());
-  for (const auto& [name, value] : want) {
-    INFO(name);
-    REQUIRE(got.count(name));
-    CHECK(bitwise_equal(got.at(name), value));
-  }
-}
-
-}  // namespace
-
 TEST_CASE("sync parameter server equals sequential accumulation bit for bit", "[ps]") {
   const Task task(512);
   for (const auto& optimizer : {kSgd, kAdamW}) {
@@ -127,215 +74,6 @@ TEST_CASE("sync parameter server equals sequential accumulation bit for bit", "[
       }
     }
   }
-}
-
-namespace {
-
-// A parameter-server run whose servers and workers are processes of this executable
-// (tests/ps_task.h), with their logs and checkpoints in one directory.
-class PsProcesses {
- public:
-  explicit PsProcesses(const std::string& name)
-      : dir_(fs::temp_directory_path() / ("pipit_ps_" + name + "_" + std::to_string(getpid()))) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~PsProcesses() {
-    children_.clear();
-    fs::remove_all(dir_);
-  }
-
-  // Starts shard s and waits for its port; returns its "host:port".
-  std::string start_server(int s, const nlohmann::json& config) {
-    const std::string port_file = (dir_ / ("port" + std::to_string(s))).string();
-    fs::remove(port_file);
-    chaos::Child& child =
-        start("server" + std::to_string(s),
-              {"server", std::to_string(s), config.dump(), port_file, dir_.string()});
-    for (int i = 0; i < 1000 && !fs::exists(port_file) && child.running(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    INFO(log("server" + std::to_string(s)));
-    REQUIRE(fs::exists(port_file));
-    std::string endpoint = "127.0.0.1:";
-    endpoint += read_file(port_file);
-    return endpoint;
-  }
-  std::string start_servers(const nlohmann::json& config) {
-    std::string endpoints;
-    for (int s = 0; s < config.at("servers").get<int>(); ++s) {
-      if (s > 0) endpoints += ",";
-      endpoints += start_server(s, config);
-    }
-    return endpoints;
-  }
-  chaos::Child& start_worker(int w, const nlohmann::json& config, const std::string& endpoints,
-                             int64_t steps) {
-    return start("worker" + std::to_string(w),
-                 {"worker", std::to_string(w), config.dump(), endpoints, std::to_string(steps)});
-  }
-  chaos::Child& child(const std::string& name) { return *children_.at(name); }
-  // Waits for the process to exit; its exit status.
-  int wait(const std::string& name) {
-    INFO(name << ": " << log(name));
-    REQUIRE(child(name).wait_exit(chaos::Clock::now() + std::chrono::seconds(120)));
-    return *child(name).exit_status();
-  }
-  std::string log(const std::string& name) const {
-    return fs::exists(dir_ / (name + ".log")) ? read_file((dir_ / (name + ".log")).string()) : "";
-  }
-  std::string checkpoint(int s, int servers) const {
-    return shard_checkpoint_path(dir_.string(), s, servers);
-  }
-  StateDict weights(int servers) const {
-    StateDict all;
-    for (int s = 0; s < servers; ++s) {
-      for (auto& [name, value] : load_checkpoint(checkpoint(s, servers)).weights) {
-        all.emplace(name, value);
-      }
-    }
-    return all;
-  }
-
- private:
-  chaos::Child& start(const std::string& name, std::vector<std::string> role) {
-    std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(), "--ps-role"};
-    argv.insert(argv.end(), role.begin(), role.end());
-    const std::string path = (dir_ / (name + ".log")).string();
-    children_[name] = std::make_unique<chaos::Child>(argv, path, path);
-    return *children_[name];
-  }
-
-  fs::path dir_;
-  std::map<std::string, std::unique_ptr<chaos::Child>> children_;
-};
-
-nlohmann::json role_config(const std::string& mode, int servers, int workers,
-                           const nlohmann::json& optimizer) {
-  return {{"mode", mode}, {"servers", servers}, {"workers", workers}, {"optimizer", optimizer}};
-}
-
-}  // namespace
-
-TEST_CASE("sync over TCP worker and server processes equals the large batch bit for bit",
-          "[ps][distributed]") {
-  const Task task(512);
-  for (const auto& optimizer : {kSgd, kAdamW}) {
-    for (int servers : {1, 2}) {
-      DYNAMIC_SECTION(optimizer["type"].get<std::string>() << ", " << servers << " shard(s)") {
-        PsProcesses run("sync");
-        const nlohmann::json config = role_config("sync", servers, kSyncWorkers, optimizer);
-        const std::string endpoints = run.start_servers(config);
-        for (int w = 0; w < kSyncWorkers; ++w) run.start_worker(w, config, endpoints, kSyncSteps);
-        for (int w = 0; w < kSyncWorkers; ++w) CHECK(run.wait("worker" + std::to_string(w)) == 0);
-        for (int s = 0; s < servers; ++s) CHECK(run.wait("server" + std::to_string(s)) == 0);
-        check_bitwise_equal(run.weights(servers), large_batch_reference(optimizer, task).first);
-      }
-    }
-  }
-}
-
-TEST_CASE("a killed worker process: async goes on and logs it, sync fails naming it",
-          "[ps][distributed]") {
-  for (const std::string mode : {"async", "sync"}) {
-    DYNAMIC_SECTION(mode) {
-      PsProcesses run("killed_worker");
-      const nlohmann::json config = role_config(mode, 2, 3, kSgd);
-      const std::string endpoints = run.start_servers(config);
-      // Async: workers 0 and 1 finish; worker 2 would run for ever. Sync: all would.
-      const int64_t steps = mode == "async" ? 20 : 1000000;
-      run.start_worker(0, config, endpoints, steps);
-      run.start_worker(1, config, endpoints, steps);
-      run.start_worker(2, config, endpoints, 1000000);
-      // Killed once it has joined every shard (a slow machine may take a while to start it).
-      for (int i = 0; i < 6000 && run.log("worker2").find("joined") == std::string::npos; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      REQUIRE(run.log("worker2").find("joined") != std::string::npos);
-      if (mode == "async") {
-        CHECK(run.wait("worker0") == 0);
-        CHECK(run.wait("worker1") == 0);
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-      run.child("worker2").kill();
-      // Sync: the first shard to notice fails and tells the workers, which then stop; the
-      // other shard may see one of them go before it sees worker 2 go, and names that one.
-      int named_the_killed_worker = 0;
-      for (int s = 0; s < 2; ++s) {
-        const std::string server = "server" + std::to_string(s);
-        if (mode == "async") {
-          CHECK(run.wait(server) == 0);
-          CHECK_THAT(run.log(server), Catch::Contains("worker 2 lost"));
-          CHECK(load_checkpoint(run.checkpoint(s, 2)).step >= 40);
-        } else {
-          CHECK(run.wait(server) == 1);
-          CHECK_THAT(run.log(server), Catch::Contains("lost worker"));
-          named_the_killed_worker += run.log(server).find("lost worker 2") != std::string::npos;
-        }
-      }
-      if (mode == "sync") {
-        CHECK(named_the_killed_worker >= 1);
-        for (const std::string worker : {"worker0", "worker1"}) {
-          CHECK(run.wait(worker) == 1);
-          CHECK_THAT(run.log(worker), Catch::Contains("lost worker"));
-        }
-      }
-    }
-  }
-}
-
-TEST_CASE("a killed server: workers stop naming it, and a resumed run equals an unbroken one",
-          "[ps][distributed]") {
-  const Task task(512);
-  constexpr int64_t kSteps = 40;
-  PsProcesses run("killed_server");
-  nlohmann::json config = role_config("sync", 1, 2, kSgd);
-  config["checkpoint_every"] = 5;
-  nlohmann::json slow = config;
-  slow["slowdown"] = 30.0;  // long enough steps to kill the server mid-run
-  std::string endpoint = run.start_server(0, config);
-  run.start_worker(0, slow, endpoint, kSteps);
-  run.start_worker(1, slow, endpoint, kSteps);
-  // Kill the server once it has checkpointed at least 10 updates.
-  for (int i = 0; i < 3000; ++i) {
-    if (fs::exists(run.checkpoint(0, 1)) && load_checkpoint(run.checkpoint(0, 1)).step >= 10) {
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  run.child("server0").kill();
-  const int64_t saved = load_checkpoint(run.checkpoint(0, 1)).step;
-  INFO("killed after the checkpoint of version " << saved);
-  CHECK(saved >= 10);
-  CHECK(saved < kSteps);
-  for (const std::string worker : {"worker0", "worker1"}) {
-    CHECK(run.wait(worker) == 1);
-    CHECK_THAT(run.log(worker), Catch::Contains("lost server shard 0"));
-  }
-  config["resume"] = true;
-  endpoint = run.start_server(0, config);
-  run.start_worker(0, config, endpoint, kSteps);
-  run.start_worker(1, config, endpoint, kSteps);
-  CHECK(run.wait("worker0") == 0);
-  CHECK(run.wait("worker1") == 0);
-  CHECK(run.wait("server0") == 0);
-  CHECK(load_checkpoint(run.checkpoint(0, 1)).step == kSteps);
-
-  // The unbroken run: the large batch, kSteps steps, 2 workers.
-  auto reference = make_ps_mlp();
-  auto optimizer = make_optimizer(kSgd, reference->named_parameters());
-  auto loss = make_loss({{"type", "CrossEntropyLoss"}});
-  for (int64_t step = 0; step < kSteps; ++step) {
-    optimizer->zero_grad();
-    for (int w = 0; w < 2; ++w) {
-      const auto [x, y] = task.batch(2, w, step);
-      Tensor out = reference->forward(x);
-      out.backward(loss->compute_gradient(out, y) * 0.5);
-    }
-    optimizer->step();
-  }
-  check_bitwise_equal(run.weights(1), reference->state_dict());
 }
 
 TEST_CASE("async and bounded modes count every gradient and learn as well as sync", "[ps]") {
@@ -661,58 +399,6 @@ TEST_CASE("sync: a lost worker fails the step by name, or with min_workers the r
       }
     }
   }
-}
-
-TEST_CASE("sync on bare pipit-worker processes equals the large batch bit for bit",
-          "[ps][distributed]") {
-  const Task task(512);
-  for (int servers : {1, 2}) {
-    DYNAMIC_SECTION(servers << " shard(s)") {
-      std::vector<std::unique_ptr<testing::WorkerProcess>> processes;
-      std::vector<std::string> addresses;
-      for (int i = 0; i < servers + kSyncWorkers; ++i) {
-        processes.push_back(std::make_unique<testing::WorkerProcess>());
-        addresses.push_back(processes.back()->endpoint());
-      }
-      // Worker w's data shard: its batches of every step, in step order.
-      std::vector<PsWorkerData> data;
-      for (int w = 0; w < kSyncWorkers; ++w) {
-        std::vector<Tensor> xs, ys;
-        for (int64_t step = 0; step < kSyncSteps; ++step) {
-          const auto [x, y] = task.batch(kSyncWorkers, w, step);
-          xs.push_back(x);
-          ys.push_back(y);
-        }
-        data.push_back({cat(xs, 0), cat(ys, 0)});
-      }
-      const PsLaunchResult result =
-          train_ps_on_workers(*make_ps_mlp(), ps_config_of("sync", kSyncWorkers, servers, kAdamW),
-                              data, testing::kPsBatch, kSyncSteps, addresses);
-      CHECK(result.version == kSyncSteps);
-      check_bitwise_equal(result.weights, large_batch_reference(kAdamW, task).first);
-      CHECK(result.optimizer_state.count("step"));
-    }
-  }
-}
-
-TEST_CASE("a bad parameter-server package is refused by name and releases the worker",
-          "[ps][distributed]") {
-  testing::WorkerProcess shard, worker;
-  PsConfig config = ps_config_of("sync", 1, 1, kSgd);
-  config.timeout = std::chrono::milliseconds(20000);
-  // A worker data shard with fewer rows than a batch.
-  std::vector<PsWorkerData> data = {
-      {zeros({4, testing::kPsIn}), zeros({4}, {.dtype = DType::i64})}};
-  CHECK_THROWS_WITH(train_ps_on_workers(*make_ps_mlp(), config, data, 8, 2,
-                                        {shard.endpoint(), worker.endpoint()}),
-                    Catch::Contains("worker 0 (" + worker.endpoint() + ") failed") &&
-                        Catch::Contains("at least batch = 8"));
-  // Both workers serve the next run.
-  INFO("shard's log:\n" << shard.log() << "\nworker's log:\n" << worker.log());
-  data = {{zeros({8, testing::kPsIn}), zeros({8}, {.dtype = DType::i64})}};
-  const PsLaunchResult result = train_ps_on_workers(*make_ps_mlp(), config, data, 8, 2,
-                                                    {shard.endpoint(), worker.endpoint()});
-  CHECK(result.version == 2);
 }
 
 TEST_CASE("PsConfig JSON: written and read back; unknown, missing and bad fields named", "[ps]") {

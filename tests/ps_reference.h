@@ -1,0 +1,57 @@
+#pragma once
+// What the parameter-server tests compare against: single-process training on each step's
+// large batch, computed as sequential gradient accumulation, and bitwise comparisons.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
+
+#include "loss/loss.h"
+#include "optim/optimizer.h"
+#include "pipit.h"
+#include "ps_task.h"
+
+namespace pipit::testing {
+
+constexpr int kSyncWorkers = 3, kSyncSteps = 4;
+inline const nlohmann::json kSgd = {
+    {"type", "SGD"}, {"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 1e-3}};
+inline const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
+
+inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
+}
+
+// Single-process training on each step's large batch (the workers' batches in worker order),
+// as sequential gradient accumulation; the loss of every worker's part of it, by step.
+inline std::pair<StateDict, std::vector<std::vector<double>>> large_batch_reference(
+    const nlohmann::json& optimizer, const PsTask& task) {
+  auto reference = make_ps_mlp();
+  auto reference_optimizer = make_optimizer(optimizer, reference->named_parameters());
+  auto loss = make_loss({{"type", "CrossEntropyLoss"}});
+  std::vector<std::vector<double>> losses(kSyncWorkers);
+  for (int64_t step = 0; step < kSyncSteps; ++step) {
+    reference_optimizer->zero_grad();
+    for (int w = 0; w < kSyncWorkers; ++w) {
+      const auto [x, y] = task.batch(kSyncWorkers, w, step);
+      Tensor out = reference->forward(x);
+      losses[w].push_back(loss->compute_loss(out, y).item<double>());
+      out.backward(loss->compute_gradient(out, y) * (1.0 / kSyncWorkers));
+    }
+    reference_optimizer->step();
+  }
+  return {reference->state_dict(), losses};
+}
+
+inline void check_bitwise_equal(const StateDict& got, const StateDict& want) {
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, value] : want) {
+    INFO(name);
+    REQUIRE(got.count(name));
+    CHECK(bitwise_equal(got.at(name), value));
+  }
+}
+
+}  // namespace pipit::testing
