@@ -175,7 +175,7 @@ double measure_threads(const std::string& mode, int workers, int64_t steps) {
     }
     batches.emplace_back(x, from_vector(labels, {kBatch}));
   }
-  PsLocalOptions options;
+  PsRunOptions options;
   options.steps = kWarmup + steps;
   options.batch = [&](int w, int64_t) { return batches[static_cast<size_t>(w)]; };
   int warmed_up = 0;
@@ -238,7 +238,7 @@ TimeToLoss time_to_loss(const std::string& mode) {
   config.workers = 4;
   config.max_staleness = 3;
   config.optimizer = {{"type", "SGD"}, {"lr", 0.02}, {"momentum", 0.9}};
-  PsLocalOptions options;
+  PsRunOptions options;
   options.steps = 300;
   options.slowdown = {1, 1, 1, 4};
   options.batch = [&](int w, int64_t step) {

@@ -12,7 +12,7 @@
 namespace pipit {
 
 PsRunReport train_ps_locally(const Module& model, const PsConfig& config,
-                             const PsLocalOptions& options) {
+                             const PsRunOptions& options) {
   validate(config);
   PIPIT_CHECK(options.batch, "train_ps_locally: options.batch is not set");
   PIPIT_CHECK(
@@ -53,7 +53,9 @@ PsRunReport train_ps_locally(const Module& model, const PsConfig& config,
   for (int s = 0; s < config.servers; ++s) {
     threads.emplace_back([&, s] {
       try {
+        if (options.on_server_start) options.on_server_start(*servers[s]);
         servers[s]->serve();
+        if (options.on_server_end) options.on_server_end(*servers[s]);
       } catch (...) {
         fail(std::current_exception());
       }

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "comm/crc32c.h"
 #include "flags.h"
 #include "loss/loss.h"
@@ -290,6 +292,12 @@ int main(int argc, char** argv) {
     std::unique_ptr<MpiPipeline> spmd;
     if (launcher == "mpi") {
       spmd = std::make_unique<MpiPipeline>(*model, pipeline_config, optimizer_state);
+      // mpirun names a rank that dies; this line maps it to its stage and node.
+      char host[256] = "?";
+      gethostname(host, sizeof host - 1);
+      std::printf("[mpi] rank %d of %d on %s: stage %d, %d threads\n", spmd->rank(),
+                  spmd->world_size(), host, spmd->rank(), get_num_threads());
+      std::fflush(stdout);
       // Every rank but 0 serves its stage until rank 0 is done; rank 0 goes on as usual.
       if (!spmd->is_coordinator()) {
         spmd->serve();

@@ -1,9 +1,10 @@
 // Data-parallel training with a parameter server (ps/): an MLP on synthetic clustered data or
 // a character-level GPT (--model gpt, on --data FILE or generated text), `--workers` replicas each
 // training on its own batches, the parameters sharded over
-// `--servers` servers, in threads or in processes talking TCP.
+// `--servers` servers, in threads, in processes talking TCP, or as MPI ranks.
 //   train_ps                                   # sync, 1 server, 2 workers, in threads
 //   train_ps --mode async --workers 4 --servers 2 --transport tcp
+//   mpirun -np 6 train_ps --launcher mpi --servers 2 --workers 4
 //   train_ps --mode bounded --max-staleness 2 --slowdown 1:4
 // With --checkpoint DIR every shard saves its weights and optimizer state there (atomically)
 // every --checkpoint-every updates and at the end; --resume continues from them.
@@ -27,6 +28,9 @@
 #include "nn/builders.h"
 #include "pipit.h"
 #include "ps/local_run.h"
+#ifdef PIPIT_WITH_MPI
+#include "ps/mpi/mpi_ps.h"
+#endif
 #include "ps/ps_checkpoint.h"
 #include "ps/ps_launch.h"
 #include "ps/ps_tcp.h"
@@ -153,6 +157,19 @@ void print_stats(const PsServerStats& stats, int shard) {
       histogram.c_str());
 }
 
+// Loads the shard's checkpoint when resuming, and saves one every --checkpoint-every updates.
+void attach_checkpoints(const Setup& s, ParameterServer& server) {
+  if (s.checkpoint.empty()) return;
+  const std::string path = shard_checkpoint_path(s.checkpoint, server.shard(), s.config.servers);
+  if (s.resume) load_shard_checkpoint(path, server, s.config.servers);
+  const nlohmann::json model_config = make_model(s, make_data(s))->config();
+  server.after_update = [&s, path, model_config](const ParameterServer& server) {
+    if (s.checkpoint_every > 0 && server.stats().version % s.checkpoint_every == 0) {
+      save_shard_checkpoint(path, server, model_config, s.config.optimizer);
+    }
+  };
+}
+
 std::unique_ptr<ParameterServer> make_server(const Setup& s, std::shared_ptr<Communicator> comm,
                                              int shard) {
   auto model = make_model(s, make_data(s));
@@ -160,16 +177,7 @@ std::unique_ptr<ParameterServer> make_server(const Setup& s, std::shared_ptr<Com
   auto server = std::make_unique<ParameterServer>(
       std::move(comm), shard_parameters(all, plan_shards(all, s.config.servers), shard), s.config,
       shard);
-  if (!s.checkpoint.empty()) {
-    const std::string path = shard_checkpoint_path(s.checkpoint, shard, s.config.servers);
-    if (s.resume) load_shard_checkpoint(path, *server, s.config.servers);
-    const nlohmann::json model_config = model->config();
-    server->after_update = [&s, path, model_config](const ParameterServer& server) {
-      if (s.checkpoint_every > 0 && server.stats().version % s.checkpoint_every == 0) {
-        save_shard_checkpoint(path, server, model_config, s.config.optimizer);
-      }
-    };
-  }
+  attach_checkpoints(s, *server);
   return server;
 }
 
@@ -193,7 +201,7 @@ int run_in_threads(const Setup& s) {
   PIPIT_CHECK(s.checkpoint.empty(),
               "--checkpoint needs --transport tcp (the in-thread run keeps no checkpoints)");
   auto model = make_model(s, data);
-  PsLocalOptions options;
+  PsRunOptions options;
   options.steps = s.steps;
   options.batch = [&](int w, int64_t step) { return batch_of(s, data, w, step); };
   options.slowdown = s.slowdown;
@@ -218,6 +226,45 @@ int run_in_threads(const Setup& s) {
   report(s, result.weights, result.seconds, s.steps * s.config.workers * s.batch);
   return 0;
 }
+
+#ifdef PIPIT_WITH_MPI
+// This rank's shard or worker (mpirun -np servers+workers). Shards save their checkpoints
+// with --checkpoint DIR (a directory every node sees) and print their statistics; worker 0
+// prints its progress.
+int run_under_mpi(const Setup& s) {
+  PIPIT_CHECK(!s.resume, "--resume is not supported with --launcher mpi");
+  const Data data = make_data(s);
+  auto model = make_model(s, data);
+  PsRunOptions options;
+  options.steps = s.steps;
+  options.batch = [&](int w, int64_t step) { return batch_of(s, data, w, step); };
+  options.slowdown = s.slowdown;
+  options.on_server_start = [&s](ParameterServer& server) { attach_checkpoints(s, server); };
+  options.on_server_end = [&s](const ParameterServer& server) { save_final(s, server); };
+  options.on_step = [](int w, int64_t step, double loss) {
+    if (w == 0 && ((step + 1) % 50 == 0 || step == 0)) {
+      std::printf("worker 0 step %4lld  loss %.4f\n", static_cast<long long>(step + 1), loss);
+      std::fflush(stdout);
+    }
+  };
+  const MpiPsRole role = mpi_ps_role(s.config, mpi_job().rank);
+  // mpirun names a rank that dies; this line maps it to its role and node.
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  std::printf("[mpi] rank %d on %s: %s %d\n", mpi_job().rank, host,
+              role.server ? "shard" : "worker", role.index);
+  std::fflush(stdout);
+  const PsRunReport result = train_ps_over_mpi(*model, s.config, options);
+  if (role.server) {
+    print_stats(result.servers[role.index], role.index);
+  } else if (role.index == 0) {
+    std::printf("worker 0: %lld samples in %.2f s (%.0f samples/s per worker)\n",
+                static_cast<long long>(s.steps * s.batch), result.seconds,
+                static_cast<double>(s.steps * s.batch) / result.seconds);
+  }
+  return 0;
+}
+#endif
 
 // Every role on a bare pipit-worker: each worker gets its batches of every step as its data.
 int run_on_workers(const Setup& s, const std::vector<std::string>& addresses,
@@ -389,6 +436,8 @@ int main(int argc, char** argv) {
   flags.add("context", "32", "gpt: characters per window");
   flags.add("seed", "1", "random seed (model and data)");
   flags.add("transport", "threads", "threads (one process) or tcp (a process per role)");
+  flags.add("launcher", "none",
+            "mpi: this process is one rank of mpirun -np servers+workers (shards first)");
   flags.add("token-file", "", "with --pipit-workers: the file holding their shared token");
   flags.add("pipit-workers", "",
             "host:port of --servers + --workers running pipit-workers (instead of --transport)");
@@ -462,6 +511,17 @@ int main(int argc, char** argv) {
     if (role == "server") return server_role(s, index, flags.str("port-file"));
     if (role == "worker") return worker_role(s, index, flags.items("server-endpoints"));
     if (!role.empty()) flags.fail("--role must be server or worker, got '" + role + "'");
+    const std::string launcher = flags.str("launcher");
+    if (launcher != "none" && launcher != "mpi") {
+      flags.fail("--launcher must be none or mpi, got '" + launcher + "'");
+    }
+    if (launcher == "mpi") {
+#ifdef PIPIT_WITH_MPI
+      return run_under_mpi(s);
+#else
+      flags.fail("--launcher mpi: this pipit was built without MPI");
+#endif
+    }
     std::printf("train_ps: %s, %d server(s), %d worker(s), %s, batch %lld per worker\n",
                 s.config.mode.c_str(), s.config.servers, s.config.workers,
                 flags.str("pipit-workers").empty() ? transport.c_str() : "pipit-workers",

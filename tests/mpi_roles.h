@@ -3,12 +3,17 @@
 //   mpirun -np 3 pipit_tests --mpi-role exchange
 //   mpirun -np P pipit_tests --mpi-role pipeline SCHEDULE   (SPMD pipeline vs in-process)
 //   mpirun -np 2 pipit_tests --mpi-role mismatch            (rank 1 builds another model)
+//   mpirun -np 5 pipit_tests --mpi-role ps OPTIMIZER        (2 shards, 3 workers, sync mode)
+//   mpirun -np 3 pipit_tests --mpi-role killed              (rank 2 is killed while training)
+//   mpirun -np 5 pipit_tests --mpi-role failing-worker      (worker 1 throws at its step 2)
 // Endpoints: the coordinator (-1) and stage 0 on rank 0, stage r on rank r. Every endpoint
 // sends every other one tensors of several dtypes and sizes (up to 8 MiB), from two threads
 // at once, 200 messages each; receivers check every value, the sender, and that each
 // sender's messages of one thread arrive in order. Prints "rank R ok" or the first mismatch,
 // and returns non-zero on any.
 #ifdef PIPIT_WITH_MPI
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +29,8 @@
 #include "pipeline/mpi/mpi_pipeline.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
+#include "ps/mpi/mpi_ps.h"
+#include "ps_reference.h"
 
 namespace pipit::testing {
 
@@ -81,15 +88,89 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   return mismatches == 0 ? 0 : 1;
 }
 
+// Sync-mode parameter-server training over MPI, ranks 0-1 the shards and 2-4 the workers,
+// against single-process training on each step's large batch: each shard's weights and each
+// worker's losses bit for bit. Prints "ps rank R ok" or what differs.
+inline int mpi_ps_role(const std::string& optimizer_name) {
+  const nlohmann::json& optimizer = optimizer_name == "adamw" ? kAdamW : kSgd;
+  const PsTask task(512);
+  const PsConfig config = ps_config_of("sync", kSyncWorkers, 2, optimizer);
+  PsRunOptions options;
+  options.steps = kSyncSteps;
+  options.batch = [&](int w, int64_t step) { return task.batch(kSyncWorkers, w, step); };
+  const int rank = mpi_job().rank;
+  const PsRunReport report = train_ps_over_mpi(*make_ps_mlp(), config, options);
+  const auto [want, losses] = large_batch_reference(optimizer, task);
+  const MpiPsRole role = pipit::mpi_ps_role(config, rank);
+  std::string differ;
+  if (role.server) {
+    for (const auto& [name, value] : report.weights) {
+      if (!want.count(name) || !bitwise_equal(value, want.at(name))) differ += " " + name;
+    }
+    if (report.weights.empty() || report.servers[role.index].version != kSyncSteps) {
+      differ += " (no weights or wrong version)";
+    }
+  } else if (report.losses[role.index] != losses[role.index]) {
+    differ += " losses";
+  }
+  std::printf("ps rank %d %s%s\n", rank, differ.empty() ? "ok" : "FAILED:", differ.c_str());
+  return differ.empty() ? 0 : 1;
+}
+
+// A 3-stage pipeline that trains until rank 2 (stage 2) is killed, a second in: mpirun must
+// end the job.
+inline int mpi_killed_role() {
+  Generator generator(5);
+  auto model = mlp({6, 8, 8, 3}, "relu", &generator);
+  PipelineConfig config;
+  config.stages = 3;
+  config.microbatches = 4;
+  MpiPipeline pipeline(*model, config);
+  std::printf("rank %d: stage %d\n", pipeline.rank(), pipeline.rank());
+  std::fflush(stdout);
+  if (pipeline.rank() == 2) {
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      std::raise(SIGKILL);
+    }).detach();
+  }
+  if (!pipeline.is_coordinator()) {
+    pipeline.serve();
+    return 0;
+  }
+  Generator data(9);
+  const Tensor x = randn({8, 6}, &data);
+  const Tensor y = from_vector<int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+  for (int step = 0; step < 10000000; ++step) pipeline.train_step(x, y);
+  return 0;
+}
+
+// Worker 1 fails at its third step; the shards and the other workers would wait for it.
+inline int mpi_failing_worker_role() {
+  const PsTask task(512);
+  PsRunOptions options;
+  options.steps = 1000;
+  options.batch = [&](int w, int64_t step) {
+    PIPIT_CHECK(w != 1 || step < 2, "worker 1 cannot read its batch at step ", step);
+    return task.batch(kSyncWorkers, w, step);
+  };
+  train_ps_over_mpi(*make_ps_mlp(), ps_config_of("sync", kSyncWorkers, 2, kSgd), options);
+  return 0;
+}
+
 inline int mpi_exchange_role();
 
-//   --mpi-role exchange | pipeline SCHEDULE | mismatch
+//   --mpi-role exchange | pipeline SCHEDULE | mismatch | ps OPTIMIZER | killed |
+//   failing-worker
 inline int mpi_role_main(int argc, char** argv) {
   const std::string role = argc >= 3 ? argv[2] : "";
   try {
     if (role == "exchange") return mpi_exchange_role();
     if (role == "pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5);
     if (role == "mismatch") return mpi_pipeline_role("1f1b", 6);
+    if (role == "ps" && argc == 4) return mpi_ps_role(argv[3]);
+    if (role == "killed") return mpi_killed_role();
+    if (role == "failing-worker") return mpi_failing_worker_role();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mpi role %s: %s\n", role.c_str(), e.what());
     return 1;

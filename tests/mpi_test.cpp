@@ -1,6 +1,8 @@
-// The MPI transport (comm/mpi/) and SPMD pipelines (pipeline/mpi/), through mpirun:
+// The MPI transport (comm/mpi/), SPMD pipelines (pipeline/mpi/) and parameter servers
+// (ps/mpi/), through mpirun:
 // tests/mpi_roles.h is the program every rank runs.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -89,5 +91,54 @@ TEST_CASE("MPI: ranks that built different models are named at start-up", "[mpi]
   CHECK(run.status != 0);
   CHECK(run.output.find("ranks 1 built a different model or configuration than rank 0") !=
         std::string::npos);
+#endif
+}
+
+TEST_CASE("MPI: sync parameter-server training equals large-batch training bit for bit",
+          "[mpi][ps]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    DYNAMIC_SECTION(optimizer) {
+      const Run run = mpirun(5, "ps " + optimizer);
+      INFO(run.output);
+      CHECK(run.status == 0);
+      for (int rank = 0; rank < 5; ++rank) {
+        CHECK(run.output.find("ps rank " + std::to_string(rank) + " ok") != std::string::npos);
+      }
+    }
+  }
+#endif
+}
+
+// Failing ranks end the job within seconds, not after the others' timeouts (60 s here).
+TEST_CASE("MPI: a killed rank or a failing one ends the job, naming the rank", "[mpi]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  auto timed = [](int ranks, const std::string& role) {
+    const auto start = std::chrono::steady_clock::now();
+    const Run run = mpirun(ranks, role);
+    return std::pair{
+        run, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+  };
+  SECTION("a stage's rank killed while training") {
+    const auto [run, seconds] = timed(3, "killed");
+    INFO(run.output);
+    CHECK(run.status != 0);
+    CHECK(seconds < 30);
+    CHECK(run.output.find("rank 2: stage 2") != std::string::npos);
+    CHECK(run.output.find("process rank 2") != std::string::npos);
+  }
+  SECTION("a parameter-server worker that throws") {
+    const auto [run, seconds] = timed(5, "failing-worker");
+    INFO(run.output);
+    CHECK(run.status != 0);
+    CHECK(seconds < 30);
+    CHECK(run.output.find("worker 1 cannot read its batch at step 2") != std::string::npos);
+  }
 #endif
 }

@@ -58,7 +58,7 @@ TEST_CASE("sync parameter server equals sequential accumulation bit for bit", "[
   for (const auto& optimizer : {kSgd, kAdamW}) {
     for (int servers : {1, 2}) {
       DYNAMIC_SECTION(optimizer["type"].get<std::string>() << ", " << servers << " shard(s)") {
-        PsLocalOptions options;
+        PsRunOptions options;
         options.steps = kSyncSteps;
         options.batch = [&](int w, int64_t step) { return task.batch(kSyncWorkers, w, step); };
         const PsRunReport report = train_ps_locally(
@@ -96,7 +96,7 @@ TEST_CASE("async and bounded modes count every gradient and learn as well as syn
     PsConfig config = ps_config_of(mode.name, kWorkers, mode.name == "bounded" ? 1 : 2, adamw);
     config.accumulate = mode.accumulate;
     config.max_staleness = 2;
-    PsLocalOptions options;
+    PsRunOptions options;
     options.steps = kSteps;
     options.batch = batch;
     const PsRunReport report = train_ps_locally(*model, config, options);
@@ -134,7 +134,7 @@ TEST_CASE("bounded staleness holds with one worker slowed 4x", "[ps]") {
     DYNAMIC_SECTION("max_staleness " << bound) {
       PsConfig config = ps_config_of("bounded", kWorkers, 1, {{"type", "SGD"}, {"lr", 0.05}});
       config.max_staleness = bound;
-      PsLocalOptions options;
+      PsRunOptions options;
       options.steps = kSteps;
       options.batch = [&](int worker, int64_t step) {
         return task.rows((step * kWorkers + worker) * 16, 16);
@@ -240,7 +240,7 @@ TEST_CASE("compressed pushes train, halve the bytes, and stay close to uncompres
   auto run = [&](bool compress) {
     PsConfig config = ps_config_of("sync", 2, 1, {{"type", "AdamW"}, {"lr", 0.01}});
     config.compress = compress;
-    PsLocalOptions options;
+    PsRunOptions options;
     options.steps = 40;
     options.batch = [&](int worker, int64_t step) {
       return task.rows((step * 2 + worker) * 16, 16);

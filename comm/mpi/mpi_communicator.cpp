@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -39,6 +40,7 @@ struct MpiTransport::Impl {
   std::mutex mutex;
   std::deque<std::pair<int, std::string>> outgoing;  // (destination rank, bytes)
   std::atomic<bool> stopping{false};
+  std::atomic<bool> abandoning{false};  // leave at once: this rank failed
   std::thread progress;
 
   struct Pending {
@@ -80,7 +82,7 @@ struct MpiTransport::Impl {
     std::vector<Pending> sending;
     MPI_Request barrier = MPI_REQUEST_NULL;
     auto nap = std::chrono::microseconds(1);
-    while (true) {
+    while (!abandoning) {
       bool moved = false;
       std::deque<std::pair<int, std::string>> batch;
       {
@@ -250,7 +252,13 @@ std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiO
 MpiTransport::MpiTransport(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 MpiTransport::~MpiTransport() {
-  stop();
+  // Unwinding from an error: a barrier would wait for ranks that wait for this one. Leaving
+  // without MPI_Finalize makes mpirun end every rank and exit non-zero, naming this one.
+  if (std::uncaught_exceptions() > 0) {
+    abandon();
+  } else {
+    stop();
+  }
 }
 
 int MpiTransport::rank() const {
@@ -268,6 +276,13 @@ std::shared_ptr<Communicator> MpiTransport::endpoint(int endpoint) {
   PIPIT_CHECK(inbox != impl_->inboxes.end(), "MPI: endpoint ", endpoint, " does not live on rank ",
               impl_->rank);
   return std::make_shared<MpiCommunicator>(impl_, endpoint, inbox->second);
+}
+
+void MpiTransport::abandon() {
+  if (!impl_->progress.joinable()) return;
+  impl_->abandoning = true;
+  impl_->progress.join();
+  for (auto& [endpoint, inbox] : impl_->inboxes) inbox->close();
 }
 
 void MpiTransport::stop() {

@@ -53,6 +53,10 @@ class MpiTransport : public std::enable_shared_from_this<MpiTransport> {
   // stops the progress thread and finalises MPI. Every rank must call it (or let the
   // transport go), as MPI_Finalize is collective.
   void stop();
+  // Stops the progress thread without the barrier and without finalising MPI: for a rank
+  // that failed, so that mpirun ends the job (non-zero, naming the rank) instead of every
+  // rank waiting. The destructor does this when it runs while an exception unwinds.
+  void abandon();
 
   struct Impl;
 

@@ -1,6 +1,6 @@
 #include "pipeline/mpi/mpi_pipeline.h"
 
-#include "comm/crc32c.h"
+#include "comm/fingerprint.h"
 #include "pipeline/pipeline.h"
 
 namespace pipit {
@@ -8,18 +8,11 @@ namespace {
 
 // What every rank must agree on: the model's config and weights, and how it is pipelined.
 std::string fingerprint(const Sequential& model, const PipelineConfig& c) {
-  std::string text = model.config().dump();
-  for (const auto& [name, p] : model.named_parameters()) {
-    const Tensor t = p.contiguous();
-    text += "|" + name + ":" +
-            std::to_string(
-                crc32c(std::string_view(static_cast<const char*>(t.raw_data()), t.nbytes())));
-  }
   const nlohmann::json pipeline = {
       {"stages", c.stages},     {"microbatches", c.microbatches}, {"chunks", c.chunks_per_stage},
       {"schedule", c.schedule}, {"partition", c.partition},       {"layer_counts", c.layer_counts},
       {"loss", c.loss},         {"optimizer", c.optimizer},       {"dtype", c.dtype}};
-  return text + "|" + pipeline.dump();
+  return module_fingerprint(model) + "|" + pipeline.dump();
 }
 
 }  // namespace
@@ -48,7 +41,7 @@ MpiPipeline::~MpiPipeline() {
     coordinator_->shutdown();
     stage_thread_.join();
   }
-  transport_->stop();
+  // transport_ goes last: it leaves MPI, or abandons it when an error unwinds this rank.
 }
 
 double MpiPipeline::train_step(const Tensor& input, const Tensor& target) {

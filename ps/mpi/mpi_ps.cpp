@@ -1,0 +1,72 @@
+#include "ps/mpi/mpi_ps.h"
+
+#include <chrono>
+
+#include "comm/fingerprint.h"
+#include "nn/registry.h"
+#include "ps/shard_plan.h"
+
+namespace pipit {
+
+MpiPsRole mpi_ps_role(const PsConfig& config, int rank) {
+  if (rank < config.servers) return {true, rank};
+  return {false, rank - config.servers};
+}
+
+PsRunReport train_ps_over_mpi(const Module& model, const PsConfig& config,
+                              const PsRunOptions& options, MpiOptions mpi) {
+  validate(config);
+  PIPIT_CHECK(options.batch, "train_ps_over_mpi: options.batch is not set");
+  PIPIT_CHECK(
+      options.slowdown.empty() || static_cast<int>(options.slowdown.size()) == config.workers,
+      "train_ps_over_mpi: slowdown has ", options.slowdown.size(), " entries for ", config.workers,
+      " workers");
+  std::map<int, int> routes;  // endpoint s or servers + w lives on the rank of the same number
+  for (int id = 0; id < config.servers + config.workers; ++id) routes[id] = id;
+  auto transport =
+      MpiTransport::start(routes, mpi, module_fingerprint(model) + "|" + to_json(config).dump());
+  PIPIT_CHECK(transport->world_size() == config.servers + config.workers,
+              "train_ps_over_mpi: ", config.servers, " shards and ", config.workers,
+              " workers need ", config.servers + config.workers, " MPI ranks, the job has ",
+              transport->world_size(), " (mpirun -np ", config.servers + config.workers, ")");
+  const int rank = transport->rank();
+  const MpiPsRole role = mpi_ps_role(config, rank);
+
+  PsRunReport report;
+  report.servers.resize(config.servers);
+  report.workers.resize(config.workers);
+  report.losses.resize(config.workers);
+  const auto start = std::chrono::steady_clock::now();
+  if (role.server) {
+    const NamedParameters all = model.named_parameters();
+    NamedParameters own;
+    for (const auto& [name, p] :
+         shard_parameters(all, plan_shards(all, config.servers), role.index)) {
+      own.emplace_back(name, p.detach().clone().requires_grad_());
+    }
+    ParameterServer server(transport->endpoint(rank), std::move(own), config, role.index);
+    if (options.on_server_start) options.on_server_start(server);
+    server.serve();
+    if (options.on_server_end) options.on_server_end(server);
+    for (auto& [name, value] : server.weights()) report.weights.emplace(name, value);
+    report.servers[role.index] = server.stats();
+  } else {
+    const int w = role.index;
+    PsWorker worker(transport->endpoint(rank), build_module(model.config()), config, w,
+                    options.slowdown.empty() ? 1.0 : options.slowdown[w]);
+    worker.join();
+    for (int64_t step = 0; step < options.steps; ++step) {
+      const auto [input, target] = options.batch(w, step);
+      const double loss = worker.step(input, target);
+      report.losses[w].push_back(loss);
+      if (options.on_step) options.on_step(w, step, loss);
+    }
+    worker.leave();
+    report.workers[w] = worker.stats();
+  }
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  transport->stop();
+  return report;
+}
+
+}  // namespace pipit
