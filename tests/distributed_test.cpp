@@ -12,6 +12,7 @@
 #include "comm/asio.h"
 
 #include "comm/frame.h"
+#include "distributed_reference.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipeline/distributed_pipeline.h"
@@ -23,58 +24,10 @@
 #include "worker_process.h"
 
 using namespace pipit;
-using pipit::testing::WorkerProcess;
+using namespace pipit::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct Batch {
-  Tensor input, target;
-};
-
-std::shared_ptr<Sequential> small_gpt(int64_t layers = 6) {
-  Generator generator(5);
-  return gpt({11, 6, layers, 2, 16, 0.0}, &generator);
-}
-
-Batch gpt_batch() {
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < 8 * 6; ++i) {
-    x.push_back((i * 7) % 11);
-    y.push_back((i * 7 + 3) % 11);
-  }
-  return {from_vector(x, {8, 6}), from_vector(y, {8, 6})};
-}
-
-PipelineConfig config_for(const std::string& schedule, int v) {
-  PipelineConfig config;
-  config.stages = 4;
-  config.microbatches = 4;
-  config.chunks_per_stage = v;
-  config.schedule = schedule;
-  config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
-  config.timeout = std::chrono::milliseconds(20000);
-  return config;
-}
-
-std::string logs(const std::vector<std::unique_ptr<WorkerProcess>>& workers) {
-  std::string out;
-  for (size_t i = 0; i < workers.size(); ++i) {
-    out += "--- worker " + std::to_string(i) + " log:\n" + workers[i]->log();
-  }
-  return out;
-}
-
-std::vector<std::string> endpoints(const std::vector<std::unique_ptr<WorkerProcess>>& workers) {
-  std::vector<std::string> out;
-  for (const auto& w : workers) out.push_back(w->endpoint());
-  return out;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
-}
 
 // The loss of one step of small_gpt(2) on gpt_batch() in threads: what a fresh distributed
 // run must return bit for bit.

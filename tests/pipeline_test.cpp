@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "bitwise.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
@@ -15,6 +16,7 @@
 #include "pipit.h"
 
 using namespace pipit;
+using pipit::testing::bitwise_equal;
 
 namespace {
 
@@ -77,11 +79,6 @@ std::vector<double> accumulate_sequentially(Model& m, const nlohmann::json& opti
     losses.push_back(total / microbatches);
   }
   return losses;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
 }
 
 struct Combination {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "bitwise.h"
 #include "loss/loss.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
@@ -18,11 +19,6 @@ constexpr int kSyncWorkers = 3, kSyncSteps = 4;
 inline const nlohmann::json kSgd = {
     {"type", "SGD"}, {"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 1e-3}};
 inline const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
-
-inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
-}
 
 // Single-process training on each step's large batch (the workers' batches in worker order),
 // as sequential gradient accumulation; the loss of every worker's part of it, by step.

@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include "bitwise.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipeline/distributed_pipeline.h"
@@ -19,6 +20,7 @@
 #include "worker_process.h"
 
 using namespace pipit;
+using pipit::testing::bitwise_equal;
 using pipit::testing::WorkerProcess;
 
 namespace {
@@ -53,11 +55,6 @@ PipelineConfig config_for(int p, int m, int v, const std::string& schedule,
   c.optimizer = std::move(optimizer);
   c.timeout = std::chrono::milliseconds(20000);
   return c;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
 }
 
 void check_same(const StateDict& got, const StateDict& expected) {

@@ -25,14 +25,18 @@ namespace fs = std::filesystem;
 // A worker process started from this test executable (see tests/main.cpp).
 class WorkerProcess {
  public:
-  explicit WorkerProcess(const std::string& token = "", std::vector<std::string> extra = {}) {
+  // `netns`: run it in that network namespace (`ip netns exec`), listening on `host`.
+  explicit WorkerProcess(const std::string& token = "", std::vector<std::string> extra = {},
+                         const std::string& netns = "", const std::string& host = "127.0.0.1")
+      : host_(host) {
     static int counter = 0;
     dir_ = fs::temp_directory_path() /
            ("pipit_worker_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
     fs::create_directories(dir_);
     const std::string exe = fs::read_symlink("/proc/self/exe").string();
     const std::string port_file = (dir_ / "port").string(), log = (dir_ / "log").string();
-    std::vector<std::string> args = {exe, "--worker", "127.0.0.1:0", port_file};
+    std::vector<std::string> args = {exe, "--worker", host + ":0", port_file};
+    if (!netns.empty()) args.insert(args.begin(), {"ip", "netns", "exec", netns});
     if (!token.empty()) args.push_back("--token=" + token);
     for (auto& arg : extra) args.push_back(std::move(arg));
     std::vector<char*> argv;
@@ -41,7 +45,8 @@ class WorkerProcess {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    REQUIRE(posix_spawn(&pid_, exe.c_str(), &actions, nullptr, argv.data(), environ) == 0);
+    // `ip netns exec` runs the worker in place of itself: pid_ is the worker's.
+    REQUIRE(posix_spawnp(&pid_, argv[0], &actions, nullptr, argv.data(), environ) == 0);
     posix_spawn_file_actions_destroy(&actions);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (!fs::exists(port_file) && std::chrono::steady_clock::now() < deadline) {
@@ -72,11 +77,12 @@ class WorkerProcess {
     waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
-  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string endpoint() const { return host_ + ":" + std::to_string(port_); }
   uint16_t port() const { return port_; }
   std::string log() const { return read_file((dir_ / "log").string()); }
 
  private:
+  std::string host_;
   fs::path dir_;
   pid_t pid_ = -1;
   uint16_t port_ = 0;

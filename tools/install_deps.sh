@@ -12,6 +12,8 @@ packages=(cmake g++ make pkg-config libopenblas-dev nlohmann-json3-dev libasio-d
 packages+=(clang libclang-rt-dev libomp-dev)
 # The MPI transport (comm/mpi/) and its tests: Open MPI's headers, libraries and mpirun.
 packages+=(libopenmpi-dev openmpi-bin)
+# The network-namespace cluster (tests/netns_test.cpp, samples/netns_cluster.sh): ip and tc.
+packages+=(iproute2)
 if [[ "${1:-}" == "--with-torch" ]]; then
   packages+=(python3-torch python3-numpy)
 fi

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Trains the demo GPT across a small cluster of network "hosts" on this machine: network
+# namespaces joined by veth pairs and a bridge, each with its own address and one
+# pipit-worker, every host's link shaped by tc (netem delay + rate where the kernel has netem,
+# a tbf rate limit otherwise). Then trains the same run in one process and compares the
+# weights' checksums, and prints the timeline of the last steps across the hosts.
+#   sudo samples/netns_cluster.sh                          # 4 hosts, 200mbit, 1ms
+#   sudo samples/netns_cluster.sh --hosts 2 --rate 1gbit --delay 5ms -- --steps 50
+# Arguments after -- go to train_gpt. Needs root and iproute2; cleans everything up on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+hosts=4 rate=200mbit delay=1ms
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --hosts) hosts=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --delay) delay=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "netns_cluster: unknown flag '$1' (--hosts N, --rate R, --delay D, -- train_gpt flags)" >&2; exit 2 ;;
+  esac
+done
+[[ $(id -u) == 0 ]] || { echo "netns_cluster: needs root (network namespaces)" >&2; exit 1; }
+command -v ip >/dev/null || { echo "netns_cluster: needs iproute2 (ip, tc)" >&2; exit 1; }
+
+bash tools/install_deps.sh >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" --target pipit-worker train_gpt >/dev/null
+
+tag=$$ subnet=10.78.$(($$ % 250))
+run_dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  for ((i = 0; i < hosts; i++)); do
+    ip netns del "pn$tag-$i" 2>/dev/null || true
+    ip link del "pv$tag-$i" 2>/dev/null || true
+  done
+  ip link del "pb$tag" 2>/dev/null || true
+  rm -rf "$run_dir"
+}
+trap cleanup EXIT
+
+# The bridge is the network; this shell (the coordinator's host) sits on it at .254.
+ip link add "pb$tag" type bridge
+ip addr add "$subnet.254/24" dev "pb$tag"
+ip link set "pb$tag" up
+shaping=""
+for ((i = 0; i < hosts; i++)); do
+  ns="pn$tag-$i" inner="pe$tag-$i" outer="pv$tag-$i"
+  ip netns add "$ns"
+  ip link add "$outer" type veth peer name "$inner"
+  ip link set "$inner" netns "$ns"
+  ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev "$inner"
+  ip -n "$ns" link set "$inner" up
+  ip -n "$ns" link set lo up
+  ip link set "$outer" master "pb$tag"
+  ip link set "$outer" up
+  if ip netns exec "$ns" tc qdisc add dev "$inner" root netem delay "$delay" rate "$rate" 2>/dev/null; then
+    shaping="netem: $delay delay, $rate"
+  else
+    ip netns exec "$ns" tc qdisc add dev "$inner" root tbf rate "$rate" burst 256kb latency 50ms
+    shaping="tbf: $rate (this kernel has no netem qdisc, so no added delay)"
+  fi
+done
+
+(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n" >"$run_dir/token")
+endpoints=()
+for ((i = 0; i < hosts; i++)); do
+  # Every "host" here shares this machine's cores, so one thread each; on real hosts the
+  # workers' default (the host's cores over its stages) is right.
+  ip netns exec "pn$tag-$i" ./build/pipit-worker --listen "$subnet.$((i + 1)):0" \
+    --port-file "$run_dir/port$i" --token-file "$run_dir/token" --threads 1 \
+    2>"$run_dir/worker$i.log" &
+  pids+=($!)
+done
+for ((i = 0; i < hosts; i++)); do
+  for _ in $(seq 100); do [[ -s "$run_dir/port$i" ]] && break; sleep 0.1; done
+  [[ -s "$run_dir/port$i" ]] || { echo "worker $i did not start:"; cat "$run_dir/worker$i.log"; exit 1; }
+  endpoints+=("$subnet.$((i + 1)):$(cat "$run_dir/port$i")")
+done
+workers=$(IFS=,; echo "${endpoints[*]}")
+echo "netns_cluster: $hosts hosts at $workers, links shaped by $shaping"
+
+flags=(--steps 30 --threads 1 --sample 0 "$@")
+./build/train_gpt --workers "$workers" --token-file "$run_dir/token" \
+  --trace "$run_dir/trace.json" "${flags[@]}" | tee "$run_dir/cluster.log"
+echo "--- the same run in one process:"
+./build/train_gpt --stages "$hosts" "${flags[@]}" | tee "$run_dir/local.log" | grep CRC
+if [[ "$(grep CRC "$run_dir/cluster.log")" == "$(grep CRC "$run_dir/local.log")" ]]; then
+  echo "netns_cluster: the cluster's weights equal the in-process run's, bit for bit"
+else
+  echo "netns_cluster: the weights differ from the in-process run's" >&2
+  exit 1
+fi
