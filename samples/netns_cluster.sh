@@ -3,21 +3,25 @@
 # namespaces joined by veth pairs and a bridge, each with its own address and one
 # pipit-worker, every host's link shaped by tc (netem delay + rate where the kernel has netem,
 # a tbf rate limit otherwise). Then trains the same run in one process and compares the
-# weights' checksums, and prints the timeline of the last steps across the hosts.
+# weights' checksums, and prints the timeline of the last steps across the hosts. With --mpi
+# the stages are MPI ranks on the hosts instead (mpirun, through a launch agent that enters
+# the namespaces in place of ssh), as on a cluster.
 #   sudo samples/netns_cluster.sh                          # 4 hosts, 200mbit, 1ms
 #   sudo samples/netns_cluster.sh --hosts 2 --rate 1gbit --delay 5ms -- --steps 50
+#   sudo samples/netns_cluster.sh --mpi
 # Arguments after -- go to train_gpt. Needs root and iproute2; cleans everything up on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-hosts=4 rate=200mbit delay=1ms
+hosts=4 rate=200mbit delay=1ms mpi=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
+    --mpi) mpi=1; shift ;;
     --) shift; break ;;
-    *) echo "netns_cluster: unknown flag '$1' (--hosts N, --rate R, --delay D, -- train_gpt flags)" >&2; exit 2 ;;
+    *) echo "netns_cluster: unknown flag '$1' (--hosts N, --rate R, --delay D, --mpi, -- train_gpt flags)" >&2; exit 2 ;;
   esac
 done
 [[ $(id -u) == 0 ]] || { echo "netns_cluster: needs root (network namespaces)" >&2; exit 1; }
@@ -65,27 +69,46 @@ for ((i = 0; i < hosts; i++)); do
   fi
 done
 
-(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n" >"$run_dir/token")
-endpoints=()
-for ((i = 0; i < hosts; i++)); do
-  # Every "host" here shares this machine's cores, so one thread each; on real hosts the
-  # workers' default (the host's cores over its stages) is right.
-  ip netns exec "pn$tag-$i" ./build/pipit-worker --listen "$subnet.$((i + 1)):0" \
-    --port-file "$run_dir/port$i" --token-file "$run_dir/token" --threads 1 \
-    2>"$run_dir/worker$i.log" &
-  pids+=($!)
-done
-for ((i = 0; i < hosts; i++)); do
-  for _ in $(seq 100); do [[ -s "$run_dir/port$i" ]] && break; sleep 0.1; done
-  [[ -s "$run_dir/port$i" ]] || { echo "worker $i did not start:"; cat "$run_dir/worker$i.log"; exit 1; }
-  endpoints+=("$subnet.$((i + 1)):$(cat "$run_dir/port$i")")
-done
-workers=$(IFS=,; echo "${endpoints[*]}")
-echo "netns_cluster: $hosts hosts at $workers, links shaped by $shaping"
-
 flags=(--steps 30 --threads 1 --sample 0 "$@")
-./build/train_gpt --workers "$workers" --token-file "$run_dir/token" \
-  --trace "$run_dir/trace.json" "${flags[@]}" | tee "$run_dir/cluster.log"
+if ((mpi)); then
+  cat >"$run_dir/agent.sh" <<AGENT
+#!/bin/sh
+# mpirun calls: AGENT HOST COMMAND...; HOST $subnet.(i+1) is namespace pn$tag-i.
+host=\$1; shift
+exec ip netns exec pn$tag-\$(( \${host##*.} - 1 )) /bin/sh -c "\$*"
+AGENT
+  chmod 700 "$run_dir/agent.sh"
+  addresses=()
+  for ((i = 0; i < hosts; i++)); do addresses+=("$subnet.$((i + 1))"); done
+  host_list=$(IFS=,; echo "${addresses[*]}")
+  echo "netns_cluster: $hosts MPI ranks on $host_list, links shaped by $shaping"
+  mpirun --allow-run-as-root --host "$host_list" --mca plm_rsh_agent "$run_dir/agent.sh" \
+    --mca plm_rsh_no_tree_spawn 1 \
+    --mca oob_tcp_if_include "$subnet.0/24" --mca btl tcp,self \
+    --mca btl_tcp_if_include "$subnet.0/24" -np "$hosts" \
+    ./build/train_gpt --launcher mpi "${flags[@]}" | tee "$run_dir/cluster.log"
+else
+  (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n" >"$run_dir/token")
+  endpoints=()
+  for ((i = 0; i < hosts; i++)); do
+    # Every "host" here shares this machine's cores, so one thread each; on real hosts the
+    # workers' default (the host's cores over its stages) is right.
+    ip netns exec "pn$tag-$i" ./build/pipit-worker --listen "$subnet.$((i + 1)):0" \
+      --port-file "$run_dir/port$i" --token-file "$run_dir/token" --threads 1 \
+      2>"$run_dir/worker$i.log" &
+    pids+=($!)
+  done
+  for ((i = 0; i < hosts; i++)); do
+    for _ in $(seq 100); do [[ -s "$run_dir/port$i" ]] && break; sleep 0.1; done
+    [[ -s "$run_dir/port$i" ]] || { echo "worker $i did not start:"; cat "$run_dir/worker$i.log"; exit 1; }
+    endpoints+=("$subnet.$((i + 1)):$(cat "$run_dir/port$i")")
+  done
+  workers=$(IFS=,; echo "${endpoints[*]}")
+  echo "netns_cluster: $hosts hosts at $workers, links shaped by $shaping"
+
+  ./build/train_gpt --workers "$workers" --token-file "$run_dir/token" \
+    --trace "$run_dir/trace.json" "${flags[@]}" | tee "$run_dir/cluster.log"
+fi
 echo "--- the same run in one process:"
 ./build/train_gpt --stages "$hosts" "${flags[@]}" | tee "$run_dir/local.log" | grep CRC
 if [[ "$(grep CRC "$run_dir/cluster.log")" == "$(grep CRC "$run_dir/local.log")" ]]; then

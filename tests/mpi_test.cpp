@@ -3,50 +3,11 @@
 // tests/mpi_roles.h is the program every rank runs.
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <cstdio>
-#include <filesystem>
 #include <string>
 
-#ifdef PIPIT_WITH_MPI
-namespace {
+#include "mpirun.h"
 
-struct Run {
-  int status = 0;
-  std::string output;
-};
-
-Run run_command(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe);
-  Run run;
-  char buffer[4096];
-  while (fgets(buffer, sizeof buffer, pipe)) run.output += buffer;
-  run.status = pclose(pipe);
-  return run;
-}
-
-// mpirun of this executable in an MPI role. Root in CI containers, and more ranks than cores
-// here: Open MPI needs both allowed. No leak report for MPI's own allocations in sanitizer
-// builds.
-Run mpirun(int ranks, const std::string& role) {
-  return run_command("timeout 300 mpirun --allow-run-as-root --oversubscribe -np " +
-                     std::to_string(ranks) + " -x ASAN_OPTIONS=detect_leaks=0 " +
-                     std::filesystem::read_symlink("/proc/self/exe").string() + " --mpi-role " +
-                     role + " 2>&1");
-}
-
-// Whether mpirun can start processes here at all; if not, the tests skip and say why.
-bool mpirun_works() {
-  static const Run probe =
-      run_command("timeout 60 mpirun --allow-run-as-root --oversubscribe -np 2 true 2>&1");
-  if (probe.status != 0) {
-    WARN("skipped: mpirun cannot start processes on this machine:\n" << probe.output);
-  }
-  return probe.status == 0;
-}
-
-}  // namespace
-#endif
+using namespace pipit::testing;
 
 TEST_CASE("MPI: tensors between ranks and endpoints sharing a rank, from several threads",
           "[mpi]") {

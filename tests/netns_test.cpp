@@ -3,9 +3,12 @@
 // 200 Mbit/s by tc (and delayed by netem where the kernel has it). Also links with latency
 // and bandwidth emulated in-process (DelayedCommunicator), for kernels without netem.
 // Training must equal in-process training bit for bit. Skipped, saying why, where namespaces
-// cannot be made (not root, no iproute2).
+// cannot be made (not root, no iproute2). MPI ranks run on the hosts too, started by mpirun
+// through a launch agent that enters the namespaces.
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -14,6 +17,7 @@
 #include "comm/local_communicator.h"
 #include "delayed_link.h"
 #include "distributed_reference.h"
+#include "mpirun.h"
 #include "pipeline/distributed_pipeline.h"
 
 using namespace pipit;
@@ -65,6 +69,32 @@ class NetnsCluster {
   bool netem() const { return netem_; }
   std::string netns(int i) const { return "pns" + tag_ + "_" + std::to_string(i); }
   std::string address(int i) const { return subnet_ + std::to_string(i + 1); }
+  std::string subnet() const { return subnet_ + "0/24"; }
+  // mpirun's flags for ranks on these hosts: a launch agent (in place of ssh) that runs
+  // mpirun's daemon in the namespace of the host it names, and MPI's TCP traffic (its
+  // out-of-band channel and messages) kept to the cluster's network.
+  std::string mpirun_flags(const std::string& dir, int ranks_per_host) const {
+    const std::string agent = dir + "/netns_agent.sh";
+    std::ofstream(agent) << "#!/bin/sh\n# mpirun calls: AGENT HOST COMMAND...\nhost=$1; shift\n"
+                         << "exec ip netns exec pns" << tag_
+                         << "_$(( ${host##*.} - 1 )) /bin/sh -c \"$*\"\n";
+    std::filesystem::permissions(agent, std::filesystem::perms::owner_all);
+    std::string hosts;
+    for (int i = 0; i < created_; ++i) {
+      if (i > 0) hosts += ",";
+      hosts += address(i);
+      hosts += ':';
+      hosts += std::to_string(ranks_per_host);
+    }
+    std::string flags = "--host ";
+    for (const std::string& part :
+         {hosts, std::string(" --mca plm_rsh_no_tree_spawn 1 --mca plm_rsh_agent "), agent,
+          std::string(" --mca oob_tcp_if_include "), subnet(),
+          std::string(" --mca btl tcp,self --mca btl_tcp_if_include "), subnet()}) {
+      flags += part;
+    }
+    return flags;
+  }
 
  private:
   std::string bridge() const { return "pbr" + tag_; }
@@ -171,4 +201,41 @@ TEST_CASE("a pipeline over links with latency and limited bandwidth equals in-pr
     CHECK(losses == want_losses);
     check_same_weights(got, want);
   }
+}
+
+TEST_CASE("MPI ranks on network-namespace hosts train as in one process, bit for bit",
+          "[netns][mpi]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (geteuid() != 0 || !sh("ip -V")) {
+    WARN("skipped: network namespaces need root and iproute2 (ip)");
+    return;
+  }
+  if (!mpirun_works()) return;
+  NetnsCluster cluster(3);
+  if (!cluster.ok()) {
+    WARN("skipped: could not build the namespace cluster (ip netns add, veth, bridge)");
+    return;
+  }
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("pipit_netns_" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(dir);
+  SECTION("an SPMD pipeline, one stage per host") {
+    const Run run = mpirun(3, "pipeline 1f1b", cluster.mpirun_flags(dir, 1));
+    INFO(run.output);
+    CHECK(run.status == 0);
+    CHECK(run.output.find("pipeline ok") != std::string::npos);
+  }
+  SECTION("a parameter server, 2 shards and 3 workers over the hosts") {
+    const Run run = mpirun(5, "ps sgd", cluster.mpirun_flags(dir, 2));
+    INFO(run.output);
+    CHECK(run.status == 0);
+    for (int rank = 0; rank < 5; ++rank) {
+      CHECK(run.output.find("ps rank " + std::to_string(rank) + " ok") != std::string::npos);
+    }
+  }
+  std::filesystem::remove_all(dir);
+#endif
 }

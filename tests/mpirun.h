@@ -1,0 +1,46 @@
+#pragma once
+// Running this test executable under mpirun in one of its MPI roles (tests/mpi_roles.h), and
+// whether mpirun can start processes here at all.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace pipit::testing {
+
+struct Run {
+  int status = 0;
+  std::string output;
+};
+
+inline Run run_command(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe);
+  Run run;
+  char buffer[4096];
+  while (fgets(buffer, sizeof buffer, pipe)) run.output += buffer;
+  run.status = pclose(pipe);
+  return run;
+}
+
+// mpirun of this executable in an MPI role. Root in CI containers, and more ranks than cores
+// here: Open MPI needs both allowed. No leak report for MPI's own allocations in sanitizer
+// builds. `launch_flags`: more of mpirun's own (hosts, launch agent, interfaces).
+inline Run mpirun(int ranks, const std::string& role, const std::string& launch_flags = "") {
+  return run_command(
+      "timeout 300 mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " +
+      launch_flags + " -x ASAN_OPTIONS=detect_leaks=0 " +
+      std::filesystem::read_symlink("/proc/self/exe").string() + " --mpi-role " + role + " 2>&1");
+}
+
+// Whether mpirun can start processes here at all; if not, the tests skip and say why.
+inline bool mpirun_works() {
+  static const Run probe =
+      run_command("timeout 60 mpirun --allow-run-as-root --oversubscribe -np 2 true 2>&1");
+  if (probe.status != 0) {
+    WARN("skipped: mpirun cannot start processes on this machine:\n" << probe.output);
+  }
+  return probe.status == 0;
+}
+
+}  // namespace pipit::testing
