@@ -1,0 +1,221 @@
+#include "batching/graph.h"
+
+#include <atomic>
+#include <chrono>
+
+#include "autograd/ops.h"
+#include "batching/gather_rows.h"
+#include "batching/graph_state.h"
+
+namespace pipit::batching {
+namespace {
+
+thread_local Graph* current_graph = nullptr;
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdULL;
+}
+
+// The reuse table's hash of a call: the op and exactly which results it takes.
+uint64_t call_hash(const GraphState& s, int32_t op, const NodeRef* refs, int32_t count) {
+  uint64_t h = mix(0x63616c6cULL, static_cast<uint64_t>(op));
+  for (int32_t i = 0; i < count; ++i) {
+    h = mix(h, static_cast<uint64_t>(refs[i].node) << 8 | static_cast<uint64_t>(refs[i].output));
+  }
+  (void)s;
+  return h;
+}
+
+bool same_call(const GraphState& s, const BatchNode& n, int32_t op, const NodeRef* refs,
+               int32_t count) {
+  if (n.op != op || n.input_count != count) return false;
+  for (int32_t i = 0; i < count; ++i) {
+    const NodeRef& a = s.inputs[static_cast<size_t>(n.first_input + i)];
+    if (a.node != refs[i].node || a.output != refs[i].output) return false;
+  }
+  return true;
+}
+
+void grow_reuse_table(GraphState& s) {
+  std::vector<int32_t> old = std::move(s.reuse_slots);
+  s.reuse_slots.assign(old.empty() ? 1024 : old.size() * 2, -1);
+  const size_t mask = s.reuse_slots.size() - 1;
+  for (int32_t node : old) {
+    if (node < 0) continue;
+    const BatchNode& n = s.nodes[static_cast<size_t>(node)];
+    size_t slot =
+        call_hash(s, n.op, &s.inputs[static_cast<size_t>(n.first_input)], n.input_count) & mask;
+    while (s.reuse_slots[slot] >= 0) slot = (slot + 1) & mask;
+    s.reuse_slots[slot] = node;
+  }
+}
+
+}  // namespace
+
+int32_t GraphState::key_of(int32_t node) {
+  const BatchNode& n = nodes[static_cast<size_t>(node)];
+  const Op& op = *ops[static_cast<size_t>(n.op)];
+  uint64_t h = mix(op.id, op.extra);
+  for (int32_t i = 0; i < n.input_count; ++i) {
+    const NodeRef& ref = inputs[static_cast<size_t>(n.first_input + i)];
+    const Tensor& batch = batches[static_cast<size_t>(nodes[static_cast<size_t>(ref.node)].batch)]
+                                 [static_cast<size_t>(ref.output)];
+    h = mix(h, static_cast<uint64_t>(batch.dtype()) << 8 | static_cast<uint64_t>(batch.dim()));
+    for (int64_t d = 1; d < batch.dim(); ++d) h = mix(h, static_cast<uint64_t>(batch.size(d)));
+  }
+  auto [it, added] = key_ids.try_emplace(h, static_cast<int32_t>(key_ops.size()));
+  if (added) key_ops.push_back(n.op);
+  return it->second;
+}
+
+std::shared_ptr<const Op> make_op(Op op) {
+  static std::atomic<uint64_t> next_id{1};
+  PIPIT_CHECK(op.run, "batching: op '", op.name, "' has nothing to run");
+  PIPIT_CHECK(op.outputs >= 1, "batching: op '", op.name, "' must have at least one output");
+  op.id = next_id++;
+  return std::make_shared<const Op>(std::move(op));
+}
+
+Graph::Scope::Scope(Graph* graph) : previous_(current_graph) {
+  current_graph = graph;
+}
+Graph::Scope::~Scope() {
+  current_graph = previous_;
+}
+Graph* Graph::current() {
+  return current_graph;
+}
+
+Graph::Graph(bool reuse_repeated_calls) : state_(std::make_shared<GraphState>()) {
+  state_->reuse = reuse_repeated_calls;
+}
+Graph::~Graph() {
+  // Handles that outlive the graph find it cleared.
+  ++state_->generation;
+}
+
+size_t Graph::size() const {
+  return state_->nodes.size();
+}
+
+Handle Graph::value(const Tensor& tensor) {
+  PIPIT_CHECK(tensor.defined(), "batching: batched_value of an undefined tensor");
+  GraphState& s = *state_;
+  BatchNode n;
+  n.batch = static_cast<int32_t>(s.batches.size());
+  s.batches.push_back({unsqueeze(tensor, 0)});
+  s.nodes.push_back(n);
+  return Handle(state_, static_cast<int32_t>(s.nodes.size() - 1), 0, s.generation);
+}
+
+void Graph::add(const std::shared_ptr<const Op>& op, const Handle* inputs, size_t input_count,
+                Handle* outputs) {
+  GraphState& s = *state_;
+  auto [index_it, new_op] = s.op_index.try_emplace(op->id, static_cast<int32_t>(s.ops.size()));
+  if (new_op) s.ops.push_back(op);
+  const int32_t op_index = index_it->second;
+  const int32_t first_input = static_cast<int32_t>(s.inputs.size());
+  int32_t depth = 0;
+  try {
+    for (size_t i = 0; i < input_count; ++i) {
+      const Handle& h = inputs[i];
+      PIPIT_CHECK(h.state_, "batching: input ", i, " of a call to '", op->name,
+                  "' is an empty Handle");
+      GraphState* owner = h.state_.get();
+      int32_t node = h.node_;
+      uint32_t generation = h.generation_;
+      PIPIT_CHECK(GraphState::resolve(owner, node, generation), "batching: input ", i,
+                  " of a call to '", op->name, "' is node ", h.node_,
+                  " of a graph that was cleared since");
+      PIPIT_CHECK(owner == &s, "batching: input ", i, " of a call to '", op->name, "' is ",
+                  owner->describe(node),
+                  " of another graph (handles work only in their own graph)");
+      const BatchNode& producer = s.nodes[static_cast<size_t>(node)];
+      s.inputs.push_back({node, h.output_});
+      depth = std::max(depth, producer.depth + 1);
+    }
+  } catch (...) {
+    s.inputs.resize(static_cast<size_t>(first_input));
+    throw;
+  }
+  const int32_t count = static_cast<int32_t>(input_count);
+  const NodeRef* refs = &s.inputs[static_cast<size_t>(first_input)];
+  int32_t node_id = -1;
+  if (s.reuse && op->pure) {
+    if (2 * (s.reuse_used + 1) > s.reuse_slots.size()) grow_reuse_table(s);
+    const size_t mask = s.reuse_slots.size() - 1;
+    size_t slot = call_hash(s, op_index, refs, count) & mask;
+    for (; s.reuse_slots[slot] >= 0; slot = (slot + 1) & mask) {
+      const int32_t candidate = s.reuse_slots[slot];
+      if (same_call(s, s.nodes[static_cast<size_t>(candidate)], op_index, refs, count)) {
+        node_id = candidate;
+        break;
+      }
+    }
+    if (node_id >= 0) {
+      s.inputs.resize(static_cast<size_t>(first_input));
+    } else {
+      s.reuse_slots[slot] = static_cast<int32_t>(s.nodes.size());
+      ++s.reuse_used;
+    }
+  }
+  if (node_id < 0) {
+    BatchNode n;
+    n.op = op_index;
+    n.first_input = first_input;
+    n.input_count = count;
+    n.depth = depth;
+    s.nodes.push_back(n);
+    node_id = static_cast<int32_t>(s.nodes.size() - 1);
+  }
+  for (int32_t o = 0; o < op->outputs; ++o) outputs[o] = Handle(state_, node_id, o, s.generation);
+}
+
+void Graph::clear() {
+  GraphState& s = *state_;
+  ++s.generation;
+  s.nodes.clear();
+  s.inputs.clear();
+  s.batches.clear();
+  s.reuse_slots.clear();
+  s.reuse_used = 0;
+  s.planned_from = 0;
+}
+
+void Graph::merge(Graph& other) {
+  PIPIT_CHECK(&other != this, "batching: a graph cannot merge into itself");
+  GraphState& s = *state_;
+  GraphState& o = *other.state_;
+  const int32_t node_offset = static_cast<int32_t>(s.nodes.size());
+  const int32_t input_offset = static_cast<int32_t>(s.inputs.size());
+  const int32_t batch_offset = static_cast<int32_t>(s.batches.size());
+  for (NodeRef ref : o.inputs) s.inputs.push_back({ref.node + node_offset, ref.output});
+  for (auto& batch : o.batches) s.batches.push_back(std::move(batch));
+  for (BatchNode n : o.nodes) {
+    int32_t op = -1;
+    if (n.op >= 0) {
+      const auto& shared = o.ops[static_cast<size_t>(n.op)];
+      auto [it, added] = s.op_index.try_emplace(shared->id, static_cast<int32_t>(s.ops.size()));
+      if (added) s.ops.push_back(shared);
+      op = it->second;
+    }
+    n.op = op;
+    n.first_input += input_offset;
+    if (n.batch >= 0) n.batch += batch_offset;
+    n.key = -1;  // keys are per graph; this one's are found again when its nodes are ready
+    s.nodes.push_back(n);
+  }
+  // other's handles now forward here; other starts afresh.
+  o.merged_into = state_;
+  o.node_offset = node_offset;
+  o.merged_generation = s.generation;
+  o.nodes.clear();
+  o.inputs.clear();
+  o.batches.clear();
+  const bool reuse = o.reuse;
+  other.state_ = std::make_shared<GraphState>();
+  other.state_->reuse = reuse;
+}
+
+}  // namespace pipit::batching

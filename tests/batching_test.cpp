@@ -1,0 +1,379 @@
+// Automatic batching (batching/): the scheduler's order, pruning and reuse on hand-made
+// graphs; batched training equal to one-example-at-a-time training (Tree-LSTM, BiLSTM tagger);
+// coroutine greedy decoding equal to one-at-a-time decoding; graphs built on threads; bad
+// input named.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <set>
+#include <thread>
+
+#include "batching/batched.h"
+#include "batching/bucket.h"
+#include "batching/example.h"
+#include "batching/gather_rows.h"
+#include "batching/graph_queue.h"
+#include "pipit.h"
+#include "samples/autobatch_models.h"
+
+using namespace pipit;
+using namespace pipit::batching;
+using pipit::samples::Sentence;
+using pipit::samples::Tree;
+
+namespace {
+
+using Batches = std::vector<std::vector<int32_t>>;
+
+// The largest |a - b| / (1 + |b|) over two tensors' elements.
+double max_difference(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const std::vector<float> x = a.contiguous().to_vector<float>(),
+                           y = b.contiguous().to_vector<float>();
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    worst = std::max(worst, std::abs(double(x[i]) - double(y[i])) / (1 + std::abs(double(y[i]))));
+  }
+  return worst;
+}
+
+std::vector<Tensor> gradients_of(const std::vector<Tensor>& parameters) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : parameters) out.push_back(p.grad().clone());
+  return out;
+}
+
+void zero_gradients(const std::vector<Tensor>& parameters) {
+  for (Tensor p : parameters) p.zero_grad();
+}
+
+}  // namespace
+
+TEST_CASE("the agenda runs the ready key of least mean depth; depth runs level by level",
+          "[batching]") {
+  auto f = batched_fn("f", [](const Tensor& x) { return x * 2.0; });
+  auto g = batched_fn("g", [](const Tensor& x) { return x + 1.0; });
+  for (Strategy strategy : {Strategy::agenda, Strategy::depth}) {
+    Graph graph;
+    auto scope = graph.scope();
+    Handle v = batched_value(full({2}, 1.0));  // node 0
+    Handle a3 = f(f(f(v)));                    // nodes 1, 2, 3
+    Handle b3 = f(g(g(v)));                    // nodes 4, 5, 6
+    graph.run(strategy);
+    // agenda: f{1} and g{4} tie at depth 1 (f came first), then g{4} (mean 1 < 2), then f{2}
+    // and g{5} tie at 2, then g{5}, then f{3} and f{6} at depth 3 run as one.
+    // depth: depth 1: f{1}, g{4}; depth 2: f{2}, g{5}; depth 3: f{3, 6}.
+    const Batches expected = {{1}, {4}, {2}, {5}, {3, 6}};
+    CHECK(graph.last_batches() == expected);
+    CHECK(max_difference(a3.value(), full({2}, 8.0)) == 0);
+    CHECK(max_difference(b3.value(), full({2}, 6.0)) == 0);
+  }
+  Graph graph;
+  auto scope = graph.scope();
+  Handle v = batched_value(full({2}, 1.0));
+  Handle deep = f(f(f(f(v))));  // nodes 1-4
+  Handle shallow = g(v);        // node 5
+  Handle mid = g(f(v));         // node 1 reused (f of v): node 6
+  CHECK(mid.node() == 6);
+  graph.run(Strategy::agenda);
+  // Ready at first: f{1} (depth 1), g{5} (depth 1); then g{5} and g{6}, the second made
+  // ready by f{1}, batch together.
+  const Batches agenda = {{1}, {5, 6}, {2}, {3}, {4}};
+  CHECK(graph.last_batches() == agenda);
+}
+
+TEST_CASE("nodes nobody needs are pruned; a repeated pure call is recorded once", "[batching]") {
+  auto f = batched_fn("f", [](const Tensor& x) { return x * 2.0; });
+  int calls = 0;
+  auto counted = batched_fn("counted", [&calls](const Tensor& x) {
+    ++calls;
+    return x + 1.0;
+  });
+  Graph graph;
+  auto scope = graph.scope();
+  Handle v = batched_value(full({3}, 1.0));
+  Handle kept = f(v);
+  { Handle dropped = counted(f(f(v))); }  // nodes 2, 3: nobody holds them
+  graph.run();
+  CHECK(graph.last_batches() == Batches{{1}});
+  CHECK(calls == 0);
+
+  Handle once = f(kept), again = f(kept);
+  CHECK(once.node() == again.node());
+  Graph no_reuse(false);
+  auto other = no_reuse.scope();
+  Handle w = batched_value(full({3}, 1.0));
+  CHECK(f(w).node() != f(w).node());
+}
+
+TEST_CASE("gather_rows copies rows from several sources and sends gradients back", "[batching]") {
+  Generator generator(3);
+  Tensor a = randn({3, 2, 2}, &generator).requires_grad_();
+  Tensor b = randn({2, 2, 2}, &generator).requires_grad_();
+  Tensor a2 = a.detach().clone().requires_grad_(), b2 = b.detach().clone().requires_grad_();
+  const Tensor weights = randn({4, 2, 2}, &generator);
+  const Tensor got = gather_rows({a, b}, {{1, 0}, {0, 2}, {0, 2}, {1, 1}});
+  const Tensor want =
+      cat({narrow(b2, 0, 0, 1), narrow(a2, 0, 2, 1), narrow(a2, 0, 2, 1), narrow(b2, 0, 1, 1)}, 0);
+  CHECK(max_difference(got, want) == 0);
+  sum(got * weights).backward();
+  sum(want * weights).backward();
+  CHECK(max_difference(a.grad(), a2.grad()) == 0);
+  CHECK(max_difference(b.grad(), b2.grad()) == 0);
+  CHECK_THROWS_WITH(gather_rows({a}, {{0, 3}}), Catch::Contains("row 3 of source 0"));
+}
+
+TEST_CASE("a Tree-LSTM trains batched exactly as one tree at a time", "[batching]") {
+  Generator generator(7);
+  const samples::TreeLstm model(50, 16, 24, 5, generator);
+  std::vector<Tree> trees;
+  for (int i = 0; i < 12; ++i) trees.push_back(samples::random_tree(2 + i % 9, 50, 5, generator));
+  trees.push_back(trees[3]);  // the same tree twice: its nodes are reused, gradients count twice
+
+  std::vector<Tensor> eager_losses;
+  Tensor eager_total;
+  for (const Tree& t : trees) {
+    eager_losses.push_back(model.loss(t));
+    eager_total = eager_total.defined() ? eager_total + eager_losses.back() : eager_losses.back();
+  }
+  eager_total.backward();
+  const std::vector<Tensor> eager_grads = gradients_of(model.parameters());
+
+  for (Strategy strategy : {Strategy::agenda, Strategy::depth}) {
+    zero_gradients(model.parameters());
+    Graph graph;
+    auto scope = graph.scope();
+    const samples::TreeLstmBatched batched(model);
+    std::vector<Handle> losses;
+    for (const Tree& t : trees) losses.push_back(batched(t));
+    graph.run(strategy);
+    CHECK(graph.stats().batches_run < graph.stats().nodes_run / 4);
+    const Tensor stacked = stack_values(losses);
+    for (size_t i = 0; i < trees.size(); ++i) {
+      INFO("tree " << i);
+      CHECK(max_difference(reshape(losses[i].value(), {1}), eager_losses[i]) < 1e-5);
+    }
+    sum(stacked).backward();
+    const std::vector<Tensor> grads = gradients_of(model.parameters());
+    for (size_t p = 0; p < grads.size(); ++p) {
+      INFO("parameter " << p);
+      CHECK(max_difference(grads[p], eager_grads[p]) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("a BiLSTM tagger over sentences of different lengths trains batched as one at a time",
+          "[batching]") {
+  Generator generator(8);
+  const samples::BiLstmTagger model(40, 12, 16, 6, generator);
+  std::vector<Sentence> sentences;
+  for (int i = 0; i < 10; ++i) {
+    sentences.push_back(samples::random_sentence(1 + (i * 7) % 11, 40, 6, generator));
+  }
+  Tensor eager_total;
+  for (const Sentence& s : sentences) {
+    Tensor l = model.loss({&s});
+    eager_total = eager_total.defined() ? eager_total + l : l;
+  }
+  eager_total.backward();
+  const std::vector<Tensor> eager_grads = gradients_of(model.parameters());
+  zero_gradients(model.parameters());
+
+  Graph graph;
+  auto scope = graph.scope();
+  const samples::BiLstmBatched batched(model);
+  const Handle zero_state = batched_value(zeros({model.hidden}));
+  std::vector<Handle> losses;
+  for (const Sentence& s : sentences) {
+    for (Handle& h : batched(s, zero_state)) losses.push_back(std::move(h));
+  }
+  graph.run();
+  const Tensor total = sum(stack_values(losses));
+  CHECK(max_difference(reshape(total, {1}), reshape(eager_total, {1})) < 1e-5);
+  total.backward();
+  const std::vector<Tensor> grads = gradients_of(model.parameters());
+  for (size_t p = 0; p < grads.size(); ++p) {
+    INFO("parameter " << p);
+    CHECK(max_difference(grads[p], eager_grads[p]) < 1e-5);
+  }
+}
+
+namespace {
+
+// An LSTM decoder with random weights; token 0 ends a sequence.
+struct Decoder {
+  samples::LstmCell cell;
+  Tensor embedding, init_w, out_w, out_b;
+  static constexpr int64_t kVocabulary = 8, kLimit = 25;
+  explicit Decoder(Generator& g)
+      : cell(6, 10, g),
+        embedding(samples::uniform_parameter({kVocabulary, 6}, 1.0, g)),
+        init_w(samples::uniform_parameter({10, 4}, 1.0, g)),
+        out_w(samples::uniform_parameter({kVocabulary, 10}, 1.0, g)),
+        out_b(from_vector<float>({kEndBias, 0, 0, 0, 0, 0, 0, 0}, {kVocabulary})) {}
+  // Makes the end token likely enough that sequences end at many different lengths.
+  static constexpr float kEndBias = 0.2f;
+  Tensor scores(const Tensor& h) const { return matmul(h, transpose(out_w, 0, 1)) + out_b; }
+
+  std::vector<int64_t> decode_eagerly(const Tensor& x) const {
+    Tensor h = tanh(matmul(reshape(x, {1, 4}), transpose(init_w, 0, 1))), c = zeros({1, 10});
+    int64_t token = 1;
+    std::vector<int64_t> tokens;
+    while (static_cast<int64_t>(tokens.size()) < kLimit) {
+      auto next = cell.step(pipit::embedding(embedding, from_vector<int64_t>({token}, {1})), h, c);
+      h = next[0];
+      c = next[1];
+      token = argmax(scores(h), 1).to_vector<int64_t>()[0];
+      if (token == 0) break;
+      tokens.push_back(token);
+    }
+    return tokens;
+  }
+};
+
+Example decode(const Batched<1>& init, const Batched<2>& step, const Batched<1>& logits, Tensor x,
+               std::vector<int64_t>& tokens) {
+  Handle h = init(batched_value(x));
+  Handle c = batched_value(zeros({10}));
+  int64_t token = 1;
+  while (static_cast<int64_t>(tokens.size()) < Decoder::kLimit) {
+    auto [next_h, next_c] = step(samples::scalar_value(token), h, c);
+    const Tensor scores = co_await logits(next_h);
+    token = argmax(scores, 0).item<int64_t>();
+    if (token == 0) co_return;
+    tokens.push_back(token);
+    h = next_h;
+    c = next_c;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("coroutine greedy decoding equals decoding one example at a time, token for token",
+          "[batching]") {
+  NoGradGuard no_grad;
+  Generator generator(9);
+  const Decoder d(generator);
+  auto init = batched_fn(
+      "init", [&d](const Tensor& x) { return tanh(matmul(x, transpose(d.init_w, 0, 1))); });
+  auto step = batched_fn<2>("step", [&d](const std::vector<Tensor>& in) {
+    return d.cell.step(pipit::embedding(d.embedding, in[0]), in[1], in[2]);
+  });
+  auto logits = batched_fn("logits", [&d](const Tensor& h) { return d.scores(h); });
+  std::vector<Tensor> inputs;
+  std::vector<std::vector<int64_t>> want;
+  for (int i = 0; i < 24; ++i) {
+    inputs.push_back(randn({4}, &generator) * 2.0);
+    want.push_back(d.decode_eagerly(inputs.back()));
+  }
+  std::set<size_t> lengths;
+  for (const auto& w : want) lengths.insert(w.size());
+  REQUIRE(lengths.size() >= 3);  // examples finish at different times
+
+  SECTION("one group") {
+    std::vector<std::vector<int64_t>> got(inputs.size());
+    std::vector<Example> examples;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      examples.push_back(decode(init, step, logits, inputs[i], got[i]));
+    const ExampleStats stats = run_examples(examples);
+    CHECK(got == want);
+    // A round per co_await: one per token, plus the one that found the end token.
+    int64_t rounds = 0;
+    for (const auto& w : want) {
+      const int64_t length = static_cast<int64_t>(w.size());
+      rounds = std::max(rounds, length == Decoder::kLimit ? length : length + 1);
+    }
+    CHECK(stats.rounds == rounds);
+  }
+  SECTION("three groups taking turns") {
+    std::vector<std::vector<int64_t>> got(inputs.size());
+    std::vector<std::vector<Example>> groups(3);
+    for (size_t i = 0; i < inputs.size(); ++i)
+      groups[i % 3].push_back(decode(init, step, logits, inputs[i], got[i]));
+    run_examples(groups);
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("graphs built on several threads run together through a queue", "[batching]") {
+  Generator generator(10);
+  const samples::TreeLstm model(30, 8, 12, 3, generator);
+  std::vector<Tree> trees;
+  for (int i = 0; i < 32; ++i) trees.push_back(samples::random_tree(2 + i % 7, 30, 3, generator));
+  NoGradGuard no_grad;
+  std::vector<double> want;
+  for (const Tree& t : trees) want.push_back(model.loss(t).item<double>());
+
+  GraphQueue queue(4);
+  std::vector<std::thread> builders;
+  for (int b = 0; b < 4; ++b) {
+    builders.emplace_back([&, b] {
+      for (int part = 0; part < 2; ++part) {
+        BuiltGraph built{std::make_unique<Graph>(), {}, b * 2 + part};
+        auto scope = built.graph->scope();
+        const samples::TreeLstmBatched batched(model);
+        for (int i = 0; i < 4; ++i)
+          built.results.push_back(batched(trees[static_cast<size_t>(built.tag * 4 + i)]));
+        queue.push(std::move(built));
+      }
+    });
+  }
+  std::thread closer([&] {
+    for (auto& t : builders) t.join();
+    queue.close();
+  });
+  std::vector<double> got(trees.size(), -1);
+  while (true) {
+    std::vector<BuiltGraph> taken = queue.pop_some(8);
+    if (taken.empty()) break;
+    Graph merged;
+    for (BuiltGraph& b : taken) merged.merge(*b.graph);
+    merged.run();
+    for (BuiltGraph& b : taken) {
+      for (size_t i = 0; i < b.results.size(); ++i) {
+        got[static_cast<size_t>(b.tag * 4) + i] = b.results[i].value().item<double>();
+      }
+    }
+  }
+  closer.join();
+  for (size_t i = 0; i < trees.size(); ++i) {
+    INFO("tree " << i);
+    CHECK(std::abs(got[i] - want[i]) < 1e-5);
+  }
+}
+
+TEST_CASE("batching errors name the node and its key; nothing hangs", "[batching]") {
+  auto f = batched_fn("f", [](const Tensor& x) { return x * 2.0; });
+  CHECK_THROWS_WITH(f(Handle()), Catch::Contains("outside a batching scope"));
+  Graph one, two;
+  Handle from_one;
+  {
+    auto scope = one.scope();
+    from_one = f(batched_value(full({2}, 1.0)));
+    CHECK_THROWS_WITH(from_one.value(),
+                      Catch::Contains("node 1 (f)") && Catch::Contains("has not run"));
+  }
+  {
+    auto scope = two.scope();
+    CHECK_THROWS_WITH(f(from_one), Catch::Contains("node 1 (f) of another graph"));
+  }
+  one.clear();
+  CHECK_THROWS_WITH(from_one.value(), Catch::Contains("cleared"));
+
+  auto broken = batched_fn("broken", [](const Tensor& x) -> Tensor {
+    PIPIT_CHECK(x.size(0) < 2, "cannot take ", x.size(0), " rows");
+    return x;
+  });
+  Graph graph;
+  auto scope = graph.scope();
+  Handle a = broken(batched_value(full({2}, 1.0))), b = broken(batched_value(full({2}, 2.0)));
+  CHECK_THROWS_WITH(graph.run(), Catch::Contains("key broken #") && Catch::Contains("batch of 2") &&
+                                     Catch::Contains("cannot take 2 rows"));
+
+  // Examples waiting on a failed batch are resumed with its error.
+  auto waits_on_broken = [&broken](Tensor x) -> Example { co_await broken(batched_value(x)); };
+  std::vector<Example> examples;
+  examples.push_back(waits_on_broken(full({2}, 1.0)));
+  examples.push_back(waits_on_broken(full({2}, 2.0)));
+  CHECK_THROWS_WITH(run_examples(examples),
+                    Catch::Contains("example 0 failed") && Catch::Contains("cannot take 2 rows"));
+}
