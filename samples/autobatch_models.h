@@ -15,7 +15,9 @@
 #include "tensor/factory.h"
 #include "tensor/generator.h"
 
-namespace pipit::samples {
+namespace autobatch {
+
+using namespace pipit;
 
 using batching::Handle;
 
@@ -226,8 +228,8 @@ struct TreeLstmBatched {
         loss(batching::batched_fn("loss", [&m](const Tensor& h, const Tensor& label) {
           return nll_per_row(m.logits(h), label);
         })) {}
-  // The tree's loss, deferred.
-  Handle operator()(const Tree& tree) const {
+  // The tree's root state h, deferred.
+  Handle encode(const Tree& tree) const {
     std::vector<std::array<Handle, 2>> state(tree.nodes.size());
     for (size_t i = 0; i < tree.nodes.size(); ++i) {
       const Tree::Node& n = tree.nodes[i];
@@ -239,8 +241,10 @@ struct TreeLstmBatched {
         state[i] = compose(l[0], l[1], r[0], r[1]);
       }
     }
-    return loss(state.back()[0], scalar_value(tree.label));
+    return state.back()[0];
   }
+  // The tree's loss, deferred.
+  Handle operator()(const Tree& tree) const { return loss(encode(tree), scalar_value(tree.label)); }
 };
 
 struct BiLstmBatched {
@@ -287,4 +291,4 @@ struct BiLstmBatched {
   }
 };
 
-}  // namespace pipit::samples
+}  // namespace autobatch

@@ -17,8 +17,8 @@
 
 using namespace pipit;
 using namespace pipit::batching;
-using pipit::samples::Sentence;
-using pipit::samples::Tree;
+using autobatch::Sentence;
+using autobatch::Tree;
 
 namespace {
 
@@ -124,9 +124,9 @@ TEST_CASE("gather_rows copies rows from several sources and sends gradients back
 
 TEST_CASE("a Tree-LSTM trains batched exactly as one tree at a time", "[batching]") {
   Generator generator(7);
-  const samples::TreeLstm model(50, 16, 24, 5, generator);
+  const autobatch::TreeLstm model(50, 16, 24, 5, generator);
   std::vector<Tree> trees;
-  for (int i = 0; i < 12; ++i) trees.push_back(samples::random_tree(2 + i % 9, 50, 5, generator));
+  for (int i = 0; i < 12; ++i) trees.push_back(autobatch::random_tree(2 + i % 9, 50, 5, generator));
   trees.push_back(trees[3]);  // the same tree twice: its nodes are reused, gradients count twice
 
   std::vector<Tensor> eager_losses;
@@ -142,7 +142,7 @@ TEST_CASE("a Tree-LSTM trains batched exactly as one tree at a time", "[batching
     zero_gradients(model.parameters());
     Graph graph;
     auto scope = graph.scope();
-    const samples::TreeLstmBatched batched(model);
+    const autobatch::TreeLstmBatched batched(model);
     std::vector<Handle> losses;
     for (const Tree& t : trees) losses.push_back(batched(t));
     graph.run(strategy);
@@ -164,10 +164,10 @@ TEST_CASE("a Tree-LSTM trains batched exactly as one tree at a time", "[batching
 TEST_CASE("a BiLSTM tagger over sentences of different lengths trains batched as one at a time",
           "[batching]") {
   Generator generator(8);
-  const samples::BiLstmTagger model(40, 12, 16, 6, generator);
+  const autobatch::BiLstmTagger model(40, 12, 16, 6, generator);
   std::vector<Sentence> sentences;
   for (int i = 0; i < 10; ++i) {
-    sentences.push_back(samples::random_sentence(1 + (i * 7) % 11, 40, 6, generator));
+    sentences.push_back(autobatch::random_sentence(1 + (i * 7) % 11, 40, 6, generator));
   }
   Tensor eager_total;
   for (const Sentence& s : sentences) {
@@ -180,7 +180,7 @@ TEST_CASE("a BiLSTM tagger over sentences of different lengths trains batched as
 
   Graph graph;
   auto scope = graph.scope();
-  const samples::BiLstmBatched batched(model);
+  const autobatch::BiLstmBatched batched(model);
   const Handle zero_state = batched_value(zeros({model.hidden}));
   std::vector<Handle> losses;
   for (const Sentence& s : sentences) {
@@ -201,14 +201,14 @@ namespace {
 
 // An LSTM decoder with random weights; token 0 ends a sequence.
 struct Decoder {
-  samples::LstmCell cell;
+  autobatch::LstmCell cell;
   Tensor embedding, init_w, out_w, out_b;
   static constexpr int64_t kVocabulary = 8, kLimit = 25;
   explicit Decoder(Generator& g)
       : cell(6, 10, g),
-        embedding(samples::uniform_parameter({kVocabulary, 6}, 1.0, g)),
-        init_w(samples::uniform_parameter({10, 4}, 1.0, g)),
-        out_w(samples::uniform_parameter({kVocabulary, 10}, 1.0, g)),
+        embedding(autobatch::uniform_parameter({kVocabulary, 6}, 1.0, g)),
+        init_w(autobatch::uniform_parameter({10, 4}, 1.0, g)),
+        out_w(autobatch::uniform_parameter({kVocabulary, 10}, 1.0, g)),
         out_b(from_vector<float>({kEndBias, 0, 0, 0, 0, 0, 0, 0}, {kVocabulary})) {}
   // Makes the end token likely enough that sequences end at many different lengths.
   static constexpr float kEndBias = 0.2f;
@@ -236,7 +236,7 @@ Example decode(const Batched<1>& init, const Batched<2>& step, const Batched<1>&
   Handle c = batched_value(zeros({10}));
   int64_t token = 1;
   while (static_cast<int64_t>(tokens.size()) < Decoder::kLimit) {
-    auto [next_h, next_c] = step(samples::scalar_value(token), h, c);
+    auto [next_h, next_c] = step(autobatch::scalar_value(token), h, c);
     const Tensor scores = co_await logits(next_h);
     token = argmax(scores, 0).item<int64_t>();
     if (token == 0) co_return;
@@ -296,9 +296,9 @@ TEST_CASE("coroutine greedy decoding equals decoding one example at a time, toke
 
 TEST_CASE("graphs built on several threads run together through a queue", "[batching]") {
   Generator generator(10);
-  const samples::TreeLstm model(30, 8, 12, 3, generator);
+  const autobatch::TreeLstm model(30, 8, 12, 3, generator);
   std::vector<Tree> trees;
-  for (int i = 0; i < 32; ++i) trees.push_back(samples::random_tree(2 + i % 7, 30, 3, generator));
+  for (int i = 0; i < 32; ++i) trees.push_back(autobatch::random_tree(2 + i % 7, 30, 3, generator));
   NoGradGuard no_grad;
   std::vector<double> want;
   for (const Tree& t : trees) want.push_back(model.loss(t).item<double>());
@@ -310,7 +310,7 @@ TEST_CASE("graphs built on several threads run together through a queue", "[batc
       for (int part = 0; part < 2; ++part) {
         BuiltGraph built{std::make_unique<Graph>(), {}, b * 2 + part};
         auto scope = built.graph->scope();
-        const samples::TreeLstmBatched batched(model);
+        const autobatch::TreeLstmBatched batched(model);
         for (int i = 0; i < 4; ++i)
           built.results.push_back(batched(trees[static_cast<size_t>(built.tag * 4 + i)]));
         queue.push(std::move(built));
