@@ -1,9 +1,11 @@
 #include "batching/example.h"
 
+#include <condition_variable>
 #include <deque>
-#include <future>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "tensor/grad_mode.h"
 
@@ -48,6 +50,49 @@ void run_graph(Group& group, Strategy strategy) {
   }
 }
 
+// The second thread of run_examples with several groups: runs one group's graph at a time.
+class GraphRunner {
+ public:
+  GraphRunner(bool grad, Strategy strategy)
+      : thread_([this, grad, strategy] {
+          set_grad_enabled(grad);
+          std::unique_lock<std::mutex> lock(mutex_);
+          while (true) {
+            changed_.wait(lock, [this] { return stopping_ || group_ != nullptr; });
+            if (!group_) return;
+            lock.unlock();
+            run_graph(*group_, strategy);
+            lock.lock();
+            group_ = nullptr;
+            changed_.notify_all();
+          }
+        }) {}
+  ~GraphRunner() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  void start(Group& group) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    group_ = &group;
+    changed_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return group_ == nullptr; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  Group* group_ = nullptr;
+  bool stopping_ = false;
+  std::thread thread_;  // last: it starts once the members it uses exist
+};
+
 void rethrow_first_error(const std::vector<Group>& groups) {
   size_t index = 0;
   for (const Group& g : groups) {
@@ -80,23 +125,19 @@ ExampleStats run_groups(std::vector<Group>& groups, Strategy strategy) {
     }
   } else {
     // One graph runs on the second thread while this one builds another group's next graph.
-    std::future<void> in_flight;
+    GraphRunner runner(is_grad_enabled(), strategy);
     size_t flying = groups.size();
-    const bool grad = is_grad_enabled();
     auto launch = [&] {
       flying = built.front();
       built.pop_front();
-      in_flight = std::async(std::launch::async, [&group = groups[flying], grad, strategy] {
-        set_grad_enabled(grad);
-        run_graph(group, strategy);
-      });
+      runner.start(groups[flying]);
     };
     while (flying != groups.size() || !built.empty()) {
       if (flying == groups.size()) {
         launch();
         continue;
       }
-      in_flight.get();
+      runner.wait();
       ++stats.rounds;
       const size_t done = flying;
       flying = groups.size();

@@ -1,4 +1,7 @@
+#include <unordered_map>
+
 #include "autograd/ops.h"
+#include "batching/batch_output.h"
 #include "batching/gather_rows.h"
 #include "batching/planner.h"
 
@@ -13,7 +16,7 @@ void execute_batch(GraphState& s, const std::vector<int32_t>& batch, GraphStats&
   };
   std::vector<Tensor> inputs(static_cast<size_t>(first.input_count));
   std::vector<Tensor> sources;
-  std::vector<std::pair<int32_t, int32_t>> source_ids;  // (batch, output) of each source
+  std::unordered_map<int64_t, int32_t> source_of;  // (batch, output) -> index in sources
   std::vector<RowRef> rows;
   try {
     for (int32_t position = 0; position < first.input_count; ++position) {
@@ -36,20 +39,18 @@ void execute_batch(GraphState& s, const std::vector<int32_t>& batch, GraphStats&
         continue;
       }
       sources.clear();
-      source_ids.clear();
+      source_of.clear();
       rows.clear();
       for (int64_t i = 0; i < k; ++i) {
         const NodeRef& ref = input_of(batch[static_cast<size_t>(i)], position);
         const BatchNode& p = s.nodes[static_cast<size_t>(ref.node)];
-        const std::pair<int32_t, int32_t> id{p.batch, ref.output};
-        size_t source = 0;
-        while (source < source_ids.size() && source_ids[source] != id) ++source;
-        if (source == source_ids.size()) {
-          source_ids.push_back(id);
+        const int64_t id = int64_t{p.batch} << 16 | ref.output;
+        auto [it, added] = source_of.try_emplace(id, static_cast<int32_t>(sources.size()));
+        if (added) {
           sources.push_back(
               s.batches[static_cast<size_t>(p.batch)][static_cast<size_t>(ref.output)]);
         }
-        rows.push_back({static_cast<int32_t>(source), p.row});
+        rows.push_back({it->second, p.row});
       }
       inputs[static_cast<size_t>(position)] = gather_rows(sources, rows);
       ++stats.gathers;
@@ -75,6 +76,7 @@ void execute_batch(GraphState& s, const std::vector<int32_t>& batch, GraphStats&
                 " has shape ", outputs[o].defined() ? shape_str(outputs[o].shape()) : "undefined",
                 "; it must have the batch (", k, ") as dim 0");
   }
+  for (Tensor& output : outputs) output = expose_batch_output(output);
   const int32_t index = static_cast<int32_t>(s.batches.size());
   s.batches.push_back(std::move(outputs));
   for (int64_t i = 0; i < k; ++i) {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "autograd/function.h"
+#include "batching/batch_output.h"
 #include "tensor/factory.h"
 
 namespace pipit::batching {
@@ -12,20 +13,29 @@ size_t row_bytes(const Tensor& t) {
   return t.size(0) == 0 ? 0 : t.nbytes() / static_cast<size_t>(t.size(0));
 }
 
-// Adds the result's gradient rows into zero gradients shaped like each source.
+// Adds the result's gradient rows back where they came from: into the batch outputs' shared
+// row gradients (batch_output.h), or into zero gradients shaped like the other sources.
 struct GatherRowsBackward : Node {
   std::vector<Shape> shapes;
+  std::vector<std::shared_ptr<BatchOutputBackward>> collectors;  // per source, or null
   std::vector<RowRef> rows;
   std::vector<Tensor> apply(const Tensor& grad) override {
     const Tensor g = grad.contiguous();
-    std::vector<Tensor> out;
-    for (const Shape& shape : shapes) out.push_back(zeros(shape, {g.dtype(), g.device()}));
+    std::vector<Tensor> out(shapes.size());
+    for (size_t s = 0; s < shapes.size(); ++s) {
+      if (!collectors[s] && next[s]) out[s] = zeros(shapes[s], {g.dtype(), g.device()});
+    }
     const int64_t width = g.size(0) == 0 ? 0 : g.numel() / g.size(0);
     const float* from = g.data<float>();
     for (size_t r = 0; r < rows.size(); ++r) {
-      float* to = out[static_cast<size_t>(rows[r].source)].data<float>() + rows[r].row * width;
+      const size_t source = static_cast<size_t>(rows[r].source);
       const float* row = from + static_cast<int64_t>(r) * width;
-      for (int64_t i = 0; i < width; ++i) to[i] += row[i];
+      if (collectors[source]) {
+        collectors[source]->add_row(shapes[source], rows[r].row, row, width);
+      } else if (out[source].defined()) {
+        float* to = out[source].data<float>() + rows[r].row * width;
+        for (int64_t i = 0; i < width; ++i) to[i] += row[i];
+      }
     }
     return out;
   }
@@ -95,6 +105,7 @@ Tensor gather_rows(const std::vector<Tensor>& sources, const std::vector<RowRef>
     for (const Tensor& s : sources) {
       node->next.push_back(s.requires_grad() ? detail::gradient_edge(s) : nullptr);
       node->shapes.push_back(s.shape());
+      node->collectors.push_back(batch_output_node(s));
     }
     node->rows = rows;
     AutogradMeta& meta = out.autograd_meta();

@@ -12,6 +12,7 @@
 
 #include "autograd/ops.h"
 #include "batching/batched.h"
+#include "batching/example.h"
 #include "tensor/factory.h"
 #include "tensor/generator.h"
 
@@ -20,6 +21,11 @@ namespace autobatch {
 using namespace pipit;
 
 using batching::Handle;
+
+// A per-example i64 scalar for the models' batched code.
+inline Handle scalar_value(int64_t v) {
+  return batching::batched_value(scalar_tensor(static_cast<double>(v), {DType::i64}));
+}
 
 inline Tensor uniform_parameter(Shape shape, double bound, Generator& g) {
   return uniform(std::move(shape), -bound, bound, &g).requires_grad_();
@@ -209,12 +215,119 @@ struct BiLstmTagger {
     }
     return total;
   }
+
+  // Sentences of any lengths batched by hand: padded to the longest, the backward LSTM's
+  // state held at zero over each sentence's padding and the padding's losses masked out.
+  Tensor padded_loss(const std::vector<const Sentence*>& batch) const {
+    const int64_t k = static_cast<int64_t>(batch.size());
+    size_t longest = 0;
+    for (const Sentence* s : batch) longest = std::max(longest, s->words.size());
+    std::vector<Tensor> xs, masks, tags;
+    for (size_t i = 0; i < longest; ++i) {
+      std::vector<int64_t> words, tag;
+      std::vector<float> mask;
+      for (const Sentence* s : batch) {
+        const bool inside = i < s->words.size();
+        words.push_back(inside ? s->words[i] : 0);
+        tag.push_back(inside ? s->tags[i] : 0);
+        mask.push_back(inside ? 1.0f : 0.0f);
+      }
+      xs.push_back(embed(from_vector(words, {k})));
+      tags.push_back(from_vector(tag, {k}));
+      masks.push_back(from_vector(mask, {k, 1}));
+    }
+    std::vector<Tensor> hf(longest), hb(longest);
+    Tensor h = zeros({k, hidden}), c = zeros({k, hidden});
+    for (size_t i = 0; i < longest; ++i) {
+      auto next = forward_cell.step(xs[i], h, c);
+      h = hf[i] = next[0];
+      c = next[1];
+    }
+    h = zeros({k, hidden});
+    c = zeros({k, hidden});
+    for (size_t i = longest; i-- > 0;) {
+      auto next = backward_cell.step(xs[i], h, c);
+      h = hb[i] = next[0] * masks[i];
+      c = next[1] * masks[i];
+    }
+    Tensor total;
+    for (size_t i = 0; i < longest; ++i) {
+      Tensor l = sum(nll_per_row(tag_logits(hf[i], hb[i]), tags[i]) * reshape(masks[i], {k}));
+      total = total.defined() ? total + l : l;
+    }
+    return total;
+  }
 };
 
-// The models' per-example code for automatic batching: each call records a node.
-inline Handle scalar_value(int64_t v) {
-  return batching::batched_value(scalar_tensor(static_cast<double>(v), {DType::i64}));
-}
+// Greedy decoding with an LSTM: the state starts from an input vector; each step feeds the
+// last token back and takes the highest-scoring next one, until token 0 or `limit` tokens.
+struct GreedyDecoder {
+  LstmCell cell;
+  Tensor embedding, init_w, out_w, out_b;
+  int64_t hidden, limit;
+  // end_bias: added to token 0's score, so sequences end at many different lengths.
+  GreedyDecoder(int64_t in, int64_t embedding_dim, int64_t hidden_size, int64_t vocabulary,
+                float end_bias, int64_t max_tokens, Generator& g)
+      : cell(embedding_dim, hidden_size, g),
+        embedding(uniform_parameter({vocabulary, embedding_dim}, 1.0, g)),
+        init_w(uniform_parameter({hidden_size, in}, 1.0, g)),
+        out_w(uniform_parameter({vocabulary, hidden_size}, 1.0, g)),
+        out_b(zeros({vocabulary})),
+        hidden(hidden_size),
+        limit(max_tokens) {
+    out_b.data<float>()[0] = end_bias;
+  }
+  Tensor initial(const Tensor& x) const { return tanh(matmul(x, transpose(init_w, 0, 1))); }
+  std::vector<Tensor> step(const Tensor& tokens, const Tensor& h, const Tensor& c) const {
+    return cell.step(pipit::embedding(embedding, tokens), h, c);
+  }
+  Tensor scores(const Tensor& h) const { return matmul(h, transpose(out_w, 0, 1)) + out_b; }
+
+  // One example at a time.
+  std::vector<int64_t> decode(const Tensor& x) const {
+    Tensor h = initial(reshape(x, {1, x.size(0)})), c = zeros({1, hidden});
+    int64_t token = 1;
+    std::vector<int64_t> tokens;
+    while (static_cast<int64_t>(tokens.size()) < limit) {
+      auto next = step(from_vector<int64_t>({token}, {1}), h, c);
+      h = next[0];
+      c = next[1];
+      token = argmax(scores(h), 1).to_vector<int64_t>()[0];
+      if (token == 0) break;
+      tokens.push_back(token);
+    }
+    return tokens;
+  }
+
+  struct Ops {
+    batching::Batched<1> initial;
+    batching::Batched<2> step;
+    batching::Batched<1> next_token;  // the highest-scoring token, i64
+  };
+  Ops batched() const {
+    return {
+        batching::batched_fn("initial", [this](const Tensor& x) { return initial(x); }),
+        batching::batched_fn<2>(
+            "step", [this](const std::vector<Tensor>& in) { return step(in[0], in[1], in[2]); }),
+        batching::batched_fn("next_token",
+                             [this](const Tensor& h) { return argmax(scores(h), 1); })};
+  }
+  // The same decoding as a coroutine: run it with batching::run_examples.
+  batching::Example decode_example(const Ops& ops, Tensor x, std::vector<int64_t>& tokens) const {
+    Handle h = ops.initial(batching::batched_value(x));
+    Handle c = batching::batched_value(zeros({hidden}));
+    Handle token = scalar_value(1);
+    while (static_cast<int64_t>(tokens.size()) < limit) {
+      auto [next_h, next_c] = ops.step(token, h, c);
+      token = ops.next_token(next_h);  // stays in the graph: the next step reads it there
+      const int64_t chosen = (co_await token).item<int64_t>();
+      if (chosen == 0) co_return;
+      tokens.push_back(chosen);
+      h = next_h;
+      c = next_c;
+    }
+  }
+};
 
 struct TreeLstmBatched {
   batching::Batched<2> leaf, compose;

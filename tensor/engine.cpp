@@ -51,8 +51,9 @@ void run_backward(const Tensor& root, const Tensor& grad) {
     Tensor node_grad = std::move(pending[node.get()]);
     pending.erase(node.get());
     // A node that received no gradient passes none on, but still releases its children.
-    std::vector<Tensor> input_grads =
-        node_grad.defined() ? node->apply(node_grad) : std::vector<Tensor>(node->next.size());
+    std::vector<Tensor> input_grads = node_grad.defined() || node->runs_without_gradient()
+                                          ? node->apply(node_grad)
+                                          : std::vector<Tensor>(node->next.size());
     PIPIT_CHECK(input_grads.size() == node->next.size(), "backward: node ", node->name(),
                 " returned ", input_grads.size(), " gradients for ", node->next.size(), " inputs");
     for (size_t i = 0; i < node->next.size(); ++i) {

@@ -22,6 +22,10 @@ class Node {
   // One entry per input; an undefined tensor means "no gradient".
   virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
   virtual std::string name() const = 0;
+  // A node whose gradient may also arrive by another way than its incoming edges (batching's
+  // batch outputs, which gathers add rows into) is applied even when no edge brought one:
+  // apply then gets an undefined grad_output.
+  virtual bool runs_without_gradient() const { return false; }
 
   std::vector<std::shared_ptr<Node>> next;
 };

@@ -197,73 +197,18 @@ TEST_CASE("a BiLSTM tagger over sentences of different lengths trains batched as
   }
 }
 
-namespace {
-
-// An LSTM decoder with random weights; token 0 ends a sequence.
-struct Decoder {
-  autobatch::LstmCell cell;
-  Tensor embedding, init_w, out_w, out_b;
-  static constexpr int64_t kVocabulary = 8, kLimit = 25;
-  explicit Decoder(Generator& g)
-      : cell(6, 10, g),
-        embedding(autobatch::uniform_parameter({kVocabulary, 6}, 1.0, g)),
-        init_w(autobatch::uniform_parameter({10, 4}, 1.0, g)),
-        out_w(autobatch::uniform_parameter({kVocabulary, 10}, 1.0, g)),
-        out_b(from_vector<float>({kEndBias, 0, 0, 0, 0, 0, 0, 0}, {kVocabulary})) {}
-  // Makes the end token likely enough that sequences end at many different lengths.
-  static constexpr float kEndBias = 0.2f;
-  Tensor scores(const Tensor& h) const { return matmul(h, transpose(out_w, 0, 1)) + out_b; }
-
-  std::vector<int64_t> decode_eagerly(const Tensor& x) const {
-    Tensor h = tanh(matmul(reshape(x, {1, 4}), transpose(init_w, 0, 1))), c = zeros({1, 10});
-    int64_t token = 1;
-    std::vector<int64_t> tokens;
-    while (static_cast<int64_t>(tokens.size()) < kLimit) {
-      auto next = cell.step(pipit::embedding(embedding, from_vector<int64_t>({token}, {1})), h, c);
-      h = next[0];
-      c = next[1];
-      token = argmax(scores(h), 1).to_vector<int64_t>()[0];
-      if (token == 0) break;
-      tokens.push_back(token);
-    }
-    return tokens;
-  }
-};
-
-Example decode(const Batched<1>& init, const Batched<2>& step, const Batched<1>& logits, Tensor x,
-               std::vector<int64_t>& tokens) {
-  Handle h = init(batched_value(x));
-  Handle c = batched_value(zeros({10}));
-  int64_t token = 1;
-  while (static_cast<int64_t>(tokens.size()) < Decoder::kLimit) {
-    auto [next_h, next_c] = step(autobatch::scalar_value(token), h, c);
-    const Tensor scores = co_await logits(next_h);
-    token = argmax(scores, 0).item<int64_t>();
-    if (token == 0) co_return;
-    tokens.push_back(token);
-    h = next_h;
-    c = next_c;
-  }
-}
-
-}  // namespace
-
 TEST_CASE("coroutine greedy decoding equals decoding one example at a time, token for token",
           "[batching]") {
   NoGradGuard no_grad;
   Generator generator(9);
-  const Decoder d(generator);
-  auto init = batched_fn(
-      "init", [&d](const Tensor& x) { return tanh(matmul(x, transpose(d.init_w, 0, 1))); });
-  auto step = batched_fn<2>("step", [&d](const std::vector<Tensor>& in) {
-    return d.cell.step(pipit::embedding(d.embedding, in[0]), in[1], in[2]);
-  });
-  auto logits = batched_fn("logits", [&d](const Tensor& h) { return d.scores(h); });
+  // Token 0 ends a sequence; its score's bias makes the examples end at different times.
+  const autobatch::GreedyDecoder d(4, 6, 10, 8, 0.2f, 25, generator);
+  const autobatch::GreedyDecoder::Ops ops = d.batched();
   std::vector<Tensor> inputs;
   std::vector<std::vector<int64_t>> want;
   for (int i = 0; i < 24; ++i) {
     inputs.push_back(randn({4}, &generator) * 2.0);
-    want.push_back(d.decode_eagerly(inputs.back()));
+    want.push_back(d.decode(inputs.back()));
   }
   std::set<size_t> lengths;
   for (const auto& w : want) lengths.insert(w.size());
@@ -273,14 +218,14 @@ TEST_CASE("coroutine greedy decoding equals decoding one example at a time, toke
     std::vector<std::vector<int64_t>> got(inputs.size());
     std::vector<Example> examples;
     for (size_t i = 0; i < inputs.size(); ++i)
-      examples.push_back(decode(init, step, logits, inputs[i], got[i]));
+      examples.push_back(d.decode_example(ops, inputs[i], got[i]));
     const ExampleStats stats = run_examples(examples);
     CHECK(got == want);
     // A round per co_await: one per token, plus the one that found the end token.
     int64_t rounds = 0;
     for (const auto& w : want) {
       const int64_t length = static_cast<int64_t>(w.size());
-      rounds = std::max(rounds, length == Decoder::kLimit ? length : length + 1);
+      rounds = std::max(rounds, length == d.limit ? length : length + 1);
     }
     CHECK(stats.rounds == rounds);
   }
@@ -288,7 +233,7 @@ TEST_CASE("coroutine greedy decoding equals decoding one example at a time, toke
     std::vector<std::vector<int64_t>> got(inputs.size());
     std::vector<std::vector<Example>> groups(3);
     for (size_t i = 0; i < inputs.size(); ++i)
-      groups[i % 3].push_back(decode(init, step, logits, inputs[i], got[i]));
+      groups[i % 3].push_back(d.decode_example(ops, inputs[i], got[i]));
     run_examples(groups);
     CHECK(got == want);
   }
