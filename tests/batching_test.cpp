@@ -127,7 +127,7 @@ TEST_CASE("a Tree-LSTM trains batched exactly as one tree at a time", "[batching
   const autobatch::TreeLstm model(50, 16, 24, 5, generator);
   std::vector<Tree> trees;
   for (int i = 0; i < 12; ++i) trees.push_back(autobatch::random_tree(2 + i % 9, 50, 5, generator));
-  trees.push_back(trees[3]);  // the same tree twice: its nodes are reused, gradients count twice
+  trees.push_back(trees[3]);  // the same tree twice: its gradients count twice
 
   std::vector<Tensor> eager_losses;
   Tensor eager_total;
