@@ -37,21 +37,34 @@ std::unique_ptr<Optimizer> adamw(const std::vector<Tensor>& tensors) {
 
 struct Rate {
   double examples_per_second = 0;
-  double overhead = 0;  // recording + scheduling, as a share of the time
+  double overhead = 0;     // recording + scheduling, as a share of the time
+  double us_per_node = 0;  // recording + scheduling per node run
+};
+
+// What one minibatch's step spent outside the batched computation.
+struct StepCost {
+  double overhead_seconds = 0;
+  int64_t nodes = 0;
 };
 
 // Trains on `count` examples in minibatches of `batch`; `step(indices)` does one minibatch and
 // returns the seconds it spent recording and scheduling.
 Rate time_training(int64_t count, int64_t batch, const std::vector<int64_t>& sizes,
-                   const std::function<double(const std::vector<int64_t>&)>& step) {
+                   const std::function<StepCost(const std::vector<int64_t>&)>& step) {
   std::vector<int64_t> head(sizes.begin(), sizes.begin() + count);
   const std::vector<std::vector<int64_t>> batches = bucket_by_size(head, batch);
   step(batches.front());  // warm-up: allocations, first-touch
   double overhead = 0;
+  int64_t nodes = 0;
   const auto start = Clock::now();
-  for (const auto& indices : batches) overhead += step(indices);
+  for (const auto& indices : batches) {
+    const StepCost cost = step(indices);
+    overhead += cost.overhead_seconds;
+    nodes += cost.nodes;
+  }
   const double seconds = since(start);
-  return {static_cast<double>(count) / seconds, overhead / seconds};
+  return {static_cast<double>(count) / seconds, overhead / seconds,
+          nodes > 0 ? 1e6 * overhead / static_cast<double>(nodes) : 0.0};
 }
 
 std::string ratio(double a, double b) {
@@ -96,7 +109,7 @@ int main(int argc, char** argv) {
       optimizer->zero_grad();
       for (int64_t i : indices) model.loss(trees[static_cast<size_t>(i)]).backward();
       optimizer->step();
-      return 0.0;
+      return StepCost{};
     };
     auto autobatched = [&](Strategy strategy) {
       return [&, strategy](const std::vector<int64_t>& indices) {
@@ -110,23 +123,23 @@ int main(int argc, char** argv) {
         optimizer->zero_grad();
         sum(stack_values(losses)).backward();
         optimizer->step();
-        return recording + graph.stats().plan_seconds;
+        return StepCost{recording + graph.stats().plan_seconds, graph.stats().nodes_run};
       };
     };
     out << "Tree-LSTM training, binary trees of 10-50 leaves, width 128, 5 classes:\n\n"
         << "| batch | one at a time | agenda | depth | agenda / one at a time | overhead (agenda) "
-           "|\n"
-        << "| --- | --- | --- | --- | --- | --- |\n";
+           "| us per node |\n"
+        << "| --- | --- | --- | --- | --- | --- | --- |\n";
     for (int64_t batch : batch_sizes) {
       const Rate single = time_training(examples / 4, batch, sizes, one_at_a_time);
       const Rate agenda = time_training(examples, batch, sizes, autobatched(Strategy::agenda));
       const Rate depth = time_training(examples, batch, sizes, autobatched(Strategy::depth));
       char row[256];
-      std::snprintf(row, sizeof row, "| %lld | %.0f | %.0f | %.0f | %s | %.1f%% |\n",
+      std::snprintf(row, sizeof row, "| %lld | %.0f | %.0f | %.0f | %s | %.1f%% | %.2f |\n",
                     static_cast<long long>(batch), single.examples_per_second,
                     agenda.examples_per_second, depth.examples_per_second,
                     ratio(agenda.examples_per_second, single.examples_per_second).c_str(),
-                    100 * agenda.overhead);
+                    100 * agenda.overhead, agenda.us_per_node);
       out << row;
       std::printf("%s", row);
       std::fflush(stdout);
@@ -149,7 +162,7 @@ int main(int argc, char** argv) {
       optimizer->zero_grad();
       for (int64_t i : indices) model.loss({&sentences[static_cast<size_t>(i)]}).backward();
       optimizer->step();
-      return 0.0;
+      return StepCost{};
     };
     auto by_hand = [&](const std::vector<int64_t>& indices) {
       std::vector<const autobatch::Sentence*> batch;
@@ -157,7 +170,7 @@ int main(int argc, char** argv) {
       optimizer->zero_grad();
       model.padded_loss(batch).backward();
       optimizer->step();
-      return 0.0;
+      return StepCost{};
     };
     auto autobatched = [&](Strategy strategy) {
       return [&, strategy](const std::vector<int64_t>& indices) {
@@ -176,27 +189,28 @@ int main(int argc, char** argv) {
         optimizer->zero_grad();
         sum(stack_values(losses)).backward();
         optimizer->step();
-        return recording + graph.stats().plan_seconds;
+        return StepCost{recording + graph.stats().plan_seconds, graph.stats().nodes_run};
       };
     };
     out << "\nBiLSTM tagger training, sentences of 5-50 words, embeddings 64, hidden 128, 10 "
            "tags; by hand: the minibatch padded to its longest sentence, with masks "
            "(minibatches of similar lengths, as every column here):\n\n"
         << "| batch | one at a time | agenda | depth | by hand (padded) | agenda / one at a time "
-           "| by hand / agenda | overhead (agenda) |\n"
-        << "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+           "| by hand / agenda | overhead (agenda) | us per node |\n"
+        << "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
     for (int64_t batch : batch_sizes) {
       const Rate single = time_training(examples / 4, batch, sizes, one_at_a_time);
       const Rate agenda = time_training(examples, batch, sizes, autobatched(Strategy::agenda));
       const Rate depth = time_training(examples, batch, sizes, autobatched(Strategy::depth));
       const Rate hand = time_training(examples, batch, sizes, by_hand);
       char row[320];
-      std::snprintf(row, sizeof row, "| %lld | %.0f | %.0f | %.0f | %.0f | %s | %s | %.1f%% |\n",
+      std::snprintf(row, sizeof row,
+                    "| %lld | %.0f | %.0f | %.0f | %.0f | %s | %s | %.1f%% | %.2f |\n",
                     static_cast<long long>(batch), single.examples_per_second,
                     agenda.examples_per_second, depth.examples_per_second, hand.examples_per_second,
                     ratio(agenda.examples_per_second, single.examples_per_second).c_str(),
                     ratio(hand.examples_per_second, agenda.examples_per_second).c_str(),
-                    100 * agenda.overhead);
+                    100 * agenda.overhead, agenda.us_per_node);
       out << row;
       std::printf("%s", row);
       std::fflush(stdout);
