@@ -12,6 +12,9 @@ packages=(cmake g++ make pkg-config libopenblas-dev nlohmann-json3-dev libasio-d
 packages+=(clang libclang-rt-dev libomp-dev)
 # The MPI transport (comm/mpi/) and its tests: Open MPI's headers, libraries and mpirun.
 packages+=(libopenmpi-dev openmpi-bin)
+# bench/tcp_throughput's loopback ceiling. Its package asks whether to start an iperf3 daemon
+# at boot; the answer is preseeded to no, so nothing listens behind the benchmark's back.
+packages+=(iperf3)
 if [[ "${1:-}" == "--with-torch" ]]; then
   packages+=(python3-torch python3-numpy)
 fi
@@ -31,5 +34,8 @@ fi
 sudo_cmd=()
 if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
 echo "install_deps: installing ${missing[*]}"
+if [[ " ${missing[*]} " == *" iperf3 "* ]]; then
+  echo "iperf3 iperf3/start_daemon boolean false" | "${sudo_cmd[@]}" debconf-set-selections
+fi
 "${sudo_cmd[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
