@@ -1,10 +1,11 @@
 #pragma once
 // The raw-socket baseline of bench/tcp_throughput: blocking send()/recv() on a loopback pair,
-// tuned to be a ceiling rather than a strawman. Large transfers get big socket buffers, one
-// send() of the whole message and a receive low-water mark, so neither side wakes for every
-// 64 KiB segment; small ones get TCP_NODELAY.
+// tuned to be a ceiling rather than a strawman. Large transfers get 4 MiB socket buffers, one
+// send() and recv() of all that is left of the message and a receive low-water mark, so the
+// receiver does not wake for every 64 KiB segment; small ones get TCP_NODELAY.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -69,16 +70,38 @@ inline void recv_all(int fd, char* data, size_t size) {
   }
 }
 
+// recv_all with a receive low-water mark of up to 1 MiB, so the reader wakes once per MiB
+// rather than per segment. The mark never exceeds the bytes still expected (the kernel wakes
+// a reader only once the mark's worth is queued, whatever it asked recv() for), and a mark
+// not reached within a millisecond is dropped for that read: early in a connection the
+// receive window can be smaller than the mark, and then the sender stops short of it.
+inline void recv_all_batched(int fd, char* data, size_t size) {
+  constexpr size_t kBatch = 1 << 20;
+  int mark = 1;
+  auto set_mark = [&](int bytes) {
+    if (bytes == mark) return;
+    setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes);
+    mark = bytes;
+  };
+  while (size > 0) {
+    set_mark(static_cast<int>(std::min(size, kBatch)));
+    pollfd ready{fd, POLLIN, 0};
+    if (poll(&ready, 1, 1) == 0) set_mark(1);
+    ssize_t n = ::recv(fd, data, size, 0);
+    check_os(n > 0, "recv");
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  set_mark(1);
+}
+
 // Bytes per second moving `count` messages of `size` bytes from one thread to another.
 inline double raw_throughput(size_t size, int count) {
-  constexpr int kBuffer = 4 << 20;
-  auto [a, b] = socket_pair(kBuffer);
-  const int low_water = static_cast<int>(std::min<size_t>(size, 1 << 20));
-  setsockopt(b, SOL_SOCKET, SO_RCVLOWAT, &low_water, sizeof low_water);
+  auto [a, b] = socket_pair(4 << 20);
   std::vector<char> out(size, 1), in(size);
   const auto start = std::chrono::steady_clock::now();
   std::thread receiver([&, b = b] {
-    for (int i = 0; i < count; ++i) recv_all(b, in.data(), size);
+    for (int i = 0; i < count; ++i) recv_all_batched(b, in.data(), size);
   });
   for (int i = 0; i < count; ++i) send_all(a, out.data(), size);
   receiver.join();
