@@ -1,6 +1,5 @@
 #pragma once
 // Inbox: a thread-safe queue of messages, the receiving half of every Communicator.
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -24,14 +23,12 @@ class Inbox {
 
  private:
   Message take_front();
-  void spin_for_message();
 
   std::string owner_;
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<Message> messages_;
   bool closed_ = false;
-  std::atomic<bool> takeable_{false};  // a message is queued or the inbox closed: pop need not wait
 };
 
 }  // namespace pipit

@@ -113,33 +113,16 @@ struct TcpCommunicator::Impl {
   }
 
   // The io thread. Connection handlers catch their own errors; this is the last barrier, so
-  // that nothing a peer sends ends the thread (it goes on after a throw).
+  // that nothing a peer sends ends the thread (run() may be called again after a throw).
   void run_io() {
     while (true) {
       try {
-        return poll_then_block();
+        io.run();
+        return;
       } catch (const std::exception& e) {
         log(std::string("io handler failed: ") + e.what());
       } catch (...) {
         log("io handler failed with an unknown exception");
-      }
-    }
-  }
-
-  // After a handler ran, the next event is usually close behind it (the reply to a frame, the
-  // send of the next one), so the thread keeps polling, yielding its core, for kIoSpin before
-  // it sleeps in the reactor: a thread already awake takes the event without a wake-up.
-  void poll_then_block() {
-    constexpr auto kIoSpin = std::chrono::microseconds(50);
-    auto last = Clock::now();
-    while (!io.stopped()) {
-      if (io.poll() > 0) {
-        last = Clock::now();
-      } else if (Clock::now() - last < kIoSpin) {
-        std::this_thread::yield();
-      } else {
-        io.run_one();
-        last = Clock::now();
       }
     }
   }
