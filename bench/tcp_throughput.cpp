@@ -1,15 +1,16 @@
-// TcpCommunicator against plain sockets on loopback, measured side by side in one run:
-//  1. throughput of activation-sized messages (1, 4, 16, 64 MiB), pipit vs a blocking
-//     send()/recv() pair moving the same bytes;
-//  2. round-trip latency of a 64-byte message, pipit vs a raw ping-pong;
-//  3. GPT training step time, 4 pipit-worker processes vs 4 in-process stages.
-// Prints the tables and appends them to bench/RESULTS.md (--no-append to skip).
+// pipit's transports against their ceilings, measured side by side in one run:
+//  1. throughput of activation-sized messages (1, 4, 16, 64 MiB): TcpCommunicator vs tuned
+//     blocking sockets (bench/raw_sockets.h) and iperf3 on loopback; MpiTransport vs raw
+//     MPI_Send/MPI_Recv between two ranks;
+//  2. round trip of a 64-byte message, pipit vs a raw ping-pong, over TCP and over MPI;
+//  3. GPT training step time: 4 in-process stages vs 4 pipit-worker processes (TCP) vs 4
+//     MPI ranks.
+// The MPI rows come from this program started under mpirun (bench/mpi_overhead.h); where
+// mpirun is missing or fails they say so. Prints the tables and appends them to
+// bench/RESULTS.md (--no-append to skip; --rounds N for fewer alternating rounds).
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,22 +18,24 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
+#include "bench/gpt_step.h"
+#include "bench/iperf_ceiling.h"
+#include "bench/mpi_overhead.h"
+#include "bench/raw_sockets.h"
+#include "bench/results.h"
 #include "comm/tcp_communicator.h"
-#include "nn/builders.h"
 #include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 
-extern char** environ;
-
 using namespace pipit;
+using namespace pipit::bench;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -41,65 +44,9 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::perror(what);
-    std::exit(1);
-  }
-}
-
-// A connected pair of loopback TCP sockets with TCP_NODELAY, as the baseline uses them.
-std::pair<int, int> socket_pair() {
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  check(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0, "bind");
-  socklen_t length = sizeof address;
-  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
-  listen(listener, 1);
-  int client = socket(AF_INET, SOCK_STREAM, 0);
-  check(connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0, "connect");
-  int server = accept(listener, nullptr, nullptr);
-  close(listener);
-  int one = 1;
-  setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  setsockopt(server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  return {client, server};
-}
-
-void send_all(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::send(fd, data, size, 0);
-    check(n > 0, "send");
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
-void recv_all(int fd, char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::recv(fd, data, size, 0);
-    check(n > 0, "recv");
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
-// Bytes per second moving `count` messages of `size` bytes through raw sockets.
-double raw_throughput(size_t size, int count) {
-  auto [a, b] = socket_pair();
-  std::vector<char> out(size, 1), in(size);
-  auto start = Clock::now();
-  std::thread receiver([&, b = b] {
-    for (int i = 0; i < count; ++i) recv_all(b, in.data(), size);
-  });
-  for (int i = 0; i < count; ++i) send_all(a, out.data(), size);
-  receiver.join();
-  const double rate = static_cast<double>(size) * count / seconds_since(start);
-  close(a);
-  close(b);
-  return rate;
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
 }
 
 struct CommPair {
@@ -130,28 +77,6 @@ double pipit_throughput(size_t size, int count) {
   }
   receiver.join();
   return static_cast<double>(size) * count / seconds_since(start);
-}
-
-double raw_round_trip_us(int count) {
-  auto [a, b] = socket_pair();
-  char message[64] = {};
-  std::thread echo([&, b = b] {
-    char buffer[64];
-    for (int i = 0; i < count; ++i) {
-      recv_all(b, buffer, 64);
-      send_all(b, buffer, 64);
-    }
-  });
-  auto start = Clock::now();
-  for (int i = 0; i < count; ++i) {
-    send_all(a, message, 64);
-    recv_all(a, message, 64);
-  }
-  const double us = seconds_since(start) * 1e6 / count;
-  echo.join();
-  close(a);
-  close(b);
-  return us;
 }
 
 double pipit_round_trip_us(int count) {
@@ -186,14 +111,17 @@ Worker start_worker(const std::string& binary, const std::string& dir, int index
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
   pid_t pid = 0;
-  check(posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ) == 0, "spawn");
+  check_os(posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ) == 0,
+           "spawn");
   posix_spawn_file_actions_destroy(&actions);
   while (!std::filesystem::exists(port_file))
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return {pid, "127.0.0.1:" + std::to_string(std::stoi(read_file(port_file)))};
 }
 
-std::string gpt_step_table() {
+constexpr int kGptSteps = 9;
+
+double tcp_workers_step_ms(const GptStep& s) {
   const std::string binary =
       (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "pipit-worker").string();
   const std::string dir =
@@ -205,102 +133,193 @@ std::string gpt_step_table() {
     workers.push_back(start_worker(binary, dir, i));
     endpoints.push_back(workers.back().endpoint);
   }
-  std::vector<int64_t> tokens(16 * 64), targets(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<int64_t>((i * 7) % 65);
-    targets[i] = static_cast<int64_t>((i * 7 + 3) % 65);
-  }
-  Tensor x = from_vector(tokens, {16, 64}), y = from_vector(targets, {16, 64});
-  PipelineConfig config;
-  config.stages = 4;
-  config.microbatches = 8;
-  config.schedule = "1f1b";
-  config.optimizer = {{"type", "AdamW"}, {"lr", 1e-3}};
-  auto median_step_ms = [&](Coordinator& coordinator) {
-    coordinator.train_step(x, y);
-    std::vector<double> ms;
-    for (int i = 0; i < 5; ++i) {
-      auto start = Clock::now();
-      coordinator.train_step(x, y);
-      ms.push_back(seconds_since(start) * 1000);
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[2];
-  };
-  Generator generator(0);
-  auto model = gpt({65, 64, 4, 4, 128, 0.0}, &generator);
-  double local_ms = 0, remote_ms = 0;
-  {
-    Pipeline local(model, config);
-    local_ms = median_step_ms(local.coordinator());
-  }
+  double ms = 0;
   {
     TcpOptions tcp;
     tcp.log = [](const std::string&) {};
-    DistributedPipeline remote(*model, config, endpoints, tcp);
-    remote_ms = median_step_ms(remote.coordinator());
+    DistributedPipeline remote(*s.model, s.config, endpoints, tcp);
+    ms = median_step_ms(remote.coordinator(), s, kGptSteps);
   }
   for (const Worker& w : workers) {
     kill(w.pid, SIGTERM);
     waitpid(w.pid, nullptr, 0);
   }
   std::filesystem::remove_all(dir);
-  char row[256];
-  std::snprintf(row, sizeof row, "| 4 in-process stages | %.1f |\n| 4 worker processes | %.1f |\n",
-                local_ms, remote_ms);
-  std::printf("%s", row);
-  return std::string(
-             "\nGPT step (vocab 65, context 64, 4 layers, width 128, batch 16, 1F1B, "
-             "p = 4, m = 8, 1 thread per stage), median of 5 steps\n\n"
-             "| stages | ms/step |\n| --- | --- |\n") +
-         row;
+  return ms;
 }
+
+// "why the MPI rows are missing", as one table cell.
+std::string skipped(const std::string& failure) {
+  std::string first_line = failure.substr(0, failure.find('\n'));
+  std::replace(first_line.begin(), first_line.end(), '|', '/');
+  return "skipped: " + first_line.substr(0, 120);
+}
+
+struct Tables {
+  std::ostringstream text;
+  void row(const char* format, auto... values) {
+    char line[512];
+    std::snprintf(line, sizeof line, format, values...);
+    std::printf("%s", line);
+    std::fflush(stdout);
+    text << line;
+  }
+  void heading(const std::string& line) {
+    std::printf("\n%s\n\n", line.c_str());
+    text << "\n" << line << "\n\n";
+  }
+};
+
+// Medians over `rounds` launches of the MPI transport role; empty with `failure` set when
+// MPI cannot run here.
+MpiResults mpi_transport_medians(int rounds) {
+  std::map<std::string, std::vector<double>> all;
+  for (int round = 0; round < rounds; ++round) {
+    MpiResults run = mpi_results("transport", 2);
+    if (!run.failure.empty()) return run;
+    for (const auto& [name, value] : run.values) all[name].push_back(value);
+  }
+  MpiResults medians;
+  for (const auto& [name, values] : all) medians.values[name] = median(values);
+  return medians;
+}
+
+void throughput_and_round_trip(Tables& tables, int rounds, const MpiResults& mpi) {
+  std::optional<double> iperf;
+  std::string iperf_cell = "not installed";
+  if (iperf3_installed()) {
+    std::vector<double> runs;
+    for (int i = 0; i < 3; ++i) {
+      if (auto rate = iperf3_loopback(3)) runs.push_back(*rate);
+    }
+    iperf_cell = "failed";
+    if (!runs.empty()) {
+      iperf = median(runs);
+      iperf_cell = std::to_string(static_cast<long>(*iperf / (1 << 20)));
+    }
+  }
+  tables.heading("Throughput on loopback (TCP) and between 2 ranks of one node (MPI), median of " +
+                 std::to_string(rounds) +
+                 " alternating rounds. TCP raw: blocking send()/recv(), 4 MiB socket buffers, "
+                 "1 MiB receive low-water mark. iperf3: its default run (-t 3, median of 3). "
+                 "Ceiling: the larger of raw and iperf3 (TCP), raw MPI_Send/MPI_Recv (MPI).");
+  tables.row(
+      "| transport | message MiB | iperf3 MiB/s | raw MiB/s | pipit MiB/s | pipit / raw | "
+      "pipit / ceiling |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+  for (size_t mib : kThroughputMiB) {
+    const size_t size = mib << 20;
+    std::vector<double> raws, pipits;
+    for (int round = 0; round < rounds; ++round) {
+      raws.push_back(raw_throughput(size, message_count(size)));
+      pipits.push_back(pipit_throughput(size, message_count(size)));
+    }
+    const double raw = median(raws), pipit = median(pipits);
+    const double ceiling = std::max(raw, iperf.value_or(0));
+    tables.row("| TCP | %zu | %s | %.0f | %.0f | %.2f | %.2f |\n", mib, iperf_cell.c_str(),
+               raw / (1 << 20), pipit / (1 << 20), pipit / raw, pipit / ceiling);
+  }
+  for (size_t mib : kThroughputMiB) {
+    if (!mpi.failure.empty()) {
+      tables.row("| MPI | %zu | - | %s | | | |\n", mib, skipped(mpi.failure).c_str());
+      continue;
+    }
+    const double raw = mpi.values.at("raw-" + std::to_string(mib));
+    const double pipit = mpi.values.at("pipit-" + std::to_string(mib));
+    tables.row("| MPI | %zu | - | %.0f | %.0f | %.2f | %.2f |\n", mib, raw / (1 << 20),
+               pipit / (1 << 20), pipit / raw, pipit / raw);
+  }
+
+  tables.heading("Round trip of a 64-byte message: median over " + std::to_string(rounds) +
+                 " alternating rounds of the mean of " + std::to_string(kRoundTrips) +
+                 " round trips. TCP: two threads of one process; MPI: two ranks.");
+  tables.row("| transport | raw us | pipit us | pipit / raw |\n| --- | --- | --- | --- |\n");
+  std::vector<double> raws, pipits;
+  for (int round = 0; round < rounds; ++round) {
+    raws.push_back(raw_round_trip_us(kRoundTrips));
+    pipits.push_back(pipit_round_trip_us(kRoundTrips));
+  }
+  tables.row("| TCP | %.1f | %.1f | %.2f |\n", median(raws), median(pipits),
+             median(pipits) / median(raws));
+  if (mpi.failure.empty()) {
+    const double raw = mpi.values.at("raw-rtt"), pipit = mpi.values.at("pipit-rtt");
+    tables.row("| MPI | %.1f | %.1f | %.2f |\n", raw, pipit, pipit / raw);
+  } else {
+    tables.row("| MPI | %s | | |\n", skipped(mpi.failure).c_str());
+  }
+}
+
+void gpt_steps(Tables& tables, int rounds) {
+  const GptStep s = gpt_step_setup();
+  std::vector<double> local, tcp, mpi;
+  std::string mpi_failure;
+  for (int round = 0; round < rounds; ++round) {
+    {
+      Pipeline pipeline(s.model, s.config);
+      local.push_back(median_step_ms(pipeline.coordinator(), s, kGptSteps));
+    }
+    tcp.push_back(tcp_workers_step_ms(s));
+    if (mpi_failure.empty()) {
+      MpiResults run = mpi_results("gpt " + std::to_string(kGptSteps), 4);
+      if (run.failure.empty()) {
+        mpi.push_back(run.values.at("gpt-ms"));
+      } else {
+        mpi_failure = run.failure;
+      }
+    }
+  }
+  tables.heading(std::string("GPT step, ") + gpt_step_description() + ": median over " +
+                 std::to_string(rounds) + " alternating rounds of the median of " +
+                 std::to_string(kGptSteps) + " steps");
+  tables.row("| stages | ms/step | / in-process |\n| --- | --- | --- |\n");
+  const double in_process = median(local);
+  tables.row("| 4 in-process stages | %.1f | 1.00 |\n", in_process);
+  tables.row("| 4 worker processes (TCP) | %.1f | %.2f |\n", median(tcp), median(tcp) / in_process);
+  if (mpi_failure.empty()) {
+    tables.row("| 4 MPI ranks | %.1f | %.2f |\n", median(mpi), median(mpi) / in_process);
+  } else {
+    tables.row("| 4 MPI ranks | %s | |\n", skipped(mpi_failure).c_str());
+  }
+}
+
+#ifdef PIPIT_WITH_MPI
+int mpi_role(int argc, char** argv) {
+  const std::string role = argc > 2 ? argv[2] : "";
+  if (role == "transport") return mpi_transport_role();
+  if (role == "gpt" && argc > 3) return mpi_gpt_role(std::atoi(argv[3]));
+  std::fprintf(stderr, "unknown --mpi-role '%s'\n", role.c_str());
+  return 2;
+}
+#endif
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool append = !(argc > 1 && std::strcmp(argv[1], "--no-append") == 0);
+  if (argc > 1 && std::strcmp(argv[1], "--mpi-role") == 0) {
+#ifdef PIPIT_WITH_MPI
+    return mpi_role(argc, argv);
+#else
+    return 2;
+#endif
+  }
+  bool append = true;
+  int rounds = 7;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--no-append") == 0) {
+      append = false;
+    } else if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
+      rounds = std::max(1, std::atoi(argv[++i]));
+    }
+  }
   set_num_threads(1);
   signal(SIGPIPE, SIG_IGN);
-  std::ostringstream tables;
-  tables << "Throughput on loopback, pipit TcpCommunicator vs blocking send()/recv() of the same "
-            "bytes (median of 7 alternating rounds)\n\n| message MiB | raw MiB/s | pipit MiB/s | pipit / raw |\n"
-            "| --- | --- | --- | --- |\n";
-  for (size_t mib : {1, 4, 16, 64}) {
-    const size_t size = mib << 20;
-    const int count = static_cast<int>(std::max<size_t>(4, (512u << 20) / size));
-    // Alternating rounds, so both see the same machine; the median of each.
-    std::vector<double> raws, pipits;
-    for (int round = 0; round < 7; ++round) {
-      raws.push_back(raw_throughput(size, count));
-      pipits.push_back(pipit_throughput(size, count));
-    }
-    std::sort(raws.begin(), raws.end());
-    std::sort(pipits.begin(), pipits.end());
-    const double raw = raws[3], pipit = pipits[3];
-    char row[256];
-    std::snprintf(row, sizeof row, "| %zu | %.0f | %.0f | %.2f |\n", mib, raw / (1 << 20),
-                  pipit / (1 << 20), pipit / raw);
-    std::printf("%s", row);
-    std::fflush(stdout);
-    tables << row;
-  }
-  const double raw_us = raw_round_trip_us(5000), pipit_us = pipit_round_trip_us(5000);
-  char row[256];
-  std::snprintf(row, sizeof row, "| %.1f | %.1f | %.2f |\n", raw_us, pipit_us, pipit_us / raw_us);
-  std::printf("%s", row);
-  tables << "\nRound trip of a 64-byte message (mean of 5000)\n\n"
-            "| raw us | pipit us | pipit / raw |\n| --- | --- | --- |\n"
-         << row;
-  tables << gpt_step_table();
-  if (append) {
-    std::time_t now = std::time(nullptr);
-    char date[32];
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&now));
-    std::ofstream results(std::string(PIPIT_SOURCE_DIR) + "/bench/RESULTS.md", std::ios::app);
-    results << "\n## tcp_throughput, " << date << ", " << std::thread::hardware_concurrency()
-            << " cores, loopback\n\n"
-            << tables.str();
-  }
+  Tables tables;
+#ifdef PIPIT_WITH_MPI
+  const MpiResults mpi = mpi_transport_medians(rounds);
+#else
+  const MpiResults mpi{{}, "pipit was built without MPI"};
+#endif
+  throughput_and_round_trip(tables, rounds, mpi);
+  gpt_steps(tables, std::max(1, rounds / 2));
+  if (append) append_results("tcp_throughput", tables.text.str());
   return 0;
 }

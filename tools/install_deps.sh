@@ -14,6 +14,9 @@ packages+=(clang libclang-rt-dev libomp-dev)
 packages+=(libopenmpi-dev openmpi-bin)
 # The network-namespace cluster (tests/netns_test.cpp, samples/netns_cluster.sh): ip and tc.
 packages+=(iproute2)
+# bench/tcp_throughput's loopback ceiling. Its package asks whether to start an iperf3 daemon
+# at boot; the answer is preseeded to no, so nothing listens behind the benchmark's back.
+packages+=(iperf3)
 if [[ "${1:-}" == "--with-torch" ]]; then
   packages+=(python3-torch python3-numpy)
 fi
@@ -33,5 +36,8 @@ fi
 sudo_cmd=()
 if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
 echo "install_deps: installing ${missing[*]}"
+if [[ " ${missing[*]} " == *" iperf3 "* ]]; then
+  echo "iperf3 iperf3/start_daemon boolean false" | "${sudo_cmd[@]}" debconf-set-selections
+fi
 "${sudo_cmd[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

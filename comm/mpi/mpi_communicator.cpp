@@ -1,8 +1,10 @@
 #include "comm/mpi/mpi_communicator.h"
 
 #include <mpi.h>
+#include <sys/prctl.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -38,6 +40,7 @@ struct MpiTransport::Impl {
   std::map<int, std::shared_ptr<Inbox>> inboxes;  // this rank's endpoints
 
   std::mutex mutex;
+  std::condition_variable wake;                      // a send was queued
   std::deque<std::pair<int, std::string>> outgoing;  // (destination rank, bytes)
   std::atomic<bool> stopping{false};
   std::atomic<bool> abandoning{false};  // leave at once: this rank failed
@@ -79,7 +82,11 @@ struct MpiTransport::Impl {
   }
 
   void run() {
+    using Clock = std::chrono::steady_clock;
+    // Naps of a few microseconds would otherwise last the default 50 us timer slack.
+    prctl(PR_SET_TIMERSLACK, 1UL);
     std::vector<Pending> sending;
+    auto last_moved = Clock::now();
     MPI_Request barrier = MPI_REQUEST_NULL;
     auto nap = std::chrono::microseconds(1);
     while (!abandoning) {
@@ -135,12 +142,23 @@ struct MpiTransport::Impl {
         check(MPI_Test(&barrier, &done, MPI_STATUS_IGNORE), "MPI_Test");
         if (done) return;
       }
-      if (moved) {
-        nap = std::chrono::microseconds(1);
+      if (moved || !sending.empty()) {
+        // A send in flight moves only while this thread calls into MPI (a large message
+        // crosses in fragments), so it is polled without a nap.
+        if (moved) last_moved = Clock::now();
+        std::this_thread::yield();
+      } else if (Clock::now() - last_moved < options.spin) {
+        // Just after traffic the next message is likely close (a reply, the next
+        // microbatch): polling a little longer answers it without a nap's delay.
+        std::this_thread::yield();
       } else {
-        std::this_thread::sleep_for(nap);
+        // Idle: nap, but wake at once for a send from this rank.
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait_for(lock, nap, [&] { return !outgoing.empty(); });
         nap = std::min(nap * 2, options.idle_sleep);
+        continue;
       }
+      nap = std::chrono::microseconds(1);
     }
   }
 };
@@ -166,8 +184,11 @@ class MpiCommunicator final : public Communicator {
     const int32_t route[2] = {id_, peer};
     std::string bytes(reinterpret_cast<const char*>(route), kRouteBytes);
     bytes += encode_frame(message);
-    std::lock_guard<std::mutex> lock(t.mutex);
-    t.outgoing.emplace_back(rank->second, std::move(bytes));
+    {
+      std::lock_guard<std::mutex> lock(t.mutex);
+      t.outgoing.emplace_back(rank->second, std::move(bytes));
+    }
+    t.wake.notify_one();
   }
   Message receive() override { return inbox_->pop(); }
   std::optional<Message> try_receive(std::chrono::milliseconds timeout) override {

@@ -7,8 +7,9 @@
 // shard or worker) lives on one rank, given by a route table every rank builds the same way;
 // several endpoints may share a rank (the coordinator beside stage 0). A message travels as
 // our frame (checksummed) behind 8 bytes naming its source and destination endpoints;
-// between endpoints of one rank it is handed over without MPI. The progress thread polls,
-// sleeping up to `idle_sleep` when nothing moves, so an idle rank does not spin a core.
+// between endpoints of one rank it is handed over without MPI. The progress thread polls
+// while sends are in flight and for `spin` after the last message moved; then it naps, up to
+// `idle_sleep`, so an idle rank does not spin a core. A send wakes it from a nap at once.
 #include <chrono>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@ namespace pipit {
 
 struct MpiOptions {
   std::chrono::microseconds idle_sleep{200};  // the longest nap of an idle progress thread
+  std::chrono::microseconds spin{100};        // polling, yielding the core, after traffic
 };
 
 // This process's place in the MPI job (initialising MPI if needed): call it before any
