@@ -15,12 +15,14 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "flags.h"
@@ -57,6 +59,7 @@ struct Setup {
   std::string checkpoint;        // directory; empty: none
   int64_t checkpoint_every = 0;
   bool resume = false;
+  std::string token;  // the TCP roles': the launcher makes a fresh one per run
 };
 
 // The training data every process rebuilds the same way: clustered points for the MLP (each
@@ -292,16 +295,37 @@ int run_on_workers(const Setup& s, const std::vector<std::string>& addresses,
   return 0;
 }
 
-TcpOptions tcp_options(int64_t timeout_ms) {
+TcpOptions tcp_options(const Setup& s) {
   TcpOptions tcp;
-  tcp.peer_timeout = std::chrono::milliseconds(std::min<int64_t>(timeout_ms, 5000));
+  tcp.peer_timeout = std::chrono::milliseconds(std::min<int64_t>(s.config.timeout.count(), 5000));
+  tcp.token = s.token;
   return tcp;
+}
+
+// A fresh random token for this run's roles, in a file only this user may read, so no other
+// process on the machine can join the run.
+void write_run_token(const fs::path& path) {
+  std::ifstream random("/dev/urandom", std::ios::binary);
+  unsigned char bytes[32];
+  random.read(reinterpret_cast<char*>(bytes), sizeof bytes);
+  PIPIT_CHECK(random.gcount() == static_cast<std::streamsize>(sizeof bytes),
+              "could not read /dev/urandom for the run's token");
+  std::string hex;
+  for (unsigned char b : bytes) {
+    char pair[3];
+    std::snprintf(pair, sizeof pair, "%02x", b);
+    hex += pair;
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  PIPIT_CHECK(fd >= 0, "cannot create the run's token file ", path.string());
+  const bool written = ::write(fd, hex.data(), hex.size()) == static_cast<ssize_t>(hex.size());
+  ::close(fd);
+  PIPIT_CHECK(written, "cannot write the run's token file ", path.string());
 }
 
 int server_role(const Setup& s, int shard, const std::string& port_file) {
   uint16_t port = 0;
-  auto comm = listen_as_ps_shard(s.config, shard, "127.0.0.1:0",
-                                 tcp_options(s.config.timeout.count()), &port);
+  auto comm = listen_as_ps_shard(s.config, shard, "127.0.0.1:0", tcp_options(s), &port);
   auto server = make_server(s, comm, shard);
   write_file_atomic(port_file, std::to_string(port) + "\n");
   server->serve();
@@ -312,7 +336,7 @@ int server_role(const Setup& s, int shard, const std::string& port_file) {
 }
 
 int worker_role(const Setup& s, int w, const std::vector<std::string>& servers) {
-  auto comm = connect_as_ps_worker(s.config, w, servers, tcp_options(s.config.timeout.count()));
+  auto comm = connect_as_ps_worker(s.config, w, servers, tcp_options(s));
   const Data data = make_data(s);
   PsWorker worker(comm, make_model(s, data), s.config, w, s.slowdown.empty() ? 1.0 : s.slowdown[w]);
   worker.join();
@@ -336,10 +360,25 @@ int run_processes(const Setup& s, const std::vector<std::string>& role_flags) {
                            ? fs::temp_directory_path() / ("pipit_ps_" + std::to_string(getpid()))
                            : fs::path(s.checkpoint);
   fs::create_directories(dir);
+  const fs::path token_file =
+      fs::temp_directory_path() / ("pipit_ps_token_" + std::to_string(getpid()));
+  write_run_token(token_file);
+  struct RemoveToken {
+    fs::path path;
+    ~RemoveToken() {
+      std::error_code ignored;
+      fs::remove(path, ignored);
+    }
+  } remove_token{token_file};
   std::vector<std::unique_ptr<chaos::Child>> children;
   auto start = [&](const std::string& role, int index, std::vector<std::string> extra) {
-    std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(), "--role", role,
-                                     "--index", std::to_string(index)};
+    std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(),
+                                     "--role",
+                                     role,
+                                     "--index",
+                                     std::to_string(index),
+                                     "--token-file",
+                                     token_file.string()};
     argv.insert(argv.end(), role_flags.begin(), role_flags.end());
     if (s.checkpoint.empty()) {  // the final weights come back through a temporary one
       argv.insert(argv.end(), {"--checkpoint", dir.string(), "--checkpoint-every", "0"});
@@ -438,7 +477,9 @@ int main(int argc, char** argv) {
   flags.add("transport", "threads", "threads (one process) or tcp (a process per role)");
   flags.add("launcher", "none",
             "mpi: this process is one rank of mpirun -np servers+workers (shards first)");
-  flags.add("token-file", "", "with --pipit-workers: the file holding their shared token");
+  flags.add("token-file", "",
+            "with --pipit-workers: the file holding their shared token (--transport tcp makes "
+            "a fresh one per run)");
   flags.add("pipit-workers", "",
             "host:port of --servers + --workers running pipit-workers (instead of --transport)");
   flags.add_repeatable("slowdown", "WORKER:FACTOR: that worker computes FACTOR times slower");
@@ -508,6 +549,9 @@ int main(int argc, char** argv) {
     validate(s.config);
     set_num_threads(1);  // one core per worker or server: they run side by side
     const int index = static_cast<int>(flags.integer("index", 0));
+    if (!role.empty() && !flags.str("token-file").empty()) {
+      s.token = read_token_file(flags.str("token-file"));
+    }
     if (role == "server") return server_role(s, index, flags.str("port-file"));
     if (role == "worker") return worker_role(s, index, flags.items("server-endpoints"));
     if (!role.empty()) flags.fail("--role must be server or worker, got '" + role + "'");
@@ -536,7 +580,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> role_flags;
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
-      if (arg == "--transport") {
+      if (arg == "--transport" || arg == "--token-file") {
         ++i;
         continue;
       }
