@@ -23,7 +23,8 @@ class Handle {
 
   bool defined() const { return state_ != nullptr; }
   // The result, a view of its batch's output (gradients flow back through it). Throws when
-  // the graph has not run this node, was cleared, or is gone.
+  // the graph has not run this node, was cleared, or is gone. To train on many results (every
+  // example's loss), stack_values reads them with one gather and one gradient.
   Tensor value() const;
   // Whether the graph has run this node.
   bool ready() const;
