@@ -30,6 +30,22 @@ std::string GraphState::describe(int32_t node) const {
          (op >= 0 ? ops[static_cast<size_t>(op)]->name : std::string("value")) + ")";
 }
 
+namespace {
+
+// Where a handle's node lives now (after merges); state null when the graph was cleared.
+struct Resolved {
+  GraphState* state = nullptr;
+  int32_t node = -1;
+};
+
+Resolved resolve(const std::shared_ptr<GraphState>& owner, int32_t node, uint32_t generation) {
+  GraphState* state = owner.get();
+  if (!state || !GraphState::resolve(state, node, generation)) return {};
+  return {state, node};
+}
+
+}  // namespace
+
 Handle::Handle(std::shared_ptr<GraphState> state, int32_t node, int32_t output, uint32_t generation)
     : state_(std::move(state)), node_(node), output_(output), generation_(generation) {
   acquire();
@@ -66,61 +82,40 @@ Handle::~Handle() {
 }
 
 void Handle::acquire() const {
-  if (!state_) return;
-  GraphState* state = state_.get();
-  int32_t node = node_;
-  uint32_t generation = generation_;
-  if (GraphState::resolve(state, node, generation)) {
-    ++state->nodes[static_cast<size_t>(node)].handles;
+  if (const Resolved r = resolve(state_, node_, generation_); r.state) {
+    ++r.state->nodes[static_cast<size_t>(r.node)].handles;
   }
 }
 
 void Handle::release() const {
-  if (!state_) return;
-  GraphState* state = state_.get();
-  int32_t node = node_;
-  uint32_t generation = generation_;
-  if (GraphState::resolve(state, node, generation)) {
-    --state->nodes[static_cast<size_t>(node)].handles;
+  if (const Resolved r = resolve(state_, node_, generation_); r.state) {
+    --r.state->nodes[static_cast<size_t>(r.node)].handles;
   }
 }
 
 int32_t Handle::node() const {
   PIPIT_CHECK(state_, "batching: an empty Handle has no node");
-  GraphState* state = state_.get();
-  int32_t node = node_;
-  uint32_t generation = generation_;
-  PIPIT_CHECK(GraphState::resolve(state, node, generation), "batching: the handle of node ", node_,
-              " is stale: its graph was cleared");
-  return node;
+  const Resolved r = resolve(state_, node_, generation_);
+  PIPIT_CHECK(r.state, "batching: the handle of node ", node_, " is stale: its graph was cleared");
+  return r.node;
 }
 
 std::string Handle::describe() const {
   if (!state_) return "an empty handle";
-  GraphState* state = state_.get();
-  int32_t node = node_;
-  uint32_t generation = generation_;
-  if (!GraphState::resolve(state, node, generation)) {
-    return "node " + std::to_string(node_) + " of a cleared graph";
-  }
-  return state->describe(node);
+  const Resolved r = resolve(state_, node_, generation_);
+  if (!r.state) return "node " + std::to_string(node_) + " of a cleared graph";
+  return r.state->describe(r.node);
 }
 
 bool Handle::ready() const {
-  if (!state_) return false;
-  GraphState* state = state_.get();
-  int32_t node = node_;
-  uint32_t generation = generation_;
-  return GraphState::resolve(state, node, generation) &&
-         state->nodes[static_cast<size_t>(node)].batch >= 0;
+  const Resolved r = resolve(state_, node_, generation_);
+  return r.state && r.state->nodes[static_cast<size_t>(r.node)].batch >= 0;
 }
 
 Tensor Handle::value() const {
   PIPIT_CHECK(state_, "batching: value() of an empty Handle");
-  GraphState* state = state_.get();
-  int32_t node = node_;
-  uint32_t generation = generation_;
-  PIPIT_CHECK(GraphState::resolve(state, node, generation), "batching: node ", node_,
+  const auto [state, node] = resolve(state_, node_, generation_);
+  PIPIT_CHECK(state, "batching: node ", node_,
               " belongs to a graph that was cleared since; its value is gone");
   const BatchNode& n = state->nodes[static_cast<size_t>(node)];
   PIPIT_CHECK(n.batch >= 0, "batching: ", state->describe(node), ", key ", state->key_name(n.key),
@@ -138,10 +133,8 @@ Tensor stack_values(const std::vector<Handle>& handles) {
   rows.reserve(handles.size());
   for (const Handle& h : handles) {
     PIPIT_CHECK(h.state_, "batching: stack_values of an empty Handle");
-    GraphState* state = h.state_.get();
-    int32_t node = h.node_;
-    uint32_t generation = h.generation_;
-    PIPIT_CHECK(GraphState::resolve(state, node, generation), "batching: node ", h.node_,
+    const auto [state, node] = resolve(h.state_, h.node_, h.generation_);
+    PIPIT_CHECK(state, "batching: node ", h.node_,
                 " belongs to a graph that was cleared since; its value is gone");
     const BatchNode& n = state->nodes[static_cast<size_t>(node)];
     PIPIT_CHECK(n.batch >= 0, "batching: ", state->describe(node), " has not run");
