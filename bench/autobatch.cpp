@@ -67,6 +67,22 @@ Rate time_training(int64_t count, int64_t batch, const std::vector<int64_t>& siz
           nodes > 0 ? 1e6 * overhead / static_cast<double>(nodes) : 0.0};
 }
 
+// One autobatched training step: `record` adds the minibatch's losses to the scope's graph.
+StepCost autobatched_step(Optimizer& optimizer, Strategy strategy,
+                          const std::function<void(std::vector<Handle>&)>& record) {
+  const auto start = Clock::now();
+  Graph graph;
+  auto scope = graph.scope();
+  std::vector<Handle> losses;
+  record(losses);
+  const double recording = since(start);
+  graph.run(strategy);
+  optimizer.zero_grad();
+  sum(stack_values(losses)).backward();
+  optimizer.step();
+  return StepCost{recording + graph.stats().plan_seconds, graph.stats().nodes_run};
+}
+
 std::string ratio(double a, double b) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1fx", a / b);
@@ -113,17 +129,9 @@ int main(int argc, char** argv) {
     };
     auto autobatched = [&](Strategy strategy) {
       return [&, strategy](const std::vector<int64_t>& indices) {
-        const auto start = Clock::now();
-        Graph graph;
-        auto scope = graph.scope();
-        std::vector<Handle> losses;
-        for (int64_t i : indices) losses.push_back(batched(trees[static_cast<size_t>(i)]));
-        const double recording = since(start);
-        graph.run(strategy);
-        optimizer->zero_grad();
-        sum(stack_values(losses)).backward();
-        optimizer->step();
-        return StepCost{recording + graph.stats().plan_seconds, graph.stats().nodes_run};
+        return autobatched_step(*optimizer, strategy, [&](std::vector<Handle>& losses) {
+          for (int64_t i : indices) losses.push_back(batched(trees[static_cast<size_t>(i)]));
+        });
       };
     };
     out << "Tree-LSTM training, binary trees of 10-50 leaves, width 128, 5 classes:\n\n"
@@ -174,22 +182,14 @@ int main(int argc, char** argv) {
     };
     auto autobatched = [&](Strategy strategy) {
       return [&, strategy](const std::vector<int64_t>& indices) {
-        const auto start = Clock::now();
-        Graph graph;
-        auto scope = graph.scope();
-        const Handle zero_state = batched_value(zeros({model.hidden}));
-        std::vector<Handle> losses;
-        for (int64_t i : indices) {
-          for (Handle& h : batched(sentences[static_cast<size_t>(i)], zero_state)) {
-            losses.push_back(std::move(h));
+        return autobatched_step(*optimizer, strategy, [&](std::vector<Handle>& losses) {
+          const Handle zero_state = batched_value(zeros({model.hidden}));
+          for (int64_t i : indices) {
+            for (Handle& h : batched(sentences[static_cast<size_t>(i)], zero_state)) {
+              losses.push_back(std::move(h));
+            }
           }
-        }
-        const double recording = since(start);
-        graph.run(strategy);
-        optimizer->zero_grad();
-        sum(stack_values(losses)).backward();
-        optimizer->step();
-        return StepCost{recording + graph.stats().plan_seconds, graph.stats().nodes_run};
+        });
       };
     };
     out << "\nBiLSTM tagger training, sentences of 5-50 words, embeddings 64, hidden 128, 10 "
