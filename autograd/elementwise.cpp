@@ -140,13 +140,13 @@ struct AbsBackward : UnaryNode<AbsBackward> {
 struct TanhBackward : UnaryNode<TanhBackward> {
   static constexpr const char* kName = "TanhBackward";
   std::vector<Tensor> apply(const Tensor& g) override {
-    return {mul(g, sub(scalar_like(saved, 1.0), mul(saved, saved)))};
+    return {binary_raw(BinaryOp::tanh_backward, g, saved)};
   }
 };
 struct SigmoidBackward : UnaryNode<SigmoidBackward> {
   static constexpr const char* kName = "SigmoidBackward";
   std::vector<Tensor> apply(const Tensor& g) override {
-    return {mul(g, mul(saved, sub(scalar_like(saved, 1.0), saved)))};
+    return {binary_raw(BinaryOp::sigmoid_backward, g, saved)};
   }
 };
 struct ReluBackward : UnaryNode<ReluBackward> {

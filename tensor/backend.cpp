@@ -70,6 +70,10 @@ const char* op_name(BinaryOp op) {
       return "relu_backward";
     case BinaryOp::gelu_backward:
       return "gelu_backward";
+    case BinaryOp::tanh_backward:
+      return "tanh_backward";
+    case BinaryOp::sigmoid_backward:
+      return "sigmoid_backward";
     case BinaryOp::eq:
       return "eq";
     case BinaryOp::ne:

@@ -12,7 +12,8 @@
 namespace pipit {
 
 enum class UnaryOp { neg, exp, log, sqrt, abs, tanh, sigmoid, relu, gelu };
-// The *_backward ops take (grad, x) and return grad * f'(x).
+// The *_backward ops take (grad, x) and return grad * f'(x); tanh and sigmoid take their
+// output y in place of x, as their derivatives are cheapest from it.
 enum class BinaryOp {
   add,
   sub,
@@ -23,6 +24,8 @@ enum class BinaryOp {
   minimum,
   relu_backward,
   gelu_backward,
+  tanh_backward,     // (grad, y = tanh(x))
+  sigmoid_backward,  // (grad, y = sigmoid(x))
   eq,
   ne,
   lt,

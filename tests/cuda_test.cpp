@@ -185,10 +185,17 @@ TEST_CASE("cuda: unary, binary and where with broadcasting", "[cuda]") {
           0);
     }
   }
-  const std::vector<BinaryOp> arithmetic = {
-      BinaryOp::add,     BinaryOp::sub,           BinaryOp::mul,
-      BinaryOp::div,     BinaryOp::pow,           BinaryOp::maximum,
-      BinaryOp::minimum, BinaryOp::relu_backward, BinaryOp::gelu_backward};
+  const std::vector<BinaryOp> arithmetic = {BinaryOp::add,
+                                            BinaryOp::sub,
+                                            BinaryOp::mul,
+                                            BinaryOp::div,
+                                            BinaryOp::pow,
+                                            BinaryOp::maximum,
+                                            BinaryOp::minimum,
+                                            BinaryOp::relu_backward,
+                                            BinaryOp::gelu_backward,
+                                            BinaryOp::tanh_backward,
+                                            BinaryOp::sigmoid_backward};
   const std::vector<BinaryOp> comparisons = {BinaryOp::eq, BinaryOp::ne, BinaryOp::lt,
                                              BinaryOp::le, BinaryOp::gt, BinaryOp::ge};
   const Shape shape = {4, 3, 5};

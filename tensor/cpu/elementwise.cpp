@@ -71,15 +71,31 @@ void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
   if constexpr (std::is_floating_point_v<T>) {
     switch (op) {
       case UnaryOp::exp:
-        return map1<T, T>(in, out, [](T x) { return std::exp(x); });
+        if constexpr (std::is_same_v<T, float>) {
+          return map1<T, T>(
+              in, out, [](T x) { return cpu::fast_exp(x); },
+              [](const T* x, T* y, int64_t n) { cpu::exp_shifted_row(x, 0.0f, y, n); });
+        } else {
+          return map1<T, T>(in, out, [](T x) { return std::exp(x); });
+        }
       case UnaryOp::log:
         return map1<T, T>(in, out, [](T x) { return std::log(x); });
       case UnaryOp::sqrt:
         return map1<T, T>(in, out, [](T x) { return std::sqrt(x); });
       case UnaryOp::tanh:
-        return map1<T, T>(in, out, [](T x) { return std::tanh(x); });
+        if constexpr (std::is_same_v<T, float>) {
+          return map1<T, T>(
+              in, out, [](T x) { return cpu::fast_tanh(x); }, cpu::tanh_row);
+        } else {
+          return map1<T, T>(in, out, [](T x) { return std::tanh(x); });
+        }
       case UnaryOp::sigmoid:
-        return map1<T, T>(in, out, [](T x) { return T(1) / (T(1) + std::exp(-x)); });
+        if constexpr (std::is_same_v<T, float>) {
+          return map1<T, T>(
+              in, out, [](T x) { return cpu::sigmoid(x); }, cpu::sigmoid_row);
+        } else {
+          return map1<T, T>(in, out, [](T x) { return cpu::sigmoid(x); });
+        }
       case UnaryOp::gelu:
         if constexpr (std::is_same_v<T, float>) {
           return map1<T, T>(
@@ -141,6 +157,10 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
         return map2<T, T>(a, b, out, [](T x, T y) { return std::pow(x, y); });
       case BinaryOp::relu_backward:
         return map2<T, T>(a, b, out, [](T g, T x) { return x > 0 ? g : T(0); });
+      case BinaryOp::tanh_backward:
+        return map2<T, T>(a, b, out, [](T g, T y) { return g * (T(1) - y * y); });
+      case BinaryOp::sigmoid_backward:
+        return map2<T, T>(a, b, out, [](T g, T y) { return g * (y * (T(1) - y)); });
       case BinaryOp::gelu_backward:
         if constexpr (std::is_same_v<T, float>) {
           return map2<T, T>(

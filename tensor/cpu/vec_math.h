@@ -48,6 +48,40 @@ template <typename T>
   }
 }
 
+// sigmoid and tanh from e = e^-|x| <= 1, so nothing overflows: sigmoid is 1 / (1 + e) or
+// e / (1 + e) by the sign of x. tanh|x| = (1 - e) / (1 + e) with e = e^-2|x| loses relative
+// accuracy as |x| -> 0, where Cephes' odd polynomial takes over (below 0.625).
+template <typename T>
+[[gnu::always_inline]] inline T sigmoid(T x) {
+  const T e = exp_of(-std::abs(x));
+  const T q = T(1) / (T(1) + e);
+  return x >= T(0) ? q : e * q;
+}
+
+[[gnu::always_inline]] inline float fast_tanh(float x) {
+  const float a = std::abs(x);
+  const float e = fast_exp(-2.0f * a);
+  const float large = (1.0f - e) / (1.0f + e);
+  const float z = a * a;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = p * z * a + a;
+  const float t = a > 0.625f ? large : small;  // NaN takes the polynomial and stays NaN
+  return x < 0.0f ? -t : t;
+}
+
+template <typename T>
+[[gnu::always_inline]] inline T tanh_of(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fast_tanh(x);
+  } else {
+    return std::tanh(x);
+  }
+}
+
 constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kGeluCoeff = 0.044715;
 
@@ -85,6 +119,8 @@ template <typename T>
 void exp_shifted_row(const float* x, float shift, float* y, int64_t n);  // y = e^(x - shift)
 void gelu_row(const float* x, float* y, int64_t n);
 void gelu_backward_row(const float* grad, const float* x, float* y, int64_t n);
+void sigmoid_row(const float* x, float* y, int64_t n);
+void tanh_row(const float* x, float* y, int64_t n);
 
 // sum of term(i) over [0, n) in kLanes interleaved partial sums added in a fixed tree. It
 // vectorizes, where one running sum cannot, and like a running sum its rounding depends only

@@ -252,6 +252,12 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
       case BinaryOp::relu_backward:
         return map2<T, T>("binary", a, b, out,
                           [] __device__(T g, T x) { return x > 0 ? g : T(0); });
+      case BinaryOp::tanh_backward:
+        return map2<T, T>("binary", a, b, out,
+                          [] __device__(T g, T y) { return g * (T(1) - y * y); });
+      case BinaryOp::sigmoid_backward:
+        return map2<T, T>("binary", a, b, out,
+                          [] __device__(T g, T y) { return g * (y * (T(1) - y)); });
       case BinaryOp::gelu_backward:
         return map2<T, T>("binary", a, b, out,
                           [] __device__(T g, T x) { return g * gelu_derivative(x); });
