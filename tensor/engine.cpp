@@ -2,11 +2,14 @@
 // summing the gradients each node receives before it runs, and accumulating into leaves
 // through AccumulateGrad. It lives in tensor/, which declares Tensor::backward, and knows
 // nodes only through the Node interface; the differentiable ops are autograd/.
+#include <functional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "tensor/backend.h"
 #include "tensor/grad_mode.h"
 #include "tensor/node.h"
+#include "tensor/split_backward.h"
 
 namespace pipit {
 
@@ -19,46 +22,64 @@ Tensor add_raw(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-void run_backward(const Tensor& root, const Tensor& grad) {
+void check_root(const Tensor& root, const Tensor& grad) {
   PIPIT_CHECK(root.requires_grad(), "backward: the tensor does not require grad (shape ",
               shape_str(root.shape()), ")");
   PIPIT_CHECK(grad.shape() == root.shape(), "backward: gradient shape ", shape_str(grad.shape()),
               " differs from tensor shape ", shape_str(root.shape()));
   PIPIT_CHECK(grad.dtype() == root.dtype(), "backward: gradient dtype ", grad.dtype(),
               " differs from tensor dtype ", root.dtype());
-  NoGradGuard no_grad;
-  std::shared_ptr<Node> start = detail::gradient_edge(root);
+}
 
+using Rooted = std::vector<std::pair<std::shared_ptr<Node>, Tensor>>;
+// Which of a node's edges a propagation follows.
+using Follows = std::function<bool(const Node& child)>;
+// Computes a node's input gradients from the gradient it received.
+using Apply = std::function<std::vector<Tensor>(const std::shared_ptr<Node>&, const Tensor&)>;
+
+std::vector<Tensor> apply_node(const std::shared_ptr<Node>& node, const Tensor& grad) {
+  // A node that received no gradient passes none on, but still releases its children.
+  return grad.defined() || node->runs_without_gradient() ? node->apply(grad)
+                                                         : std::vector<Tensor>(node->next.size());
+}
+
+// Runs nodes in dependency order from the roots over the edges `follows` admits, summing the
+// gradients each node receives before it runs. No root may be reachable from another.
+void propagate(Rooted roots, const Follows& follows, const Apply& apply) {
   std::unordered_map<Node*, int> dependencies;
-  std::vector<Node*> stack{start.get()};
-  dependencies[start.get()] = 0;
+  std::vector<Node*> stack;
+  for (const auto& [root, grad] : roots) {
+    if (dependencies.try_emplace(root.get(), 0).second) stack.push_back(root.get());
+  }
   while (!stack.empty()) {
     Node* node = stack.back();
     stack.pop_back();
     for (const auto& child : node->next) {
-      if (!child) continue;
+      if (!child || !follows(*child)) continue;
       auto [it, inserted] = dependencies.try_emplace(child.get(), 0);
       ++it->second;
       if (inserted) stack.push_back(child.get());
     }
   }
 
-  std::unordered_map<Node*, Tensor> pending{{start.get(), grad}};
-  std::vector<std::shared_ptr<Node>> ready{start};
+  std::unordered_map<Node*, Tensor> pending;
+  std::vector<std::shared_ptr<Node>> ready;
+  // Reversed, so that the first root runs first.
+  for (auto it = roots.rbegin(); it != roots.rend(); ++it) {
+    pending[it->first.get()] = it->second;
+    ready.push_back(it->first);
+  }
   while (!ready.empty()) {
     std::shared_ptr<Node> node = std::move(ready.back());
     ready.pop_back();
     Tensor node_grad = std::move(pending[node.get()]);
     pending.erase(node.get());
-    // A node that received no gradient passes none on, but still releases its children.
-    std::vector<Tensor> input_grads = node_grad.defined() || node->runs_without_gradient()
-                                          ? node->apply(node_grad)
-                                          : std::vector<Tensor>(node->next.size());
+    std::vector<Tensor> input_grads = apply(node, node_grad);
     PIPIT_CHECK(input_grads.size() == node->next.size(), "backward: node ", node->name(),
                 " returned ", input_grads.size(), " gradients for ", node->next.size(), " inputs");
     for (size_t i = 0; i < node->next.size(); ++i) {
       const std::shared_ptr<Node>& child = node->next[i];
-      if (!child) continue;
+      if (!child || !follows(*child)) continue;
       if (input_grads[i].defined()) {
         auto [it, inserted] = pending.try_emplace(child.get(), input_grads[i]);
         if (!inserted) {
@@ -70,7 +91,112 @@ void run_backward(const Tensor& root, const Tensor& grad) {
   }
 }
 
+void run_backward(const Tensor& root, const Tensor& grad) {
+  check_root(root, grad);
+  NoGradGuard no_grad;
+  propagate(
+      {{detail::gradient_edge(root), grad}}, [](const Node&) { return true; }, apply_node);
+}
+
+// The nodes from which one of `targets` can be reached (targets included), found from `start`.
+std::unordered_set<const Node*> nodes_leading_to(Node* start,
+                                                 const std::unordered_set<const Node*>& targets) {
+  std::unordered_map<const Node*, bool> leads;
+  // Iterative post-order: a node is decided once all its children are.
+  std::vector<std::pair<Node*, size_t>> stack{{start, 0}};
+  leads[start] = targets.count(start) > 0;
+  while (!stack.empty()) {
+    auto& [node, next_child] = stack.back();
+    if (next_child < node->next.size()) {
+      Node* child = node->next[next_child++].get();
+      if (child && leads.try_emplace(child, targets.count(child) > 0).second) {
+        stack.push_back({child, 0});
+      }
+      continue;
+    }
+    bool any = leads[node];
+    for (const auto& child : node->next) any = any || (child && leads[child.get()]);
+    leads[node] = any;
+    stack.pop_back();
+  }
+  std::unordered_set<const Node*> result;
+  for (const auto& [node, yes] : leads) {
+    if (yes) result.insert(node);
+  }
+  return result;
+}
+
 }  // namespace
+
+DeferredGradients::~DeferredGradients() = default;
+
+DeferredGradients backward_inputs_first(const Tensor& output, const Tensor& grad,
+                                        const std::vector<Tensor>& inputs) {
+  check_root(output, grad);
+  NoGradGuard no_grad;
+  std::shared_ptr<Node> start = detail::gradient_edge(output);
+  std::unordered_set<const Node*> targets;
+  for (const Tensor& input : inputs) {
+    if (auto edge = detail::gradient_edge(input)) targets.insert(edge.get());
+  }
+  const std::unordered_set<const Node*> on_path = nodes_leading_to(start.get(), targets);
+  auto in_b = [&on_path](const Node& n) { return on_path.count(&n) > 0; };
+  DeferredGradients deferred;
+  std::vector<std::vector<std::shared_ptr<Node>>> w_edges_of;  // by deferred work
+  if (!in_b(*start)) {
+    deferred.work_.push_back({start, grad, {}});
+    return deferred;
+  }
+  propagate({{start, grad}}, in_b, [&](const std::shared_ptr<Node>& node, const Tensor& g) {
+    // Hide the W edges while the node runs, so that it computes the B gradients only. Once B is
+    // done the node keeps its W edges only, so the deferred work holds no more of the graph.
+    std::vector<std::shared_ptr<Node>> w_edges(node->next.size());
+    bool any_w = false;
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      if (node->next[i] && !in_b(*node->next[i])) {
+        w_edges[i] = std::move(node->next[i]);
+        any_w = true;
+      }
+    }
+    std::vector<Tensor> result = apply_node(node, g);
+    if (!any_w) return result;
+    DeferredGradients::Work work{node, g, {}};
+    // A node that ignores missing edges computed its W gradients already: keep them rather
+    // than compute them twice (all of them, or W asks the node again).
+    bool all_computed = true;
+    for (size_t i = 0; i < w_edges.size(); ++i) {
+      if (w_edges[i]) all_computed = all_computed && i < result.size() && result[i].defined();
+    }
+    if (all_computed) {
+      work.computed.resize(node->next.size());
+      for (size_t i = 0; i < w_edges.size(); ++i) {
+        if (w_edges[i]) work.computed[i] = result[i];
+      }
+    }
+    deferred.work_.push_back(std::move(work));
+    w_edges_of.push_back(std::move(w_edges));
+    return result;
+  });
+  for (size_t i = 0; i < w_edges_of.size(); ++i) deferred.work_[i].node->next = w_edges_of[i];
+  return deferred;
+}
+
+void DeferredGradients::run() {
+  NoGradGuard no_grad;
+  Rooted roots;
+  std::unordered_map<Node*, std::vector<Tensor>> computed;
+  for (Work& work : work_) {
+    if (!work.computed.empty()) computed[work.node.get()] = std::move(work.computed);
+    roots.emplace_back(work.node, std::move(work.grad));
+  }
+  work_.clear();
+  propagate(
+      std::move(roots), [](const Node&) { return true; },
+      [&computed](const std::shared_ptr<Node>& node, const Tensor& g) {
+        auto it = computed.find(node.get());
+        return it != computed.end() ? std::move(it->second) : apply_node(node, g);
+      });
+}
 
 bool is_grad_enabled() {
   return t_grad_enabled;

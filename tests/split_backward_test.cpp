@@ -1,0 +1,107 @@
+// Split backward (tensor/split_backward.h): the input-gradient part now and the weight-gradient
+// part later add up to exactly what one backward gives, bit for bit.
+#include <catch2/catch.hpp>
+
+#include "bitwise.h"
+#include "nn/builders.h"
+#include "pipit.h"
+#include "tensor/split_backward.h"
+
+using namespace pipit;
+using pipit::testing::bitwise_equal;
+
+namespace {
+
+struct Chunk {
+  std::shared_ptr<Sequential> gpt;
+  std::shared_ptr<Sequential> layers;  // the chunk under test
+  Tensor input;                        // what the chunk receives: tokens or hidden states
+};
+
+// A GPT cut like a pipeline stage: layers [begin, end) of the model, fed by the layers before.
+Chunk make_chunk(size_t begin, size_t end) {
+  Generator generator(11);
+  auto model = gpt(GptConfig{13, 6, 4, 2, 16, 0.0}, &generator);
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < 3 * 6; ++i) tokens.push_back((i * 5 + 2) % 13);
+  Tensor input = from_vector(tokens, {3, 6});
+  if (begin > 0) {
+    NoGradGuard no_grad;
+    input = model->slice(0, begin)->forward(input);
+  }
+  return {model, model->slice(begin, end), input};
+}
+
+Tensor leaf_of(const Tensor& input) {
+  Tensor leaf = input.detach();
+  if (is_floating(leaf.dtype())) leaf.requires_grad_();
+  return leaf;
+}
+
+Tensor output_grad(const Tensor& output, uint64_t seed) {
+  Generator generator(seed);
+  return randn(output.shape(), &generator);
+}
+
+}  // namespace
+
+TEST_CASE("B then W gives backward's gradients bit for bit", "[autograd]") {
+  // A middle chunk (input gradients wanted), the first (token input: all of it is W) and the
+  // last (final norm and vocabulary head).
+  const std::pair<size_t, size_t> cuts[] = {{2, 4}, {0, 2}, {3, 7}};
+  for (const auto& [begin, end] : cuts) {
+    INFO("layers " << begin << " to " << end);
+    Chunk reference = make_chunk(begin, end), split = make_chunk(begin, end);
+    // Two microbatches, as a pipeline stage accumulates them: B0 B1 against I0 I1 W0 W1.
+    std::vector<Tensor> reference_input_grads, split_input_grads;
+    std::vector<DeferredGradients> deferred;
+    for (uint64_t mb = 0; mb < 2; ++mb) {
+      Tensor leaf = leaf_of(reference.input);
+      Tensor out = reference.layers->forward(leaf);
+      out.backward(output_grad(out, mb));
+      reference_input_grads.push_back(leaf.grad());
+
+      Tensor split_leaf = leaf_of(split.input);
+      Tensor split_out = split.layers->forward(split_leaf);
+      deferred.push_back(
+          backward_inputs_first(split_out, output_grad(split_out, mb), {split_leaf}));
+      split_input_grads.push_back(split_leaf.grad());
+    }
+    for (size_t mb = 0; mb < 2; ++mb) {
+      CHECK(reference_input_grads[mb].defined() == split_input_grads[mb].defined());
+      if (reference_input_grads[mb].defined()) {
+        CHECK(bitwise_equal(reference_input_grads[mb], split_input_grads[mb]));
+      }
+    }
+    // Nothing reached a parameter yet: the weight gradients are all deferred.
+    for (const Tensor& p : split.layers->parameters()) CHECK_FALSE(p.grad().defined());
+    for (DeferredGradients& d : deferred) {
+      CHECK_FALSE(d.empty());
+      d.run();
+      CHECK(d.empty());
+    }
+    const auto want = reference.layers->named_parameters();
+    const auto got = split.layers->named_parameters();
+    REQUIRE(want.size() == got.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO(want[i].first);
+      REQUIRE(got[i].second.grad().defined());
+      CHECK(bitwise_equal(want[i].second.grad(), got[i].second.grad()));
+    }
+  }
+}
+
+TEST_CASE("W still runs after the chunk's graph is dropped", "[autograd]") {
+  Chunk chunk = make_chunk(1, 3);
+  DeferredGradients deferred;
+  {
+    Tensor leaf = leaf_of(chunk.input);
+    Tensor out = chunk.layers->forward(leaf);
+    deferred = backward_inputs_first(out, output_grad(out, 4), {leaf});
+  }
+  deferred.run();
+  for (const Tensor& p : chunk.layers->parameters()) {
+    REQUIRE(p.grad().defined());
+    CHECK(std::isfinite(sum(p.grad() * p.grad()).item<float>()));
+  }
+}
