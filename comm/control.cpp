@@ -52,13 +52,14 @@ Message to_message(const OptimizerStep& o, int64_t step) {
 Message to_message(const StageDone& d, int64_t step) {
   json trace = json::array();
   for (const TaskTiming& t : d.trace) {
-    trace.push_back({t.microbatch, t.chunk, t.backward ? 1 : 0, t.start_us, t.end_us});
+    trace.push_back({t.microbatch, t.chunk, t.phase, t.start_us, t.end_us});
   }
   json layers = json::array();
   for (const LayerTiming& l : d.layers) {
     layers.push_back({l.layer, l.forward_us, l.backward_us, l.output_bytes, l.state_bytes});
   }
   json meta = {{"peak_stashed", d.peak_stashed},
+               {"peak_deferred", d.peak_deferred},
                {"trace", std::move(trace)},
                {"chunk_busy_us", d.chunk_busy_us},
                {"layers", std::move(layers)}};
@@ -133,6 +134,7 @@ StageDone read_stage_done(const Message& message) {
   Fields f = fields_of(message);
   StageDone d;
   d.peak_stashed = f.integer("peak_stashed", 0, std::numeric_limits<int64_t>::max());
+  d.peak_deferred = f.integer("peak_deferred", 0, std::numeric_limits<int64_t>::max());
   if (f.has("grad_norm_sq")) d.grad_norm_sq = f.number("grad_norm_sq");
   for (const json& event : f.array("trace", kMaxControlList)) {
     if (!event.is_array() || event.size() != 5 || !event[0].is_number_integer() ||
@@ -143,12 +145,12 @@ StageDone read_stage_done(const Message& message) {
     }
     const int64_t microbatch = event[0].get<int64_t>(), chunk = event[1].get<int64_t>(),
                   phase = event[2].get<int64_t>();
-    if (microbatch < 0 || microbatch > kIntMax || chunk < 0 || chunk > kIntMax ||
-        (phase != 0 && phase != 1)) {
+    if (microbatch < 0 || microbatch > kIntMax || chunk < 0 || chunk > kIntMax || phase < 0 ||
+        phase > 3) {
       f.fail("field \"trace\" has the out-of-range entry ", event.dump());
     }
-    d.trace.push_back({static_cast<int>(microbatch), static_cast<int>(chunk), phase == 1,
-                       event[3].get<double>(), event[4].get<double>()});
+    d.trace.push_back({static_cast<int>(microbatch), static_cast<int>(chunk),
+                       static_cast<int>(phase), event[3].get<double>(), event[4].get<double>()});
   }
   for (const json& busy : f.array("chunk_busy_us", kMaxControlList)) {
     if (!busy.is_number() || busy.get<double>() < 0) {

@@ -40,7 +40,7 @@ struct OptimizerStep {
 struct TaskTiming {
   int microbatch = 0;
   int chunk = 0;
-  bool backward = false;
+  int phase = 0;  // pipeline/task.h's Phase: 0 F, 1 B, 2 I, 3 W
   double start_us = 0;
   double end_us = 0;
 };
@@ -64,6 +64,7 @@ struct StageDone {
   std::vector<TaskTiming> trace;
   std::vector<double> chunk_busy_us;  // per local chunk: time in its tasks
   std::vector<LayerTiming> layers;    // profiled steps only
+  int64_t peak_deferred = 0;          // most weight gradients (W) kept after their I at once
 };
 
 // Stage -> coordinator: the step failed here (or the stage could not be built).

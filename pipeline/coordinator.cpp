@@ -80,6 +80,7 @@ void Coordinator::begin_step(bool train) {
   grad_norm_sq_ = 0;
   stats_ = StepStats{};
   stats_.peak_stashed.assign(static_cast<size_t>(config_.stages), 0);
+  stats_.peak_deferred.assign(static_cast<size_t>(config_.stages), 0);
   stats_.loss_scale = loss_scale();
   stats_.busy_us.assign(static_cast<size_t>(config_.stages), 0.0);
   StepBegin begin;
@@ -122,6 +123,7 @@ void Coordinator::record_stage_done(const Message& message) {
   const StageDone done = read_stage_done(message);
   const auto stage = static_cast<size_t>(message.from);
   stats_.peak_stashed[stage] = static_cast<int>(done.peak_stashed);
+  stats_.peak_deferred[stage] = static_cast<int>(done.peak_deferred);
   grad_norm_sq_ += done.grad_norm_sq.value_or(0.0);
   for (double busy : done.chunk_busy_us) stats_.busy_us[stage] += busy;
   if (!done.layers.empty()) {
@@ -130,8 +132,7 @@ void Coordinator::record_stage_done(const Message& message) {
               [](const LayerTiming& a, const LayerTiming& b) { return a.layer < b.layer; });
   }
   for (const TaskTiming& e : done.trace) {
-    Task task{step_, e.microbatch, e.chunk, e.backward ? Phase::Backward : Phase::Forward,
-              message.from};
+    Task task{step_, e.microbatch, e.chunk, static_cast<Phase>(e.phase), message.from};
     trace_.add({task, e.start_us, e.end_us});
   }
 }
@@ -313,6 +314,7 @@ std::pair<StateDict, StateDict> Coordinator::fetch_state() {
   ++step_;
   stats_ = StepStats{};
   stats_.peak_stashed.assign(static_cast<size_t>(config_.stages), 0);
+  stats_.peak_deferred.assign(static_cast<size_t>(config_.stages), 0);
   send_to_all(Message(MessageKind::FetchState, step_));
   StateDict weights, optimizer_state;
   std::vector<bool> answered(static_cast<size_t>(config_.stages));

@@ -24,11 +24,12 @@ namespace pipit {
 
 // What the stages reported about the last step.
 struct StepStats {
-  std::vector<int> peak_stashed;  // per stage: most microbatches awaiting their backward
-  double grad_norm = 0;           // global gradient norm before clipping (when clipping)
-  bool skipped = false;           // f16: a gradient overflowed and the update was dropped
-  double loss_scale = 1;          // f16: the scale the step's loss gradients were sent with
-  std::vector<double> busy_us;    // per stage: time in its tasks
+  std::vector<int> peak_stashed;   // per stage: most microbatches awaiting their backward (B, I)
+  std::vector<int> peak_deferred;  // per stage: most weight gradients (W) awaiting their turn
+  double grad_norm = 0;            // global gradient norm before clipping (when clipping)
+  bool skipped = false;            // f16: a gradient overflowed and the update was dropped
+  double loss_scale = 1;           // f16: the scale the step's loss gradients were sent with
+  std::vector<double> busy_us;     // per stage: time in its tasks
   // Profiled steps (PipelineConfig::profile_every): every layer's times, in layer order.
   std::vector<LayerTiming> layers;
   // Automatic rebalancing: the remap made after this step and how long it paused training,

@@ -1,5 +1,6 @@
 #include "pipeline/layer_timer.h"
 
+#include <functional>
 #include <thread>
 
 #include "autograd/backward_hook.h"
@@ -55,12 +56,27 @@ void LayerTimer::backward_reached(int64_t layer) {
   since_ = Clock::now();
 }
 
-void LayerTimer::backward(Sequential& chunk, const Tensor& output, const Tensor& grad) {
+void LayerTimer::timed_backward(Sequential& chunk, const std::function<void()>& run) {
   running_ = -1;
-  output.backward(grad);
+  run();
   // The first layer's backward ends with the call: no hook comes after it.
   if (running_ >= 0 && stepwise()) backward_reached(static_cast<int64_t>(chunk.first_index()) - 1);
   running_ = -1;
+}
+
+void LayerTimer::backward(Sequential& chunk, const Tensor& output, const Tensor& grad) {
+  timed_backward(chunk, [&] { output.backward(grad); });
+}
+
+DeferredGradients LayerTimer::backward_inputs(Sequential& chunk, const Tensor& output,
+                                              const Tensor& grad, const Tensor& input) {
+  DeferredGradients deferred;
+  timed_backward(chunk, [&] { deferred = backward_inputs_first(output, grad, {input}); });
+  return deferred;
+}
+
+void LayerTimer::weight_gradients(Sequential& chunk, DeferredGradients& deferred) {
+  timed_backward(chunk, [&] { deferred.run(); });
 }
 
 }  // namespace pipit

@@ -8,11 +8,13 @@
 // on that machine. Otherwise the chunk runs as one call, with nothing added.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
 #include "comm/control.h"
 #include "nn/sequential.h"
+#include "tensor/split_backward.h"
 
 namespace pipit {
 
@@ -29,6 +31,11 @@ class LayerTimer {
   Tensor forward(Sequential& chunk, const Tensor& x);
   // output.backward(grad) for an output of forward(), its layers timed by their hooks.
   void backward(Sequential& chunk, const Tensor& output, const Tensor& grad);
+  // The same split (tensor/split_backward.h): the part that reaches `input` now, timed like
+  // backward; the weight gradients later. A slowdown stretches both.
+  DeferredGradients backward_inputs(Sequential& chunk, const Tensor& output, const Tensor& grad,
+                                    const Tensor& input);
+  void weight_gradients(Sequential& chunk, DeferredGradients& deferred);
 
   // The step's times so far, by layer (output and state bytes left for the stage to fill).
   const std::map<int64_t, LayerTiming>& layers() const { return layers_; }
@@ -38,6 +45,8 @@ class LayerTimer {
   bool stepwise() const { return profile_ || slowdown_ != 1.0; }
   // Waits (slowdown - 1) x the time since `since`; returns the whole stretched time in us.
   double stretch(Clock::time_point since) const;
+  // Runs a backward pass (or part of one) whose layers' hooks time them.
+  void timed_backward(Sequential& chunk, const std::function<void()>& run);
   // Called by the hook after `layer`: the layer after it has finished its backward.
   void backward_reached(int64_t layer);
 

@@ -22,6 +22,8 @@ void check_costs(const char* function, double forward_cost, double backward_cost
               backward_cost);
 }
 
+constexpr const char* kScheduleNames = "\"gpipe\", \"1f1b\", \"interleaved\", \"zbh1\", \"zbh2\"";
+
 Task make_task(Phase phase, int microbatch, int chunk, int stages) {
   return Task{0, microbatch, chunk, phase, chunk % stages};
 }
@@ -117,31 +119,45 @@ Schedule make_schedule(const std::string& name, int stages, int microbatches,
                            : one_f_one_b_schedule(stages, microbatches);
   }
   if (name == "interleaved") return interleaved_schedule(stages, microbatches, chunks_per_stage);
-  throw Error(detail::concat("make_schedule: unknown schedule \"", name,
-                             "\"; valid names are \"gpipe\", \"1f1b\", \"interleaved\""));
+  if (name == "zbh1" || name == "zbh2") {
+    PIPIT_CHECK(chunks_per_stage == 1, "make_schedule: \"", name,
+                "\" runs one chunk per stage, got chunks_per_stage = ", chunks_per_stage);
+    return name == "zbh1" ? zb_h1_schedule(stages, microbatches)
+                          : zb_h2_schedule(stages, microbatches);
+  }
+  throw Error(detail::concat("make_schedule: unknown schedule \"", name, "\"; valid names are ",
+                             kScheduleNames));
 }
 
 ScheduleReport validate_schedule(const Schedule& schedule, int stages, int microbatches,
-                                 int chunks_per_stage, double forward_cost, double backward_cost) {
+                                 int chunks_per_stage, double forward_cost, double backward_cost,
+                                 double weight_share) {
   check_sizes("validate_schedule", stages, microbatches, chunks_per_stage);
   check_costs("validate_schedule", forward_cost, backward_cost);
+  PIPIT_CHECK(weight_share >= 0 && weight_share <= 1,
+              "validate_schedule: the weight-gradient share of a backward must be in [0, 1], got ",
+              weight_share);
   PIPIT_CHECK(schedule.size() == static_cast<size_t>(stages),
               "validate_schedule: ", schedule.size(), " stage lists for ", stages, " stages");
   const int chunks = stages * chunks_per_stage;
-  const size_t task_count = 2 * static_cast<size_t>(microbatches) * chunks;
+  constexpr int kPhases = 4;
+  const size_t task_count = kPhases * static_cast<size_t>(microbatches) * chunks;
   auto index = [&](Phase phase, int microbatch, int chunk) {
-    return (static_cast<size_t>(phase == Phase::Backward) * microbatches + microbatch) * chunks +
-           chunk;
+    return (static_cast<size_t>(phase) * microbatches + microbatch) * chunks + chunk;
   };
   auto index_of = [&](const Task& task) { return index(task.phase, task.microbatch, task.chunk); };
 
   std::vector<char> seen(task_count, 0);
   for (int s = 0; s < stages; ++s) {
-    // Last microbatch run so far per (phase, chunk), to enforce increasing order.
-    std::vector<int> last(2 * static_cast<size_t>(chunks), -1);
+    // Last microbatch per chunk of the tasks that must run in increasing microbatch order:
+    // forwards; the tasks that send a gradient upstream (B, I); and the tasks that accumulate
+    // weight gradients (B, W), whose order is the order of the sums.
+    enum Order { kForward, kGradient, kAccumulate };
+    std::vector<Task> last(3 * static_cast<size_t>(chunks), Task{0, -1});
     for (const Task& task : schedule[s]) {
       PIPIT_CHECK(task.microbatch >= 0 && task.microbatch < microbatches && task.chunk >= 0 &&
-                      task.chunk < chunks,
+                      task.chunk < chunks && static_cast<int>(task.phase) >= 0 &&
+                      static_cast<int>(task.phase) < kPhases,
                   "validate_schedule: unknown task ", task, " on stage ", s, " (m = ", microbatches,
                   ", ", chunks, " chunks)");
       PIPIT_CHECK(task.chunk % stages == s, "validate_schedule: task ", task, " is on stage ", s,
@@ -151,42 +167,75 @@ ScheduleReport validate_schedule(const Schedule& schedule, int stages, int micro
       PIPIT_CHECK(!seen[index_of(task)], "validate_schedule: task ", task,
                   " appears twice on stage ", s);
       seen[index_of(task)] = 1;
-      int& previous =
-          last[static_cast<size_t>(task.phase == Phase::Backward) * chunks + task.chunk];
-      PIPIT_CHECK(task.microbatch > previous, "validate_schedule: stage ", s, " runs ", task,
-                  " after ", make_task(task.phase, previous, task.chunk, stages), "; each chunk's ",
-                  task.phase == Phase::Forward ? "forwards" : "backwards",
-                  " must run in increasing microbatch order");
-      previous = task.microbatch;
-    }
-  }
-  for (Phase phase : {Phase::Forward, Phase::Backward}) {
-    for (int mb = 0; mb < microbatches; ++mb) {
-      for (int c = 0; c < chunks; ++c) {
-        PIPIT_CHECK(seen[index(phase, mb, c)], "validate_schedule: task ",
-                    make_task(phase, mb, c, stages), " is missing from stage ", c % stages);
+      std::vector<std::pair<Order, const char*>> orders;
+      if (task.phase == Phase::Forward) orders.push_back({kForward, "forwards"});
+      if (task.phase == Phase::Backward || task.phase == Phase::InputGrad) {
+        orders.push_back({kGradient, "input gradients (B or I)"});
+      }
+      if (task.phase == Phase::Backward || task.phase == Phase::WeightGrad) {
+        orders.push_back({kAccumulate, "weight gradients (B or W)"});
+      }
+      for (const auto& [order, what] : orders) {
+        Task& previous = last[static_cast<size_t>(order) * chunks + task.chunk];
+        PIPIT_CHECK(task.microbatch > previous.microbatch, "validate_schedule: stage ", s, " runs ",
+                    task, " after ", previous, "; each chunk's ", what,
+                    " must run in increasing microbatch order");
+        previous = task;
       }
     }
   }
-
-  auto dependency = [&](const Task& task) -> std::optional<Task> {
-    if (task.phase == Phase::Forward) {
-      if (task.chunk == 0) return std::nullopt;
-      return make_task(Phase::Forward, task.microbatch, task.chunk - 1, stages);
+  for (int mb = 0; mb < microbatches; ++mb) {
+    for (int c = 0; c < chunks; ++c) {
+      auto has = [&](Phase phase) { return seen[index(phase, mb, c)] != 0; };
+      const char* missing = nullptr;
+      Phase missing_phase = Phase::Forward;
+      if (!has(Phase::Forward)) {
+        missing = "";
+      } else if (!has(Phase::Backward) && !has(Phase::InputGrad)) {
+        missing = has(Phase::WeightGrad) ? "" : " (or its two parts, I and W)";
+        missing_phase = has(Phase::WeightGrad) ? Phase::InputGrad : Phase::Backward;
+      } else if (has(Phase::InputGrad) && !has(Phase::WeightGrad)) {
+        missing = "";
+        missing_phase = Phase::WeightGrad;
+      }
+      PIPIT_CHECK(missing == nullptr, "validate_schedule: task ",
+                  make_task(missing_phase, mb, c, stages), " is missing from stage ", c % stages,
+                  missing);
     }
-    if (task.chunk == chunks - 1)
+  }
+
+  // What a task waits for: the activation or gradient it takes, or for W its own I.
+  auto dependency = [&](const Task& task) -> std::optional<Task> {
+    switch (task.phase) {
+      case Phase::Forward:
+        if (task.chunk == 0) return std::nullopt;
+        return make_task(Phase::Forward, task.microbatch, task.chunk - 1, stages);
+      case Phase::WeightGrad:
+        return make_task(Phase::InputGrad, task.microbatch, task.chunk, stages);
+      default:
+        break;
+    }
+    if (task.chunk == chunks - 1) {
       return make_task(Phase::Forward, task.microbatch, task.chunk, stages);
-    return make_task(Phase::Backward, task.microbatch, task.chunk + 1, stages);
+    }
+    const bool split = seen[index(Phase::InputGrad, task.microbatch, task.chunk + 1)] != 0;
+    return make_task(split ? Phase::InputGrad : Phase::Backward, task.microbatch, task.chunk + 1,
+                     stages);
   };
-  const double costs[2] = {forward_cost / chunks_per_stage, backward_cost / chunks_per_stage};
+  const double v = chunks_per_stage;
+  const double weight_cost = weight_share * backward_cost;
+  const double costs[kPhases] = {forward_cost / v, backward_cost / v,
+                                 (backward_cost - weight_cost) / v, weight_cost / v};
 
   ScheduleReport report;
   report.peak_stashed.assign(stages, 0);
+  report.peak_deferred.assign(stages, 0);
   std::vector<double> finish(task_count, -1);  // -1: not run yet
   std::vector<size_t> next(stages, 0);
   std::vector<double> free_at(stages, 0);
-  std::vector<int> stashed(stages, 0);
-  size_t remaining = task_count;
+  std::vector<int> stashed(stages, 0), deferred(stages, 0);
+  size_t remaining = 0;
+  for (const auto& tasks : schedule) remaining += tasks.size();
   // Each task's time depends only on its stage predecessor and its dependency, so running
   // every stage as far as it can, round after round, gives the event-driven times.
   while (remaining > 0) {
@@ -200,11 +249,14 @@ ScheduleReport validate_schedule(const Schedule& schedule, int stages, int micro
           ready = finish[index_of(*input)];
           if (ready < 0) break;
         }
-        const bool forward = task.phase == Phase::Forward;
-        free_at[s] = std::max(free_at[s], ready) + costs[forward ? 0 : 1];
+        free_at[s] = std::max(free_at[s], ready) + costs[static_cast<int>(task.phase)];
         finish[index_of(task)] = free_at[s];
-        stashed[s] += forward ? 1 : -1;
+        stashed[s] += task.phase == Phase::Forward ? 1 : task.phase == Phase::WeightGrad ? 0 : -1;
+        deferred[s] += task.phase == Phase::InputGrad    ? 1
+                       : task.phase == Phase::WeightGrad ? -1
+                                                         : 0;
         report.peak_stashed[s] = std::max(report.peak_stashed[s], stashed[s]);
+        report.peak_deferred[s] = std::max(report.peak_deferred[s], deferred[s]);
         --remaining;
         progressed = true;
       }
@@ -227,7 +279,8 @@ ScheduleReport validate_schedule(const Schedule& schedule, int stages, int micro
 }
 
 double theoretical_step_time(const std::string& name, int stages, int microbatches,
-                             int chunks_per_stage, double forward_cost, double backward_cost) {
+                             int chunks_per_stage, double forward_cost, double backward_cost,
+                             double weight_share) {
   check_sizes("theoretical_step_time", stages, microbatches, chunks_per_stage);
   check_costs("theoretical_step_time", forward_cost, backward_cost);
   const double pair = forward_cost + backward_cost;
@@ -235,8 +288,13 @@ double theoretical_step_time(const std::string& name, int stages, int microbatch
   if (name == "interleaved") {
     return (microbatches + static_cast<double>(stages - 1) / chunks_per_stage) * pair;
   }
+  const double w = weight_share * backward_cost, i = backward_cost - w;
+  if (name == "zbh1" || name == "zbh2") {
+    const double deferred = name == "zbh1" ? w : 2 * w;
+    return microbatches * pair + (stages - 1) * std::max(forward_cost, forward_cost + i - deferred);
+  }
   throw Error(detail::concat("theoretical_step_time: unknown schedule \"", name,
-                             "\"; valid names are \"gpipe\", \"1f1b\", \"interleaved\""));
+                             "\"; valid names are ", kScheduleNames));
 }
 
 }  // namespace pipit

@@ -23,28 +23,45 @@ Schedule interleaved_schedule(int stages, int microbatches, int chunks_per_stage
 // Forward passes only, microbatch by microbatch (pipelined inference).
 Schedule forward_only_schedule(int stages, int microbatches, int chunks_per_stage);
 
-// By name: "gpipe", "1f1b", "interleaved". Invalid combinations throw an Error naming the
-// schedule and the numbers (v > 1 needs "interleaved"; "interleaved" needs m % p == 0).
+// Zero-bubble schedules (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024), with each
+// backward split into I and W (pipeline/task.h). Built by simulating the stages with unit task
+// costs: a free stage runs whichever of its next I, F or W can start first (ties in that order),
+// keeping at most `a` microbatches between F and I and at most `d` between I and W.
+// ZB-H1: a = p - s (1F1B's activations), d = p; a bubble of (p - 1)(F + I - W), a third of
+// 1F1B's when F = I = W. ZB-H2: a = 2 (p - s) - 1, d = 2p; a bubble of (p - 1)(F + I - 2W), or
+// at least (p - 1) F, the time the last stage waits for its first input.
+Schedule zb_h1_schedule(int stages, int microbatches);
+Schedule zb_h2_schedule(int stages, int microbatches);
+
+// By name: "gpipe", "1f1b", "interleaved", "zbh1", "zbh2". Invalid combinations throw an Error
+// naming the schedule and the numbers (v > 1 needs "interleaved"; "interleaved" needs
+// m % p == 0).
 Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks_per_stage);
 
 // What simulating a schedule shows. The simulation runs every stage's list in order; a task
 // starts once its input exists (F(mb, c) after F(mb, c - 1); B(mb, c) after B(mb, c + 1), or
-// after F(mb, c) for the last chunk, whose gradient comes from the loss) and its stage is
-// free. Forwards cost forward_cost / v and backwards backward_cost / v, per chunk.
+// after F(mb, c) for the last chunk, whose gradient comes from the loss; W(mb, c) after
+// I(mb, c)) and its stage is free. Per chunk, forwards cost forward_cost / v, backwards
+// backward_cost / v, of which W takes weight_share and I the rest.
 struct ScheduleReport {
-  std::vector<int> peak_stashed;  // per stage: most forwards awaiting their backward
-  double makespan = 0;            // simulated time of the whole step
+  std::vector<int> peak_stashed;   // per stage: most forwards awaiting their B or I
+  std::vector<int> peak_deferred;  // per stage: most I awaiting their W
+  double makespan = 0;             // simulated time of the whole step
 };
 
-// Checks that every (microbatch, chunk, phase) appears exactly once, on stage chunk % p, and
-// that the simulated run never deadlocks; throws an Error describing the first violation.
+// Checks that every (microbatch, chunk) has its F and either its B or its I and W exactly
+// once, on stage chunk % p, in the orders that keep gradients bit-for-bit equal to sequential
+// accumulation, and that the simulated run never deadlocks; throws an Error describing the
+// first violation.
 ScheduleReport validate_schedule(const Schedule& schedule, int stages, int microbatches,
                                  int chunks_per_stage, double forward_cost = 1.0,
-                                 double backward_cost = 2.0);
+                                 double backward_cost = 2.0, double weight_share = 0.5);
 
 // The ideal step time with no communication cost: (m + p - 1)(tf + tb) for GPipe and 1F1B,
-// (m + (p - 1) / v)(tf + tb) for interleaved 1F1B, where tf and tb are a whole stage's costs.
+// (m + (p - 1) / v)(tf + tb) for interleaved 1F1B, m (tf + tb) plus the bubbles above for ZB-H1
+// and ZB-H2, where tf and tb are a whole stage's costs and tw = weight_share tb.
 double theoretical_step_time(const std::string& name, int stages, int microbatches,
-                             int chunks_per_stage, double forward_cost, double backward_cost);
+                             int chunks_per_stage, double forward_cost, double backward_cost,
+                             double weight_share = 0.5);
 
 }  // namespace pipit

@@ -252,15 +252,30 @@ void Stage::begin_step(const Message& message) {
 void Stage::run_ready_tasks() {
   while (active_ && next_task_ < tasks_.size()) {
     const Task& task = tasks_[next_task_];
-    auto input = inputs_.find({task.phase, task.microbatch, task.chunk});
-    if (input == inputs_.end()) return;
-    Tensor tensor = std::move(input->second);
-    inputs_.erase(input);
+    Tensor tensor;
+    // W takes no input: its I, earlier on this stage, left it everything it needs.
+    if (task.phase != Phase::WeightGrad) {
+      // Gradients arrive as Backward inputs, whether a B or an I takes them.
+      const Phase input_phase = task.phase == Phase::Forward ? Phase::Forward : Phase::Backward;
+      auto input = inputs_.find({input_phase, task.microbatch, task.chunk});
+      if (input == inputs_.end()) return;
+      tensor = std::move(input->second);
+      inputs_.erase(input);
+    }
     const double start = trace_clock_us();
-    if (task.phase == Phase::Forward) {
-      forward(task, tensor);
-    } else {
-      backward(task, tensor);
+    switch (task.phase) {
+      case Phase::Forward:
+        forward(task, tensor);
+        break;
+      case Phase::Backward:
+        backward(task, tensor);
+        break;
+      case Phase::InputGrad:
+        input_grad(task, tensor);
+        break;
+      case Phase::WeightGrad:
+        weight_grad(task);
+        break;
     }
     const double end = trace_clock_us();
     chunk_busy_us_[static_cast<size_t>(task.chunk / spec_.stages)] += end - start;
@@ -290,14 +305,18 @@ void Stage::forward(const Task& task, const Tensor& input) {
   send(to, std::move(out));
 }
 
-void Stage::backward(const Task& task, const Tensor& grad) {
+std::pair<Tensor, Tensor> Stage::take_stashed(const Task& task, const Tensor& grad) {
   auto stashed = stash_.find({task.microbatch, task.chunk});
-  PIPIT_CHECK(stashed != stash_.end(), "no stashed forward for this backward");
-  auto [leaf, output] = std::move(stashed->second);
+  PIPIT_CHECK(stashed != stash_.end(), "no stashed forward for ", task);
+  std::pair<Tensor, Tensor> leaf_and_output = std::move(stashed->second);
   stash_.erase(stashed);
+  const Tensor& output = leaf_and_output.second;
   PIPIT_CHECK(grad.shape() == output.shape(), "the gradient has shape ", shape_str(grad.shape()),
               " but the chunk's output has shape ", shape_str(output.shape()));
-  if (output.requires_grad()) timer_.backward(chunk(task.chunk), output, on_device(grad));
+  return leaf_and_output;
+}
+
+void Stage::send_input_grad(const Task& task, const Tensor& leaf) {
   if (task.chunk == 0) return;
   Tensor input_grad = leaf.grad();
   if (!input_grad.defined()) input_grad = zeros_like(leaf);
@@ -305,14 +324,40 @@ void Stage::backward(const Task& task, const Tensor& grad) {
   send((task.chunk - 1) % spec_.stages, std::move(out));
 }
 
+void Stage::backward(const Task& task, const Tensor& grad) {
+  auto [leaf, output] = take_stashed(task, grad);
+  if (output.requires_grad()) timer_.backward(chunk(task.chunk), output, on_device(grad));
+  send_input_grad(task, leaf);
+}
+
+void Stage::input_grad(const Task& task, const Tensor& grad) {
+  auto [leaf, output] = take_stashed(task, grad);
+  DeferredGradients deferred;
+  if (output.requires_grad()) {
+    deferred = timer_.backward_inputs(chunk(task.chunk), output, on_device(grad), leaf);
+  }
+  // The chunk's graph goes with leaf and output; W keeps only what it needs.
+  deferred_[{task.microbatch, task.chunk}] = std::move(deferred);
+  peak_deferred_ = std::max(peak_deferred_, deferred_.size());
+  send_input_grad(task, leaf);
+}
+
+void Stage::weight_grad(const Task& task) {
+  auto deferred = deferred_.find({task.microbatch, task.chunk});
+  PIPIT_CHECK(deferred != deferred_.end(), "no input gradient (I) ran before ", task);
+  timer_.weight_gradients(chunk(task.chunk), deferred->second);
+  deferred_.erase(deferred);
+}
+
 void Stage::finish_step() {
   StageDone done;
   done.peak_stashed = static_cast<int64_t>(peak_stashed_);
+  done.peak_deferred = static_cast<int64_t>(peak_deferred_);
   if (report_grad_norm_) done.grad_norm_sq = grad_norm_squared(parameters_);
   if (record_trace_) {
     for (const TraceEvent& e : trace_.events()) {
       done.trace.push_back(
-          {e.task.microbatch, e.task.chunk, e.task.phase == Phase::Backward, e.start_us, e.end_us});
+          {e.task.microbatch, e.task.chunk, static_cast<int>(e.task.phase), e.start_us, e.end_us});
     }
   }
   done.chunk_busy_us = chunk_busy_us_;
@@ -419,7 +464,9 @@ void Stage::reset() {
   next_task_ = 0;
   inputs_.clear();
   stash_.clear();
+  deferred_.clear();
   peak_stashed_ = 0;
+  peak_deferred_ = 0;
   trace_.clear();
   optimizer_->zero_grad();
   for (const auto& c : spec_.chunks) c->train(true);

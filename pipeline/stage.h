@@ -18,6 +18,7 @@
 #include "pipeline/layer_timer.h"
 #include "pipeline/task.h"
 #include "pipeline/trace.h"
+#include "tensor/split_backward.h"
 #include "tensor/stream.h"
 
 namespace pipit {
@@ -70,6 +71,11 @@ class Stage {
   void run_ready_tasks();
   void forward(const Task& task, const Tensor& input);
   void backward(const Task& task, const Tensor& grad);
+  void input_grad(const Task& task, const Tensor& grad);
+  void weight_grad(const Task& task);
+  // The stashed (input leaf, output) of a task's forward, checked against its gradient.
+  std::pair<Tensor, Tensor> take_stashed(const Task& task, const Tensor& grad);
+  void send_input_grad(const Task& task, const Tensor& leaf);
   void finish_step();
   void apply_optimizer(const Message& message);
   void send_state(int64_t step);
@@ -117,7 +123,10 @@ class Stage {
   // A remap in progress, and its result once every layer is here.
   std::unique_ptr<LayerMigration> migration_;
   std::optional<LayerMigration::Result> staged_;
+  // Weight gradients (W) awaiting their turn after their I: (microbatch, chunk) -> work.
+  std::map<std::pair<int, int>, DeferredGradients> deferred_;
   size_t peak_stashed_ = 0;
+  size_t peak_deferred_ = 0;
   Trace trace_;
   LayerTimer timer_;
   std::vector<double> chunk_busy_us_;  // per local chunk, this step

@@ -2,8 +2,22 @@
 
 namespace pipit {
 
+char phase_letter(Phase phase) {
+  switch (phase) {
+    case Phase::Forward:
+      return 'F';
+    case Phase::Backward:
+      return 'B';
+    case Phase::InputGrad:
+      return 'I';
+    case Phase::WeightGrad:
+      return 'W';
+  }
+  return '?';
+}
+
 std::ostream& operator<<(std::ostream& out, const Task& task) {
-  return out << (task.phase == Phase::Forward ? 'F' : 'B') << task.microbatch << 'c' << task.chunk;
+  return out << phase_letter(task.phase) << task.microbatch << 'c' << task.chunk;
 }
 
 }  // namespace pipit

@@ -1,6 +1,8 @@
 #pragma once
 // Task: one unit of pipeline work, the forward or backward pass of one microbatch through one
-// model chunk. Chunks are numbered along the model: chunk c holds the c-th of p * v
+// model chunk. Zero-bubble schedules split a backward in two (tensor/split_backward.h): the
+// input gradient (I), which the previous chunk waits for, and the weight gradients (W), which
+// nobody waits for. Chunks are numbered along the model: chunk c holds the c-th of p * v
 // consecutive layer ranges and lives on stage c % p, so with v > 1 each stage holds v chunks
 // spread round-robin over the model (Megatron's interleaving).
 #include <cstdint>
@@ -9,7 +11,14 @@
 
 namespace pipit {
 
-enum class Phase { Forward, Backward };
+enum class Phase {
+  Forward,    // F
+  Backward,   // B: the whole backward
+  InputGrad,  // I: the input-gradient part of a backward
+  WeightGrad  // W: its weight-gradient part, after the I of the same microbatch and chunk
+};
+// 'F', 'B', 'I' or 'W'.
+char phase_letter(Phase phase);
 
 struct Task {
   int64_t step = 0;
@@ -21,7 +30,7 @@ struct Task {
   bool operator==(const Task&) const = default;
 };
 
-std::ostream& operator<<(std::ostream& out, const Task& task);  // "F3c1" / "B3c1"
+std::ostream& operator<<(std::ostream& out, const Task& task);  // "F3c1", "B3c1", "I3c1", "W3c1"
 
 // One ordered task list per stage, for one optimizer step.
 using Schedule = std::vector<std::vector<Task>>;

@@ -19,9 +19,23 @@ namespace {
 
 std::string cell_label(const Task& task, bool show_chunk) {
   std::ostringstream label;
-  label << (task.phase == Phase::Forward ? 'F' : 'B') << task.microbatch;
+  label << phase_letter(task.phase) << task.microbatch;
   if (show_chunk) label << '.' << task.chunk;
   return label.str();
+}
+
+const char* phase_category(Phase phase) {
+  switch (phase) {
+    case Phase::Forward:
+      return "forward";
+    case Phase::Backward:
+      return "backward";
+    case Phase::InputGrad:
+      return "input gradient";
+    case Phase::WeightGrad:
+      return "weight gradient";
+  }
+  return "?";
 }
 
 }  // namespace
@@ -46,7 +60,7 @@ std::string Trace::chrome_json() const {
     name << e.task;
     events.push_back(
         {{"name", name.str()},
-         {"cat", e.task.phase == Phase::Forward ? "forward" : "backward"},
+         {"cat", phase_category(e.task.phase)},
          {"ph", "X"},
          {"pid", 0},
          {"tid", e.task.stage},

@@ -48,17 +48,20 @@ TEST_CASE("control messages round-trip through frames exactly", "[control]") {
 
   StageDone d;
   d.peak_stashed = 4;
+  d.peak_deferred = 3;
   d.grad_norm_sq = 2.25;
-  d.trace = {{1, 2, true, 10.5, 20.25}, {0, 0, false, 1, 2}};
+  d.trace = {{1, 2, 1, 10.5, 20.25}, {0, 0, 0, 1, 2}, {0, 1, 3, 2, 3}};
   const StageDone d2 = read_stage_done(over_the_wire(to_message(d, 9)));
   CHECK(d2.peak_stashed == 4);
+  CHECK(d2.peak_deferred == 3);
   CHECK(d2.grad_norm_sq == 2.25);
-  REQUIRE(d2.trace.size() == 2);
+  REQUIRE(d2.trace.size() == 3);
   CHECK(d2.trace[0].microbatch == 1);
   CHECK(d2.trace[0].chunk == 2);
-  CHECK(d2.trace[0].backward);
+  CHECK(d2.trace[0].phase == 1);
   CHECK(d2.trace[0].end_us == 20.25);
-  CHECK_FALSE(d2.trace[1].backward);
+  CHECK(d2.trace[1].phase == 0);
+  CHECK(d2.trace[2].phase == 3);
 
   const StageError e = read_stage_error(over_the_wire(to_message(StageError{"boom", 2}, 1)));
   CHECK(e.message == "boom");
@@ -100,7 +103,7 @@ TEST_CASE("malformed control messages are ControlErrors naming kind and field", 
   const Message done = to_message(StageDone{}, 1);
   CHECK_THROWS_WITH(read_stage_done(with(done, "trace", {{1, 2, 3}})),
                     Catch::Contains("\"trace\""));
-  CHECK_THROWS_WITH(read_stage_done(with(done, "trace", {{1, 2, 2, 0.0, 1.0}})),
+  CHECK_THROWS_WITH(read_stage_done(with(done, "trace", {{1, 2, 4, 0.0, 1.0}})),
                     Catch::Contains("out-of-range"));
   CHECK_THROWS_WITH(read_stage_done(with(done, "peak_stashed", -1)),
                     Catch::Contains("\"peak_stashed\""));

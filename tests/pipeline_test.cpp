@@ -92,6 +92,8 @@ std::vector<Combination> valid_combinations() {
     for (int m : {1, 2, 4, 8}) {
       all.push_back({"gpipe", p, m, 1});
       all.push_back({"1f1b", p, m, 1});
+      all.push_back({"zbh1", p, m, 1});
+      all.push_back({"zbh2", p, m, 1});
       if (m % p == 0) all.push_back({"interleaved", p, m, 2});
     }
   }
@@ -186,6 +188,7 @@ TEST_CASE("stages stash at most what their schedule promises", "[pipeline]") {
       if (c.schedule == "gpipe") CHECK(peak[s] == c.m);
       if (c.schedule == "1f1b") CHECK(peak[s] == std::min(c.p - s, c.m));
       CHECK(peak[s] == report.peak_stashed[s]);
+      CHECK(pipeline.coordinator().last_step().peak_deferred[s] == report.peak_deferred[s]);
     }
   }
 }

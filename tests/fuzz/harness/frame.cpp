@@ -166,13 +166,13 @@ std::vector<std::string> frame_seeds() {
   seeds.push_back(encode_frame(Message(MessageKind::Heartbeat, 0)));
   seeds.push_back(encode_frame(to_message(StepBegin{true, 4, true, false, true}, 7)));
   seeds.push_back(encode_frame(to_message(OptimizerStep{0.01, 0.5, false}, 7)));
-  seeds.push_back(
-      encode_frame(to_message(StageDone{12,
-                                        3.5,
-                                        {{0, 1, false, 10.0, 20.5}, {1, 1, true, 21, 40}},
-                                        {30.5, 12},
-                                        {{4, 10.5, 20.25, 512, 4096}}},
-                              7)));
+  seeds.push_back(encode_frame(
+      to_message(StageDone{12,
+                           3.5,
+                           {{0, 1, 0, 10.0, 20.5}, {1, 1, 1, 21, 40}, {1, 1, 3, 40, 45}},
+                           {30.5, 12},
+                           {{4, 10.5, 20.25, 512, 4096}}},
+                 7)));
   seeds.push_back(encode_frame(to_message(RemapPrepare{{3, 2}, {2, 3}}, 8)));
   seeds.push_back(encode_frame(to_message(
       LayerTransfer{1, {{2, {{"type", "Linear"}, {"in", 2}, {"out", 2}}, {"2.weight"}, {}}}}, 8, 0,
