@@ -96,15 +96,20 @@ void Trace::write_chrome_json(const std::string& path) const {
 std::string Trace::timeline(double column_us) const {
   if (events_.empty()) return "(empty trace)\n";
   int stages = 0, max_chunk = 0;
-  double begin = events_.front().start_us, shortest = events_.front().end_us - begin;
+  double begin = events_.front().start_us, end = events_.front().end_us;
+  double shortest = end - begin;
   for (const TraceEvent& e : events_) {
     stages = std::max(stages, e.task.stage + 1);
     max_chunk = std::max(max_chunk, e.task.chunk);
     begin = std::min(begin, e.start_us);
+    end = std::max(end, e.end_us);
     shortest = std::min(shortest, e.end_us - e.start_us);
   }
-  // By default the shortest task spans about one column, so every task shows.
-  if (column_us <= 0) column_us = std::max(1.0, shortest);
+  // By default the shortest task spans about one column, so every task shows, but a row stays
+  // within a few hundred columns: a near-empty task (an I with no input gradient to compute)
+  // would otherwise stretch it to tens of thousands. Every task still gets a cell.
+  constexpr double kMaxColumns = 300;
+  if (column_us <= 0) column_us = std::max({1.0, shortest, (end - begin) / kMaxColumns});
   const bool show_chunk = max_chunk >= stages;
 
   // A stage runs one task at a time, so its tasks fill its row left to right; each gets at

@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   flags.add("threads", "0", "CPU threads per kernel (0: the cores shared out over the stages)");
   flags.add("stages", "2", "pipeline stages");
   flags.add("microbatches", "4", "microbatches per batch (must divide --batch)");
-  flags.add("schedule", "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved");
+  flags.add("schedule", "1f1b", "pipeline schedule: gpipe, 1f1b, interleaved, zbh1 or zbh2");
   flags.add("partition", "parameters", "how layers are cut into stages: parameters or uniform");
   flags.add("layer-counts", "",
             "explicit partition: layers per chunk in model order, e.g. 15,9 (the model has "

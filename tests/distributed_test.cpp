@@ -56,8 +56,8 @@ TEST_CASE("training over 4 worker processes equals training in-process, bit for 
   std::vector<std::unique_ptr<WorkerProcess>> workers;
   for (int i = 0; i < 4; ++i) workers.push_back(std::make_unique<WorkerProcess>());
   const Batch batch = gpt_batch();
-  for (const auto& [schedule, v] :
-       std::vector<std::pair<std::string, int>>{{"gpipe", 1}, {"1f1b", 1}, {"interleaved", 2}}) {
+  for (const auto& [schedule, v] : std::vector<std::pair<std::string, int>>{
+           {"gpipe", 1}, {"1f1b", 1}, {"interleaved", 2}, {"zbh1", 1}, {"zbh2", 1}}) {
     INFO(schedule);
     auto local_model = small_gpt();
     std::vector<double> local_losses, remote_losses;
