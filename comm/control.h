@@ -40,7 +40,7 @@ struct OptimizerStep {
 struct TaskTiming {
   int microbatch = 0;
   int chunk = 0;
-  int phase = 0;  // pipeline/task.h's Phase: 0 F, 1 B, 2 I, 3 W
+  int phase = 0;  // pipeline/task.h's Phase: 0 F, 1 B, 2 I, 3 W, 4 R (recomputation)
   double start_us = 0;
   double end_us = 0;
 };

@@ -81,6 +81,7 @@ Dropout::Dropout(double p, Generator* generator) : p_(p) {
   Generator& source = generator ? *generator : default_generator();
   generator_.manual_seed(source.bits(source.reserve(1)));
   PIPIT_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got ", p);
+  register_generator(generator_);
 }
 
 Tensor Dropout::forward(const Tensor& x) {

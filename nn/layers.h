@@ -59,6 +59,9 @@ class LayerNorm final : public Module {
 class Dropout final : public Module {
  public:
   explicit Dropout(double p, Generator* generator = nullptr);
+  // Registered by address (Module::generators): not copyable.
+  Dropout(const Dropout&) = delete;
+  Dropout& operator=(const Dropout&) = delete;
   Tensor forward(const Tensor& x) override;
   json config() const override;
 

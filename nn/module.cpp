@@ -74,6 +74,15 @@ void Module::to(Device device) {
   }
 }
 
+std::vector<Generator*> Module::generators() const {
+  std::vector<Generator*> all = generators_;
+  for (const auto& [name, child] : children_) {
+    const std::vector<Generator*> theirs = child->generators();
+    all.insert(all.end(), theirs.begin(), theirs.end());
+  }
+  return all;
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [name, child] : children_) child->train(on);

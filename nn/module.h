@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/generator.h"
 #include "tensor/state_dict.h"
 #include "tensor/tensor.h"
 
@@ -43,10 +44,15 @@ class Module {
   // Moves every parameter (and its gradient) to `device` in place: handles held elsewhere,
   // an optimizer's included, see the moved tensors.
   void to(Device device);
+  // The random streams this module and its children draw from in forward (Dropout's), depth
+  // first: activation recomputation rewinds them to replay a forward's draws exactly.
+  std::vector<Generator*> generators() const;
 
  protected:
   // Marks `value` as requiring grad and returns the registered handle.
   Tensor& register_parameter(const std::string& name, Tensor value);
+  // A generator forward draws from; it must live as long as the module.
+  void register_generator(Generator& generator) { generators_.push_back(&generator); }
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     register_child(name, module);
@@ -63,6 +69,7 @@ class Module {
  private:
   std::vector<std::pair<std::string, Tensor>> parameters_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<Generator*> generators_;
   bool training_ = true;
 };
 

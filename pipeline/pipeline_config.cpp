@@ -48,6 +48,9 @@ void validate(const PipelineConfig& config) {
   PIPIT_CHECK(tasks <= static_cast<double>(kMaxScheduleTasks), "PipelineConfig: ", config.stages,
               " stages x ", config.microbatches, " microbatches x ", config.chunks_per_stage,
               " chunks per stage make ", tasks, " tasks, more than ", kMaxScheduleTasks);
+  PIPIT_CHECK(config.recompute == "none" || config.recompute == "full",
+              "PipelineConfig: recompute must be \"none\" or \"full\", got \"", config.recompute,
+              "\"");
   // Building the schedule checks the name and the (p, m, v) combination.
   make_schedule(config.schedule, config.stages, config.microbatches, config.chunks_per_stage);
 }

@@ -14,8 +14,12 @@ struct PipelineConfig {
   int stages = 2;                     // p
   int microbatches = 4;               // m: each batch splits into m equal parts along dim 0
   int chunks_per_stage = 1;           // v: > 1 interleaves model chunks over the stages
-  std::string schedule = "1f1b";      // "gpipe", "1f1b" or "interleaved"
+  std::string schedule = "1f1b";      // "gpipe", "1f1b", "interleaved", "zbh1" or "zbh2"
   std::string partition = "uniform";  // "uniform" (layer count) or "parameters"
+  // Activation recomputation: "none", or "full": a stage keeps only each chunk's input per
+  // microbatch and runs the chunk's forward again just before its backward (B or I), drawing
+  // the same dropout masks, so results are bit-for-bit those of "none".
+  std::string recompute = "none";
   // An explicit partition: layers per chunk in model order (p * v entries, each >= 1, adding
   // up to the model's layers). When given, `partition` is not used.
   std::vector<int64_t> layer_counts = {};

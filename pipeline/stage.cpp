@@ -276,10 +276,22 @@ void Stage::run_ready_tasks() {
       case Phase::WeightGrad:
         weight_grad(task);
         break;
+      case Phase::Recompute:
+        throw Error(detail::concat("a schedule holds ", task, ", which only traces may"));
     }
     const double end = trace_clock_us();
     chunk_busy_us_[static_cast<size_t>(task.chunk / spec_.stages)] += end - start;
-    if (record_trace_) trace_.add({task, start, end});
+    if (record_trace_) {
+      double task_start = start;
+      if (recomputed_) {
+        Task recompute = task;
+        recompute.phase = Phase::Recompute;
+        trace_.add({recompute, recomputed_->first, recomputed_->second});
+        task_start = recomputed_->second;
+      }
+      trace_.add({task, task_start, end});
+    }
+    recomputed_.reset();
     ++next_task_;
   }
   if (active_ && next_task_ == tasks_.size()) finish_step();
@@ -295,21 +307,50 @@ void Stage::forward(const Task& task, const Tensor& input) {
     send(to, std::move(out));
     return;
   }
-  // The received tensor starts this stage's own graph; its gradient is what goes upstream.
-  Tensor leaf = local.detach();
-  if (task.chunk > 0 && is_floating(leaf.dtype())) leaf.requires_grad_();
-  Tensor output = timer_.forward(chunk(task.chunk), leaf);
-  out.tensors = {output.detach()};
-  stash_[{task.microbatch, task.chunk}] = {leaf, output};
+  Stashed& stashed = stash_[{task.microbatch, task.chunk}];
+  if (spec_.recompute) {
+    // Only the input is kept, and where the chunk's random streams stood, to draw the same
+    // dropout masks when the forward runs again.
+    for (Generator* g : chunk(task.chunk).generators()) stashed.rng_offsets.push_back(g->offset());
+    NoGradGuard no_grad;
+    out.tensors = {timer_.forward(chunk(task.chunk), local)};
+    stashed.leaf = local;
+  } else {
+    std::tie(stashed.leaf, stashed.output) = forward_with_grad(task, local);
+    out.tensors = {stashed.output.detach()};
+  }
   peak_stashed_ = std::max(peak_stashed_, stash_.size());
   send(to, std::move(out));
 }
 
+std::pair<Tensor, Tensor> Stage::forward_with_grad(const Task& task, const Tensor& input) {
+  // The received tensor starts this stage's own graph; its gradient is what goes upstream.
+  Tensor leaf = input.detach();
+  if (task.chunk > 0 && is_floating(leaf.dtype())) leaf.requires_grad_();
+  Tensor output = timer_.forward(chunk(task.chunk), leaf);
+  return {leaf, output};
+}
+
 std::pair<Tensor, Tensor> Stage::take_stashed(const Task& task, const Tensor& grad) {
-  auto stashed = stash_.find({task.microbatch, task.chunk});
-  PIPIT_CHECK(stashed != stash_.end(), "no stashed forward for ", task);
-  std::pair<Tensor, Tensor> leaf_and_output = std::move(stashed->second);
-  stash_.erase(stashed);
+  auto it = stash_.find({task.microbatch, task.chunk});
+  PIPIT_CHECK(it != stash_.end(), "no stashed forward for ", task);
+  Stashed stashed = std::move(it->second);
+  stash_.erase(it);
+  std::pair<Tensor, Tensor> leaf_and_output = {stashed.leaf, stashed.output};
+  if (spec_.recompute) {
+    const double start = trace_clock_us();
+    const std::vector<Generator*> generators = chunk(task.chunk).generators();
+    std::vector<uint64_t> now;
+    for (size_t i = 0; i < generators.size(); ++i) {
+      now.push_back(generators[i]->offset());
+      generators[i]->set_state(generators[i]->seed(), stashed.rng_offsets.at(i));
+    }
+    leaf_and_output = forward_with_grad(task, stashed.leaf);
+    for (size_t i = 0; i < generators.size(); ++i) {
+      generators[i]->set_state(generators[i]->seed(), now[i]);
+    }
+    recomputed_ = {start, trace_clock_us()};
+  }
   const Tensor& output = leaf_and_output.second;
   PIPIT_CHECK(grad.shape() == output.shape(), "the gradient has shape ", shape_str(grad.shape()),
               " but the chunk's output has shape ", shape_str(output.shape()));
@@ -464,6 +505,7 @@ void Stage::reset() {
   next_task_ = 0;
   inputs_.clear();
   stash_.clear();
+  recomputed_.reset();
   deferred_.clear();
   peak_stashed_ = 0;
   peak_deferred_ = 0;

@@ -29,6 +29,8 @@ struct StageSpec {
   int stages = 1;            // p
   int chunks_per_stage = 1;  // v
   std::string schedule = "1f1b";
+  // Keep only each chunk's input and run its forward again before the backward.
+  bool recompute = false;
   // Local chunk l is global chunk l * p + stage.
   std::vector<std::shared_ptr<Sequential>> chunks;
   nlohmann::json optimizer;
@@ -73,8 +75,11 @@ class Stage {
   void backward(const Task& task, const Tensor& grad);
   void input_grad(const Task& task, const Tensor& grad);
   void weight_grad(const Task& task);
-  // The stashed (input leaf, output) of a task's forward, checked against its gradient.
+  // The stashed (input leaf, output) of a task's forward, checked against its gradient; with
+  // recompute, the forward runs again here.
   std::pair<Tensor, Tensor> take_stashed(const Task& task, const Tensor& grad);
+  // The chunk's forward on a leaf made from `input`, building the graph its backward needs.
+  std::pair<Tensor, Tensor> forward_with_grad(const Task& task, const Tensor& input);
   void send_input_grad(const Task& task, const Tensor& leaf);
   void finish_step();
   void apply_optimizer(const Message& message);
@@ -118,8 +123,17 @@ class Stage {
   // Data of a later step that arrived before that step's StepBegin.
   std::vector<Message> early_;
   static constexpr size_t kMaxEarlyMessages = 1 << 16;
-  // Forward results awaiting their backward: (microbatch, chunk) -> (input leaf, output).
-  std::map<std::pair<int, int>, std::pair<Tensor, Tensor>> stash_;
+  // A forward awaiting its backward: its input leaf and output, or with recompute only the
+  // input and where the chunk's random streams stood before it.
+  struct Stashed {
+    Tensor leaf, output;
+    std::vector<uint64_t> rng_offsets;
+  };
+  // By (microbatch, chunk).
+  std::map<std::pair<int, int>, Stashed> stash_;
+  // When the running task recomputed its forward first: that part's start and end, for the
+  // trace.
+  std::optional<std::pair<double, double>> recomputed_;
   // A remap in progress, and its result once every layer is here.
   std::unique_ptr<LayerMigration> migration_;
   std::optional<LayerMigration::Result> staged_;

@@ -14,7 +14,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kFormat = "pipit-stage-package";
-constexpr int kVersion = 2;
+constexpr int kVersion = 3;
 
 // The package's place in the pipeline, checked before anything indexes by it.
 void check_layout(const StagePackage& package, const char* operation) {
@@ -47,6 +47,7 @@ StagePackage make_stage_package(const Sequential& model, const std::vector<Layer
   package.stages = config.stages;
   package.chunks_per_stage = config.chunks_per_stage;
   package.schedule = config.schedule;
+  package.recompute = spec.recompute;
   package.optimizer_config = config.optimizer;
   package.device = spec.device.str();
   package.compute_dtype = spec.compute_dtype;
@@ -66,6 +67,7 @@ std::string encode_stage_package(const StagePackage& package) {
   metadata["stages"] = std::to_string(package.stages);
   metadata["chunks_per_stage"] = std::to_string(package.chunks_per_stage);
   metadata["schedule"] = package.schedule;
+  metadata["recompute"] = package.recompute ? "full" : "none";
   metadata["chunk_configs"] = json(package.chunk_configs).dump();
   metadata["optimizer_config"] = package.optimizer_config.dump();
   metadata["peers"] = package.peers.dump();
@@ -88,6 +90,11 @@ StagePackage decode_stage_package(const std::string& bytes, const std::string& s
   package.chunks_per_stage =
       static_cast<int>(reader.integer("chunks_per_stage", 1, INT_MAX / package.stages));
   package.schedule = reader.text("schedule");
+  const std::string recompute = reader.text("recompute");
+  if (recompute != "none" && recompute != "full") {
+    reader.fail("recompute", "must be \"none\" or \"full\", got \"" + recompute + "\"");
+  }
+  package.recompute = recompute == "full";
   const json chunks = reader.parse("chunk_configs");
   if (!chunks.is_array() || chunks.size() != static_cast<size_t>(package.chunks_per_stage)) {
     reader.fail("chunk_configs", "must be an array of chunks_per_stage = " +
@@ -121,6 +128,7 @@ StageSpec build_stage_spec(const StagePackage& package) {
   spec.stages = package.stages;
   spec.chunks_per_stage = package.chunks_per_stage;
   spec.schedule = package.schedule;
+  spec.recompute = package.recompute;
   spec.optimizer = package.optimizer_config;
   spec.optimizer_state = package.optimizer_state;
   spec.device = Device::parse(package.device);

@@ -12,6 +12,8 @@ char phase_letter(Phase phase) {
       return 'I';
     case Phase::WeightGrad:
       return 'W';
+    case Phase::Recompute:
+      return 'R';
   }
   return '?';
 }

@@ -12,12 +12,15 @@
 namespace pipit {
 
 enum class Phase {
-  Forward,    // F
-  Backward,   // B: the whole backward
-  InputGrad,  // I: the input-gradient part of a backward
-  WeightGrad  // W: its weight-gradient part, after the I of the same microbatch and chunk
+  Forward,     // F
+  Backward,    // B: the whole backward
+  InputGrad,   // I: the input-gradient part of a backward
+  WeightGrad,  // W: its weight-gradient part, after the I of the same microbatch and chunk
+  // R: a forward run again just before its backward (activation recomputation). In traces
+  // only: it is part of the B or I that follows, never a task of a schedule.
+  Recompute
 };
-// 'F', 'B', 'I' or 'W'.
+// 'F', 'B', 'I', 'W' or 'R'.
 char phase_letter(Phase phase);
 
 struct Task {

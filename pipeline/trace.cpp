@@ -34,6 +34,8 @@ const char* phase_category(Phase phase) {
       return "input gradient";
     case Phase::WeightGrad:
       return "weight gradient";
+    case Phase::Recompute:
+      return "recompute";
   }
   return "?";
 }

@@ -41,7 +41,8 @@ class Trace {
   void write_chrome_json(const std::string& path) const;
   // One row per stage, one column per `column_us` of time: each cell names the task then
   // running ("F3" forward of microbatch 3, "B3" backward, "I3" and "W3" its input- and
-  // weight-gradient parts; ".2" suffix: chunk 2 when v > 1), then a line per remap.
+  // weight-gradient parts, "R3" its forward recomputed; ".2" suffix: chunk 2 when v > 1),
+  // then a line per remap.
   std::string timeline(double column_us = 0) const;
 
  private:

@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
   flags.add("stages", "2", "pipeline stages");
   flags.add("microbatches", "4", "microbatches per batch (must divide --batch)");
   flags.add("schedule", "1f1b", "pipeline schedule: gpipe, 1f1b, interleaved, zbh1 or zbh2");
+  flags.add("recompute", "none",
+            "activation recomputation: none, or full (keep chunk inputs, run forwards again)");
   flags.add("partition", "parameters", "how layers are cut into stages: parameters or uniform");
   flags.add("layer-counts", "",
             "explicit partition: layers per chunk in model order, e.g. 15,9 (the model has "
@@ -257,6 +259,7 @@ int main(int argc, char** argv) {
     pipeline_config.microbatches = microbatches;
     pipeline_config.chunks_per_stage = vpp;
     pipeline_config.schedule = schedule_name;
+    pipeline_config.recompute = flags.str("recompute");
     pipeline_config.partition = flags.str("partition");
     pipeline_config.optimizer = {
         {"type", "AdamW"}, {"lr", lr}, {"beta1", 0.9}, {"beta2", 0.95}, {"weight_decay", 0.01}};

@@ -103,7 +103,7 @@ TEST_CASE("malformed control messages are ControlErrors naming kind and field", 
   const Message done = to_message(StageDone{}, 1);
   CHECK_THROWS_WITH(read_stage_done(with(done, "trace", {{1, 2, 3}})),
                     Catch::Contains("\"trace\""));
-  CHECK_THROWS_WITH(read_stage_done(with(done, "trace", {{1, 2, 4, 0.0, 1.0}})),
+  CHECK_THROWS_WITH(read_stage_done(with(done, "trace", {{1, 2, 5, 0.0, 1.0}})),
                     Catch::Contains("out-of-range"));
   CHECK_THROWS_WITH(read_stage_done(with(done, "peak_stashed", -1)),
                     Catch::Contains("\"peak_stashed\""));

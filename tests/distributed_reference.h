@@ -32,12 +32,14 @@ inline Batch gpt_batch() {
   return {from_vector(x, {8, 6}), from_vector(y, {8, 6})};
 }
 
-inline PipelineConfig config_for(const std::string& schedule, int v) {
+inline PipelineConfig config_for(const std::string& schedule, int v,
+                                 const std::string& recompute = "none") {
   PipelineConfig config;
   config.stages = 4;
   config.microbatches = 4;
   config.chunks_per_stage = v;
   config.schedule = schedule;
+  config.recompute = recompute;
   config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
   config.timeout = std::chrono::milliseconds(20000);
   return config;

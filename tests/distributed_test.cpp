@@ -56,13 +56,23 @@ TEST_CASE("training over 4 worker processes equals training in-process, bit for 
   std::vector<std::unique_ptr<WorkerProcess>> workers;
   for (int i = 0; i < 4; ++i) workers.push_back(std::make_unique<WorkerProcess>());
   const Batch batch = gpt_batch();
-  for (const auto& [schedule, v] : std::vector<std::pair<std::string, int>>{
-           {"gpipe", 1}, {"1f1b", 1}, {"interleaved", 2}, {"zbh1", 1}, {"zbh2", 1}}) {
-    INFO(schedule);
+  struct Case {
+    std::string schedule;
+    int v;
+    std::string recompute = "none";
+  };
+  for (const auto& [schedule, v, recompute] : std::vector<Case>{{"gpipe", 1},
+                                                                {"1f1b", 1},
+                                                                {"interleaved", 2},
+                                                                {"zbh1", 1},
+                                                                {"zbh2", 1},
+                                                                {"zbh1", 1, "full"},
+                                                                {"interleaved", 2, "full"}}) {
+    INFO(schedule << " recompute " << recompute);
     auto local_model = small_gpt();
     std::vector<double> local_losses, remote_losses;
     {
-      Pipeline pipeline(local_model, config_for(schedule, v));
+      Pipeline pipeline(local_model, config_for(schedule, v, recompute));
       for (int step = 0; step < 3; ++step) {
         local_losses.push_back(pipeline.train_step(batch.input, batch.target));
       }
@@ -70,7 +80,8 @@ TEST_CASE("training over 4 worker processes equals training in-process, bit for 
     auto remote_model = small_gpt();
     StateDict weights;
     {
-      DistributedPipeline pipeline(*remote_model, config_for(schedule, v), endpoints(workers));
+      DistributedPipeline pipeline(*remote_model, config_for(schedule, v, recompute),
+                                   endpoints(workers));
       INFO(logs(workers));
       for (int step = 0; step < 3; ++step) {
         remote_losses.push_back(pipeline.train_step(batch.input, batch.target));
