@@ -30,6 +30,7 @@ StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>
   spec.stages = config.stages;
   spec.chunks_per_stage = config.chunks_per_stage;
   spec.schedule = config.schedule;
+  spec.schedule_table = config.schedule_table;
   spec.recompute = config.recompute == "full";
   spec.optimizer = config.optimizer;
   for (int local = 0; local < config.chunks_per_stage; ++local) {

@@ -52,7 +52,8 @@ void validate(const PipelineConfig& config) {
               "PipelineConfig: recompute must be \"none\" or \"full\", got \"", config.recompute,
               "\"");
   // Building the schedule checks the name and the (p, m, v) combination.
-  make_schedule(config.schedule, config.stages, config.microbatches, config.chunks_per_stage);
+  make_schedule(config.schedule, config.stages, config.microbatches, config.chunks_per_stage,
+                config.schedule_table);
 }
 
 }  // namespace pipit

@@ -11,10 +11,13 @@
 namespace pipit {
 
 struct PipelineConfig {
-  int stages = 2;                     // p
-  int microbatches = 4;               // m: each batch splits into m equal parts along dim 0
-  int chunks_per_stage = 1;           // v: > 1 interleaves model chunks over the stages
-  std::string schedule = "1f1b";      // "gpipe", "1f1b", "interleaved", "zbh1" or "zbh2"
+  int stages = 2;            // p
+  int microbatches = 4;      // m: each batch splits into m equal parts along dim 0
+  int chunks_per_stage = 1;  // v: > 1 interleaves model chunks over the stages
+  // "gpipe", "1f1b", "interleaved", "zbh1", "zbh2", or "table": run `schedule_table`, one
+  // line of tasks per stage (pipeline/schedule.h, parse_schedule_table).
+  std::string schedule = "1f1b";
+  std::string schedule_table = "";
   std::string partition = "uniform";  // "uniform" (layer count) or "parameters"
   // Activation recomputation: "none", or "full": a stage keeps only each chunk's input per
   // microbatch and runs the chunk's forward again just before its backward (B or I), drawing

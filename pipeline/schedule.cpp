@@ -22,7 +22,8 @@ void check_costs(const char* function, double forward_cost, double backward_cost
               backward_cost);
 }
 
-constexpr const char* kScheduleNames = "\"gpipe\", \"1f1b\", \"interleaved\", \"zbh1\", \"zbh2\"";
+constexpr const char* kScheduleNames =
+    "\"gpipe\", \"1f1b\", \"interleaved\", \"zbh1\", \"zbh2\", \"table\"";
 
 Task make_task(Phase phase, int microbatch, int chunk, int stages) {
   return Task{0, microbatch, chunk, phase, chunk % stages};
@@ -108,9 +109,17 @@ Schedule forward_only_schedule(int stages, int microbatches, int chunks_per_stag
   return schedule;
 }
 
-Schedule make_schedule(const std::string& name, int stages, int microbatches,
-                       int chunks_per_stage) {
+Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks_per_stage,
+                       const std::string& table) {
   check_sizes("make_schedule", stages, microbatches, chunks_per_stage);
+  if (name == "table") {
+    PIPIT_CHECK(!table.empty(),
+                "make_schedule: \"table\" needs the table of tasks "
+                "(PipelineConfig::schedule_table)");
+    return parse_schedule_table(table, stages, microbatches, chunks_per_stage);
+  }
+  PIPIT_CHECK(table.empty(), "make_schedule: a table of tasks is given but the schedule is \"",
+              name, "\"; name it \"table\" to run the table");
   if (name == "gpipe" || name == "1f1b") {
     PIPIT_CHECK(chunks_per_stage == 1, "make_schedule: \"", name,
                 "\" runs one chunk per stage, got chunks_per_stage = ", chunks_per_stage,

@@ -33,10 +33,21 @@ Schedule forward_only_schedule(int stages, int microbatches, int chunks_per_stag
 Schedule zb_h1_schedule(int stages, int microbatches);
 Schedule zb_h2_schedule(int stages, int microbatches);
 
-// By name: "gpipe", "1f1b", "interleaved", "zbh1", "zbh2". Invalid combinations throw an Error
-// naming the schedule and the numbers (v > 1 needs "interleaved"; "interleaved" needs
-// m % p == 0).
-Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks_per_stage);
+// A schedule written by hand: one line per stage, in stage order, listing the stage's tasks in
+// the order it runs them; for p = 2, m = 2 (ZB-H1's order):
+//   F0 F1 I0 W0 I1 W1
+//   F0 I0 F1 I1 W0 W1
+// A task is F, B, I or W, then its microbatch, then c<chunk> (needed when v > 1: I3c5). Blank
+// lines and '#' comments are skipped. The table is validated (validate_schedule): an Error
+// names the first bad token, or the first missing, misplaced or deadlocking task.
+Schedule parse_schedule_table(const std::string& table, int stages, int microbatches,
+                              int chunks_per_stage);
+
+// By name: "gpipe", "1f1b", "interleaved", "zbh1", "zbh2", or "table" (`table`, parsed by
+// parse_schedule_table). Invalid combinations throw an Error naming the schedule and the
+// numbers (v > 1 needs "interleaved" or a table; "interleaved" needs m % p == 0).
+Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks_per_stage,
+                       const std::string& table = "");
 
 // What simulating a schedule shows. The simulation runs every stage's list in order; a task
 // starts once its input exists (F(mb, c) after F(mb, c - 1); B(mb, c) after B(mb, c + 1), or

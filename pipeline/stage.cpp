@@ -235,8 +235,9 @@ void Stage::begin_step(const Message& message) {
   timer_.begin_step(begin.profile && training_);
   chunk_busy_us_.assign(static_cast<size_t>(spec_.chunks_per_stage), 0.0);
   const int p = spec_.stages, v = spec_.chunks_per_stage;
-  Schedule schedule = training_ ? make_schedule(spec_.schedule, p, microbatches_, v)
-                                : forward_only_schedule(p, microbatches_, v);
+  Schedule schedule = training_
+                          ? make_schedule(spec_.schedule, p, microbatches_, v, spec_.schedule_table)
+                          : forward_only_schedule(p, microbatches_, v);
   tasks_ = std::move(schedule[static_cast<size_t>(spec_.stage)]);
   for (Task& task : tasks_) task.step = step_;
   for (MessageKind kind : {MessageKind::Activation, MessageKind::Gradient}) {

@@ -29,6 +29,7 @@ struct StageSpec {
   int stages = 1;            // p
   int chunks_per_stage = 1;  // v
   std::string schedule = "1f1b";
+  std::string schedule_table;  // for schedule "table"
   // Keep only each chunk's input and run its forward again before the backward.
   bool recompute = false;
   // Local chunk l is global chunk l * p + stage.

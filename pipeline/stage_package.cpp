@@ -47,6 +47,7 @@ StagePackage make_stage_package(const Sequential& model, const std::vector<Layer
   package.stages = config.stages;
   package.chunks_per_stage = config.chunks_per_stage;
   package.schedule = config.schedule;
+  package.schedule_table = config.schedule_table;
   package.recompute = spec.recompute;
   package.optimizer_config = config.optimizer;
   package.device = spec.device.str();
@@ -67,6 +68,7 @@ std::string encode_stage_package(const StagePackage& package) {
   metadata["stages"] = std::to_string(package.stages);
   metadata["chunks_per_stage"] = std::to_string(package.chunks_per_stage);
   metadata["schedule"] = package.schedule;
+  metadata["schedule_table"] = package.schedule_table;
   metadata["recompute"] = package.recompute ? "full" : "none";
   metadata["chunk_configs"] = json(package.chunk_configs).dump();
   metadata["optimizer_config"] = package.optimizer_config.dump();
@@ -90,6 +92,7 @@ StagePackage decode_stage_package(const std::string& bytes, const std::string& s
   package.chunks_per_stage =
       static_cast<int>(reader.integer("chunks_per_stage", 1, INT_MAX / package.stages));
   package.schedule = reader.text("schedule");
+  package.schedule_table = reader.text("schedule_table");
   const std::string recompute = reader.text("recompute");
   if (recompute != "none" && recompute != "full") {
     reader.fail("recompute", "must be \"none\" or \"full\", got \"" + recompute + "\"");
@@ -128,6 +131,7 @@ StageSpec build_stage_spec(const StagePackage& package) {
   spec.stages = package.stages;
   spec.chunks_per_stage = package.chunks_per_stage;
   spec.schedule = package.schedule;
+  spec.schedule_table = package.schedule_table;
   spec.recompute = package.recompute;
   spec.optimizer = package.optimizer_config;
   spec.optimizer_state = package.optimizer_state;

@@ -19,6 +19,7 @@ namespace pipit {
 struct StagePackage {
   int stage = 0, stages = 1, chunks_per_stage = 1;
   std::string schedule;
+  std::string schedule_table;
   bool recompute = false;
   std::vector<nlohmann::json> chunk_configs;  // Sequential::config() of each local chunk
   StateDict weights;                          // the chunks' parameters (full-model names)

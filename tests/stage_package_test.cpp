@@ -37,8 +37,11 @@ void check_same(const StateDict& actual, const StateDict& expected) {
 // Stage 1 of 3, interleaved with 2 chunks per stage: global chunks 1 and 4 of a 7-layer gpt.
 struct Fixture {
   std::shared_ptr<Sequential> model;
-  PipelineConfig config{
-      .stages = 3, .microbatches = 3, .chunks_per_stage = 2, .schedule = "interleaved"};
+  PipelineConfig config{.stages = 3,
+                        .microbatches = 3,
+                        .chunks_per_stage = 2,
+                        .schedule = "interleaved",
+                        .recompute = "full"};
   std::vector<LayerRange> ranges;
   std::unique_ptr<Optimizer> optimizer;
   StagePackage package;
@@ -87,6 +90,7 @@ TEST_CASE("a stage package round trips and rebuilds chunks equal to the slices",
   CHECK(got.stages == 3);
   CHECK(got.chunks_per_stage == 2);
   CHECK(got.schedule == "interleaved");
+  CHECK(got.recompute);
   CHECK(got.chunk_configs == sent.chunk_configs);
   CHECK(got.optimizer_config == f.config.optimizer);
   CHECK(got.peers == sent.peers);
@@ -104,6 +108,11 @@ TEST_CASE("a stage package round trips and rebuilds chunks equal to the slices",
   REQUIRE(spec.chunks.size() == 2);
   CHECK(spec.stage == 1);
   CHECK(spec.schedule == "interleaved");
+  CHECK(spec.recompute);
+  StagePackage tabled = sent;
+  tabled.schedule = "table";
+  tabled.schedule_table = "F0c1 B0c1 # by hand\nF0c4 B0c4\n";
+  CHECK(build_stage_spec(through_bytes(tabled)).schedule_table == tabled.schedule_table);
   NoGradGuard no_grad;
   Tensor h = Fixture::tokens();
   for (size_t global = 0; global < f.ranges.size(); ++global) {
@@ -184,13 +193,18 @@ TEST_CASE("bad stage packages are errors naming what is wrong", "[stage_package]
                       Catch::Contains("\"chunk_configs\"") && Catch::Contains("stage-1.pkg"));
   }
   SECTION("missing or garbled metadata") {
-    for (const char* key : {"schedule", "stages", "chunk_configs", "peers", "optimizer_config"}) {
+    for (const char* key : {"schedule", "schedule_table", "recompute", "stages", "chunk_configs",
+                            "peers", "optimizer_config"}) {
       INFO(key);
       const std::string bytes = with_metadata(good, [&](json& m) { m.erase(key); });
       CHECK_THROWS_WITH(decode_stage_package(bytes, "stage-1.pkg"),
                         Catch::Contains(std::string("\"") + key + "\" is missing") &&
                             Catch::Contains("stage-1.pkg"));
     }
+    const std::string odd_recompute =
+        with_metadata(good, [](json& m) { m["recompute"] = "sometimes"; });
+    CHECK_THROWS_WITH(decode_stage_package(odd_recompute, "stage-1.pkg"),
+                      Catch::Contains("\"recompute\"") && Catch::Contains("\"sometimes\""));
     const std::string garbled = with_metadata(good, [](json& m) { m["peers"] = "{\"0\":"; });
     CHECK_THROWS_WITH(decode_stage_package(garbled, "stage-1.pkg"),
                       Catch::Contains("\"peers\" is not valid JSON"));

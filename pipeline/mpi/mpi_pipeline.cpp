@@ -8,11 +8,17 @@ namespace {
 
 // What every rank must agree on: the model's config and weights, and how it is pipelined.
 std::string fingerprint(const Sequential& model, const PipelineConfig& c) {
-  const nlohmann::json pipeline = {
-      {"stages", c.stages},      {"microbatches", c.microbatches}, {"chunks", c.chunks_per_stage},
-      {"schedule", c.schedule},  {"partition", c.partition},       {"layer_counts", c.layer_counts},
-      {"loss", c.loss},          {"optimizer", c.optimizer},       {"dtype", c.dtype},
-      {"recompute", c.recompute}};
+  const nlohmann::json pipeline = {{"stages", c.stages},
+                                   {"microbatches", c.microbatches},
+                                   {"chunks", c.chunks_per_stage},
+                                   {"schedule", c.schedule},
+                                   {"partition", c.partition},
+                                   {"layer_counts", c.layer_counts},
+                                   {"loss", c.loss},
+                                   {"optimizer", c.optimizer},
+                                   {"dtype", c.dtype},
+                                   {"recompute", c.recompute},
+                                   {"schedule_table", c.schedule_table}};
   return module_fingerprint(model) + "|" + pipeline.dump();
 }
 

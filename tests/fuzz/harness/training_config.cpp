@@ -44,7 +44,8 @@ std::optional<PipelineConfig> to_config(const json& fields) {
   if (!integer("stages", &config.stages) || !integer("microbatches", &config.microbatches) ||
       !integer("chunks_per_stage", &config.chunks_per_stage) ||
       !text("schedule", &config.schedule) || !text("partition", &config.partition) ||
-      !text("dtype", &config.dtype)) {
+      !text("dtype", &config.dtype) || !text("recompute", &config.recompute) ||
+      !text("schedule_table", &config.schedule_table)) {
     return std::nullopt;
   }
   if (fields.contains("loss")) config.loss = fields["loss"];
@@ -95,7 +96,7 @@ bool fuzz_training_config(const uint8_t* data, size_t size) {
     // What validate accepts, the stages must be able to run.
     must_not_throw("validate_schedule of a schedule validate() accepts", [&] {
       validate_schedule(make_schedule(config->schedule, config->stages, config->microbatches,
-                                      config->chunks_per_stage),
+                                      config->chunks_per_stage, config->schedule_table),
                         config->stages, config->microbatches, config->chunks_per_stage);
     });
   }
@@ -132,6 +133,8 @@ std::vector<std::string> training_config_seeds() {
                 {"microbatches", c.microbatches},
                 {"chunks_per_stage", c.chunks_per_stage},
                 {"schedule", c.schedule},
+                {"schedule_table", c.schedule_table},
+                {"recompute", c.recompute},
                 {"partition", c.partition},
                 {"loss", c.loss},
                 {"optimizer", c.optimizer},
@@ -143,6 +146,11 @@ std::vector<std::string> training_config_seeds() {
         .dump();
   };
   return {seed({}),
+          seed({.stages = 2,
+                .microbatches = 2,
+                .schedule = "table",
+                .schedule_table = "F0 F1 I0 W0 I1 W1  # stage 0\nF0 I0 F1 I1 W0 W1\n",
+                .recompute = "full"}),
           seed({.stages = 4,
                 .microbatches = 8,
                 .chunks_per_stage = 2,
