@@ -1,8 +1,11 @@
 // Pipeline schedule benchmarks, printed as tables and appended to bench/RESULTS.md:
-//  1. efficiency: stages built from layers that sleep (forward t, backward 2t, so stages do
-//     not compete for cores), measured step time vs the schedule's theoretical time;
+//  1. efficiency: stages built from layers that sleep (forward t, input gradient t, weight
+//     gradient t, so stages do not compete for cores), measured step time vs the schedule's
+//     theoretical and simulated time, and the stashed activations and deferred weight
+//     gradients per stage;
 //  2. overhead per task through the event loop and communicator, with zero-cost layers;
-//  3. peak activation memory of GPipe vs 1F1B on a GPT, from the allocator's peak.
+//  3. peak memory of every schedule on a GPT, with and without activation recomputation, from
+//     the allocator's peak.
 // usage: pipeline_schedules [--layer-ms 4] [--no-append]
 #include <algorithm>
 #include <chrono>
@@ -38,6 +41,25 @@ std::shared_ptr<Sequential> sleep_model(int layers, int64_t forward_us) {
   return model;
 }
 
+// `layers` sleeping layers behind a free one, which makes the model's input need a gradient, so
+// that stage 0 splits its backward into I and W like every other stage; the free layer goes
+// to chunk 0 on top of its share.
+std::shared_ptr<Sequential> sleep_model_with_free_head(int layers, int64_t forward_us) {
+  auto model = std::make_shared<Sequential>();
+  model->push_back(std::make_shared<SleepLayer>(0));
+  for (int i = 0; i < layers; ++i) model->push_back(std::make_shared<SleepLayer>(forward_us));
+  return model;
+}
+
+std::string joined(const std::vector<int>& values) {
+  std::string text;
+  for (int v : values) {
+    if (!text.empty()) text.append(" ");
+    text.append(std::to_string(v));
+  }
+  return text;
+}
+
 // Median wall time of `steps` train steps after one warm-up step, in microseconds.
 double step_time_us(Pipeline& pipeline, const Tensor& x, const Tensor& y, int steps) {
   pipeline.train_step(x, y);
@@ -64,26 +86,34 @@ PipelineConfig mse_config(int p, int m, int v, const std::string& schedule) {
 std::string efficiency_table(int64_t layer_us) {
   const int p = 4, layers = 8;
   std::ostringstream out;
-  out << "Efficiency: p = 4, 8 sleeping layers of " << layer_us / 1000.0 << " ms forward / "
+  out << "Efficiency: p = 4, 8 sleeping layers of " << layer_us / 1000.0
+      << " ms forward, input gradient and weight gradient each (F = I = W = "
       << 2 * layer_us / 1000.0
-      << " ms backward each (tf, tb per stage = 2 layers), median of 3 steps\n\n"
-      << "| schedule | m | v | theoretical ms | simulated ms | measured ms | efficiency |\n"
-      << "| --- | --- | --- | --- | --- | --- | --- |\n";
+      << " ms per stage of 2 layers; B = I + W), median of 3 steps. Stashed: most activations "
+         "per stage; deferred: most weight gradients waiting for their W\n\n"
+      << "| schedule | m | v | theoretical ms | simulated ms | measured ms | efficiency | "
+         "stashed | deferred |\n"
+      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (int v : {1, 2}) {
-    for (int m : {4, 8, 16, 32}) {
-      for (const std::string schedule : {"gpipe", "1f1b", "interleaved"}) {
+    for (int m : {8, 16, 32}) {
+      for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zbh1", "zbh2"}) {
         if ((schedule == "interleaved") != (v > 1)) continue;
-        Pipeline pipeline(sleep_model(layers, layer_us), mse_config(p, m, v, schedule));
+        PipelineConfig config = mse_config(p, m, v, schedule);
+        config.layer_counts.assign(static_cast<size_t>(p * v), layers / (p * v));
+        config.layer_counts[0] += 1;
+        Pipeline pipeline(sleep_model_with_free_head(layers, layer_us), config);
         Tensor x = zeros({m, 1}), y = zeros({m, 1});
         const double tf = 2.0 * layer_us, tb = 4.0 * layer_us;
         const double theory = theoretical_step_time(schedule, p, m, v, tf, tb);
         const double simulated =
             validate_schedule(make_schedule(schedule, p, m, v), p, m, v, tf, tb).makespan;
         const double measured = step_time_us(pipeline, x, y, 3);
-        char row[256];
-        std::snprintf(row, sizeof row, "| %s | %d | %d | %.1f | %.1f | %.1f | %.3f |\n",
+        const StepStats& stats = pipeline.coordinator().last_step();
+        char row[320];
+        std::snprintf(row, sizeof row, "| %s | %d | %d | %.1f | %.1f | %.1f | %.3f | %s | %s |\n",
                       schedule.c_str(), m, v, theory / 1000, simulated / 1000, measured / 1000,
-                      theory / measured);
+                      theory / measured, joined(stats.peak_stashed).c_str(),
+                      joined(stats.peak_deferred).c_str());
         out << row;
         std::fputs(row, stdout);
         std::fflush(stdout);
@@ -91,6 +121,21 @@ std::string efficiency_table(int64_t layer_us) {
     }
   }
   return out.str();
+}
+
+// One step of the efficiency experiment, traced, as a text timeline.
+std::string efficiency_timeline(int64_t layer_us, const std::string& schedule, int m) {
+  const int p = 4, layers = 8, v = schedule == "interleaved" ? 2 : 1;
+  PipelineConfig config = mse_config(p, m, v, schedule);
+  config.layer_counts.assign(static_cast<size_t>(p * v), layers / (p * v));
+  config.layer_counts[0] += 1;
+  config.trace = true;
+  Pipeline pipeline(sleep_model_with_free_head(layers, layer_us), config);
+  Tensor x = zeros({m, 1}), y = zeros({m, 1});
+  pipeline.train_step(x, y);
+  pipeline.coordinator().clear_trace();
+  pipeline.train_step(x, y);
+  return pipeline.coordinator().trace().timeline(layer_us);
 }
 
 std::string overhead_table() {
@@ -104,7 +149,7 @@ std::string overhead_table() {
     int p, m, v;
   };
   for (const Row& r : {Row{"1f1b", 1, 32, 1}, Row{"1f1b", 4, 32, 1}, Row{"gpipe", 4, 32, 1},
-                       Row{"interleaved", 4, 32, 2}}) {
+                       Row{"interleaved", 4, 32, 2}, Row{"zbh1", 4, 32, 1}}) {
     Pipeline pipeline(sleep_model(8, 0), mse_config(r.p, r.m, r.v, r.schedule));
     Tensor x = zeros({r.m, 1}), y = zeros({r.m, 1});
     const double us = step_time_us(pipeline, x, y, 20);
@@ -125,29 +170,35 @@ std::string memory_table() {
   std::ostringstream out;
   out << "\nPeak memory during one training step (allocator peak minus live bytes before the "
          "step), GPT vocab 65, context 128, 4 layers, width 128, batch 32, p = 4, m = 16\n\n"
-      << "| schedule | peak stashed per stage | peak step memory MiB |\n| --- | --- | --- |\n";
+      << "| schedule | recompute | peak stashed per stage | peak deferred W per stage | peak "
+         "step memory MiB |\n| --- | --- | --- | --- | --- |\n";
   std::vector<int64_t> tokens(32 * 128), targets(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
     tokens[i] = static_cast<int64_t>((i * 7) % 65);
     targets[i] = static_cast<int64_t>((i * 7 + 3) % 65);
   }
   Tensor x = from_vector(tokens, {32, 128}), y = from_vector(targets, {32, 128});
-  for (const std::string schedule : {"gpipe", "1f1b"}) {
+  struct Row {
+    std::string schedule, recompute;
+  };
+  for (const Row& r :
+       {Row{"gpipe", "none"}, Row{"gpipe", "full"}, Row{"1f1b", "none"}, Row{"1f1b", "full"},
+        Row{"zbh1", "none"}, Row{"zbh1", "full"}, Row{"zbh2", "none"}, Row{"zbh2", "full"}}) {
     Generator generator(0);
-    PipelineConfig config = mse_config(4, 16, 1, schedule);
+    PipelineConfig config = mse_config(4, 16, 1, r.schedule);
     config.loss = {{"type", "CrossEntropyLoss"}};
+    config.recompute = r.recompute;
     Pipeline pipeline(gpt({65, 128, 4, 4, 128, 0.0}, &generator), config);
     pipeline.train_step(x, y);
     const size_t before = cpu_memory_stats().allocated;
     reset_cpu_peak_memory();
     pipeline.train_step(x, y);
     const double mib = static_cast<double>(cpu_memory_stats().peak_allocated - before) / (1 << 20);
-    std::string stashed;
-    for (int s : pipeline.coordinator().last_step().peak_stashed) {
-      stashed += (stashed.empty() ? "" : ", ") + std::to_string(s);
-    }
+    const StepStats& stats = pipeline.coordinator().last_step();
     char row[256];
-    std::snprintf(row, sizeof row, "| %s | %s | %.1f |\n", schedule.c_str(), stashed.c_str(), mib);
+    std::snprintf(row, sizeof row, "| %s | %s | %s | %s | %.1f |\n", r.schedule.c_str(),
+                  r.recompute.c_str(), joined(stats.peak_stashed).c_str(),
+                  joined(stats.peak_deferred).c_str(), mib);
     out << row;
     std::fputs(row, stdout);
     std::fflush(stdout);
@@ -160,17 +211,29 @@ std::string memory_table() {
 int main(int argc, char** argv) {
   int64_t layer_us = 4000;
   bool append = true;
+  std::string timeline_schedule;
+  int timeline_m = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-append") == 0) {
       append = false;
     } else if (std::strcmp(argv[i], "--layer-ms") == 0 && i + 1 < argc) {
       layer_us = static_cast<int64_t>(std::stod(argv[++i]) * 1000);
+    } else if (std::strcmp(argv[i], "--timeline") == 0 && i + 2 < argc) {
+      timeline_schedule = argv[++i];
+      timeline_m = std::stoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: pipeline_schedules [--layer-ms MS] [--no-append]\n");
+      std::fprintf(stderr,
+                   "usage: pipeline_schedules [--layer-ms MS] [--no-append] [--timeline "
+                   "SCHEDULE M]\n");
       return 2;
     }
   }
   set_num_threads(1);
+  if (!timeline_schedule.empty()) {
+    // Only the timeline of one step of the efficiency experiment, one column per layer cost.
+    std::fputs(efficiency_timeline(layer_us, timeline_schedule, timeline_m).c_str(), stdout);
+    return 0;
+  }
   std::string tables = efficiency_table(layer_us);
   tables += overhead_table();
   tables += memory_table();

@@ -28,21 +28,24 @@ double LayerTimer::stretch(Clock::time_point since) const {
   return std::chrono::duration<double, std::micro>(Clock::now() - since).count();
 }
 
-Tensor LayerTimer::forward(Sequential& chunk, const Tensor& x) {
-  if (!stepwise()) return chunk.forward(x);
+Tensor LayerTimer::forward(Sequential& chunk, const Tensor& x, Tensor* first_output) {
+  if (!stepwise() && first_output == nullptr) return chunk.forward(x);
   Tensor h = x;
   for (size_t i = 0; i < chunk.size(); ++i) {
     const auto layer = static_cast<int64_t>(chunk.first_index() + i);
     const auto start = Clock::now();
     h = chunk[i]->forward(h);
-    const double took = stretch(start);
-    if (profile_) {
-      LayerTiming& timing = layers_[layer];
-      timing.layer = layer;
-      timing.forward_us += took;
-      timing.output_bytes = static_cast<double>(h.nbytes());
+    if (stepwise()) {
+      const double took = stretch(start);
+      if (profile_) {
+        LayerTiming& timing = layers_[layer];
+        timing.layer = layer;
+        timing.forward_us += took;
+        timing.output_bytes = static_cast<double>(h.nbytes());
+      }
+      if (h.requires_grad()) h = backward_hook(h, [this, layer] { backward_reached(layer); });
     }
-    if (h.requires_grad()) h = backward_hook(h, [this, layer] { backward_reached(layer); });
+    if (i == 0 && first_output != nullptr) *first_output = h;
   }
   return h;
 }

@@ -27,8 +27,9 @@ class LayerTimer {
   bool profiling() const { return profile_; }
   double slowdown() const { return slowdown_; }
 
-  // chunk.forward(x), layer by layer when profiling or slowed.
-  Tensor forward(Sequential& chunk, const Tensor& x);
+  // chunk.forward(x), layer by layer when profiling or slowed, or when `first_output` asks
+  // for the first layer's output.
+  Tensor forward(Sequential& chunk, const Tensor& x, Tensor* first_output = nullptr);
   // output.backward(grad) for an output of forward(), its layers timed by their hooks.
   void backward(Sequential& chunk, const Tensor& output, const Tensor& grad);
   // The same split (tensor/split_backward.h): the part that reaches `input` now, timed like

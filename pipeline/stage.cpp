@@ -317,27 +317,33 @@ void Stage::forward(const Task& task, const Tensor& input) {
     out.tensors = {timer_.forward(chunk(task.chunk), local)};
     stashed.leaf = local;
   } else {
-    std::tie(stashed.leaf, stashed.output) = forward_with_grad(task, local);
+    forward_with_grad(task, local, stashed);
     out.tensors = {stashed.output.detach()};
   }
   peak_stashed_ = std::max(peak_stashed_, stash_.size());
   send(to, std::move(out));
 }
 
-std::pair<Tensor, Tensor> Stage::forward_with_grad(const Task& task, const Tensor& input) {
+void Stage::forward_with_grad(const Task& task, const Tensor& input, Stashed& stashed) {
   // The received tensor starts this stage's own graph; its gradient is what goes upstream.
-  Tensor leaf = input.detach();
-  if (task.chunk > 0 && is_floating(leaf.dtype())) leaf.requires_grad_();
-  Tensor output = timer_.forward(chunk(task.chunk), leaf);
-  return {leaf, output};
+  stashed.leaf = input.detach();
+  if (task.chunk > 0 && is_floating(stashed.leaf.dtype())) {
+    stashed.leaf.requires_grad_();
+    stashed.split_at = stashed.leaf;
+    stashed.output = timer_.forward(chunk(task.chunk), stashed.leaf);
+  } else {
+    // Nobody needs the input's gradient, but a split backward's I still carries the gradient
+    // down through the chunk, to the first layer's output; that layer's own weight gradients
+    // (an embedding's) are W's, like every other weight gradient.
+    stashed.output = timer_.forward(chunk(task.chunk), stashed.leaf, &stashed.split_at);
+  }
 }
 
-std::pair<Tensor, Tensor> Stage::take_stashed(const Task& task, const Tensor& grad) {
+Stage::Stashed Stage::take_stashed(const Task& task, const Tensor& grad) {
   auto it = stash_.find({task.microbatch, task.chunk});
   PIPIT_CHECK(it != stash_.end(), "no stashed forward for ", task);
   Stashed stashed = std::move(it->second);
   stash_.erase(it);
-  std::pair<Tensor, Tensor> leaf_and_output = {stashed.leaf, stashed.output};
   if (spec_.recompute) {
     const double start = trace_clock_us();
     const std::vector<Generator*> generators = chunk(task.chunk).generators();
@@ -346,16 +352,16 @@ std::pair<Tensor, Tensor> Stage::take_stashed(const Task& task, const Tensor& gr
       now.push_back(generators[i]->offset());
       generators[i]->set_state(generators[i]->seed(), stashed.rng_offsets.at(i));
     }
-    leaf_and_output = forward_with_grad(task, stashed.leaf);
+    forward_with_grad(task, Tensor(stashed.leaf), stashed);
     for (size_t i = 0; i < generators.size(); ++i) {
       generators[i]->set_state(generators[i]->seed(), now[i]);
     }
     recomputed_ = {start, trace_clock_us()};
   }
-  const Tensor& output = leaf_and_output.second;
-  PIPIT_CHECK(grad.shape() == output.shape(), "the gradient has shape ", shape_str(grad.shape()),
-              " but the chunk's output has shape ", shape_str(output.shape()));
-  return leaf_and_output;
+  PIPIT_CHECK(grad.shape() == stashed.output.shape(), "the gradient has shape ",
+              shape_str(grad.shape()), " but the chunk's output has shape ",
+              shape_str(stashed.output.shape()));
+  return stashed;
 }
 
 void Stage::send_input_grad(const Task& task, const Tensor& leaf) {
@@ -367,21 +373,24 @@ void Stage::send_input_grad(const Task& task, const Tensor& leaf) {
 }
 
 void Stage::backward(const Task& task, const Tensor& grad) {
-  auto [leaf, output] = take_stashed(task, grad);
-  if (output.requires_grad()) timer_.backward(chunk(task.chunk), output, on_device(grad));
-  send_input_grad(task, leaf);
+  const Stashed stashed = take_stashed(task, grad);
+  if (stashed.output.requires_grad()) {
+    timer_.backward(chunk(task.chunk), stashed.output, on_device(grad));
+  }
+  send_input_grad(task, stashed.leaf);
 }
 
 void Stage::input_grad(const Task& task, const Tensor& grad) {
-  auto [leaf, output] = take_stashed(task, grad);
+  const Stashed stashed = take_stashed(task, grad);
   DeferredGradients deferred;
-  if (output.requires_grad()) {
-    deferred = timer_.backward_inputs(chunk(task.chunk), output, on_device(grad), leaf);
+  if (stashed.output.requires_grad()) {
+    deferred = timer_.backward_inputs(chunk(task.chunk), stashed.output, on_device(grad),
+                                      stashed.split_at);
   }
-  // The chunk's graph goes with leaf and output; W keeps only what it needs.
+  // The chunk's graph goes with the stash entry; W keeps only what it needs.
   deferred_[{task.microbatch, task.chunk}] = std::move(deferred);
   peak_deferred_ = std::max(peak_deferred_, deferred_.size());
-  send_input_grad(task, leaf);
+  send_input_grad(task, stashed.leaf);
 }
 
 void Stage::weight_grad(const Task& task) {

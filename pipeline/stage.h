@@ -76,11 +76,12 @@ class Stage {
   void backward(const Task& task, const Tensor& grad);
   void input_grad(const Task& task, const Tensor& grad);
   void weight_grad(const Task& task);
-  // The stashed (input leaf, output) of a task's forward, checked against its gradient; with
-  // recompute, the forward runs again here.
-  std::pair<Tensor, Tensor> take_stashed(const Task& task, const Tensor& grad);
+  struct Stashed;
+  // The stash entry of a task's forward, checked against its gradient; with recompute, the
+  // forward runs again here.
+  Stashed take_stashed(const Task& task, const Tensor& grad);
   // The chunk's forward on a leaf made from `input`, building the graph its backward needs.
-  std::pair<Tensor, Tensor> forward_with_grad(const Task& task, const Tensor& input);
+  void forward_with_grad(const Task& task, const Tensor& input, Stashed& stashed);
   void send_input_grad(const Task& task, const Tensor& leaf);
   void finish_step();
   void apply_optimizer(const Message& message);
@@ -124,10 +125,11 @@ class Stage {
   // Data of a later step that arrived before that step's StepBegin.
   std::vector<Message> early_;
   static constexpr size_t kMaxEarlyMessages = 1 << 16;
-  // A forward awaiting its backward: its input leaf and output, or with recompute only the
-  // input and where the chunk's random streams stood before it.
+  // A forward awaiting its backward: its input leaf and output, and where a split backward's
+  // I stops (the leaf, or the first layer's output when the input needs no gradient); with
+  // recompute only the input, and where the chunk's random streams stood before it.
   struct Stashed {
-    Tensor leaf, output;
+    Tensor leaf, output, split_at;
     std::vector<uint64_t> rng_offsets;
   };
   // By (microbatch, chunk).

@@ -136,8 +136,14 @@ DeferredGradients backward_inputs_first(const Tensor& output, const Tensor& grad
   NoGradGuard no_grad;
   std::shared_ptr<Node> start = detail::gradient_edge(output);
   std::unordered_set<const Node*> targets;
+  // An input computed in the graph (not a leaf) receives its gradient in B, but what its own
+  // node then does is W's.
+  std::unordered_set<const Node*> computed_inputs;
   for (const Tensor& input : inputs) {
-    if (auto edge = detail::gradient_edge(input)) targets.insert(edge.get());
+    if (auto edge = detail::gradient_edge(input)) {
+      targets.insert(edge.get());
+      if (input.grad_fn()) computed_inputs.insert(edge.get());
+    }
   }
   const std::unordered_set<const Node*> on_path = nodes_leading_to(start.get(), targets);
   auto in_b = [&on_path](const Node& n) { return on_path.count(&n) > 0; };
@@ -148,6 +154,11 @@ DeferredGradients backward_inputs_first(const Tensor& output, const Tensor& grad
     return deferred;
   }
   propagate({{start, grad}}, in_b, [&](const std::shared_ptr<Node>& node, const Tensor& g) {
+    if (computed_inputs.count(node.get()) > 0) {
+      deferred.work_.push_back({node, g, {}});
+      w_edges_of.push_back(node->next);
+      return std::vector<Tensor>(node->next.size());
+    }
     // Hide the W edges while the node runs, so that it computes the B gradients only. Once B is
     // done the node keeps its W edges only, so the deferred work holds no more of the graph.
     std::vector<std::shared_ptr<Node>> w_edges(node->next.size());

@@ -42,10 +42,12 @@ class DeferredGradients {
   std::vector<Work> work_;
 };
 
-// Runs the part of output.backward(grad) that reaches `inputs` (their grad() is set as
-// backward would set it) and returns the rest. The graph can be dropped afterwards: the
-// returned work keeps only the nodes, saved tensors and gradients W needs. With no input that
-// requires grad, everything is deferred.
+// Runs the part of output.backward(grad) that reaches `inputs` and returns the rest. A leaf
+// input's grad() is set as backward would set it; an input computed inside the graph (a first
+// layer's output, when the model's input needs no gradient) gets its gradient, but the work of
+// the node that computed it is deferred. The graph can be dropped afterwards: the returned
+// work keeps only the nodes, saved tensors and gradients W needs. With no input that requires
+// grad, everything is deferred.
 DeferredGradients backward_inputs_first(const Tensor& output, const Tensor& grad,
                                         const std::vector<Tensor>& inputs);
 

@@ -105,3 +105,27 @@ TEST_CASE("W still runs after the chunk's graph is dropped", "[autograd]") {
     CHECK(std::isfinite(sum(p.grad() * p.grad()).item<float>()));
   }
 }
+
+TEST_CASE("an input computed in the graph gets its gradient in B, its node's work in W",
+          "[autograd]") {
+  // A pipeline's first chunk: tokens need no gradient, so I stops at the embedding's output and
+  // the embedding's weight gradients wait for W with every other weight gradient.
+  Chunk reference = make_chunk(0, 3), split = make_chunk(0, 3);
+  Tensor out = reference.layers->forward(reference.input);
+  out.backward(output_grad(out, 9));
+
+  Tensor embedded = (*split.layers)[0]->forward(split.input);
+  Tensor split_out = split.layers->slice(1, split.layers->size())->forward(embedded);
+  DeferredGradients deferred =
+      backward_inputs_first(split_out, output_grad(split_out, 9), {embedded});
+  for (const Tensor& p : split.layers->parameters()) CHECK_FALSE(p.grad().defined());
+  deferred.run();
+  const auto want = reference.layers->named_parameters();
+  const auto got = split.layers->named_parameters();
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO(want[i].first);
+    REQUIRE(got[i].second.grad().defined());
+    CHECK(bitwise_equal(want[i].second.grad(), got[i].second.grad()));
+  }
+}
