@@ -98,6 +98,21 @@ void run_backward(const Tensor& root, const Tensor& grad) {
       {{detail::gradient_edge(root), grad}}, [](const Node&) { return true; }, apply_node);
 }
 
+// W's share of a node that computed it during B already: the gradients and where they go.
+class ComputedGradients final : public Node {
+ public:
+  ComputedGradients(std::vector<Tensor> grads, std::vector<std::shared_ptr<Node>> edges)
+      : grads_(std::move(grads)) {
+    next = std::move(edges);
+  }
+  std::vector<Tensor> apply(const Tensor&) override { return std::move(grads_); }
+  std::string name() const override { return "ComputedGradients"; }
+  bool runs_without_gradient() const override { return true; }
+
+ private:
+  std::vector<Tensor> grads_;
+};
+
 // The nodes from which one of `targets` can be reached (targets included), found from `start`.
 std::unordered_set<const Node*> nodes_leading_to(Node* start,
                                                  const std::unordered_set<const Node*>& targets) {
@@ -150,12 +165,12 @@ DeferredGradients backward_inputs_first(const Tensor& output, const Tensor& grad
   DeferredGradients deferred;
   std::vector<std::vector<std::shared_ptr<Node>>> w_edges_of;  // by deferred work
   if (!in_b(*start)) {
-    deferred.work_.push_back({start, grad, {}});
+    deferred.work_.push_back({start, grad});
     return deferred;
   }
   propagate({{start, grad}}, in_b, [&](const std::shared_ptr<Node>& node, const Tensor& g) {
     if (computed_inputs.count(node.get()) > 0) {
-      deferred.work_.push_back({node, g, {}});
+      deferred.work_.push_back({node, g});
       w_edges_of.push_back(node->next);
       return std::vector<Tensor>(node->next.size());
     }
@@ -171,20 +186,23 @@ DeferredGradients backward_inputs_first(const Tensor& output, const Tensor& grad
     }
     std::vector<Tensor> result = apply_node(node, g);
     if (!any_w) return result;
-    DeferredGradients::Work work{node, g, {}};
-    // A node that ignores missing edges computed its W gradients already: keep them rather
-    // than compute them twice (all of them, or W asks the node again).
+    // A node that ignores missing edges (layer norm) computed its W gradients already: W keeps
+    // those instead of the node, its saved tensors and its gradient (all of them, or W asks the
+    // node again).
     bool all_computed = true;
     for (size_t i = 0; i < w_edges.size(); ++i) {
       if (w_edges[i]) all_computed = all_computed && i < result.size() && result[i].defined();
     }
     if (all_computed) {
-      work.computed.resize(node->next.size());
+      std::vector<Tensor> computed(w_edges.size());
       for (size_t i = 0; i < w_edges.size(); ++i) {
-        if (w_edges[i]) work.computed[i] = result[i];
+        if (w_edges[i]) computed[i] = result[i];
       }
+      deferred.work_.push_back(
+          {std::make_shared<ComputedGradients>(std::move(computed), w_edges), Tensor()});
+    } else {
+      deferred.work_.push_back({node, g});
     }
-    deferred.work_.push_back(std::move(work));
     w_edges_of.push_back(std::move(w_edges));
     return result;
   });
@@ -195,18 +213,10 @@ DeferredGradients backward_inputs_first(const Tensor& output, const Tensor& grad
 void DeferredGradients::run() {
   NoGradGuard no_grad;
   Rooted roots;
-  std::unordered_map<Node*, std::vector<Tensor>> computed;
-  for (Work& work : work_) {
-    if (!work.computed.empty()) computed[work.node.get()] = std::move(work.computed);
-    roots.emplace_back(work.node, std::move(work.grad));
-  }
+  for (Work& work : work_) roots.emplace_back(std::move(work.node), std::move(work.grad));
   work_.clear();
   propagate(
-      std::move(roots), [](const Node&) { return true; },
-      [&computed](const std::shared_ptr<Node>& node, const Tensor& g) {
-        auto it = computed.find(node.get());
-        return it != computed.end() ? std::move(it->second) : apply_node(node, g);
-      });
+      std::move(roots), [](const Node&) { return true; }, apply_node);
 }
 
 bool is_grad_enabled() {

@@ -28,12 +28,10 @@ class DeferredGradients {
   void run();
   bool empty() const { return work_.empty(); }
 
-  // One node reached by B with edges left for W: its gradient, and what it had already
-  // computed for those edges when it could not compute the B edges alone.
+  // A node reached by B with edges left for W, and the gradient it received.
   struct Work {
     std::shared_ptr<Node> node;
     Tensor grad;
-    std::vector<Tensor> computed;
   };
 
  private:
