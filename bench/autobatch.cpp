@@ -6,6 +6,7 @@
 // and depth strategies; (c) the BiLSTM batched by hand with padding and masks. Scheduling
 // overhead: the time spent recording nodes and scheduling, over the step's time.
 //   build/autobatch                  # appends to bench/RESULTS.md (--no-append to skip)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -67,6 +68,24 @@ Rate time_training(int64_t count, int64_t batch, const std::vector<int64_t>& siz
           nodes > 0 ? 1e6 * overhead / static_cast<double>(nodes) : 0.0};
 }
 
+// Runs each measurement `rounds` times, taking turns, and keeps each one's median: run one
+// after another, the first would meet colder caches and a different machine load (that made
+// whichever strategy ran second look 10-20% faster).
+std::vector<Rate> in_turns(int rounds, const std::vector<std::function<Rate()>>& measurements) {
+  std::vector<std::vector<Rate>> runs(measurements.size());
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < measurements.size(); ++i) runs[i].push_back(measurements[i]());
+  }
+  std::vector<Rate> medians;
+  for (auto& rates : runs) {
+    std::sort(rates.begin(), rates.end(), [](const Rate& a, const Rate& b) {
+      return a.examples_per_second < b.examples_per_second;
+    });
+    medians.push_back(rates[rates.size() / 2]);
+  }
+  return medians;
+}
+
 // One autobatched training step: `record` adds the minibatch's losses to the scope's graph.
 StepCost autobatched_step(Optimizer& optimizer, Strategy strategy,
                           const std::function<void(std::vector<Handle>&)>& record) {
@@ -82,6 +101,8 @@ StepCost autobatched_step(Optimizer& optimizer, Strategy strategy,
   optimizer.step();
   return StepCost{recording + graph.stats().plan_seconds, graph.stats().nodes_run};
 }
+
+constexpr int kRounds = 3;
 
 std::string ratio(double a, double b) {
   char text[32];
@@ -105,8 +126,8 @@ int main(int argc, char** argv) {
   std::ostringstream out;
   out << "`build/autobatch --threads " << get_num_threads() << " --examples " << examples
       << "`: examples/s training (forward, backward, AdamW) or decoding; one at a time runs a "
-         "quarter as many examples. Overhead: recording nodes plus scheduling, share of the "
-         "time.\n\n";
+         "quarter as many examples. Each rate is the median of 3 runs, the methods taking turns. "
+         "Overhead: recording nodes plus scheduling, share of the time.\n\n";
 
   // Tree-LSTM: trees of 10-50 leaves, width 128.
   {
@@ -139,9 +160,12 @@ int main(int argc, char** argv) {
            "| us per node |\n"
         << "| --- | --- | --- | --- | --- | --- | --- |\n";
     for (int64_t batch : batch_sizes) {
-      const Rate single = time_training(examples / 4, batch, sizes, one_at_a_time);
-      const Rate agenda = time_training(examples, batch, sizes, autobatched(Strategy::agenda));
-      const Rate depth = time_training(examples, batch, sizes, autobatched(Strategy::depth));
+      const std::vector<Rate> rates = in_turns(
+          kRounds,
+          {[&] { return time_training(examples / 4, batch, sizes, one_at_a_time); },
+           [&] { return time_training(examples, batch, sizes, autobatched(Strategy::agenda)); },
+           [&] { return time_training(examples, batch, sizes, autobatched(Strategy::depth)); }});
+      const Rate &single = rates[0], &agenda = rates[1], &depth = rates[2];
       char row[256];
       std::snprintf(row, sizeof row, "| %lld | %.0f | %.0f | %.0f | %s | %.1f%% | %.2f |\n",
                     static_cast<long long>(batch), single.examples_per_second,
@@ -199,10 +223,13 @@ int main(int argc, char** argv) {
            "| by hand / agenda | overhead (agenda) | us per node |\n"
         << "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
     for (int64_t batch : batch_sizes) {
-      const Rate single = time_training(examples / 4, batch, sizes, one_at_a_time);
-      const Rate agenda = time_training(examples, batch, sizes, autobatched(Strategy::agenda));
-      const Rate depth = time_training(examples, batch, sizes, autobatched(Strategy::depth));
-      const Rate hand = time_training(examples, batch, sizes, by_hand);
+      const std::vector<Rate> rates = in_turns(
+          kRounds,
+          {[&] { return time_training(examples / 4, batch, sizes, one_at_a_time); },
+           [&] { return time_training(examples, batch, sizes, autobatched(Strategy::agenda)); },
+           [&] { return time_training(examples, batch, sizes, autobatched(Strategy::depth)); },
+           [&] { return time_training(examples, batch, sizes, by_hand); }});
+      const Rate &single = rates[0], &agenda = rates[1], &depth = rates[2], &hand = rates[3];
       char row[320];
       std::snprintf(row, sizeof row,
                     "| %lld | %.0f | %.0f | %.0f | %.0f | %s | %s | %.1f%% | %.2f |\n",
@@ -235,11 +262,14 @@ int main(int argc, char** argv) {
     for (int64_t batch : batch_sizes) {
       const int64_t count = std::min<int64_t>(examples, std::max<int64_t>(batch, 128));
       int64_t tokens = 0;
-      auto start = Clock::now();
-      for (int64_t i = 0; i < count / 4; ++i) {
-        tokens += static_cast<int64_t>(decoder.decode(inputs[static_cast<size_t>(i)]).size());
-      }
-      const double single = static_cast<double>(count / 4) / since(start);
+      auto one_at_a_time = [&] {
+        tokens = 0;
+        auto start = Clock::now();
+        for (int64_t i = 0; i < count / 4; ++i) {
+          tokens += static_cast<int64_t>(decoder.decode(inputs[static_cast<size_t>(i)]).size());
+        }
+        return Rate{static_cast<double>(count / 4) / since(start)};
+      };
       auto run = [&](int groups) {
         std::vector<std::vector<int64_t>> results(static_cast<size_t>(count));
         double overhead = 0;
@@ -256,7 +286,10 @@ int main(int argc, char** argv) {
         const double seconds = since(begin);
         return Rate{static_cast<double>(count) / seconds, overhead / seconds};
       };
-      const Rate one = run(1), two = run(2);
+      const std::vector<Rate> rates =
+          in_turns(kRounds, {one_at_a_time, [&] { return run(1); }, [&] { return run(2); }});
+      const double single = rates[0].examples_per_second;
+      const Rate &one = rates[1], &two = rates[2];
       char row[320];
       std::snprintf(row, sizeof row, "| %lld | %.0f | %.0f | %.0f | %s | %.1f%% | %.1f |\n",
                     static_cast<long long>(batch), single, one.examples_per_second,
