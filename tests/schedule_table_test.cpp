@@ -8,22 +8,11 @@
 #include "pipeline/pipeline.h"
 #include "pipeline/schedule.h"
 #include "pipit.h"
+#include "schedule_text.h"
 
 using namespace pipit;
 using pipit::testing::bitwise_equal;
-
-namespace {
-
-std::string table_of(const Schedule& schedule) {
-  std::ostringstream out;
-  for (const auto& tasks : schedule) {
-    for (size_t i = 0; i < tasks.size(); ++i) out << (i ? " " : "") << tasks[i];
-    out << "\n";
-  }
-  return out.str();
-}
-
-}  // namespace
+using pipit::testing::table_of;
 
 TEST_CASE("a schedule table parses into the schedule it spells", "[pipeline]") {
   CHECK(parse_schedule_table("F0 F1 I0 W0 I1 W1\nF0 I0 F1 I1 W0 W1\n", 2, 2, 1) ==

@@ -43,6 +43,17 @@ Tensor output_grad(const Tensor& output, uint64_t seed) {
   return randn(output.shape(), &generator);
 }
 
+// Every parameter of `got` has a gradient, bit for bit that of `want`'s same parameter.
+void check_same_grads(const Sequential& want, const Sequential& got) {
+  const auto w = want.named_parameters(), g = got.named_parameters();
+  REQUIRE(w.size() == g.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    INFO(w[i].first);
+    REQUIRE(g[i].second.grad().defined());
+    CHECK(bitwise_equal(w[i].second.grad(), g[i].second.grad()));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("B then W gives backward's gradients bit for bit", "[autograd]") {
@@ -80,14 +91,7 @@ TEST_CASE("B then W gives backward's gradients bit for bit", "[autograd]") {
       d.run();
       CHECK(d.empty());
     }
-    const auto want = reference.layers->named_parameters();
-    const auto got = split.layers->named_parameters();
-    REQUIRE(want.size() == got.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      INFO(want[i].first);
-      REQUIRE(got[i].second.grad().defined());
-      CHECK(bitwise_equal(want[i].second.grad(), got[i].second.grad()));
-    }
+    check_same_grads(*reference.layers, *split.layers);
   }
 }
 
@@ -120,12 +124,5 @@ TEST_CASE("an input computed in the graph gets its gradient in B, its node's wor
       backward_inputs_first(split_out, output_grad(split_out, 9), {embedded});
   for (const Tensor& p : split.layers->parameters()) CHECK_FALSE(p.grad().defined());
   deferred.run();
-  const auto want = reference.layers->named_parameters();
-  const auto got = split.layers->named_parameters();
-  REQUIRE(want.size() == got.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    INFO(want[i].first);
-    REQUIRE(got[i].second.grad().defined());
-    CHECK(bitwise_equal(want[i].second.grad(), got[i].second.grad()));
-  }
+  check_same_grads(*reference.layers, *split.layers);
 }

@@ -4,17 +4,13 @@
 #include <string>
 
 #include "pipeline/schedule.h"
+#include "schedule_text.h"
 #include "tensor/error.h"
 
 using namespace pipit;
+using pipit::testing::order;
 
 namespace {
-
-std::string order(const std::vector<Task>& tasks) {
-  std::ostringstream out;
-  for (size_t i = 0; i < tasks.size(); ++i) out << (i ? " " : "") << tasks[i];
-  return out.str();
-}
 
 Task task(Phase phase, int microbatch, int chunk, int stages) {
   return Task{0, microbatch, chunk, phase, chunk % stages};
