@@ -52,11 +52,13 @@ TEST_CASE("check_json_nesting counts brackets outside strings", "[serialize]") {
 
 TEST_CASE("deeply nested JSON in a stage package is an Error, not a stack overflow",
           "[serialize]") {
-  json metadata = tagged_metadata("pipit-stage-package", 2);
+  json metadata = tagged_metadata("pipit-stage-package", 3);
   metadata["stage"] = "0";
   metadata["stages"] = "1";
   metadata["chunks_per_stage"] = "1";
   metadata["schedule"] = "1f1b";
+  metadata["schedule_table"] = "";
+  metadata["recompute"] = "none";
   metadata["chunk_configs"] = nested(400000);
   metadata["optimizer_config"] = R"({"type": "SGD"})";
   metadata["peers"] = "{}";
