@@ -142,11 +142,15 @@ TEST_CASE("a killed worker process: async goes on and logs it, sync fails naming
       run.start_worker(0, config, endpoints, steps);
       run.start_worker(1, config, endpoints, steps);
       run.start_worker(2, config, endpoints, 1000000);
-      // Killed once it has joined every shard (a slow machine may take a while to start it).
-      for (int i = 0; i < 6000 && run.log("worker2").find("joined") == std::string::npos; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      // Worker 2 is killed once every worker has joined every shard (a slow machine, an ASan
+      // build under load, may take a while to start them): a worker that had not yet joined
+      // would fail to connect instead of hearing that worker 2 was lost.
+      for (const std::string worker : {"worker0", "worker1", "worker2"}) {
+        for (int i = 0; i < 6000 && run.log(worker).find("joined") == std::string::npos; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        REQUIRE(run.log(worker).find("joined") != std::string::npos);
       }
-      REQUIRE(run.log("worker2").find("joined") != std::string::npos);
       if (mode == "async") {
         CHECK(run.wait("worker0") == 0);
         CHECK(run.wait("worker1") == 0);
