@@ -1,14 +1,17 @@
-// pipit's half of bench/cpu_vs_torch.py: times training steps of one model and prints one
+// pipit's part of bench/cpu_vs_torch.py: times training steps of one model and prints one
 // JSON line {"model": ..., "threads": ..., "ms": [per-step times]}. The driver alternates
-// this program with the same model in PyTorch and reports medians and ratios.
+// this program with the same model in PyTorch and JAX and reports medians and ratios.
+// `cpu_vs_torch peak` prints the FP32 peak of one core, {"gflops": ..., "isa": ...}.
 #include <chrono>
 #include <cstdio>
 #include <string>
 
+#include "bench/peak_flops.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
+#include "tensor/cpu/cpu_backend.h"
 
 using namespace pipit;
 
@@ -80,13 +83,29 @@ std::vector<double> bench_tiny_op(int warmup, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: cpu_vs_torch mlp|gpt|tiny_op THREADS WARMUP STEPS\n");
+  if (argc == 2 && std::string(argv[1]) == "peak") {
+    const bench::Peak peak = bench::measure_peak_gflops();
+    std::printf("{\"gflops\": %.1f, \"isa\": \"%s\"}\n", peak.gflops, peak.isa.c_str());
+    return 0;
+  }
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr,
+                 "usage: cpu_vs_torch mlp|gpt|tiny_op THREADS WARMUP STEPS [onednn|openblas], or "
+                 "cpu_vs_torch peak\n");
     return 2;
   }
   const std::string model = argv[1];
   const int threads = std::stoi(argv[2]), warmup = std::stoi(argv[3]), steps = std::stoi(argv[4]);
   set_num_threads(threads);
+  if (argc == 6) {
+    const std::string gemm = argv[5];
+    if (gemm != "onednn" && gemm != "openblas") {
+      std::fprintf(stderr, "cpu_vs_torch: unknown GEMM provider '%s' (onednn, openblas)\n",
+                   gemm.c_str());
+      return 2;
+    }
+    set_cpu_gemm_provider(gemm == "onednn" ? GemmProvider::onednn : GemmProvider::openblas);
+  }
   std::vector<double> times;
   if (model == "mlp") {
     times = bench_mlp(warmup, steps);

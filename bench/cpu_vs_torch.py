@@ -1,136 +1,72 @@
 #!/usr/bin/env python3
-"""pipit vs PyTorch on the CPU: same models, shapes, optimizer and thread count.
+"""pipit vs PyTorch and JAX on the CPU: same models, shapes, optimizer rules and thread count.
 
-Alternates pipit (build/cpu_vs_torch) and PyTorch (Debian's python3-torch) round by round in
-one run, takes the median step time of each, prints ms/step and the ratio PyTorch/pipit
-(> 1 means pipit is faster), and appends a dated table to bench/RESULTS.md.
+Runs pipit (build/cpu_vs_torch), PyTorch eager (Debian's python3-torch; with --torch2 also
+PyTorch 2.x from PyPI) and JAX (the whole train step under jax.jit) in turns, round by round,
+in one run; takes the median step time of each; prints ms/step, each peer's time over
+pipit's (> 1 means pipit is faster) and, for the MLP, the share of the machine's FP32 peak
+(2*M*N*K per GEMM over the step time, against a measured FMA loop); appends a dated table to
+bench/RESULTS.md.
 
-usage: /usr/bin/python3 bench/cpu_vs_torch.py [--build build] [--rounds 3] [--no-append]
+PyTorch 2.x and JAX come from PyPI into virtual environments this script makes outside the
+repository, under ~/.cache/pipit-bench (or $PIPIT_BENCH_VENVS): JAX by default (about
+100 MB; --no-jax skips it), PyTorch 2.x only with --torch2 (several GB with its CUDA wheels).
+Each run is pinned with taskset to as many cores as it has threads.
+
+usage: /usr/bin/python3 bench/cpu_vs_torch.py [--build build] [--rounds 3] [--threads 1,2]
+                                              [--no-jax] [--torch2] [--no-append]
 """
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import time
 
-# torch.set_num_threads does not reach the BLAS that Debian's torch calls (OpenBLAS, with its
-# own thread pool), so each thread count runs in a child process whose environment pins every
-# pool to that count before torch is imported.
-if "--child" in sys.argv:
-    _threads = sys.argv[sys.argv.index("--threads") + 1]
-    assert _threads.isdigit(), "a child runs one thread count"
-    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[_var] = _threads
-
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = ["mlp", "gpt", "tiny_op"]
 STEPS = {"mlp": (3, 10), "gpt": (2, 6), "tiny_op": (1, 5)}  # (warm-up, timed) per round
+UNIT = {"mlp": "ms/step", "gpt": "ms/step", "tiny_op": "us/op"}
+MLP_SIZES = [784, 1024, 1024, 10]
+MLP_BATCH = 256
 
 
-class Block(nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.ln2 = nn.LayerNorm(width)
-        self.fc = nn.Linear(width, 4 * width)
-        self.fc_proj = nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        h = self.ln1(x)
-        q, k, v = self.qkv(h).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
-        att = (q @ k.transpose(-1, -2)) / math.sqrt(C // self.heads)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        att = att.masked_fill(mask, float("-inf")).softmax(-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + self.proj(y)
-        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+def mlp_gemm_flops():
+    """FLOPs of the GEMMs in one MLP step: every layer's forward and weight gradient, and the
+    input gradient of every layer but the first (the data needs none)."""
+    total = 0
+    for i, (fan_in, fan_out) in enumerate(zip(MLP_SIZES, MLP_SIZES[1:])):
+        one = 2 * MLP_BATCH * fan_in * fan_out
+        total += one * (2 if i == 0 else 3)
+    return total
 
 
-class Gpt(nn.Module):
-    def __init__(self, vocab, context, layers, heads, width):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, width)
-        self.wpe = nn.Embedding(context, width)
-        self.blocks = nn.Sequential(*[Block(width, heads) for _ in range(layers)])
-        self.ln = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab)
-
-    def forward(self, idx):
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.head(self.ln(self.blocks(self.wte(idx) + self.wpe(pos))))
-
-
-def time_steps(warmup, steps, step):
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1000.0)
-    return times
+def venv_python(name, packages):
+    """The python of a virtual environment outside the repository holding `packages`, made
+    (with Debian's python3 -m venv and pip from PyPI) the first time it is asked for."""
+    root = os.environ.get("PIPIT_BENCH_VENVS",
+                          os.path.join(os.path.expanduser("~"), ".cache", "pipit-bench"))
+    path = os.path.join(root, name)
+    python = os.path.join(path, "bin", "python")
+    if not os.path.exists(python):
+        print(f"cpu_vs_torch: making {path} with {' '.join(packages)} from PyPI", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", path], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", *packages], check=True)
+    return python
 
 
-def torch_mlp(warmup, steps):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                          nn.Linear(1024, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(256, 784)
-    y = torch.arange(256) % 10
-
-    def step():
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    return time_steps(warmup, steps, step)
-
-
-def torch_gpt(warmup, steps):
-    torch.manual_seed(0)
-    model = Gpt(65, 128, 4, 4, 128)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.01)
-    i = torch.arange(16 * 128)
-    x = ((i * 7) % 65).view(16, 128)
-    y = ((i * 7 + 3) % 65).view(16, 128)
-
-    def step():
-        opt.zero_grad()
-        F.cross_entropy(model(x).view(-1, 65), y.view(-1)).backward()
-        opt.step()
-    return time_steps(warmup, steps, step)
-
-
-def torch_tiny_op(warmup, steps):
-    a, b = torch.tensor([1.0]), torch.tensor([2.0])
-    ops = 10000
-
-    def step():
-        nonlocal a
-        for _ in range(ops):
-            a = torch.add(a, b)
-    return [t * 1000.0 / ops for t in time_steps(warmup, steps, step)]
-
-
-TORCH = {"mlp": torch_mlp, "gpt": torch_gpt, "tiny_op": torch_tiny_op}
-
-
-def pipit_times(binary, model, threads, warmup, steps):
-    out = subprocess.run([binary, model, str(threads), str(warmup), str(steps)], check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["ms"]
+def run_once(argv, model, threads):
+    """One warm-up-then-timed run of `model` in a fresh process pinned to `threads` cores."""
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(threads)
+    cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
+    warmup, steps = STEPS[model]
+    out = subprocess.run(["taskset", "-c", cores, *argv, model, str(threads), str(warmup),
+                          str(steps)], check=True, capture_output=True, text=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def cpu_name():
@@ -145,53 +81,83 @@ def cpu_name():
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", default=os.path.join(here, "..", "build"))
+    parser.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--no-jax", action="store_true")
+    parser.add_argument("--torch2", action="store_true")
     parser.add_argument("--no-append", action="store_true")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     binary = os.path.join(args.build, "cpu_vs_torch")
+    torch_peer = os.path.join(HERE, "cpu_peer_torch.py")
 
-    if args.child:
-        threads = int(args.threads)
-        torch.set_num_threads(threads)
-        for model in ["mlp", "gpt", "tiny_op"]:
-            warmup, steps = STEPS[model]
-            pipit_ms, torch_ms = [], []
-            for _ in range(args.rounds):
-                pipit_ms += pipit_times(binary, model, threads, warmup, steps)
-                torch_ms += TORCH[model](warmup, steps)
-            p, t = statistics.median(pipit_ms), statistics.median(torch_ms)
-            print(json.dumps({"model": model, "threads": threads, "pipit": p, "torch": t}),
-                  flush=True)
-        return
+    runners = [("pipit", [binary]), ("PyTorch (Debian)", ["/usr/bin/python3", torch_peer])]
+    if args.torch2:
+        runners.append(("PyTorch 2.x", [venv_python("torch2", ["torch"]), torch_peer]))
+    if not args.no_jax:
+        runners.append(("JAX", [venv_python("jax", ["jax[cpu]"]),
+                                os.path.join(HERE, "cpu_peer_jax.py")]))
 
+    peak = json.loads(subprocess.run([binary, "peak"], check=True, capture_output=True,
+                                     text=True).stdout)
+    print(f"FP32 peak of one core ({peak['isa']} FMA loop): {peak['gflops']:.0f} GFLOP/s",
+          flush=True)
+
+    versions = {}
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
-        child = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--threads",
-                                str(threads), "--build", args.build, "--rounds",
-                                str(args.rounds)], check=True, capture_output=True, text=True)
-        for line in child.stdout.splitlines():
-            r = json.loads(line)
-            p, t = r["pipit"], r["torch"]
-            rows.append((r["model"], threads, p, t, t / p))
-            print(f"{r['model']:8s} threads={threads}  pipit {p:9.3f}  torch {t:9.3f}  "
-                  f"torch/pipit {t / p:5.2f}", flush=True)
+        for model in MODELS:
+            times = {name: [] for name, _ in runners}
+            for _ in range(args.rounds):
+                for name, argv in runners:
+                    result = run_once(argv, model, threads)
+                    times[name] += result["ms"]
+                    if "version" in result:
+                        versions[name] = result["version"]
+            medians = {name: statistics.median(ms) for name, ms in times.items()}
+            rows.append((model, threads, medians))
+            print(f"{model:8s} threads={threads}  " +
+                  "  ".join(f"{name} {ms:9.3f}" for name, ms in medians.items()), flush=True)
 
-    unit = {"mlp": "ms/step", "gpt": "ms/step", "tiny_op": "us/op"}
-    lines = [f"\n## cpu_vs_torch, {datetime.date.today()}, {cpu_name()}, "
-             f"{os.cpu_count()} cores, torch {torch.__version__}\n",
-             "| model | threads | unit | pipit | PyTorch | PyTorch/pipit |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for model, threads, p, t, ratio in rows:
-        lines.append(f"| {model} | {threads} | {unit[model]} | {p:.3f} | {t:.3f} | {ratio:.2f} |")
+    names = [name for name, _ in runners]
+    peers = names[1:]
+
+    def label(name):
+        return f"{name} {versions[name]}" if name in versions else name
+
+    def share_of_peak(ms, threads):
+        return 100.0 * mlp_gemm_flops() / (ms / 1000.0) / (peak["gflops"] * 1e9 * threads)
+
+    lines = [f"\n## cpu_vs_torch, {datetime.date.today()}, {cpu_name()}, {os.cpu_count()} cores\n",
+             f"Median of {args.rounds} rounds, the frameworks in turns; FP32 peak of one core "
+             f"{peak['gflops']:.0f} GFLOP/s ({peak['isa']} FMA loop); "
+             f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}. "
+             "Ratios are the peer's time over pipit's (> 1: pipit is faster); % of peak counts "
+             "the MLP's GEMM FLOPs only.\n",
+             "| model | threads | unit | " + " | ".join(label(n) for n in names) + " | " +
+             " | ".join(f"{p}/pipit" for p in peers) + " | % of peak: " +
+             " / ".join(names) + " |",
+             "|" + " --- |" * (3 + len(names) + len(peers) + 1)]
+    for model, threads, medians in rows:
+        p = medians["pipit"]
+        peak_cell = (" / ".join(f"{share_of_peak(medians[n], threads):.0f}%" for n in names)
+                     if model == "mlp" else "")
+        lines.append(f"| {model} | {threads} | {UNIT[model]} | " +
+                     " | ".join(f"{medians[n]:.3f}" for n in names) + " | " +
+                     " | ".join(f"{medians[n] / p:.2f}" for n in peers) + f" | {peak_cell} |")
+    scaling = {m: None for m in ("mlp", "gpt")}
+    by_key = {(m, t): med for m, t, med in rows}
+    for m in scaling:
+        if (m, 1) in by_key and (m, 2) in by_key:
+            scaling[m] = by_key[(m, 1)]["pipit"] / by_key[(m, 2)]["pipit"]
+    if all(v is not None for v in scaling.values()):
+        lines.append(f"\npipit's speed-up from 1 to 2 threads: MLP {scaling['mlp']:.2f}x, "
+                     f"GPT {scaling['gpt']:.2f}x.")
     table = "\n".join(lines) + "\n"
     print(table)
     if not args.no_append:
-        with open(os.path.join(here, "RESULTS.md"), "a") as f:
+        with open(os.path.join(HERE, "RESULTS.md"), "a") as f:
             f.write(table)
 
 

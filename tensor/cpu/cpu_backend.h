@@ -3,8 +3,9 @@
 
 namespace pipit {
 
-// The CPU implementation of every raw kernel: OpenMP loops, OpenBLAS for GEMM. Its methods
-// are defined across tensor/cpu/*.cpp, one family of kernels per file.
+// The CPU implementation of every raw kernel: OpenMP loops, and GEMM from oneDNN or OpenBLAS
+// (cpu_gemm_provider()). Its methods are defined across tensor/cpu/*.cpp, one family of
+// kernels per file.
 class CpuBackend final : public Backend {
  public:
   Device device() const override { return Device::cpu(); }
@@ -55,5 +56,14 @@ class CpuBackend final : public Backend {
                 double momentum, double weight_decay, bool first_step) override;
   void adamw_step(std::span<const AdamWSlot> slots, const AdamWParams& params) override;
 };
+
+// Where f32 GEMMs on the CPU go. automatic: oneDNN on CPUs with AVX-512 when the build has it
+// (CMake PIPIT_GEMM; =ONEDNN makes it oneDNN on every CPU), else OpenBLAS; tensor/cpu/matmul.cpp
+// says why. f64 products always go to OpenBLAS. Choosing oneDNN in a build without it throws.
+// Results do not depend on the thread count with either.
+enum class GemmProvider { automatic, onednn, openblas };
+void set_cpu_gemm_provider(GemmProvider provider);
+// The provider in use: "oneDNN" or "OpenBLAS".
+const char* cpu_gemm_provider();
 
 }  // namespace pipit

@@ -1,12 +1,26 @@
-// Matrix products through OpenBLAS. Each operand is passed to GEMM as it lies in memory when
-// its last two dims are row- or column-major; only other layouts are copied first.
+// Matrix products through oneDNN's sgemm or OpenBLAS. Each operand is passed to GEMM as it
+// lies in memory when its last two dims are row- or column-major; only other layouts are
+// copied first.
 //
-// OpenBLAS runs single threaded (see set_num_threads): a second thread pool would spin
-// against pipit's OpenMP threads for the same cores. Products are split here instead, into
-// tiles of the output whose bounds depend only on the shape, each tile one BLAS call, so
-// every element comes from the same call whatever the thread count.
+// Which library (set_cpu_gemm_provider; bench/gemm_providers measures both on pipit's shapes):
+// on a CPU with AVX-512, oneDNN, which dispatches on the instructions the CPU reports, while
+// OpenBLAS's choice of kernels can be held to AVX2 by OPENBLAS_CORETYPE, which some machines
+// set for reasons of their own. On an AVX2-only CPU both run AVX2 kernels, and OpenBLAS's
+// packing copes better with operands whose row strides are powers of two (oneDNN's sgemm runs
+// at half speed on several of the MLP's transposed shapes), so OpenBLAS. f64 is always
+// OpenBLAS.
+//
+// The GEMM library runs single threaded (see set_num_threads, and OneThread below): a second
+// thread pool would spin against pipit's OpenMP threads for the same cores. Products are split
+// here instead, into tiles of the output whose bounds depend only on the shape, each tile one
+// GEMM call, so every element comes from the same call whatever the thread count.
 #include <cblas.h>
+#include <omp.h>
+#ifdef PIPIT_GEMM_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
 
+#include <atomic>
 #include <limits>
 
 #include "tensor/cpu/cpu_backend.h"
@@ -60,11 +74,59 @@ Tiling tiling_for(int64_t M, int64_t N, int64_t K) {
   return t;
 }
 
+#ifdef PIPIT_GEMM_ONEDNN
+// oneDNN sizes its OpenMP team from the calling thread's setting; one thread per call keeps a
+// tile's result independent of how many threads pipit runs.
+class OneThread {
+ public:
+  OneThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(saved_); }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int saved_;
+};
+#endif
+
+std::atomic<GemmProvider> g_provider{GemmProvider::automatic};
+
+bool use_onednn() {
+#ifdef PIPIT_GEMM_ONEDNN
+  switch (g_provider.load(std::memory_order_relaxed)) {
+    case GemmProvider::onednn:
+      return true;
+    case GemmProvider::openblas:
+      return false;
+    case GemmProvider::automatic:
+      break;
+  }
+#ifdef PIPIT_GEMM_ONEDNN_ALWAYS
+  return true;
+#else
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  return avx512;
+#endif
+#else
+  return false;
+#endif
+}
+
 template <typename T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* b,
           int64_t ldb, T beta, T* c, int64_t ldc) {
   auto trans = [](bool t) { return t ? CblasTrans : CblasNoTrans; };
   if constexpr (std::is_same_v<T, float>) {
+#ifdef PIPIT_GEMM_ONEDNN
+    if (use_onednn()) {
+      OneThread one_thread;
+      const dnnl_status_t status =
+          dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, a, lda, b, ldb, beta, c, ldc);
+      PIPIT_CHECK(status == dnnl_success, "matmul: oneDNN sgemm of ", M, " x ", N, " x ", K,
+                  " failed with status ", static_cast<int>(status));
+      return;
+    }
+#endif
     cblas_sgemm(CblasRowMajor, trans(ta), trans(tb), static_cast<int>(M), static_cast<int>(N),
                 static_cast<int>(K), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
                 c, static_cast<int>(ldc));
@@ -130,6 +192,19 @@ void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, boo
 }
 
 }  // namespace
+
+void set_cpu_gemm_provider(GemmProvider provider) {
+#ifndef PIPIT_GEMM_ONEDNN
+  PIPIT_CHECK(provider != GemmProvider::onednn,
+              "set_cpu_gemm_provider: this build of pipit has no oneDNN (CMake PIPIT_GEMM; "
+              "tools/install_deps.sh installs libdnnl-dev)");
+#endif
+  g_provider = provider;
+}
+
+const char* cpu_gemm_provider() {
+  return use_onednn() ? "oneDNN" : "OpenBLAS";
+}
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   PIPIT_CHECK(out.is_contiguous(), "matmul: output must be contiguous");

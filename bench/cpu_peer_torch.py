@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""PyTorch's side of bench/cpu_vs_torch.py: the same models, data and optimizers as
+bench/cpu_vs_torch.cpp, in eager mode. Runs under any PyTorch: Debian's python3-torch, or
+PyTorch 2.x from PyPI in the virtual environment cpu_vs_torch.py makes with --torch2.
+
+usage: python cpu_peer_torch.py MODEL THREADS WARMUP STEPS; prints one JSON line
+{"ms": [per-step times], "version": torch.__version__}.
+"""
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.ln2 = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, 4 * width)
+        self.fc_proj = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = self.ln1(x)
+        q, k, v = self.qkv(h).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(C // self.heads)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        att = att.masked_fill(mask, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class Gpt(nn.Module):
+    def __init__(self, vocab, context, layers, heads, width):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(context, width)
+        self.blocks = nn.Sequential(*[Block(width, heads) for _ in range(layers)])
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.head(self.ln(self.blocks(self.wte(idx) + self.wpe(pos))))
+
+
+def time_steps(warmup, steps, step):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1000.0)
+    return times
+
+
+def torch_mlp(warmup, steps):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                          nn.Linear(1024, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(256, 784)
+    y = torch.arange(256) % 10
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return time_steps(warmup, steps, step)
+
+
+def torch_gpt(warmup, steps):
+    torch.manual_seed(0)
+    model = Gpt(65, 128, 4, 4, 128)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.01)
+    i = torch.arange(16 * 128)
+    x = ((i * 7) % 65).view(16, 128)
+    y = ((i * 7 + 3) % 65).view(16, 128)
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x).view(-1, 65), y.view(-1)).backward()
+        opt.step()
+    return time_steps(warmup, steps, step)
+
+
+def torch_tiny_op(warmup, steps):
+    a, b = torch.tensor([1.0]), torch.tensor([2.0])
+    ops = 10000
+
+    def step():
+        nonlocal a
+        for _ in range(ops):
+            a = torch.add(a, b)
+    return [t * 1000.0 / ops for t in time_steps(warmup, steps, step)]
+
+
+TORCH = {"mlp": torch_mlp, "gpt": torch_gpt, "tiny_op": torch_tiny_op}
+
+
+if __name__ == "__main__":
+    model, threads, warmup, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    torch.set_num_threads(threads)
+    print(json.dumps({"ms": TORCH[model](warmup, steps), "version": torch.__version__}))

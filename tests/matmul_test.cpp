@@ -1,0 +1,147 @@
+// The CPU GEMM, with every provider this build has (OpenBLAS, and oneDNN where built in),
+// against a double-precision reference: every operand layout (row- and column-major, strided,
+// batched, broadcast), accumulation into the output as Linear's bias does it, and shapes
+// large enough to be split into tiles. The bound is the classic one for a K-term dot product
+// in float, K * 2^-24 * sum |a_ik * b_kj| (with a factor 2 to spare), so a provider that
+// loses precision, reads a wrong stride or drops a tile fails.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "pipit.h"
+#include "tensor/cpu/cpu_backend.h"
+
+using namespace pipit;
+
+namespace {
+
+// a [batch or 1, M, K] and b [batch or 1, K, N], any strides; out [batch, M, N].
+void check_against_reference(const Tensor& a, const Tensor& b, const Tensor& out,
+                             const std::vector<float>& addend = {}) {
+  const std::vector<float> av = a.contiguous().to_vector<float>();
+  const std::vector<float> bv = b.contiguous().to_vector<float>();
+  const std::vector<float> ov = out.to_vector<float>();
+  const int64_t M = a.shape()[a.dim() - 2], K = a.shape()[a.dim() - 1];
+  const int64_t N = b.shape()[b.dim() - 1];
+  const int64_t a_batch = a.dim() == 3 ? a.shape()[0] : 1,
+                b_batch = b.dim() == 3 ? b.shape()[0] : 1;
+  const int64_t batch = std::max(a_batch, b_batch);
+  REQUIRE(static_cast<int64_t>(ov.size()) == batch * M * N);
+  int64_t bad = 0;
+  for (int64_t p = 0; p < batch; ++p) {
+    const float* pa = av.data() + (a_batch == 1 ? 0 : p) * M * K;
+    const float* pb = bv.data() + (b_batch == 1 ? 0 : p) * K * N;
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) {
+        double exact = addend.empty() ? 0.0 : addend[j];
+        double magnitude = std::abs(exact);
+        for (int64_t k = 0; k < K; ++k) {
+          exact += static_cast<double>(pa[i * K + k]) * pb[k * N + j];
+          magnitude += std::abs(static_cast<double>(pa[i * K + k]) * pb[k * N + j]);
+        }
+        const double bound = 2.0 * static_cast<double>(K + 1) * std::ldexp(1.0, -24) * magnitude;
+        if (!(std::abs(ov[(p * M + i) * N + j] - exact) <= bound)) ++bad;
+      }
+    }
+  }
+  INFO("provider " << cpu_gemm_provider() << ", " << M << " x " << N << " x " << K << " batch "
+                   << batch);
+  CHECK(bad == 0);
+}
+
+// The providers this build has; the rest of the suite runs with the automatic choice.
+std::vector<GemmProvider> providers() {
+  std::vector<GemmProvider> list{GemmProvider::openblas};
+  try {
+    set_cpu_gemm_provider(GemmProvider::onednn);
+    list.push_back(GemmProvider::onednn);
+  } catch (const Error&) {
+    WARN("this build has no oneDNN: OpenBLAS only");
+  }
+  set_cpu_gemm_provider(GemmProvider::automatic);
+  return list;
+}
+
+// Runs `body` once with each provider, then goes back to the automatic choice.
+template <typename Body>
+void with_each_provider(Body body) {
+  for (GemmProvider provider : providers()) {
+    set_cpu_gemm_provider(provider);
+    try {
+      body();
+    } catch (...) {
+      set_cpu_gemm_provider(GemmProvider::automatic);
+      throw;
+    }
+  }
+  set_cpu_gemm_provider(GemmProvider::automatic);
+}
+
+// [rows, cols] values, stored row-major or (transposed) column-major.
+Tensor matrix(int64_t rows, int64_t cols, bool column_major, Generator& generator) {
+  return column_major ? transpose(randn({cols, rows}, &generator), 0, 1)
+                      : randn({rows, cols}, &generator);
+}
+
+}  // namespace
+
+TEST_CASE("matmul matches a double-precision reference in every operand layout", "[tensor]") {
+  Generator generator(11);
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {1, 1, 1},      {3, 5, 7},       {17, 33, 65},   {64, 64, 64},
+      {129, 257, 95}, {256, 10, 1024}, {300, 333, 200}};  // the last is over the size at which a
+                                                          // product is split into tiles
+  with_each_provider([&] {
+    for (const auto& [M, N, K] : shapes) {
+      for (int layout = 0; layout < 4; ++layout) {
+        const Tensor a = matrix(M, K, layout & 1, generator);
+        const Tensor b = matrix(K, N, layout & 2, generator);
+        check_against_reference(a, b, matmul(a, b));
+      }
+    }
+  });
+}
+
+TEST_CASE("matmul: strided, batched and broadcast operands, and accumulation", "[tensor]") {
+  Generator generator(12);
+  with_each_provider([&] {
+    // A row stride larger than the row: every other row of a taller matrix.
+    const Tensor tall = randn({2 * 37, 41}, &generator);
+    const Tensor strided = slice(tall, 0, 0, 2 * 37, 2);
+    const Tensor b = randn({41, 29}, &generator);
+    check_against_reference(strided, b, matmul(strided, b));
+
+    // A batch against a shared matrix (folded into one product) and against its own matrices.
+    const Tensor batch = randn({3, 70, 50}, &generator);
+    const Tensor shared = randn({50, 90}, &generator);
+    check_against_reference(batch, unsqueeze(shared, 0), matmul(batch, shared));
+    const Tensor own = transpose(randn({3, 90, 50}, &generator), 1, 2);
+    check_against_reference(batch, own, matmul(batch, own));
+
+    // Linear preloads the bias into the output and accumulates the product onto it.
+    const Tensor x = randn({300, 200}, &generator), weight = randn({333, 200}, &generator);
+    const Tensor bias = randn({333}, &generator);
+    check_against_reference(x, transpose(weight, 0, 1), linear(x, weight, bias),
+                            bias.to_vector<float>());
+  });
+}
+
+TEST_CASE("matmul results are the same bits run to run and at any thread count", "[tensor]") {
+  Generator generator(13);
+  const Tensor a = randn({256, 784}, &generator), w = randn({1024, 784}, &generator);
+  const Tensor heads = randn({4, 128, 32}, &generator);
+  auto products = [&] {
+    return std::vector<std::vector<float>>{
+        matmul(a, transpose(w, 0, 1)).to_vector<float>(),
+        matmul(transpose(a, 0, 1), matmul(a, transpose(w, 0, 1))).to_vector<float>(),
+        matmul(heads, transpose(heads, 1, 2)).to_vector<float>()};
+  };
+  const int threads = get_num_threads();
+  with_each_provider([&] {
+    set_num_threads(1);
+    const std::vector<std::vector<float>> first = products();
+    CHECK(products() == first);
+    set_num_threads(4);
+    CHECK(products() == first);
+    set_num_threads(threads);
+  });
+}
