@@ -6,6 +6,8 @@
 set -euo pipefail
 
 packages=(cmake g++ make pkg-config libopenblas-dev nlohmann-json3-dev libasio-dev catch2 python3)
+# CPU f32 GEMM on AVX-512 machines (tensor/cpu/matmul.cpp): oneDNN.
+packages+=(libdnnl-dev)
 # The fuzz build (tests/fuzz/run.sh): clang, its sanitizer and libFuzzer runtimes
 # (libclang_rt.fuzzer*.a come from libclang-rt-14-dev, which libclang-rt-dev pulls in) and
 # clang's OpenMP runtime.
