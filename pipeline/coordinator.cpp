@@ -171,7 +171,8 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   begin_step(true);
   for (int i = 0; i < m; ++i) comm_->send(0, {MessageKind::Activation, step_, i, 0, {inputs[i]}});
 
-  const int last_stage = (p * config_.chunks_per_stage - 1) % p;
+  const int last_stage =
+      stage_of_chunk(p * config_.chunks_per_stage - 1, p, placement_of(config_.schedule));
   std::vector<double> losses(static_cast<size_t>(m), 0.0);
   std::vector<bool> output_seen(static_cast<size_t>(m), false), stage_done(static_cast<size_t>(p));
   int outputs = 0, done = 0;
@@ -357,6 +358,9 @@ void Coordinator::remap_now(const std::vector<LayerRange>& ranges, const std::st
   const std::string what = "remap " + ranges_str(ranges_) + " -> " + ranges_str(ranges);
   PIPIT_CHECK(ranges.size() == chunks, what, ": ", ranges.size(), " ranges given for ", chunks,
               " chunks (", config_.stages, " stages x ", config_.chunks_per_stage, ")");
+  PIPIT_CHECK(placement_of(config_.schedule) == Placement::loop, what, ": schedule \"",
+              config_.schedule, "\" places its chunks in a V; layers move only between chunks ",
+              "placed round-robin (every other schedule)");
   for (size_t c = 0; c < chunks; ++c) {
     const size_t begin = c == 0 ? 0 : ranges[c - 1].end;
     PIPIT_CHECK(ranges[c].begin == begin && ranges[c].end > ranges[c].begin, what, ": chunk ", c,

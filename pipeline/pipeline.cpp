@@ -34,7 +34,8 @@ StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>
   spec.recompute = config.recompute == "full";
   spec.optimizer = config.optimizer;
   for (int local = 0; local < config.chunks_per_stage; ++local) {
-    const LayerRange& range = ranges.at(static_cast<size_t>(local * config.stages + stage));
+    const int global = global_chunk(stage, local, config.stages, placement_of(config.schedule));
+    const LayerRange& range = ranges.at(static_cast<size_t>(global));
     spec.chunks.push_back(model.slice(range.begin, range.end));
   }
   spec.optimizer_state = optimizer_state;

@@ -23,10 +23,11 @@ void check_costs(const char* function, double forward_cost, double backward_cost
 }
 
 constexpr const char* kScheduleNames =
-    "\"gpipe\", \"1f1b\", \"interleaved\", \"zbh1\", \"zbh2\", \"table\"";
+    "\"gpipe\", \"1f1b\", \"interleaved\", \"zbh1\", \"zbh2\", \"zbv\", \"table\"";
 
-Task make_task(Phase phase, int microbatch, int chunk, int stages) {
-  return Task{0, microbatch, chunk, phase, chunk % stages};
+Task make_task(Phase phase, int microbatch, int chunk, int stages,
+               Placement placement = Placement::loop) {
+  return Task{0, microbatch, chunk, phase, stage_of_chunk(chunk, stages, placement)};
 }
 
 }  // namespace
@@ -96,13 +97,15 @@ Schedule interleaved_schedule(int stages, int microbatches, int chunks_per_stage
   return schedule;
 }
 
-Schedule forward_only_schedule(int stages, int microbatches, int chunks_per_stage) {
+Schedule forward_only_schedule(int stages, int microbatches, int chunks_per_stage,
+                               Placement placement) {
   check_sizes("forward_only_schedule", stages, microbatches, chunks_per_stage);
   Schedule schedule(stages);
   for (int s = 0; s < stages; ++s) {
     for (int mb = 0; mb < microbatches; ++mb) {
       for (int local = 0; local < chunks_per_stage; ++local) {
-        schedule[s].push_back(make_task(Phase::Forward, mb, local * stages + s, stages));
+        schedule[s].push_back(make_task(
+            Phase::Forward, mb, global_chunk(s, local, stages, placement), stages, placement));
       }
     }
   }
@@ -134,6 +137,11 @@ Schedule make_schedule(const std::string& name, int stages, int microbatches, in
     return name == "zbh1" ? zb_h1_schedule(stages, microbatches)
                           : zb_h2_schedule(stages, microbatches);
   }
+  if (name == "zbv") {
+    PIPIT_CHECK(chunks_per_stage == 2, "make_schedule: \"zbv\" runs two chunks per stage, got ",
+                "chunks_per_stage = ", chunks_per_stage);
+    return zb_v_schedule(stages, microbatches);
+  }
   throw Error(detail::concat("make_schedule: unknown schedule \"", name, "\"; valid names are ",
                              kScheduleNames));
 }
@@ -141,6 +149,13 @@ Schedule make_schedule(const std::string& name, int stages, int microbatches, in
 ScheduleReport validate_schedule(const Schedule& schedule, int stages, int microbatches,
                                  int chunks_per_stage, double forward_cost, double backward_cost,
                                  double weight_share) {
+  return validate_schedule(schedule, stages, microbatches, chunks_per_stage, Placement::loop,
+                           forward_cost, backward_cost, weight_share);
+}
+
+ScheduleReport validate_schedule(const Schedule& schedule, int stages, int microbatches,
+                                 int chunks_per_stage, Placement placement, double forward_cost,
+                                 double backward_cost, double weight_share) {
   check_sizes("validate_schedule", stages, microbatches, chunks_per_stage);
   check_costs("validate_schedule", forward_cost, backward_cost);
   PIPIT_CHECK(weight_share >= 0 && weight_share <= 1,
@@ -169,8 +184,9 @@ ScheduleReport validate_schedule(const Schedule& schedule, int stages, int micro
                       static_cast<int>(task.phase) < kPhases,
                   "validate_schedule: unknown task ", task, " on stage ", s, " (m = ", microbatches,
                   ", ", chunks, " chunks)");
-      PIPIT_CHECK(task.chunk % stages == s, "validate_schedule: task ", task, " is on stage ", s,
-                  " but chunk ", task.chunk, " lives on stage ", task.chunk % stages);
+      PIPIT_CHECK(stage_of_chunk(task.chunk, stages, placement) == s, "validate_schedule: task ",
+                  task, " is on stage ", s, " but chunk ", task.chunk, " lives on stage ",
+                  stage_of_chunk(task.chunk, stages, placement));
       PIPIT_CHECK(task.stage == s, "validate_schedule: task ", task, " in stage ", s,
                   "'s list says stage ", task.stage);
       PIPIT_CHECK(!seen[index_of(task)], "validate_schedule: task ", task,
@@ -208,8 +224,8 @@ ScheduleReport validate_schedule(const Schedule& schedule, int stages, int micro
         missing_phase = Phase::WeightGrad;
       }
       PIPIT_CHECK(missing == nullptr, "validate_schedule: task ",
-                  make_task(missing_phase, mb, c, stages), " is missing from stage ", c % stages,
-                  missing);
+                  make_task(missing_phase, mb, c, stages, placement), " is missing from stage ",
+                  stage_of_chunk(c, stages, placement), missing);
     }
   }
 
@@ -218,18 +234,18 @@ ScheduleReport validate_schedule(const Schedule& schedule, int stages, int micro
     switch (task.phase) {
       case Phase::Forward:
         if (task.chunk == 0) return std::nullopt;
-        return make_task(Phase::Forward, task.microbatch, task.chunk - 1, stages);
+        return make_task(Phase::Forward, task.microbatch, task.chunk - 1, stages, placement);
       case Phase::WeightGrad:
-        return make_task(Phase::InputGrad, task.microbatch, task.chunk, stages);
+        return make_task(Phase::InputGrad, task.microbatch, task.chunk, stages, placement);
       default:
         break;
     }
     if (task.chunk == chunks - 1) {
-      return make_task(Phase::Forward, task.microbatch, task.chunk, stages);
+      return make_task(Phase::Forward, task.microbatch, task.chunk, stages, placement);
     }
     const bool split = seen[index(Phase::InputGrad, task.microbatch, task.chunk + 1)] != 0;
     return make_task(split ? Phase::InputGrad : Phase::Backward, task.microbatch, task.chunk + 1,
-                     stages);
+                     stages, placement);
   };
   const double v = chunks_per_stage;
   const double weight_cost = weight_share * backward_cost;
@@ -302,6 +318,7 @@ double theoretical_step_time(const std::string& name, int stages, int microbatch
     const double deferred = name == "zbh1" ? w : 2 * w;
     return microbatches * pair + (stages - 1) * std::max(forward_cost, forward_cost + i - deferred);
   }
+  if (name == "zbv") return microbatches * pair + (stages - 1) * forward_cost / 2;
   throw Error(detail::concat("theoretical_step_time: unknown schedule \"", name,
                              "\"; valid names are ", kScheduleNames));
 }

@@ -21,7 +21,8 @@ Schedule one_f_one_b_schedule(int stages, int microbatches);
 // v == 1 it is one_f_one_b_schedule.
 Schedule interleaved_schedule(int stages, int microbatches, int chunks_per_stage);
 // Forward passes only, microbatch by microbatch (pipelined inference).
-Schedule forward_only_schedule(int stages, int microbatches, int chunks_per_stage);
+Schedule forward_only_schedule(int stages, int microbatches, int chunks_per_stage,
+                               Placement placement = Placement::loop);
 
 // Zero-bubble schedules (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024), with each
 // backward split into I and W (pipeline/task.h). Built by simulating the stages with unit task
@@ -32,6 +33,11 @@ Schedule forward_only_schedule(int stages, int microbatches, int chunks_per_stag
 // at least (p - 1) F, the time the last stage waits for its first input.
 Schedule zb_h1_schedule(int stages, int microbatches);
 Schedule zb_h2_schedule(int stages, int microbatches);
+// ZB-V: two chunks per stage placed in a V (Placement::v), a = 2p chunk activations per stage
+// (1F1B's p stage activations, on every stage), d = p. With F = I = W its bubble is
+// (p - 1) F / 2 when m is a multiple of p, below ZB-H1's (p - 1) F and interleaved 1F1B's
+// (p - 1)(F + B) / 2.
+Schedule zb_v_schedule(int stages, int microbatches);
 
 // A schedule written by hand: one line per stage, in stage order, listing the stage's tasks in
 // the order it runs them; for p = 2, m = 2 (ZB-H1's order):
@@ -43,9 +49,10 @@ Schedule zb_h2_schedule(int stages, int microbatches);
 Schedule parse_schedule_table(const std::string& table, int stages, int microbatches,
                               int chunks_per_stage);
 
-// By name: "gpipe", "1f1b", "interleaved", "zbh1", "zbh2", or "table" (`table`, parsed by
-// parse_schedule_table). Invalid combinations throw an Error naming the schedule and the
-// numbers (v > 1 needs "interleaved" or a table; "interleaved" needs m % p == 0).
+// By name: "gpipe", "1f1b", "interleaved", "zbh1", "zbh2", "zbv", or "table" (`table`, parsed
+// by parse_schedule_table, on the loop placement). Invalid combinations throw an Error naming
+// the schedule and the numbers (v > 1 needs "interleaved", "zbv" or a table; "interleaved"
+// needs m % p == 0; "zbv" needs v = 2).
 Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks_per_stage,
                        const std::string& table = "");
 
@@ -61,16 +68,21 @@ struct ScheduleReport {
 };
 
 // Checks that every (microbatch, chunk) has its F and either its B or its I and W exactly
-// once, on stage chunk % p, in the orders that keep gradients bit-for-bit equal to sequential
-// accumulation, and that the simulated run never deadlocks; throws an Error describing the
-// first violation.
+// once, on the chunk's stage (placement loop unless given), in the orders that keep gradients
+// bit-for-bit equal to sequential accumulation, and that the simulated run never deadlocks;
+// throws an Error describing the first violation.
+ScheduleReport validate_schedule(const Schedule& schedule, int stages, int microbatches,
+                                 int chunks_per_stage, Placement placement,
+                                 double forward_cost = 1.0, double backward_cost = 2.0,
+                                 double weight_share = 0.5);
 ScheduleReport validate_schedule(const Schedule& schedule, int stages, int microbatches,
                                  int chunks_per_stage, double forward_cost = 1.0,
                                  double backward_cost = 2.0, double weight_share = 0.5);
 
 // The ideal step time with no communication cost: (m + p - 1)(tf + tb) for GPipe and 1F1B,
-// (m + (p - 1) / v)(tf + tb) for interleaved 1F1B, m (tf + tb) plus the bubbles above for ZB-H1
-// and ZB-H2, where tf and tb are a whole stage's costs and tw = weight_share tb.
+// (m + (p - 1) / v)(tf + tb) for interleaved 1F1B, m (tf + tb) plus the bubbles above for ZB-H1,
+// ZB-H2 and ZB-V (ZB-V's for F = I = W: with other costs its orders, made with unit costs, are
+// not claimed optimal), where tf and tb are a whole stage's costs and tw = weight_share tb.
 double theoretical_step_time(const std::string& name, int stages, int microbatches,
                              int chunks_per_stage, double forward_cost, double backward_cost,
                              double weight_share = 0.5);

@@ -49,7 +49,12 @@ void Stage::adopt(std::vector<std::shared_ptr<Sequential>> chunks, const nlohman
 }
 
 Sequential& Stage::chunk(int global_chunk) {
-  return *spec_.chunks[static_cast<size_t>(global_chunk / spec_.stages)];
+  const int local = local_chunk(global_chunk, spec_.stages, placement_of(spec_.schedule));
+  return *spec_.chunks[static_cast<size_t>(local)];
+}
+
+int Stage::stage_of(int chunk) const {
+  return stage_of_chunk(chunk, spec_.stages, placement_of(spec_.schedule));
 }
 
 void Stage::run() {
@@ -94,6 +99,13 @@ void Stage::send(int to, Message message) {
       for (Tensor& t : message.tensors) t = t.to(Device::cpu());
     }
   }
+  if (to == spec_.stage &&
+      (message.kind == MessageKind::Activation || message.kind == MessageKind::Gradient)) {
+    // The next chunk is this stage's own (the turn of a V): it is an input at once.
+    const Phase phase = message.kind == MessageKind::Activation ? Phase::Forward : Phase::Backward;
+    inputs_[{phase, message.microbatch, message.chunk}] = std::move(message.tensors[0]);
+    return;
+  }
   comm_->send(to, std::move(message));
 }
 
@@ -115,20 +127,19 @@ bool Stage::handle(Message message) {
 
 bool Stage::accepts(const Message& message) const {
   if (is_coordinator_command(message.kind)) return message.from == kCoordinator;
-  const int p = spec_.stages, chunks = p * spec_.chunks_per_stage;
+  const int chunks = spec_.stages * spec_.chunks_per_stage;
   const int c = message.chunk;
   if (message.kind == MessageKind::Activation || message.kind == MessageKind::Gradient) {
-    if (c < 0 || c >= chunks || c % p != spec_.stage) return false;
+    if (c < 0 || c >= chunks || stage_of(c) != spec_.stage) return false;
     const bool forward = message.kind == MessageKind::Activation;
     const bool from_coordinator = forward ? c == 0 : c == chunks - 1;
-    const int neighbour = forward ? (c - 1 + p) % p : (c + 1) % p;
-    return message.from == (from_coordinator ? kCoordinator : neighbour);
+    return message.from == (from_coordinator ? kCoordinator : stage_of(forward ? c - 1 : c + 1));
   }
   if (message.kind == MessageKind::LayerTransfer) {
     // Layers come only from the stage of a neighbouring chunk (LayerMigration checks which).
-    if (c < 0 || c >= chunks || c % p != spec_.stage) return false;
-    return (c > 0 && message.from == (c - 1) % p) ||
-           (c + 1 < chunks && message.from == (c + 1) % p);
+    if (c < 0 || c >= chunks || stage_of(c) != spec_.stage) return false;
+    return (c > 0 && message.from == stage_of(c - 1)) ||
+           (c + 1 < chunks && message.from == stage_of(c + 1));
   }
   return true;
 }
@@ -235,9 +246,9 @@ void Stage::begin_step(const Message& message) {
   timer_.begin_step(begin.profile && training_);
   chunk_busy_us_.assign(static_cast<size_t>(spec_.chunks_per_stage), 0.0);
   const int p = spec_.stages, v = spec_.chunks_per_stage;
-  Schedule schedule = training_
-                          ? make_schedule(spec_.schedule, p, microbatches_, v, spec_.schedule_table)
-                          : forward_only_schedule(p, microbatches_, v);
+  Schedule schedule =
+      training_ ? make_schedule(spec_.schedule, p, microbatches_, v, spec_.schedule_table)
+                : forward_only_schedule(p, microbatches_, v, placement_of(spec_.schedule));
   tasks_ = std::move(schedule[static_cast<size_t>(spec_.stage)]);
   for (Task& task : tasks_) task.step = step_;
   for (MessageKind kind : {MessageKind::Activation, MessageKind::Gradient}) {
@@ -281,7 +292,8 @@ void Stage::run_ready_tasks() {
         throw Error(detail::concat("a schedule holds ", task, ", which only traces may"));
     }
     const double end = trace_clock_us();
-    chunk_busy_us_[static_cast<size_t>(task.chunk / spec_.stages)] += end - start;
+    const int local = local_chunk(task.chunk, spec_.stages, placement_of(spec_.schedule));
+    chunk_busy_us_[static_cast<size_t>(local)] += end - start;
     if (record_trace_) {
       double task_start = start;
       if (recomputed_) {
@@ -300,7 +312,7 @@ void Stage::run_ready_tasks() {
 
 void Stage::forward(const Task& task, const Tensor& input) {
   Message out{MessageKind::Activation, step_, task.microbatch, task.chunk + 1};
-  const int to = task.chunk == last_chunk() ? kCoordinator : (task.chunk + 1) % spec_.stages;
+  const int to = task.chunk == last_chunk() ? kCoordinator : stage_of(task.chunk + 1);
   const Tensor local = on_device(input);
   if (!training_) {
     NoGradGuard no_grad;
@@ -369,7 +381,7 @@ void Stage::send_input_grad(const Task& task, const Tensor& leaf) {
   Tensor input_grad = leaf.grad();
   if (!input_grad.defined()) input_grad = zeros_like(leaf);
   Message out{MessageKind::Gradient, step_, task.microbatch, task.chunk - 1, {input_grad}};
-  send((task.chunk - 1) % spec_.stages, std::move(out));
+  send(stage_of(task.chunk - 1), std::move(out));
 }
 
 void Stage::backward(const Task& task, const Tensor& grad) {

@@ -32,7 +32,8 @@ struct StageSpec {
   std::string schedule_table;  // for schedule "table"
   // Keep only each chunk's input and run its forward again before the backward.
   bool recompute = false;
-  // Local chunk l is global chunk l * p + stage.
+  // Local chunk l is global chunk global_chunk(stage, l, p, placement_of(schedule))
+  // (pipeline/task.h): l * p + stage, or with "zbv" stage and then 2p - 1 - stage.
   std::vector<std::shared_ptr<Sequential>> chunks;
   nlohmann::json optimizer;
   // Restored into the optimizer when not empty: "step" and the entries of this stage's
@@ -103,6 +104,8 @@ class Stage {
   void reset();
   Sequential& chunk(int global_chunk);
   int last_chunk() const { return spec_.stages * spec_.chunks_per_stage - 1; }
+  // The stage a chunk lives on, under this stage's schedule's placement.
+  int stage_of(int chunk) const;
 
   StageSpec spec_;
   std::shared_ptr<Communicator> comm_;

@@ -88,7 +88,7 @@ StagePackage decode_stage_package(const std::string& bytes, const std::string& s
   StagePackage package;
   package.stages = static_cast<int>(reader.integer("stages", 1, INT_MAX));
   package.stage = static_cast<int>(reader.integer("stage", 0, package.stages - 1));
-  // Global chunk numbers, local * stages + stage, must be ints.
+  // Global chunk numbers (at most stages * chunks_per_stage - 1) must be ints.
   package.chunks_per_stage =
       static_cast<int>(reader.integer("chunks_per_stage", 1, INT_MAX / package.stages));
   package.schedule = reader.text("schedule");
@@ -139,7 +139,8 @@ StageSpec build_stage_spec(const StagePackage& package) {
   spec.compute_dtype = package.compute_dtype;
   StateDict unclaimed = package.weights;
   for (int local = 0; local < package.chunks_per_stage; ++local) {
-    const int global = local * package.stages + package.stage;
+    const int global =
+        global_chunk(package.stage, local, package.stages, placement_of(package.schedule));
     try {
       std::shared_ptr<Module> module = build_module(package.chunk_configs[size_t(local)]);
       auto chunk = std::dynamic_pointer_cast<Sequential>(module);

@@ -3,10 +3,10 @@
 // model chunk. Zero-bubble schedules split a backward in two (tensor/split_backward.h): the
 // input gradient (I), which the previous chunk waits for, and the weight gradients (W), which
 // nobody waits for. Chunks are numbered along the model: chunk c holds the c-th of p * v
-// consecutive layer ranges and lives on stage c % p, so with v > 1 each stage holds v chunks
-// spread round-robin over the model (Megatron's interleaving).
+// consecutive layer ranges. Where it lives is its Placement.
 #include <cstdint>
 #include <ostream>
+#include <string>
 #include <vector>
 
 namespace pipit {
@@ -34,6 +34,18 @@ struct Task {
 };
 
 std::ostream& operator<<(std::ostream& out, const Task& task);  // "F3c1", "B3c1", "I3c1", "W3c1"
+
+// Where chunks live. loop: chunk c on stage c % p, so with v > 1 each stage holds v chunks
+// spread round-robin over the model (Megatron's interleaving). v (ZB-V, two chunks per stage):
+// chunks 0..p-1 go down the stages and chunks p..2p-1 come back up, so stage s holds chunks s
+// and 2p-1-s, the middle two share stage p-1 and the first and last share stage 0.
+enum class Placement { loop, v };
+// The placement a schedule runs on: v for "zbv", loop for every other.
+Placement placement_of(const std::string& schedule);
+int stage_of_chunk(int chunk, int stages, Placement placement);
+// A stage's chunks in model order: local chunk l of `stage`, and a chunk's local index.
+int global_chunk(int stage, int local, int stages, Placement placement);
+int local_chunk(int chunk, int stages, Placement placement);
 
 // One ordered task list per stage, for one optimizer step.
 using Schedule = std::vector<std::vector<Task>>;

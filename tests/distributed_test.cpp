@@ -66,7 +66,9 @@ TEST_CASE("training over 4 worker processes equals training in-process, bit for 
                                                                 {"interleaved", 2},
                                                                 {"zbh1", 1},
                                                                 {"zbh2", 1},
+                                                                {"zbv", 2},
                                                                 {"zbh1", 1, "full"},
+                                                                {"zbv", 2, "full"},
                                                                 {"interleaved", 2, "full"}}) {
     INFO(schedule << " recompute " << recompute);
     auto local_model = small_gpt();

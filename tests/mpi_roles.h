@@ -57,7 +57,7 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   config.stages = size;
   config.microbatches = 4;
   config.schedule = schedule;
-  config.chunks_per_stage = schedule == "interleaved" ? 2 : 1;
+  config.chunks_per_stage = schedule == "interleaved" || schedule == "zbv" ? 2 : 1;
   config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
   Generator data(9);
   const Tensor x = randn({8, 6}, &data);

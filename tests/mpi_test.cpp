@@ -29,7 +29,7 @@ TEST_CASE("MPI: an SPMD pipeline equals the in-process one bit for bit, every sc
   WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
 #else
   if (!mpirun_works()) return;
-  for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zbh1", "zbh2"}) {
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zbh1", "zbh2", "zbv"}) {
     for (int ranks : {2, 4}) {
       DYNAMIC_SECTION(schedule << ", " << ranks << " ranks") {
         const Run run = mpirun(ranks, "pipeline " + schedule);

@@ -96,6 +96,7 @@ std::vector<Combination> valid_combinations() {
       all.push_back({"zbh1", p, m, 1});
       all.push_back({"zbh2", p, m, 1});
       if (m % p == 0) all.push_back({"interleaved", p, m, 2});
+      all.push_back({"zbv", p, m, 2});
     }
   }
   return all;
@@ -185,8 +186,8 @@ TEST_CASE("stages stash at most what their schedule promises", "[pipeline]") {
                                   .loss = model.loss});
     pipeline.train_step(model.input, model.target);
     const std::vector<int>& peak = pipeline.coordinator().last_step().peak_stashed;
-    const ScheduleReport report =
-        validate_schedule(make_schedule(c.schedule, c.p, c.m, c.v), c.p, c.m, c.v);
+    const ScheduleReport report = validate_schedule(make_schedule(c.schedule, c.p, c.m, c.v), c.p,
+                                                    c.m, c.v, placement_of(c.schedule));
     REQUIRE(peak.size() == static_cast<size_t>(c.p));
     for (int s = 0; s < c.p; ++s) {
       INFO("stage " << s);
@@ -221,6 +222,18 @@ TEST_CASE("pipelined inference returns the model's outputs in order", "[pipeline
                                  .loss = fresh.loss});
   CHECK(pipeline.train_step(model.input, model.target) ==
         reference.train_step(fresh.input, fresh.target));
+  // The same through a V: stage 0 holds the first and the last chunk.
+  Pipeline v_shaped(fresh.net, {.stages = 3,
+                                .microbatches = 4,
+                                .chunks_per_stage = 2,
+                                .schedule = "zbv",
+                                .loss = fresh.loss});
+  Tensor v_expected;
+  {
+    NoGradGuard no_grad;
+    v_expected = fresh.net->forward(fresh.input);
+  }
+  CHECK(bitwise_equal(v_shaped.forward(fresh.input), v_expected));
 }
 
 TEST_CASE("global gradient clipping across stages matches clip_grad_norm", "[pipeline]") {

@@ -1,4 +1,4 @@
-// Zero-bubble schedules (ZB-H1, ZB-H2) and the validator's rules for split backwards (I, W).
+// Zero-bubble schedules (ZB-H1, ZB-H2, ZB-V) and the validator's rules for split backwards (I, W).
 #include <catch2/catch.hpp>
 #include <sstream>
 #include <string>
@@ -45,6 +45,45 @@ TEST_CASE("zero-bubble schedules validate within their memory and meet their ste
       }
     }
   }
+}
+
+TEST_CASE("ZB-V: chunks in a V, 1F1B's activations on every stage, the smallest bubble",
+          "[pipeline]") {
+  for (int p : {1, 2, 3, 4, 8}) {
+    CHECK(stage_of_chunk(0, p, Placement::v) == 0);
+    CHECK(stage_of_chunk(p - 1, p, Placement::v) == p - 1);
+    CHECK(stage_of_chunk(p, p, Placement::v) == p - 1);
+    CHECK(stage_of_chunk(2 * p - 1, p, Placement::v) == 0);
+    for (int s = 0; s < p; ++s) {
+      CHECK(global_chunk(s, 1, p, Placement::v) == 2 * p - 1 - s);
+      CHECK(local_chunk(global_chunk(s, 1, p, Placement::v), p, Placement::v) == 1);
+    }
+    for (int m : {1, 2, 3, 4, 8, 16, 32}) {
+      INFO("p = " << p << " m = " << m);
+      // F = I = W = 1 per stage, each chunk half of that.
+      const ScheduleReport report =
+          validate_schedule(make_schedule("zbv", p, m, 2), p, m, 2, Placement::v);
+      if (m % p == 0) CHECK(report.makespan == theoretical_step_time("zbv", p, m, 2, 1, 2));
+      for (int s = 0; s < p; ++s) {
+        INFO("stage " << s);
+        // In chunk activations, each half a stage's: 2p is 1F1B's p on stage 0.
+        CHECK(report.peak_stashed[s] <= std::min(2 * p, 2 * m));
+        CHECK(report.peak_deferred[s] <= p);
+      }
+      if (p > 1 && m % p == 0) {
+        const double interleaved =
+            validate_schedule(interleaved_schedule(p, m, 2), p, m, 2).makespan;
+        const double zbh1 = validate_schedule(zb_h1_schedule(p, m), p, m, 1).makespan;
+        CHECK(report.makespan < zbh1);
+        CHECK(report.makespan < interleaved);
+      }
+    }
+  }
+  // The V's chunks are not where the loop placement puts them.
+  CHECK_THROWS_WITH(validate_schedule(make_schedule("zbv", 2, 2, 2), 2, 2, 2),
+                    Catch::Contains("lives on stage"));
+  CHECK_THROWS_WITH(make_schedule("zbv", 2, 4, 1),
+                    Catch::Contains("\"zbv\" runs two chunks per stage"));
 }
 
 TEST_CASE("ZB-H2 beats ZB-H1 when weight gradients are a large share", "[pipeline]") {
