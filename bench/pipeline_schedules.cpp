@@ -72,6 +72,10 @@ double step_time_us(Pipeline& pipeline, const Tensor& x, const Tensor& y, int st
   return median(times);
 }
 
+int chunks_per_stage(const std::string& schedule) {
+  return schedule == "interleaved" || schedule == "zbv" ? 2 : 1;
+}
+
 PipelineConfig mse_config(int p, int m, int v, const std::string& schedule) {
   PipelineConfig config;
   config.stages = p;
@@ -96,8 +100,8 @@ std::string efficiency_table(int64_t layer_us) {
       << "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   for (int v : {1, 2}) {
     for (int m : {8, 16, 32}) {
-      for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zbh1", "zbh2"}) {
-        if ((schedule == "interleaved") != (v > 1)) continue;
+      for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zbh1", "zbh2", "zbv"}) {
+        if (chunks_per_stage(schedule) != v) continue;
         PipelineConfig config = mse_config(p, m, v, schedule);
         config.layer_counts.assign(static_cast<size_t>(p * v), layers / (p * v));
         config.layer_counts[0] += 1;
@@ -105,8 +109,9 @@ std::string efficiency_table(int64_t layer_us) {
         Tensor x = zeros({m, 1}), y = zeros({m, 1});
         const double tf = 2.0 * layer_us, tb = 4.0 * layer_us;
         const double theory = theoretical_step_time(schedule, p, m, v, tf, tb);
-        const double simulated =
-            validate_schedule(make_schedule(schedule, p, m, v), p, m, v, tf, tb).makespan;
+        const double simulated = validate_schedule(make_schedule(schedule, p, m, v), p, m, v,
+                                                   placement_of(schedule), tf, tb)
+                                     .makespan;
         const double measured = step_time_us(pipeline, x, y, 3);
         const StepStats& stats = pipeline.coordinator().last_step();
         char row[320];
@@ -125,7 +130,7 @@ std::string efficiency_table(int64_t layer_us) {
 
 // One step of the efficiency experiment, traced, as a text timeline.
 std::string efficiency_timeline(int64_t layer_us, const std::string& schedule, int m) {
-  const int p = 4, layers = 8, v = schedule == "interleaved" ? 2 : 1;
+  const int p = 4, layers = 8, v = chunks_per_stage(schedule);
   PipelineConfig config = mse_config(p, m, v, schedule);
   config.layer_counts.assign(static_cast<size_t>(p * v), layers / (p * v));
   config.layer_counts[0] += 1;
@@ -149,13 +154,13 @@ std::string overhead_table() {
     int p, m, v;
   };
   for (const Row& r : {Row{"1f1b", 1, 32, 1}, Row{"1f1b", 4, 32, 1}, Row{"gpipe", 4, 32, 1},
-                       Row{"interleaved", 4, 32, 2}, Row{"zbh1", 4, 32, 1}}) {
+                       Row{"interleaved", 4, 32, 2}, Row{"zbh1", 4, 32, 1}, Row{"zbv", 4, 32, 2}}) {
     Pipeline pipeline(sleep_model(8, 0), mse_config(r.p, r.m, r.v, r.schedule));
     Tensor x = zeros({r.m, 1}), y = zeros({r.m, 1});
     const double us = step_time_us(pipeline, x, y, 20);
-    const double path =
-        validate_schedule(make_schedule(r.schedule, r.p, r.m, r.v), r.p, r.m, r.v, r.v, r.v)
-            .makespan;
+    const double path = validate_schedule(make_schedule(r.schedule, r.p, r.m, r.v), r.p, r.m, r.v,
+                                          placement_of(r.schedule), r.v, r.v)
+                            .makespan;
     char row[256];
     std::snprintf(row, sizeof row, "| %s | %d | %d | %d | %.1f | %.0f | %.2f |\n",
                   r.schedule.c_str(), r.p, r.m, r.v, us, path, us / path);
@@ -169,7 +174,8 @@ std::string overhead_table() {
 std::string memory_table() {
   std::ostringstream out;
   out << "\nPeak memory during one training step (allocator peak minus live bytes before the "
-         "step), GPT vocab 65, context 128, 4 layers, width 128, batch 32, p = 4, m = 16\n\n"
+         "step), GPT vocab 65, context 128, 6 layers, width 128, batch 32, p = 4, m = 16 "
+         "(interleaved and zbv: 2 chunks per stage)\n\n"
       << "| schedule | recompute | peak stashed per stage | peak deferred W per stage | peak "
          "step memory MiB |\n| --- | --- | --- | --- | --- |\n";
   std::vector<int64_t> tokens(32 * 128), targets(tokens.size());
@@ -181,14 +187,15 @@ std::string memory_table() {
   struct Row {
     std::string schedule, recompute;
   };
-  for (const Row& r :
-       {Row{"gpipe", "none"}, Row{"gpipe", "full"}, Row{"1f1b", "none"}, Row{"1f1b", "full"},
-        Row{"zbh1", "none"}, Row{"zbh1", "full"}, Row{"zbh2", "none"}, Row{"zbh2", "full"}}) {
+  for (const Row& r : {Row{"gpipe", "none"}, Row{"gpipe", "full"}, Row{"1f1b", "none"},
+                       Row{"1f1b", "full"}, Row{"interleaved", "none"}, Row{"interleaved", "full"},
+                       Row{"zbh1", "none"}, Row{"zbh1", "full"}, Row{"zbh2", "none"},
+                       Row{"zbh2", "full"}, Row{"zbv", "none"}, Row{"zbv", "full"}}) {
     Generator generator(0);
-    PipelineConfig config = mse_config(4, 16, 1, r.schedule);
+    PipelineConfig config = mse_config(4, 16, chunks_per_stage(r.schedule), r.schedule);
     config.loss = {{"type", "CrossEntropyLoss"}};
     config.recompute = r.recompute;
-    Pipeline pipeline(gpt({65, 128, 4, 4, 128, 0.0}, &generator), config);
+    Pipeline pipeline(gpt({65, 128, 6, 4, 128, 0.0}, &generator), config);
     pipeline.train_step(x, y);
     const size_t before = cpu_memory_stats().allocated;
     reset_cpu_peak_memory();

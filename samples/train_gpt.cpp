@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   flags.add("threads", "0", "CPU threads per kernel (0: the cores shared out over the stages)");
   flags.add("stages", "2", "pipeline stages");
   flags.add("microbatches", "4", "microbatches per batch (must divide --batch)");
-  flags.add("schedule", "1f1b", "pipeline schedule: gpipe, 1f1b, interleaved, zbh1 or zbh2");
+  flags.add("schedule", "1f1b", "pipeline schedule: gpipe, 1f1b, interleaved, zbh1, zbh2 or zbv");
   flags.add("recompute", "none",
             "activation recomputation: none, or full (keep chunk inputs, run forwards again)");
   flags.add("partition", "parameters", "how layers are cut into stages: parameters or uniform");
@@ -140,7 +140,9 @@ int main(int argc, char** argv) {
   flags.add("slowdown", "",
             "per stage in this process, e.g. 1,3: run every layer of stage 1 three times "
             "slower, as a slower machine would (workers: pipit-worker --slowdown)");
-  flags.add("vpp", "1", "model chunks per stage (virtual pipeline; > 1 needs interleaved)");
+  flags.add("vpp", "0",
+            "model chunks per stage (virtual pipeline; > 1 needs interleaved or zbv); 0: 2 for "
+            "zbv, else 1");
   flags.add("device", "auto",
             "where stages run: auto (cuda when a GPU is present, else cpu), cpu, cuda, "
             "or one device per stage: cuda:0,cuda:1");
@@ -202,8 +204,9 @@ int main(int argc, char** argv) {
     const std::string checkpoint_path = checkpoint_dir + "/checkpoint.safetensors";
     if (!checkpoint_dir.empty()) std::filesystem::create_directories(checkpoint_dir);
     const int microbatches = static_cast<int>(flags.integer("microbatches"));
-    const int vpp = static_cast<int>(flags.integer("vpp"));
     const std::string schedule_name = flags.str("schedule");
+    const long long vpp_flag = flags.integer("vpp", 0);
+    const int vpp = vpp_flag > 0 ? static_cast<int>(vpp_flag) : schedule_name == "zbv" ? 2 : 1;
     if (batch % microbatches != 0) flags.fail("--microbatches must divide --batch");
     std::vector<int64_t> layer_counts;
     for (const std::string& item : flags.items("layer-counts")) {
