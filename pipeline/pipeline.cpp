@@ -32,6 +32,7 @@ StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>
   spec.schedule = config.schedule;
   spec.schedule_table = config.schedule_table;
   spec.recompute = config.recompute == "full";
+  spec.max_deferred = config.max_deferred;
   spec.optimizer = config.optimizer;
   for (int local = 0; local < config.chunks_per_stage; ++local) {
     const int global = global_chunk(stage, local, config.stages, placement_of(config.schedule));

@@ -53,7 +53,7 @@ void validate(const PipelineConfig& config) {
               "\"");
   // Building the schedule checks the name and the (p, m, v) combination.
   make_schedule(config.schedule, config.stages, config.microbatches, config.chunks_per_stage,
-                config.schedule_table);
+                config.schedule_table, config.max_deferred);
 }
 
 }  // namespace pipit

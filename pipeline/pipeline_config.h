@@ -23,6 +23,10 @@ struct PipelineConfig {
   // microbatch and runs the chunk's forward again just before its backward (B or I), drawing
   // the same dropout masks, so results are bit-for-bit those of "none".
   std::string recompute = "none";
+  // Zero-bubble schedules: at most this many weight-gradient tasks (W) waiting per stage, 0: the
+  // schedule's own (p for zbh1 and zbv, 2p for zbh2). Fewer hold less memory (a deferred W
+  // keeps its matmuls' inputs) for a longer bubble.
+  int max_deferred = 0;
   // An explicit partition: layers per chunk in model order (p * v entries, each >= 1, adding
   // up to the model's layers). When given, `partition` is not used.
   std::vector<int64_t> layer_counts = {};

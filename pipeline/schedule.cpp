@@ -113,8 +113,15 @@ Schedule forward_only_schedule(int stages, int microbatches, int chunks_per_stag
 }
 
 Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks_per_stage,
-                       const std::string& table) {
+                       const std::string& table, int max_deferred) {
   check_sizes("make_schedule", stages, microbatches, chunks_per_stage);
+  const bool zero_bubble = name == "zbh1" || name == "zbh2" || name == "zbv";
+  PIPIT_CHECK(max_deferred >= 0,
+              "make_schedule: max_deferred must be >= 0 (0: the schedule's own), got ",
+              max_deferred);
+  PIPIT_CHECK(max_deferred == 0 || zero_bubble, "make_schedule: max_deferred (", max_deferred,
+              ") limits the deferred weight gradients of \"zbh1\", \"zbh2\" and \"zbv\", not \"",
+              name, "\"");
   if (name == "table") {
     PIPIT_CHECK(!table.empty(),
                 "make_schedule: \"table\" needs the table of tasks "
@@ -134,13 +141,13 @@ Schedule make_schedule(const std::string& name, int stages, int microbatches, in
   if (name == "zbh1" || name == "zbh2") {
     PIPIT_CHECK(chunks_per_stage == 1, "make_schedule: \"", name,
                 "\" runs one chunk per stage, got chunks_per_stage = ", chunks_per_stage);
-    return name == "zbh1" ? zb_h1_schedule(stages, microbatches)
-                          : zb_h2_schedule(stages, microbatches);
+    return name == "zbh1" ? zb_h1_schedule(stages, microbatches, max_deferred)
+                          : zb_h2_schedule(stages, microbatches, max_deferred);
   }
   if (name == "zbv") {
     PIPIT_CHECK(chunks_per_stage == 2, "make_schedule: \"zbv\" runs two chunks per stage, got ",
                 "chunks_per_stage = ", chunks_per_stage);
-    return zb_v_schedule(stages, microbatches);
+    return zb_v_schedule(stages, microbatches, max_deferred);
   }
   throw Error(detail::concat("make_schedule: unknown schedule \"", name, "\"; valid names are ",
                              kScheduleNames));

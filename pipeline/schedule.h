@@ -31,13 +31,14 @@ Schedule forward_only_schedule(int stages, int microbatches, int chunks_per_stag
 // ZB-H1: a = p - s (1F1B's activations), d = p; a bubble of (p - 1)(F + I - W), a third of
 // 1F1B's when F = I = W. ZB-H2: a = 2 (p - s) - 1, d = 2p; a bubble of (p - 1)(F + I - 2W), or
 // at least (p - 1) F, the time the last stage waits for its first input.
-Schedule zb_h1_schedule(int stages, int microbatches);
-Schedule zb_h2_schedule(int stages, int microbatches);
+// max_deferred > 0 lowers d to it: less memory held by deferred W, a longer bubble.
+Schedule zb_h1_schedule(int stages, int microbatches, int max_deferred = 0);
+Schedule zb_h2_schedule(int stages, int microbatches, int max_deferred = 0);
 // ZB-V: two chunks per stage placed in a V (Placement::v), a = 2p chunk activations per stage
 // (1F1B's p stage activations, on every stage), d = p. With F = I = W its bubble is
 // (p - 1) F / 2 when m is a multiple of p, below ZB-H1's (p - 1) F and interleaved 1F1B's
 // (p - 1)(F + B) / 2.
-Schedule zb_v_schedule(int stages, int microbatches);
+Schedule zb_v_schedule(int stages, int microbatches, int max_deferred = 0);
 
 // A schedule written by hand: one line per stage, in stage order, listing the stage's tasks in
 // the order it runs them; for p = 2, m = 2 (ZB-H1's order):
@@ -53,8 +54,9 @@ Schedule parse_schedule_table(const std::string& table, int stages, int microbat
 // by parse_schedule_table, on the loop placement). Invalid combinations throw an Error naming
 // the schedule and the numbers (v > 1 needs "interleaved", "zbv" or a table; "interleaved"
 // needs m % p == 0; "zbv" needs v = 2).
+// max_deferred (> 0) applies to the zero-bubble schedules only.
 Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks_per_stage,
-                       const std::string& table = "");
+                       const std::string& table = "", int max_deferred = 0);
 
 // What simulating a schedule shows. The simulation runs every stage's list in order; a task
 // starts once its input exists (F(mb, c) after F(mb, c - 1); B(mb, c) after B(mb, c + 1), or

@@ -247,7 +247,8 @@ void Stage::begin_step(const Message& message) {
   chunk_busy_us_.assign(static_cast<size_t>(spec_.chunks_per_stage), 0.0);
   const int p = spec_.stages, v = spec_.chunks_per_stage;
   Schedule schedule =
-      training_ ? make_schedule(spec_.schedule, p, microbatches_, v, spec_.schedule_table)
+      training_ ? make_schedule(spec_.schedule, p, microbatches_, v, spec_.schedule_table,
+                                spec_.max_deferred)
                 : forward_only_schedule(p, microbatches_, v, placement_of(spec_.schedule));
   tasks_ = std::move(schedule[static_cast<size_t>(spec_.stage)]);
   for (Task& task : tasks_) task.step = step_;

@@ -32,6 +32,7 @@ struct StageSpec {
   std::string schedule_table;  // for schedule "table"
   // Keep only each chunk's input and run its forward again before the backward.
   bool recompute = false;
+  int max_deferred = 0;  // PipelineConfig::max_deferred
   // Local chunk l is global chunk global_chunk(stage, l, p, placement_of(schedule))
   // (pipeline/task.h): l * p + stage, or with "zbv" stage and then 2p - 1 - stage.
   std::vector<std::shared_ptr<Sequential>> chunks;

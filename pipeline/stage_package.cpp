@@ -14,7 +14,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kFormat = "pipit-stage-package";
-constexpr int kVersion = 3;
+constexpr int kVersion = 4;
 
 // The package's place in the pipeline, checked before anything indexes by it.
 void check_layout(const StagePackage& package, const char* operation) {
@@ -49,6 +49,7 @@ StagePackage make_stage_package(const Sequential& model, const std::vector<Layer
   package.schedule = config.schedule;
   package.schedule_table = config.schedule_table;
   package.recompute = spec.recompute;
+  package.max_deferred = spec.max_deferred;
   package.optimizer_config = config.optimizer;
   package.device = spec.device.str();
   package.compute_dtype = spec.compute_dtype;
@@ -70,6 +71,7 @@ std::string encode_stage_package(const StagePackage& package) {
   metadata["schedule"] = package.schedule;
   metadata["schedule_table"] = package.schedule_table;
   metadata["recompute"] = package.recompute ? "full" : "none";
+  metadata["max_deferred"] = std::to_string(package.max_deferred);
   metadata["chunk_configs"] = json(package.chunk_configs).dump();
   metadata["optimizer_config"] = package.optimizer_config.dump();
   metadata["peers"] = package.peers.dump();
@@ -98,6 +100,7 @@ StagePackage decode_stage_package(const std::string& bytes, const std::string& s
     reader.fail("recompute", "must be \"none\" or \"full\", got \"" + recompute + "\"");
   }
   package.recompute = recompute == "full";
+  package.max_deferred = static_cast<int>(reader.integer("max_deferred", 0, INT_MAX));
   const json chunks = reader.parse("chunk_configs");
   if (!chunks.is_array() || chunks.size() != static_cast<size_t>(package.chunks_per_stage)) {
     reader.fail("chunk_configs", "must be an array of chunks_per_stage = " +
@@ -133,6 +136,7 @@ StageSpec build_stage_spec(const StagePackage& package) {
   spec.schedule = package.schedule;
   spec.schedule_table = package.schedule_table;
   spec.recompute = package.recompute;
+  spec.max_deferred = package.max_deferred;
   spec.optimizer = package.optimizer_config;
   spec.optimizer_state = package.optimizer_state;
   spec.device = Device::parse(package.device);

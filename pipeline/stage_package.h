@@ -2,7 +2,7 @@
 // Stage packages: everything a worker process needs to build its Stage, sent as one
 // safetensors blob in the checkpoint layout (serialize/checkpoint.h): tensors "model.<name>"
 // and "optim.<name>", the rest as JSON text in "__metadata__", tagged
-// {"format": "pipit-stage-package", "version": "1"}.
+// {"format": "pipit-stage-package", "version": "4"}.
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -21,6 +21,7 @@ struct StagePackage {
   std::string schedule;
   std::string schedule_table;
   bool recompute = false;
+  int max_deferred = 0;
   std::vector<nlohmann::json> chunk_configs;  // Sequential::config() of each local chunk
   StateDict weights;                          // the chunks' parameters (full-model names)
   nlohmann::json optimizer_config;

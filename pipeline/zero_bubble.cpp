@@ -100,29 +100,29 @@ Schedule simulate_zero_bubble(int stages, int microbatches, int chunks_per_stage
 
 }  // namespace
 
-Schedule zb_h1_schedule(int stages, int microbatches) {
+Schedule zb_h1_schedule(int stages, int microbatches, int max_deferred) {
   Limits limits;
   for (int s = 0; s < stages; ++s) {
     limits.activations.push_back(stages - s);
-    limits.deferred.push_back(stages);
+    limits.deferred.push_back(max_deferred > 0 ? max_deferred : stages);
   }
   return simulate_zero_bubble(stages, microbatches, 1, Placement::loop, limits);
 }
 
-Schedule zb_h2_schedule(int stages, int microbatches) {
+Schedule zb_h2_schedule(int stages, int microbatches, int max_deferred) {
   Limits limits;
   for (int s = 0; s < stages; ++s) {
     limits.activations.push_back(2 * (stages - s) - 1);
-    limits.deferred.push_back(2 * stages);
+    limits.deferred.push_back(max_deferred > 0 ? max_deferred : 2 * stages);
   }
   return simulate_zero_bubble(stages, microbatches, 1, Placement::loop, limits);
 }
 
-Schedule zb_v_schedule(int stages, int microbatches) {
+Schedule zb_v_schedule(int stages, int microbatches, int max_deferred) {
   Limits limits;
   for (int s = 0; s < stages; ++s) {
     limits.activations.push_back(2 * stages);
-    limits.deferred.push_back(stages);
+    limits.deferred.push_back(max_deferred > 0 ? max_deferred : stages);
   }
   return simulate_zero_bubble(stages, microbatches, 2, Placement::v, limits);
 }

@@ -125,6 +125,9 @@ int main(int argc, char** argv) {
   flags.add("stages", "2", "pipeline stages");
   flags.add("microbatches", "4", "microbatches per batch (must divide --batch)");
   flags.add("schedule", "1f1b", "pipeline schedule: gpipe, 1f1b, interleaved, zbh1, zbh2 or zbv");
+  flags.add("max-deferred", "0",
+            "zbh1, zbh2, zbv: most weight-gradient tasks waiting per stage (0: the schedule's "
+            "own; fewer use less memory for a longer bubble)");
   flags.add("recompute", "none",
             "activation recomputation: none, or full (keep chunk inputs, run forwards again)");
   flags.add("partition", "parameters", "how layers are cut into stages: parameters or uniform");
@@ -263,6 +266,7 @@ int main(int argc, char** argv) {
     pipeline_config.chunks_per_stage = vpp;
     pipeline_config.schedule = schedule_name;
     pipeline_config.recompute = flags.str("recompute");
+    pipeline_config.max_deferred = static_cast<int>(flags.integer("max-deferred", 0));
     pipeline_config.partition = flags.str("partition");
     pipeline_config.optimizer = {
         {"type", "AdamW"}, {"lr", lr}, {"beta1", 0.9}, {"beta2", 0.95}, {"weight_decay", 0.01}};

@@ -52,13 +52,14 @@ TEST_CASE("check_json_nesting counts brackets outside strings", "[serialize]") {
 
 TEST_CASE("deeply nested JSON in a stage package is an Error, not a stack overflow",
           "[serialize]") {
-  json metadata = tagged_metadata("pipit-stage-package", 3);
+  json metadata = tagged_metadata("pipit-stage-package", 4);
   metadata["stage"] = "0";
   metadata["stages"] = "1";
   metadata["chunks_per_stage"] = "1";
   metadata["schedule"] = "1f1b";
   metadata["schedule_table"] = "";
   metadata["recompute"] = "none";
+  metadata["max_deferred"] = "0";
   metadata["chunk_configs"] = nested(400000);
   metadata["optimizer_config"] = R"({"type": "SGD"})";
   metadata["peers"] = "{}";

@@ -85,6 +85,7 @@ std::vector<double> accumulate_sequentially(Model& m, const nlohmann::json& opti
 struct Combination {
   std::string schedule;
   int p, m, v;
+  int max_deferred = 0;
 };
 
 std::vector<Combination> valid_combinations() {
@@ -99,6 +100,8 @@ std::vector<Combination> valid_combinations() {
       all.push_back({"zbv", p, m, 2});
     }
   }
+  all.push_back({"zbv", 4, 8, 2, 2});
+  all.push_back({"zbh1", 3, 4, 1, 1});
   return all;
 }
 
@@ -109,7 +112,7 @@ TEST_CASE("pipelined training equals sequential gradient accumulation bit for bi
     for (const Combination& c : valid_combinations()) {
       for (const std::string recompute : {"none", "full"}) {
         INFO(model_name << " " << c.schedule << " p=" << c.p << " m=" << c.m << " v=" << c.v
-                        << " recompute " << recompute);
+                        << " max_deferred " << c.max_deferred << " recompute " << recompute);
         Model reference = make_model(model_name);
         const std::vector<double> expected_losses =
             accumulate_sequentially(reference, kAdamW, c.m, 3);
@@ -121,6 +124,7 @@ TEST_CASE("pipelined training equals sequential gradient accumulation bit for bi
         config.chunks_per_stage = c.v;
         config.schedule = c.schedule;
         config.recompute = recompute;
+        config.max_deferred = c.max_deferred;
         config.loss = piped.loss;
         config.optimizer = kAdamW;
         std::vector<double> losses;
@@ -177,17 +181,20 @@ TEST_CASE("pipelined training matches full-batch training within 1e-5", "[pipeli
 
 TEST_CASE("stages stash at most what their schedule promises", "[pipeline]") {
   for (const Combination& c : valid_combinations()) {
-    INFO(c.schedule << " p=" << c.p << " m=" << c.m << " v=" << c.v);
+    INFO(c.schedule << " p=" << c.p << " m=" << c.m << " v=" << c.v << " max_deferred "
+                    << c.max_deferred);
     Model model = make_gpt();
     Pipeline pipeline(model.net, {.stages = c.p,
                                   .microbatches = c.m,
                                   .chunks_per_stage = c.v,
                                   .schedule = c.schedule,
+                                  .max_deferred = c.max_deferred,
                                   .loss = model.loss});
     pipeline.train_step(model.input, model.target);
     const std::vector<int>& peak = pipeline.coordinator().last_step().peak_stashed;
-    const ScheduleReport report = validate_schedule(make_schedule(c.schedule, c.p, c.m, c.v), c.p,
-                                                    c.m, c.v, placement_of(c.schedule));
+    const ScheduleReport report =
+        validate_schedule(make_schedule(c.schedule, c.p, c.m, c.v, "", c.max_deferred), c.p, c.m,
+                          c.v, placement_of(c.schedule));
     REQUIRE(peak.size() == static_cast<size_t>(c.p));
     for (int s = 0; s < c.p; ++s) {
       INFO("stage " << s);

@@ -79,6 +79,23 @@ TEST_CASE("ZB-V: chunks in a V, 1F1B's activations on every stage, the smallest 
       }
     }
   }
+  // Fewer deferred W: never more than asked for, and never a shorter step.
+  for (const std::string name : {"zbh1", "zbh2", "zbv"}) {
+    const int p = 4, m = 8, v = name == "zbv" ? 2 : 1;
+    const double full =
+        validate_schedule(make_schedule(name, p, m, v), p, m, v, placement_of(name)).makespan;
+    for (int d : {1, 2, 3}) {
+      INFO(name << " max_deferred " << d);
+      const ScheduleReport report =
+          validate_schedule(make_schedule(name, p, m, v, "", d), p, m, v, placement_of(name));
+      for (int s = 0; s < p; ++s) CHECK(report.peak_deferred[s] <= d);
+      CHECK(report.makespan >= full);
+    }
+  }
+  CHECK_THROWS_WITH(make_schedule("1f1b", 2, 4, 1, "", 2),
+                    Catch::Contains("max_deferred (2) limits the deferred weight gradients"));
+  CHECK_THROWS_WITH(make_schedule("zbv", 2, 4, 2, "", -1),
+                    Catch::Contains("max_deferred must be >= 0"));
   // The V's chunks are not where the loop placement puts them.
   CHECK_THROWS_WITH(validate_schedule(make_schedule("zbv", 2, 2, 2), 2, 2, 2),
                     Catch::Contains("lives on stage"));

@@ -18,6 +18,7 @@ std::string fingerprint(const Sequential& model, const PipelineConfig& c) {
                                    {"optimizer", c.optimizer},
                                    {"dtype", c.dtype},
                                    {"recompute", c.recompute},
+                                   {"max_deferred", c.max_deferred},
                                    {"schedule_table", c.schedule_table}};
   return module_fingerprint(model) + "|" + pipeline.dump();
 }
