@@ -27,6 +27,22 @@ def time_steps(warmup, steps, step):
     return times
 
 
+def time_train_steps(loss_fn, update, params, opt_state, warmup, steps):
+    """Times steps of one jitted function: loss and gradients, then the optimizer's update."""
+    @jax.jit
+    def train_step(params, opt_state):
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        params, opt_state = update(params, opt_state, grads)
+        return params, opt_state, loss
+
+    state = [params, opt_state]
+
+    def step():
+        state[0], state[1], loss = train_step(state[0], state[1])
+        loss.block_until_ready()
+    return time_steps(warmup, steps, step)
+
+
 def linear_init(key, fan_in, fan_out):
     bound = 1.0 / math.sqrt(fan_in)
     kw, kb = jax.random.split(key)
@@ -85,18 +101,7 @@ def jax_mlp(warmup, steps):
                 h = jax.nn.relu(h)
         return cross_entropy(h, y)
 
-    @jax.jit
-    def train_step(params, bufs):
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        params, bufs = update(params, bufs, grads)
-        return params, bufs, loss
-
-    state = [params, bufs]
-
-    def step():
-        state[0], state[1], loss = train_step(state[0], state[1])
-        loss.block_until_ready()
-    return time_steps(warmup, steps, step)
+    return time_train_steps(loss_fn, update, params, bufs, warmup, steps)
 
 
 def layer_norm_init(width):
@@ -155,18 +160,7 @@ def jax_gpt(warmup, steps):
     def loss_fn(params):
         return cross_entropy(gpt_forward(params, x, heads).reshape(-1, vocab), y)
 
-    @jax.jit
-    def train_step(params, opt_state):
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        params, opt_state = update(params, opt_state, grads)
-        return params, opt_state, loss
-
-    state = [params, opt_state]
-
-    def step():
-        state[0], state[1], loss = train_step(state[0], state[1])
-        loss.block_until_ready()
-    return time_steps(warmup, steps, step)
+    return time_train_steps(loss_fn, update, params, opt_state, warmup, steps)
 
 
 def jax_tiny_op(warmup, steps):
