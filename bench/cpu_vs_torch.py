@@ -94,7 +94,7 @@ def main():
 
     runners = [("pipit", [binary]), ("PyTorch (Debian)", ["/usr/bin/python3", torch_peer])]
     if args.torch2:
-        runners.append(("PyTorch 2.x", [venv_python("torch2", ["torch"]), torch_peer]))
+        runners.append(("PyTorch 2.x", [venv_python("torch2", ["torch", "numpy"]), torch_peer]))
     if not args.no_jax:
         runners.append(("JAX", [venv_python("jax", ["jax[cpu]"]),
                                 os.path.join(HERE, "cpu_peer_jax.py")]))

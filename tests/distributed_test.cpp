@@ -68,6 +68,7 @@ TEST_CASE("training over 4 worker processes equals training in-process, bit for 
                                                                 {"zbh2", 1},
                                                                 {"zbv", 2},
                                                                 {"zbh1", 1, "full"},
+                                                                {"zbh2", 1, "full"},
                                                                 {"zbv", 2, "full"},
                                                                 {"interleaved", 2, "full"}}) {
     INFO(schedule << " recompute " << recompute);

@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""torch.distributed.pipelining on the experiment of build/pipeline_schedules: side by side.
+
+p = 4 ranks as 4 processes on this machine (gloo on 127.0.0.1), 8 layers that sleep instead
+of computing (so stages do not compete for cores): forward F, input gradient I and weight
+gradient W of --layer-ms each per layer, the two gradients separate autograd nodes so that
+torch's zero-bubble schedules, which split each backward into an input pass and a weight
+pass, pay each in its own task. As in pipit's benchmark the first stage starts with a free
+layer (x * w), so every sleeping layer's input needs a gradient. Schedules: GPipe and 1F1B
+(one stage of 2 layers per rank), interleaved 1F1B and interleaved zero bubble (2 stages of
+1 layer per rank, round-robin), ZB-V (2 stages per rank in a V). Reports the median step
+time of --steps steps after a warm-up step, efficiency against the schedule's theoretical
+time (the formulas of pipit's README; for interleaved zero bubble, which pipit lacks, the ideal
+m (F + B) with no bubble), and the overhead per task with layers that cost nothing.
+
+Before torch it runs pipit's build/pipeline_schedules with the same layer time, and ends with
+both side by side for the schedules they share.
+
+usage: <torch 2.x python> bench/pipeline_schedules_torch.py [--build build] [--layer-ms 4] [--steps 3]
+                                                  [--no-append]
+(PyTorch 2.x from PyPI with numpy, e.g. the environment bench/cpu_vs_torch.py --torch2 makes
+under ~/.cache/pipit-bench/torch2; Debian's 1.13 has no torch.distributed.pipelining)
+"""
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                          ScheduleInterleaved1F1B,
+                                          ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
+
+P, LAYERS = 4, 8
+HERE = os.path.dirname(os.path.abspath(__file__))
+# name: (schedule class, chunks per rank, placement)
+SCHEDULES = {
+    "gpipe": (ScheduleGPipe, 1, "loop"),
+    "1f1b": (Schedule1F1B, 1, "loop"),
+    "interleaved": (ScheduleInterleaved1F1B, 2, "loop"),
+    "interleaved zero bubble": (ScheduleInterleavedZeroBubble, 2, "loop"),
+    "zbv": (ScheduleZBVZeroBubble, 2, "v"),
+}
+
+
+def sleep(seconds):
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+class SleepThrough(torch.autograd.Function):
+    """Identity that costs `forward` seconds forward and `backward` seconds backward."""
+
+    @staticmethod
+    def forward(ctx, x, forward, backward):
+        sleep(forward)
+        ctx.backward = backward
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        sleep(ctx.backward)
+        return grad, None, None
+
+
+class SleepLayer(torch.nn.Module):
+    """y = x * w: forward F; the input gradient I and the weight gradient W in their own
+    autograd nodes, so a pass that needs only one pays only its cost."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        h = SleepThrough.apply(x, self.seconds, self.seconds)
+        return h * SleepThrough.apply(self.w, 0.0, self.seconds)
+
+
+class FreeLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return x * self.w
+
+
+def stage_indices(rank, chunks, placement):
+    if chunks == 1:
+        return [rank]
+    return [rank, rank + P] if placement == "loop" else [rank, 2 * P - 1 - rank]
+
+
+def build_stage(index, stages, seconds, example):
+    layers = [SleepLayer(seconds) for _ in range(LAYERS // stages)]
+    if index == 0:
+        layers.insert(0, FreeLayer())
+    return PipelineStage(torch.nn.Sequential(*layers), index, stages, torch.device("cpu"),
+                         input_args=example)
+
+
+def time_schedule(rank, name, m, seconds, steps):
+    """Median step time in ms (on rank 0; None elsewhere)."""
+    cls, chunks, placement = SCHEDULES[name]
+    stages = P * chunks
+    example = torch.zeros(1, 1)
+    local = [build_stage(i, stages, seconds, example)
+             for i in stage_indices(rank, chunks, placement)]
+    loss = lambda output, target: (output - target).pow(2).sum()  # noqa: E731
+    schedule = cls(local if chunks > 1 else local[0], m, loss_fn=loss)
+    x, y = torch.zeros(m, 1), torch.zeros(m, 1)
+    has_first = any(s.is_first for s in local)
+    has_last = any(s.is_last for s in local)
+
+    def step():
+        kwargs = {}
+        if has_last:
+            kwargs["target"] = y
+        if has_first:
+            schedule.step(x, **kwargs)
+        else:
+            schedule.step(**kwargs)
+
+    times = []
+    for i in range(steps + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        dist.barrier()
+        if i > 0:
+            times.append((time.perf_counter() - start) * 1000.0)
+    return statistics.median(times) if rank == 0 else None
+
+
+def worker(rank, args, port, results):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=P)
+    seconds = args.layer_ms / 1000.0
+    for name in SCHEDULES:
+        for m in (8, 16, 32):
+            ms = time_schedule(rank, name, m, seconds, args.steps)
+            if rank == 0:
+                results.put(("efficiency", name, m, ms))
+    for name in SCHEDULES:
+        ms = time_schedule(rank, name, 32, 0.0, args.steps)
+        if rank == 0:
+            results.put(("overhead", name, 32, ms))
+    dist.destroy_process_group()
+
+
+def theoretical_ms(name, m, f, b):
+    """F, B per whole stage: pipit's README formulas; for torch's interleaved zero bubble, which
+    pipit lacks, the ideal m (F + B)."""
+    if name in ("gpipe", "1f1b"):
+        return (m + P - 1) * (f + b)
+    if name == "interleaved":
+        return (m + (P - 1) / 2) * (f + b)
+    if name == "zbv":
+        return m * (f + b) + (P - 1) * f / 2
+    return m * (f + b)
+
+
+def critical_path_tasks(name, m):
+    """Tasks on the critical path with unit cost per task, as pipit counts them: a stage's
+    2m (F and B) or 3m (F, I, W) tasks per chunk plus the fill and drain."""
+    chunks = SCHEDULES[name][1]
+    per_stage = (3 if "zero" in name or name == "zbv" else 2) * m * chunks
+    return per_stage + 2 * (P - 1)
+
+
+def pipit_rows(binary, layer_ms):
+    """pipit's efficiency ({(schedule, m): efficiency}) and overhead ({schedule: us per task})
+    from the tables build/pipeline_schedules prints."""
+    out = subprocess.run([binary, "--no-append", "--layer-ms", str(layer_ms)], check=True,
+                         capture_output=True, text=True).stdout
+    efficiency, overhead = {}, {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 9 and cells[1].isdigit():  # schedule m v theory sim measured eff ...
+            efficiency[(cells[0], int(cells[1]))] = (float(cells[5]), float(cells[6]))
+        elif len(cells) == 7 and cells[1].isdigit() and cells[1] == str(P):  # overhead, p = 4
+            overhead[cells[0]] = float(cells[6])
+    return efficiency, overhead
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    parser.add_argument("--layer-ms", type=float, default=4.0)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--no-append", action="store_true")
+    args = parser.parse_args()
+    pipit_efficiency, pipit_overhead = pipit_rows(
+        os.path.join(args.build, "pipeline_schedules"), args.layer_ms)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = 29500 + os.getpid() % 1000
+    mp.start_processes(worker, args=(args, port, results), nprocs=P, start_method="spawn")
+    rows = []
+    while not results.empty():
+        rows.append(results.get())
+
+    f = 2 * args.layer_ms  # a whole stage of 2 layers
+    b = 2 * f
+    lines = [f"\n## pipeline_schedules_torch, {datetime.date.today()}, {cpu_name()}, {os.cpu_count()} "
+             f"cores, torch {torch.__version__}\n",
+             f"torch.distributed.pipelining, gloo, {P} processes; {LAYERS} sleeping layers of "
+             f"{args.layer_ms:g} ms forward, input gradient and weight gradient each (F = I = W "
+             f"= {f:g} ms per stage of 2 layers), median of {args.steps} steps. Theory: pipit's "
+             "formulas (README); m (F + B), no bubble, for interleaved zero bubble.\n",
+             "| schedule | m | theoretical ms | measured ms | efficiency |",
+             "| --- | --- | --- | --- | --- |"]
+    for kind, name, m, ms in rows:
+        if kind == "efficiency":
+            theory = theoretical_ms(name, m, f, b)
+            lines.append(f"| {name} | {m} | {theory:.1f} | {ms:.1f} | {theory / ms:.3f} |")
+    lines += ["", "Overhead per task: the same with layers that cost nothing, m = 32, step time "
+              "over the tasks on the critical path.\n",
+              "| schedule | m | step us | tasks on critical path | us per task |",
+              "| --- | --- | --- | --- | --- |"]
+    for kind, name, m, ms in rows:
+        if kind == "overhead":
+            tasks = critical_path_tasks(name, m)
+            lines.append(f"| {name} | {m} | {ms * 1000:.0f} | {tasks} | {ms * 1000 / tasks:.1f} |")
+    torch_efficiency = {(name, m): (ms, theoretical_ms(name, m, f, b) / ms)
+                        for kind, name, m, ms in rows if kind == "efficiency"}
+    torch_overhead = {name: ms * 1000 / critical_path_tasks(name, m)
+                      for kind, name, m, ms in rows if kind == "overhead"}
+    lines += ["", "Side by side, the same run: measured ms (efficiency against the schedule's "
+              "theory) and us per task with zero-cost layers.\n",
+              "| schedule | m | pipit ms (efficiency) | torch ms (efficiency) | pipit us/task | "
+              "torch us/task |", "| --- | --- | --- | --- | --- | --- |"]
+    for name in ("gpipe", "1f1b", "interleaved", "zbv"):
+        for m in (8, 16, 32):
+            pm, pe = pipit_efficiency.get((name, m), (float("nan"), float("nan")))
+            tm, te = torch_efficiency.get((name, m), (float("nan"), float("nan")))
+            lines.append(f"| {name} | {m} | {pm:.1f} ({pe:.3f}) | {tm:.1f} ({te:.3f}) | "
+                         f"{pipit_overhead.get(name, float('nan')):.1f} | "
+                         f"{torch_overhead.get(name, float('nan')):.1f} |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if not args.no_append:
+        with open(os.path.join(HERE, "RESULTS.md"), "a") as out:
+            out.write(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
