@@ -16,8 +16,8 @@ m (F + B) with no bubble), and the overhead per task with layers that cost nothi
 Before torch it runs pipit's build/pipeline_schedules with the same layer time, and ends with
 both side by side for the schedules they share.
 
-usage: <torch 2.x python> bench/pipeline_schedules_torch.py [--build build] [--layer-ms 4] [--steps 3]
-                                                  [--no-append]
+usage: <torch 2.x python> bench/pipeline_schedules_torch.py [--build build] [--layer-ms 4]
+                                                            [--steps 3] [--no-append]
 (PyTorch 2.x from PyPI with numpy, e.g. the environment bench/cpu_vs_torch.py --torch2 makes
 under ~/.cache/pipit-bench/torch2; Debian's 1.13 has no torch.distributed.pipelining)
 """
@@ -222,8 +222,8 @@ def main():
 
     f = 2 * args.layer_ms  # a whole stage of 2 layers
     b = 2 * f
-    lines = [f"\n## pipeline_schedules_torch, {datetime.date.today()}, {cpu_name()}, {os.cpu_count()} "
-             f"cores, torch {torch.__version__}\n",
+    lines = [f"\n## pipeline_schedules_torch, {datetime.date.today()}, {cpu_name()}, "
+             f"{os.cpu_count()} cores, torch {torch.__version__}\n",
              f"torch.distributed.pipelining, gloo, {P} processes; {LAYERS} sleeping layers of "
              f"{args.layer_ms:g} ms forward, input gradient and weight gradient each (F = I = W "
              f"= {f:g} ms per stage of 2 layers), median of {args.steps} steps. Theory: pipit's "
