@@ -8,23 +8,13 @@ virtual environment it makes); prints one JSON line {"ms": [per-step times]}.
 import json
 import math
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
+from bench_common import time_steps
+
 jax.config.update("jax_platforms", "cpu")
-
-
-def time_steps(warmup, steps, step):
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1000.0)
-    return times
 
 
 def time_train_steps(loss_fn, update, params, opt_state, warmup, steps):

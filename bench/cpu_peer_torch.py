@@ -9,11 +9,12 @@ usage: python cpu_peer_torch.py MODEL THREADS WARMUP STEPS; prints one JSON line
 import json
 import math
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from bench_common import time_steps
 
 
 class Block(nn.Module):
@@ -51,17 +52,6 @@ class Gpt(nn.Module):
     def forward(self, idx):
         pos = torch.arange(idx.shape[1], device=idx.device)
         return self.head(self.ln(self.blocks(self.wte(idx) + self.wpe(pos))))
-
-
-def time_steps(warmup, steps, step):
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1000.0)
-    return times
 
 
 def torch_mlp(warmup, steps):

@@ -20,10 +20,11 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
+
+from bench_common import cpu_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ["mlp", "gpt", "tiny_op"]
@@ -67,17 +68,6 @@ def run_once(argv, model, threads):
     out = subprocess.run(["taskset", "-c", cores, *argv, model, str(threads), str(warmup),
                           str(steps)], check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main():

@@ -24,7 +24,6 @@ under ~/.cache/pipit-bench/torch2; Debian's 1.13 has no torch.distributed.pipeli
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,8 @@ import torch.multiprocessing as mp
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                           ScheduleInterleaved1F1B,
                                           ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
+
+from bench_common import cpu_name
 
 P, LAYERS = 4, 8
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -190,17 +191,6 @@ def pipit_rows(binary, layer_ms):
         elif len(cells) == 7 and cells[1].isdigit() and cells[1] == str(P):  # overhead, p = 4
             overhead[cells[0]] = float(cells[6])
     return efficiency, overhead
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main():
