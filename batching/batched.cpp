@@ -21,4 +21,11 @@ Handle batched_value(const Tensor& value) {
   return g->value(value);
 }
 
+Handle batched_index(int64_t index) {
+  Graph* g = Graph::current();
+  PIPIT_CHECK(g != nullptr,
+              "batching: batched_index outside a batching scope (hold a Graph's scope())");
+  return g->index(index);
+}
+
 }  // namespace pipit::batching

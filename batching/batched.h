@@ -97,5 +97,9 @@ Batched<Outputs> batched_fn(std::string name, F function, uint64_t extra = 0) {
 
 // A constant (an input, a parameter) for this scope's graph.
 Handle batched_value(const Tensor& value);
+// An integer constant (a token id, a label), as batched_value of an i64 scalar tensor but
+// without making one: the graph writes it into a shared i64 batch, so consecutive indices are
+// rows of one tensor and cost no allocation each.
+Handle batched_index(int64_t index);
 
 }  // namespace pipit::batching

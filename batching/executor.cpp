@@ -77,8 +77,7 @@ void execute_batch(GraphState& s, const std::vector<int32_t>& batch, GraphStats&
                 "; it must have the batch (", k, ") as dim 0");
   }
   for (Tensor& output : outputs) output = expose_batch_output(output);
-  const int32_t index = static_cast<int32_t>(s.batches.size());
-  s.batches.push_back(std::move(outputs));
+  const int32_t index = s.add_batch(std::move(outputs));
   for (int64_t i = 0; i < k; ++i) {
     BatchNode& n = s.nodes[static_cast<size_t>(batch[static_cast<size_t>(i)])];
     n.batch = index;

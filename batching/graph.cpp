@@ -17,14 +17,15 @@ uint64_t mix(uint64_t h, uint64_t v) {
   return h * 0xff51afd7ed558ccdULL;
 }
 
-// The reuse table's hash of a call: the op and exactly which results it takes.
-uint64_t call_hash(const GraphState& s, int32_t op, const NodeRef* refs, int32_t count) {
+// The reuse table's hash of a call: the op and exactly which results it takes. Its high half
+// (a product's best-mixed bits) is the slot's tag and picks the slot, so the table grows
+// without reading nodes.
+uint32_t call_tag(int32_t op, const NodeRef* refs, int32_t count) {
   uint64_t h = mix(0x63616c6cULL, static_cast<uint64_t>(op));
   for (int32_t i = 0; i < count; ++i) {
     h = mix(h, static_cast<uint64_t>(refs[i].node) << 8 | static_cast<uint64_t>(refs[i].output));
   }
-  (void)s;
-  return h;
+  return static_cast<uint32_t>(h >> 32);
 }
 
 bool same_call(const GraphState& s, const BatchNode& n, int32_t op, const NodeRef* refs,
@@ -38,17 +39,21 @@ bool same_call(const GraphState& s, const BatchNode& n, int32_t op, const NodeRe
 }
 
 void grow_reuse_table(GraphState& s) {
-  std::vector<int32_t> old = std::move(s.reuse_slots);
-  s.reuse_slots.assign(old.empty() ? 1024 : old.size() * 2, -1);
+  std::vector<GraphState::ReuseSlot> old = std::move(s.reuse_slots);
+  s.reuse_slots.assign(old.empty() ? 1024 : old.size() * 2, {});
   const size_t mask = s.reuse_slots.size() - 1;
-  for (int32_t node : old) {
-    if (node < 0) continue;
-    const BatchNode& n = s.nodes[static_cast<size_t>(node)];
-    size_t slot =
-        call_hash(s, n.op, &s.inputs[static_cast<size_t>(n.first_input)], n.input_count) & mask;
-    while (s.reuse_slots[slot] >= 0) slot = (slot + 1) & mask;
-    s.reuse_slots[slot] = node;
+  for (const GraphState::ReuseSlot& entry : old) {
+    if (entry.node < 0) continue;
+    size_t slot = entry.tag & mask;
+    while (s.reuse_slots[slot].node >= 0) slot = (slot + 1) & mask;
+    s.reuse_slots[slot] = entry;
   }
+}
+
+uint64_t signature_of(const Tensor& batch) {
+  uint64_t h = mix(static_cast<uint64_t>(batch.dtype()), static_cast<uint64_t>(batch.dim()));
+  for (int64_t d = 1; d < batch.dim(); ++d) h = mix(h, static_cast<uint64_t>(batch.size(d)));
+  return h;
 }
 
 }  // namespace
@@ -59,14 +64,18 @@ int32_t GraphState::key_of(int32_t node) {
   uint64_t h = mix(op.id, op.extra);
   for (int32_t i = 0; i < n.input_count; ++i) {
     const NodeRef& ref = inputs[static_cast<size_t>(n.first_input + i)];
-    const Tensor& batch = batches[static_cast<size_t>(nodes[static_cast<size_t>(ref.node)].batch)]
-                                 [static_cast<size_t>(ref.output)];
-    h = mix(h, static_cast<uint64_t>(batch.dtype()) << 8 | static_cast<uint64_t>(batch.dim()));
-    for (int64_t d = 1; d < batch.dim(); ++d) h = mix(h, static_cast<uint64_t>(batch.size(d)));
+    h = mix(h, signature(nodes[static_cast<size_t>(ref.node)].batch, ref.output));
   }
   auto [it, added] = key_ids.try_emplace(h, static_cast<int32_t>(key_ops.size()));
   if (added) key_ops.push_back(n.op);
   return it->second;
+}
+
+int32_t GraphState::add_batch(std::vector<Tensor> outputs) {
+  signature_begin.push_back(static_cast<int32_t>(signatures.size()));
+  for (const Tensor& output : outputs) signatures.push_back(signature_of(output));
+  batches.push_back(std::move(outputs));
+  return static_cast<int32_t>(batches.size() - 1);
 }
 
 std::shared_ptr<const Op> make_op(Op op) {
@@ -103,8 +112,22 @@ Handle Graph::value(const Tensor& tensor) {
   PIPIT_CHECK(tensor.defined(), "batching: batched_value of an undefined tensor");
   GraphState& s = *state_;
   BatchNode n;
-  n.batch = static_cast<int32_t>(s.batches.size());
-  s.batches.push_back({unsqueeze(tensor, 0)});
+  n.batch = s.add_batch({unsqueeze(tensor, 0)});
+  s.nodes.push_back(n);
+  return Handle(state_, static_cast<int32_t>(s.nodes.size() - 1), 0, s.generation);
+}
+
+Handle Graph::index(int64_t index) {
+  constexpr int64_t kIndexRows = 1024;
+  GraphState& s = *state_;
+  if (s.index_batch < 0 || s.index_rows == kIndexRows) {
+    s.index_batch = s.add_batch({Tensor::empty({kIndexRows}, DType::i64)});
+    s.index_rows = 0;
+  }
+  s.batches[static_cast<size_t>(s.index_batch)][0].data<int64_t>()[s.index_rows] = index;
+  BatchNode n;
+  n.batch = s.index_batch;
+  n.row = static_cast<int32_t>(s.index_rows++);
   s.nodes.push_back(n);
   return Handle(state_, static_cast<int32_t>(s.nodes.size() - 1), 0, s.generation);
 }
@@ -145,18 +168,20 @@ void Graph::add(const std::shared_ptr<const Op>& op, const Handle* inputs, size_
   if (s.reuse && op->pure) {
     if (2 * (s.reuse_used + 1) > s.reuse_slots.size()) grow_reuse_table(s);
     const size_t mask = s.reuse_slots.size() - 1;
-    size_t slot = call_hash(s, op_index, refs, count) & mask;
-    for (; s.reuse_slots[slot] >= 0; slot = (slot + 1) & mask) {
-      const int32_t candidate = s.reuse_slots[slot];
-      if (same_call(s, s.nodes[static_cast<size_t>(candidate)], op_index, refs, count)) {
-        node_id = candidate;
+    const uint32_t tag = call_tag(op_index, refs, count);
+    size_t slot = tag & mask;
+    for (; s.reuse_slots[slot].node >= 0; slot = (slot + 1) & mask) {
+      const GraphState::ReuseSlot& entry = s.reuse_slots[slot];
+      if (entry.tag == tag &&
+          same_call(s, s.nodes[static_cast<size_t>(entry.node)], op_index, refs, count)) {
+        node_id = entry.node;
         break;
       }
     }
     if (node_id >= 0) {
       s.inputs.resize(static_cast<size_t>(first_input));
     } else {
-      s.reuse_slots[slot] = static_cast<int32_t>(s.nodes.size());
+      s.reuse_slots[slot] = {tag, static_cast<int32_t>(s.nodes.size())};
       ++s.reuse_used;
     }
   }
@@ -178,8 +203,11 @@ void Graph::clear() {
   s.nodes.clear();
   s.inputs.clear();
   s.batches.clear();
+  s.signatures.clear();
+  s.signature_begin.clear();
   s.reuse_slots.clear();
   s.reuse_used = 0;
+  s.index_batch = -1;
   s.planned_from = 0;
 }
 
@@ -192,6 +220,9 @@ void Graph::merge(Graph& other) {
   const int32_t batch_offset = static_cast<int32_t>(s.batches.size());
   for (NodeRef ref : o.inputs) s.inputs.push_back({ref.node + node_offset, ref.output});
   for (auto& batch : o.batches) s.batches.push_back(std::move(batch));
+  const int32_t signature_offset = static_cast<int32_t>(s.signatures.size());
+  s.signatures.insert(s.signatures.end(), o.signatures.begin(), o.signatures.end());
+  for (int32_t begin : o.signature_begin) s.signature_begin.push_back(begin + signature_offset);
   for (BatchNode n : o.nodes) {
     int32_t op = -1;
     if (n.op >= 0) {
@@ -213,6 +244,8 @@ void Graph::merge(Graph& other) {
   o.nodes.clear();
   o.inputs.clear();
   o.batches.clear();
+  o.signatures.clear();
+  o.signature_begin.clear();
   const bool reuse = o.reuse;
   other.state_ = std::make_shared<GraphState>();
   other.state_->reuse = reuse;

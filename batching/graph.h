@@ -60,6 +60,8 @@ class Graph {
            Handle* outputs);
   // A constant: already "run", a batch of its own.
   Handle value(const Tensor& tensor);
+  // An i64 scalar constant: a row of the graph's current batch of indices.
+  Handle index(int64_t index);
 
   // Runs every node a live handle needs. A call that throws fails the run with an error
   // naming the op's key and its first node; the nodes of earlier batches keep their values.

@@ -36,8 +36,22 @@ struct GraphState {
   std::unordered_map<uint64_t, int32_t> key_ids;
   std::vector<int32_t> key_ops;              // key -> its op
   std::vector<std::vector<Tensor>> batches;  // outputs of each run batch, [k, ...]
-  std::vector<int32_t> reuse_slots;          // open addressing over pure op nodes
+  // The per-example shape and dtype of each batch output, hashed once when the batch is made
+  // (keys are found from them for every node): batch b's outputs from signature_begin[b] on.
+  std::vector<uint64_t> signatures;
+  std::vector<int32_t> signature_begin;
+  // Open addressing over pure op nodes; `tag`, the call's hash, rejects most other calls
+  // without reading their nodes.
+  struct ReuseSlot {
+    uint32_t tag = 0;
+    int32_t node = -1;
+  };
+  std::vector<ReuseSlot> reuse_slots;
   size_t reuse_used = 0;
+  // Graph::index writes its scalars into rows of this batch ([capacity] i64) while they fit;
+  // rows already read stay as they are.
+  int32_t index_batch = -1;
+  int64_t index_rows = 0;
   bool reuse = true;
   uint32_t generation = 0;  // clear() moves it on: older handles are stale
   // Every node below this has run, or is dead (no handle, no consumer that will run): the
@@ -54,6 +68,11 @@ struct GraphState {
   std::string key_name(int32_t key) const;   // "lstm_cell #3"
   // The key of `node`, whose inputs have all run (interned on first sight).
   int32_t key_of(int32_t node);
+  // Appends a run batch's outputs ([k, ...] each); returns its index.
+  int32_t add_batch(std::vector<Tensor> outputs);
+  uint64_t signature(int32_t batch, int32_t output) const {
+    return signatures[static_cast<size_t>(signature_begin[static_cast<size_t>(batch)] + output)];
+  }
 };
 
 }  // namespace pipit::batching

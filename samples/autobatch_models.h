@@ -20,12 +20,8 @@ namespace autobatch {
 
 using namespace pipit;
 
+using batching::batched_index;
 using batching::Handle;
-
-// A per-example i64 scalar for the models' batched code.
-inline Handle scalar_value(int64_t v) {
-  return batching::batched_value(scalar_tensor(static_cast<double>(v), {DType::i64}));
-}
 
 inline Tensor uniform_parameter(Shape shape, double bound, Generator& g) {
   return uniform(std::move(shape), -bound, bound, &g).requires_grad_();
@@ -316,7 +312,7 @@ struct GreedyDecoder {
   batching::Example decode_example(const Ops& ops, Tensor x, std::vector<int64_t>& tokens) const {
     Handle h = ops.initial(batching::batched_value(x));
     Handle c = batching::batched_value(zeros({hidden}));
-    Handle token = scalar_value(1);
+    Handle token = batched_index(1);
     while (static_cast<int64_t>(tokens.size()) < limit) {
       auto [next_h, next_c] = ops.step(token, h, c);
       token = ops.next_token(next_h);  // stays in the graph: the next step reads it there
@@ -347,7 +343,7 @@ struct TreeLstmBatched {
     for (size_t i = 0; i < tree.nodes.size(); ++i) {
       const Tree::Node& n = tree.nodes[i];
       if (n.left < 0) {
-        state[i] = leaf(scalar_value(n.word));
+        state[i] = leaf(batched_index(n.word));
       } else {
         const auto& l = state[static_cast<size_t>(n.left)];
         const auto& r = state[static_cast<size_t>(n.right)];
@@ -357,7 +353,9 @@ struct TreeLstmBatched {
     return state.back()[0];
   }
   // The tree's loss, deferred.
-  Handle operator()(const Tree& tree) const { return loss(encode(tree), scalar_value(tree.label)); }
+  Handle operator()(const Tree& tree) const {
+    return loss(encode(tree), batched_index(tree.label));
+  }
 };
 
 struct BiLstmBatched {
@@ -384,7 +382,7 @@ struct BiLstmBatched {
   std::vector<Handle> operator()(const Sentence& s, const Handle& zero_state) const {
     const size_t n = s.words.size();
     std::vector<Handle> xs, hf(n), hb(n), losses;
-    for (int64_t w : s.words) xs.push_back(embed(scalar_value(w)));
+    for (int64_t w : s.words) xs.push_back(embed(batched_index(w)));
     Handle h = zero_state, c = zero_state;
     for (size_t i = 0; i < n; ++i) {
       auto [next_h, next_c] = forward_step(xs[i], h, c);
@@ -399,7 +397,7 @@ struct BiLstmBatched {
       c = next_c;
     }
     for (size_t i = 0; i < n; ++i)
-      losses.push_back(logits_loss(hf[i], hb[i], scalar_value(s.tags[i])));
+      losses.push_back(logits_loss(hf[i], hb[i], batched_index(s.tags[i])));
     return losses;
   }
 };

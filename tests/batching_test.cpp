@@ -105,6 +105,49 @@ TEST_CASE("nodes nobody needs are pruned; a repeated pure call is recorded once"
   CHECK(f(w).node() != f(w).node());
 }
 
+TEST_CASE("integer constants share i64 batches and batch with scalar tensor values", "[batching]") {
+  // 2500 indices fill three of the graph's index batches (1024 rows each).
+  constexpr int64_t kCount = 2500;
+  const Tensor table = reshape(arange(0, 2 * kCount, 1, {DType::f32}), {kCount, 2});
+  int calls = 0;
+  auto lookup = batched_fn("lookup", [&](const Tensor& ids) {
+    ++calls;
+    return embedding(table, ids);
+  });
+  Graph graph;
+  auto scope = graph.scope();
+  std::vector<Handle> ids, rows;
+  for (int64_t i = 0; i < kCount; ++i) {
+    ids.push_back(batched_index(kCount - 1 - i));
+    rows.push_back(lookup(ids.back()));
+  }
+  Handle from_tensor = lookup(batched_value(scalar_tensor(7, {DType::i64})));
+  // The same pure call again is the same node, also once the reuse table has grown.
+  for (int64_t i = 0; i < kCount; i += 97)
+    CHECK(lookup(ids[size_t(i)]).node() == rows[size_t(i)].node());
+  graph.run();
+  CHECK(calls == 1);  // one key: index rows and the scalar tensor run as one batch
+  for (int64_t i = 0; i < kCount; ++i) {
+    const int64_t id = kCount - 1 - i;
+    REQUIRE(ids[size_t(i)].value().item<int64_t>() == id);
+    REQUIRE(rows[size_t(i)].value().to_vector<float>() ==
+            std::vector<float>{float(2 * id), float(2 * id + 1)});
+  }
+  CHECK(from_tensor.value().to_vector<float>() == std::vector<float>{14, 15});
+
+  // Recorded after a run, into the batch whose earlier rows were read: those keep their values.
+  Handle late = lookup(batched_index(3));
+  graph.run();
+  CHECK(late.value().to_vector<float>() == std::vector<float>{6, 7});
+  CHECK(ids[kCount - 1].value().item<int64_t>() == 0);
+
+  graph.clear();
+  CHECK_THROWS_WITH(ids[0].value(), Catch::Contains("cleared"));
+  Handle fresh = lookup(batched_index(1));
+  graph.run();
+  CHECK(fresh.value().to_vector<float>() == std::vector<float>{2, 3});
+}
+
 TEST_CASE("gather_rows copies rows from several sources and sends gradients back", "[batching]") {
   Generator generator(3);
   Tensor a = randn({3, 2, 2}, &generator).requires_grad_();
