@@ -57,13 +57,14 @@ class CpuBackend final : public Backend {
   void adamw_step(std::span<const AdamWSlot> slots, const AdamWParams& params) override;
 };
 
-// Where f32 GEMMs on the CPU go. automatic: oneDNN on CPUs with AVX-512 when the build has it
-// (CMake PIPIT_GEMM; =ONEDNN makes it oneDNN on every CPU), else OpenBLAS; tensor/cpu/matmul.cpp
-// says why. f64 products always go to OpenBLAS. Choosing oneDNN in a build without it throws.
-// Results do not depend on the thread count with either.
+// Where f32 GEMMs on the CPU go. automatic, when the build has oneDNN (CMake PIPIT_GEMM;
+// =ONEDNN makes it oneDNN for every product): oneDNN on CPUs with AVX-512; on others OpenBLAS,
+// but oneDNN for small products (up to 2^20 multiply-adds); tensor/cpu/matmul.cpp says why.
+// f64 products always go to OpenBLAS. Choosing oneDNN in a build without it throws. Results
+// do not depend on the thread count with either.
 enum class GemmProvider { automatic, onednn, openblas };
 void set_cpu_gemm_provider(GemmProvider provider);
-// The provider in use: "oneDNN" or "OpenBLAS".
+// The provider in use: "oneDNN", "OpenBLAS" or "OpenBLAS, oneDNN for small products".
 const char* cpu_gemm_provider();
 
 }  // namespace pipit

@@ -7,8 +7,11 @@
 // OpenBLAS's choice of kernels can be held to AVX2 by OPENBLAS_CORETYPE, which some machines
 // set for reasons of their own. On an AVX2-only CPU both run AVX2 kernels, and OpenBLAS's
 // packing copes better with operands whose row strides are powers of two (oneDNN's sgemm runs
-// at half speed on several of the MLP's transposed shapes), so OpenBLAS. f64 is always
-// OpenBLAS.
+// at half speed on several of the MLP's transposed shapes), so OpenBLAS, except for small
+// products (up to kSmallProduct multiply-adds, such as attention's per-head products): there
+// OpenBLAS's fixed work per call, a pass zeroing C when beta = 0 and packing both operands,
+// is a large share, and oneDNN runs them at about 0.9 of peak against OpenBLAS's 0.55-0.7.
+// f64 is always OpenBLAS.
 //
 // The GEMM library runs single threaded (see set_num_threads, and OneThread below): a second
 // thread pool would spin against pipit's OpenMP threads for the same cores. Products are split
@@ -39,6 +42,8 @@ constexpr int64_t kMaxTiles = 4;
 // Tile edges are multiples of BLAS micro-kernel widths, so that only the matrix's own edge
 // takes the slower edge kernels.
 constexpr int64_t kTileAlign = 16;
+// Products up to this many multiply-adds go to oneDNN on AVX2 CPUs too (see the top).
+constexpr int64_t kSmallProduct = int64_t{1} << 20;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -91,7 +96,8 @@ class OneThread {
 
 std::atomic<GemmProvider> g_provider{GemmProvider::automatic};
 
-bool use_onednn() {
+// Whether a product of `work` multiply-adds goes to oneDNN.
+bool use_onednn(int64_t work) {
 #ifdef PIPIT_GEMM_ONEDNN
   switch (g_provider.load(std::memory_order_relaxed)) {
     case GemmProvider::onednn:
@@ -105,9 +111,10 @@ bool use_onednn() {
   return true;
 #else
   static const bool avx512 = __builtin_cpu_supports("avx512f");
-  return avx512;
+  return avx512 || work <= kSmallProduct;
 #endif
 #else
+  (void)work;
   return false;
 #endif
 }
@@ -118,7 +125,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t
   auto trans = [](bool t) { return t ? CblasTrans : CblasNoTrans; };
   if constexpr (std::is_same_v<T, float>) {
 #ifdef PIPIT_GEMM_ONEDNN
-    if (use_onednn()) {
+    if (use_onednn(M * N * K)) {
       OneThread one_thread;
       const dnnl_status_t status =
           dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, a, lda, b, ldb, beta, c, ldc);
@@ -203,7 +210,8 @@ void set_cpu_gemm_provider(GemmProvider provider) {
 }
 
 const char* cpu_gemm_provider() {
-  return use_onednn() ? "oneDNN" : "OpenBLAS";
+  if (use_onednn(std::numeric_limits<int64_t>::max())) return "oneDNN";
+  return use_onednn(0) ? "OpenBLAS, oneDNN for small products" : "OpenBLAS";
 }
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
