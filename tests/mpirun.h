@@ -25,11 +25,13 @@ inline Run run_command(const std::string& command) {
 
 // mpirun of this executable in an MPI role. Root in CI containers, and more ranks than cores
 // here: Open MPI needs both allowed. No leak report for MPI's own allocations in sanitizer
-// builds. `launch_flags`: more of mpirun's own (hosts, launch agent, interfaces).
-inline Run mpirun(int ranks, const std::string& role, const std::string& launch_flags = "") {
+// builds. `launch_flags`: more of mpirun's own (hosts, launch agent, interfaces). Killed, with
+// status 124, after `seconds`.
+inline Run mpirun(int ranks, const std::string& role, const std::string& launch_flags = "",
+                  int seconds = 300) {
   return run_command(
-      "timeout 300 mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " +
-      launch_flags + " -x ASAN_OPTIONS=detect_leaks=0 " +
+      "timeout " + std::to_string(seconds) + " mpirun --allow-run-as-root --oversubscribe -np " +
+      std::to_string(ranks) + " " + launch_flags + " -x ASAN_OPTIONS=detect_leaks=0 " +
       std::filesystem::read_symlink("/proc/self/exe").string() + " --mpi-role " + role + " 2>&1");
 }
 
