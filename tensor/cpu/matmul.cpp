@@ -42,8 +42,6 @@ constexpr int64_t kMaxTiles = 4;
 // Tile edges are multiples of BLAS micro-kernel widths, so that only the matrix's own edge
 // takes the slower edge kernels.
 constexpr int64_t kTileAlign = 16;
-// Products up to this many multiply-adds go to oneDNN on AVX2 CPUs too (see the top).
-constexpr int64_t kSmallProduct = int64_t{1} << 20;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -108,8 +106,11 @@ bool use_onednn(int64_t work) {
       break;
   }
 #ifdef PIPIT_GEMM_ONEDNN_ALWAYS
+  (void)work;
   return true;
 #else
+  // Products up to this many multiply-adds go to oneDNN on AVX2 CPUs too (see the top).
+  constexpr int64_t kSmallProduct = int64_t{1} << 20;
   static const bool avx512 = __builtin_cpu_supports("avx512f");
   return avx512 || work <= kSmallProduct;
 #endif
