@@ -7,6 +7,8 @@
 //    cores and the step time is the pipeline's own, as on separate machines;
 //  - a real 16-block GPT, in threads and across pipit-worker processes: on a machine with
 //    fewer cores than stages the stages also wait for cores, which no partition removes.
+//    The same real GPT with every stage stretched 3x (and stage 2 a further 2x or 4x) needs
+//    at most 4/3 cores, so on 2 cores its stages compute as on 4 slower machines.
 // For each: the step time with the uniform partition (no rebalancing), after automatic
 // rebalancing (the last 10 steps), and the step time the fitted cost model predicts for the
 // partition it chose (its optimum); the steps until the last remap, whether a remap was
@@ -253,6 +255,10 @@ int run(int argc, char** argv) {
       "sleep-cost GPT shape: embedding 100 us, 16 blocks 300 us, head 600 us";
   const std::string heavy_shape =
       "sleep-cost GPT shape: embedding 2000 us, 16 blocks 300 us, head 4000 us";
+  // Every stage stretched 3x, as on 4 machines each a third of one of this machine's cores:
+  // their compute then fits in 2 cores, so stages rarely wait for a core, and the imbalance
+  // (stage 2 stretched 2x or 4x more) is the cost model's to see.
+  const std::string third_of_a_core = "every stage 3x slower (4 machines of 1/3 core)";
   const std::vector<Scenario> scenarios = {
       {"stage 2 slowed 2x",
        blocks_shape,
@@ -293,6 +299,24 @@ int run(int argc, char** argv) {
        gpt_batch(heavy_ends),
        cross_entropy,
        {1, 1, 1, 1}},
+      {"stage 2 slowed 2x",
+       "GPT, 16 blocks, width 64, " + third_of_a_core,
+       gpt_of(blocks),
+       gpt_batch(blocks),
+       cross_entropy,
+       {3, 3, 6, 3}},
+      {"stage 2 slowed 4x",
+       "GPT, 16 blocks, width 64, " + third_of_a_core,
+       gpt_of(blocks),
+       gpt_batch(blocks),
+       cross_entropy,
+       {3, 3, 12, 3}},
+      {"heavy embedding and head",
+       "GPT, 16 blocks, width 64, vocabulary 8192, " + third_of_a_core,
+       gpt_of(heavy_ends),
+       gpt_batch(heavy_ends),
+       cross_entropy,
+       {3, 3, 3, 3}},
   };
   const fs::path dir = fs::temp_directory_path() / ("pipit_rebalance_" + std::to_string(getpid()));
   fs::create_directories(dir);
@@ -353,10 +377,12 @@ int run(int argc, char** argv) {
          << "thread per kernel, uniform partition at the start, rebalancing window 4, "
          << "cooldown 3. Step times are medians (uniform: steps 3-12 of a run without "
          << "rebalancing; after: the last 10 of " << steps
-         << "). Predicted optimum: the fitted cost model's slowest stage x (m + p - 1) for "
-            "the partition it chose. Sleep-cost layers wait instead of computing, so their "
-            "4 stages do not share this machine's cores (as on 4 machines); the real GPT's 4 "
-            "stages do.\n\n"
+         << "). Predicted optimum: the fitted cost model's slowest stage (its layers, its "
+            "sends and, on the last stage, the loss it waits for) x (m + p - 1) for the "
+            "partition it chose. Sleep-cost layers wait instead of computing, so their 4 "
+            "stages do not share this machine's cores (as on 4 machines); the real GPT's 4 "
+            "stages do, unless every stage is 3x slower (4 machines of a third of a core: "
+            "their compute fits in 2 cores).\n\n"
          << table.str();
     bench::append_results("rebalance", text.str());
   }

@@ -188,6 +188,7 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
       ++outputs;
       NoGradGuard no_grad;
       const Tensor& output = message.tensors[0];
+      const double loss_started = trace_clock_us();
       Tensor grad;
       try {
         const Tensor target = targets[mb].to(output.device());
@@ -198,6 +199,11 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
                   e.what());
       }
       comm_->send(last_stage, {MessageKind::Gradient, step_, mb, message.chunk - 1, {grad}});
+      stats_.loss_ms += (trace_clock_us() - loss_started) / 1000.0 / m;
+      if (!comm_->carries_device_tensors()) {
+        const double megabytes = static_cast<double>(output.nbytes() + grad.nbytes()) / 1e6;
+        stats_.loss_ms += megabytes * config_.rebalance.link_ms_per_mb / m;
+      }
     } else if (message.kind == MessageKind::StageDone) {
       stage_done[static_cast<size_t>(message.from)] = true;
       ++done;
@@ -270,6 +276,7 @@ void Coordinator::rebalance(double step_ms) {
     costs.output_bytes.push_back(t.output_bytes);
     costs.state_bytes.push_back(t.state_bytes);
   }
+  costs.loss_ms = stats_.loss_ms;
   const std::optional<Decision> decision = policy_->observe(trained_, ranges_, costs, m);
   stats_.rebalance_verdict = policy_->verdict();
   if (!decision) return;

@@ -37,6 +37,9 @@ struct StepStats {
   std::optional<Decision> rebalanced;
   double remap_ms = 0;
   std::string rebalance_verdict;
+  // Per microbatch: the loss and its gradient here, plus (over a wire) the output's and the
+  // gradient's transfers at the rebalancing link rate (LayerCosts::loss_ms).
+  double loss_ms = 0;
 };
 
 class Coordinator {

@@ -100,14 +100,17 @@ void check_layer_costs(const char* caller, const LayerCosts& costs, size_t layer
   check_layer_values(caller, "ms", costs.ms, layers);
   check_layer_values(caller, "output_bytes", costs.output_bytes, layers);
   check_layer_values(caller, "state_bytes", costs.state_bytes, layers);
+  PIPIT_CHECK(std::isfinite(costs.loss_ms) && costs.loss_ms >= 0, caller,
+              ": loss_ms = ", costs.loss_ms, "; it must be finite and >= 0");
 }
 
 CostModel::CostModel(std::vector<double> layer_work, std::vector<double> stage_speed,
-                     std::vector<double> output_bytes, double link_ms_per_mb)
+                     std::vector<double> output_bytes, double link_ms_per_mb, double loss_ms)
     : layer_work_(std::move(layer_work)),
       stage_speed_(std::move(stage_speed)),
       output_bytes_(std::move(output_bytes)),
-      link_ms_per_mb_(link_ms_per_mb) {
+      link_ms_per_mb_(link_ms_per_mb),
+      loss_ms_(loss_ms) {
   const char* caller = "CostModel";
   PIPIT_CHECK(!stage_speed_.empty(), caller, ": no stage speeds given; a model needs 1 stage");
   for (size_t s = 0; s < stage_speed_.size(); ++s) {
@@ -117,6 +120,8 @@ CostModel::CostModel(std::vector<double> layer_work, std::vector<double> stage_s
   check_layer_values(caller, "layer_work", layer_work_, layer_work_.size());
   check_layer_values(caller, "output_bytes", output_bytes_, layer_work_.size());
   check_link(caller, link_ms_per_mb_);
+  PIPIT_CHECK(std::isfinite(loss_ms_) && loss_ms_ >= 0, caller, ": loss_ms = ", loss_ms_,
+              "; it must be finite and >= 0");
   work_before_.assign(layer_work_.size() + 1, 0.0);
   for (size_t l = 0; l < layer_work_.size(); ++l) {
     work_before_[l + 1] = work_before_[l] + layer_work_[l];
@@ -198,7 +203,7 @@ CostModel CostModel::fit(const std::vector<std::string>& layer_kinds,
   for (size_t l = 0; l < layers; ++l) layer_work[l] = kind_work[kind_of[l]];
   for (size_t s = 0; s < p; ++s) stage_speed[s] = std::exp(log_speed[s]);
   return CostModel(std::move(layer_work), std::move(stage_speed), measured.output_bytes,
-                   link_ms_per_mb);
+                   link_ms_per_mb, measured.loss_ms);
 }
 
 double CostModel::chunk_ms(int stage, LayerRange range) const {
@@ -207,11 +212,13 @@ double CostModel::chunk_ms(int stage, LayerRange range) const {
   PIPIT_CHECK(range.begin < range.end && range.end <= layers(), "CostModel::chunk_ms: [",
               range.begin, ", ", range.end, ") is not a non-empty range of the model's ", layers(),
               " layers");
+  const bool last = range.end == layers();
   const double compute_ms = stage_speed_[static_cast<size_t>(stage)] *
-                            (work_before_[range.end] - work_before_[range.begin]);
+                                (work_before_[range.end] - work_before_[range.begin]) +
+                            (last ? loss_ms_ : 0);
   if (stages() == 1) return compute_ms;
   double sent_bytes = 0;
-  if (range.end < layers()) sent_bytes += output_bytes_[range.end - 1];
+  if (!last) sent_bytes += output_bytes_[range.end - 1];
   if (range.begin > 0) sent_bytes += output_bytes_[range.begin - 1];
   return compute_ms + sent_bytes / kBytesPerMb * link_ms_per_mb_;
 }

@@ -16,14 +16,20 @@ struct LayerCosts {
   std::vector<double> ms;            // time on the stage that owns the layer now
   std::vector<double> output_bytes;  // its output activation: what a cut after it sends
   std::vector<double> state_bytes;   // weights + optimizer state: what moving it sends
+  // Per microbatch, what the last stage waits for between its forward and its backward: the
+  // coordinator's loss and loss gradient, and over a wire the output's and the gradient's
+  // transfers. In 1F1B the last stage has nothing else to do meanwhile, so it counts as that
+  // stage's time (under GPipe it overlaps later forwards: the model overestimates there).
+  double loss_ms = 0;
 };
 
 class CostModel {
  public:
   // layer_work: ms of each layer on a speed-1 stage; stage_speed: the factor a stage's
-  // layer times carry; output_bytes as in LayerCosts; link: ms to send 1 MB to a neighbour.
+  // layer times carry; output_bytes and loss_ms as in LayerCosts; link: ms to send 1 MB to a
+  // neighbour.
   CostModel(std::vector<double> layer_work, std::vector<double> stage_speed,
-            std::vector<double> output_bytes, double link_ms_per_mb);
+            std::vector<double> output_bytes, double link_ms_per_mb, double loss_ms = 0);
 
   // Least squares in log space, log ms(l) = log work(kind(l)) + log speed(stage(l)), over
   // times measured under `ranges` (chunk c on stage c % stages); layers with the same kind
@@ -38,7 +44,8 @@ class CostModel {
   // `stage` running layers [range.begin, range.end): speed x work, plus what the stage sends
   // (each stage pays for its sends, not its receives): the activation out of the range's last
   // layer forward, and the gradient into its first layer backward, the size of the
-  // activation that came in. Nothing crosses a link when there is one stage.
+  // activation that came in. The range holding the last layer also waits for the loss
+  // (loss_ms). Nothing crosses a link when there is one stage.
   double chunk_ms(int stage, LayerRange range) const;
   // Per stage, the sum over its chunks.
   std::vector<double> stage_ms(const std::vector<LayerRange>& ranges) const;
@@ -54,6 +61,7 @@ class CostModel {
   std::vector<double> stage_speed_;
   std::vector<double> output_bytes_;
   double link_ms_per_mb_;
+  double loss_ms_;
   std::vector<double> work_before_;  // [i]: total work of layers [0, i)
 };
 

@@ -292,6 +292,9 @@ LayerCosts RebalancePolicy::window_medians() const {
       (medians.*field).push_back(median(std::move(samples)));
     }
   }
+  std::vector<double> loss_samples;
+  for (const LayerCosts& step : window_) loss_samples.push_back(step.loss_ms);
+  medians.loss_ms = median(std::move(loss_samples));
   return medians;
 }
 

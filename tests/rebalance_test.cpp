@@ -181,6 +181,38 @@ TEST_CASE("CostModel charges each stage its compute and its sends", "[rebalance]
         std::vector<double>{12});
 }
 
+TEST_CASE("CostModel charges the last stage the loss it waits for", "[rebalance]") {
+  // As above, and stage 1 waits 4 ms per microbatch for the coordinator's loss.
+  const CostModel model({1, 2, 3}, {1, 2}, {1e6, 2e6, 5e6}, 2.0, 4.0);
+  CHECK(model.stage_ms({{0, 2}, {2, 3}}) == std::vector<double>{7, 14});
+  CHECK(model.stage_ms({{0, 1}, {1, 3}}) == std::vector<double>{3, 16});
+  CHECK(CostModel({1, 2, 3}, {2}, {1e6, 2e6, 5e6}, 2.0, 4.0).stage_ms({{0, 3}}) ==
+        std::vector<double>{16});
+
+  // Fitted from measurements that carry it, the loss moves a block off the last stage: with
+  // 8 blocks of 1 ms and 1 MB activations, [0, 4) [4, 8) costs 5 and 5 + 2 ms; [0, 5) [5, 8)
+  // costs 6 and 6.
+  const Planted planted = identical_blocks(8, {1, 1});
+  const Ranges halves = stage_layer_ranges(8, 2, 1);
+  LayerCosts measured = planted.measure(halves);
+  measured.loss_ms = 2;
+  const CostModel fitted = CostModel::fit(planted.kinds, halves, 2, measured, 1.0);
+  CHECK(fitted.stage_ms(halves) == std::vector<double>{5, 7});
+  CHECK(optimal_partition(fitted, halves, planted.state_bytes) == Ranges{{0, 5}, {5, 8}});
+  RebalancePolicy policy(enabled_config(), 2, 1, planted.kinds);
+  std::optional<Decision> decision;
+  for (int64_t step = 1; step <= 8 && !decision; ++step) {
+    decision = policy.observe(step, halves, measured, 8);
+  }
+  REQUIRE(decision);
+  CHECK(decision->to == Ranges{{0, 5}, {5, 8}});
+  CHECK(decision->new_slowest_ms == Approx(6).epsilon(1e-9));
+
+  measured.loss_ms = -1;
+  CHECK_THROWS_WITH(CostModel::fit(planted.kinds, halves, 2, measured, 1.0),
+                    Catch::Contains("loss_ms = -1"));
+}
+
 TEST_CASE("predict_step_ms and estimate_migration", "[rebalance]") {
   const Planted planted = identical_blocks(24, {1, 2});
   const CostModel model = planted.model(1.0);
