@@ -4,8 +4,9 @@
 // each layer's output (autograd/backward_hook.h), which fires when that layer's backward
 // begins, i.e. when the layer after it has finished. A slowdown factor f stretches every
 // layer's forward and backward to f times its duration (a slower machine, for tests and
-// benchmarks on one computer), so the times measured are the stretched ones, as they would be
-// on that machine. Otherwise the chunk runs as one call, with nothing added.
+// benchmarks on one computer; time the thread waited for a core is not stretched), so the
+// times measured are the stretched ones, as they would be on that machine. Otherwise the
+// chunk runs as one call, with nothing added.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -43,9 +44,17 @@ class LayerTimer {
 
  private:
   using Clock = std::chrono::steady_clock;
+  // A moment, and how long this thread had waited for a core by then (slowed stages only).
+  struct Mark {
+    Clock::time_point wall;
+    int64_t waited_ns = 0;
+  };
   bool stepwise() const { return profile_ || slowdown_ != 1.0; }
-  // Waits (slowdown - 1) x the time since `since`; returns the whole stretched time in us.
-  double stretch(Clock::time_point since) const;
+  Mark mark() const;
+  // Waits (slowdown - 1) x the time since `since` less the time this thread waited for a
+  // core meanwhile: on a machine with fewer cores than stages, the factor stretches the work,
+  // not the wait for a core. Returns the whole time since `since` in us.
+  double stretch(const Mark& since) const;
   // Runs a backward pass (or part of one) whose layers' hooks time them.
   void timed_backward(Sequential& chunk, const std::function<void()>& run);
   // Called by the hook after `layer`: the layer after it has finished its backward.
@@ -56,7 +65,7 @@ class LayerTimer {
   std::map<int64_t, LayerTiming> layers_;
   // The backward in progress: the layer whose backward is running, and since when.
   int64_t running_ = -1;
-  Clock::time_point since_;
+  Mark since_;
 };
 
 }  // namespace pipit
