@@ -140,6 +140,10 @@ std::shared_ptr<Sequential> sleep_gpt(int64_t embedding_us, int64_t block_us, in
 
 struct Result {
   double uniform_ms = 0, after_ms = 0, predicted_ms = 0;
+  // From the last 10 steps' layer times: the optimal partition's predicted step time, and
+  // whether the final partition is that one.
+  double optimum_ms = 0;
+  bool final_is_optimum = false;
   int remaps = 0;
   bool undone = false;  // a remap made steps slower and was undone (RemapTrial)
   int64_t last_remap_step = 0;
@@ -147,10 +151,39 @@ struct Result {
   std::string final_ranges;
 };
 
+// What the coordinator's policy sees of one step (Coordinator::rebalance).
+LayerCosts step_costs(const StepStats& stats) {
+  LayerCosts costs;
+  for (const LayerTiming& t : stats.layers) {
+    costs.ms.push_back((t.forward_us + t.backward_us) / 1000.0 / kMicrobatches);
+    costs.output_bytes.push_back(t.output_bytes);
+    costs.state_bytes.push_back(t.state_bytes);
+  }
+  costs.loss_ms = stats.loss_ms;
+  return costs;
+}
+
+LayerCosts medians_of(const std::vector<LayerCosts>& steps) {
+  LayerCosts medians;
+  for (auto field : {&LayerCosts::ms, &LayerCosts::output_bytes, &LayerCosts::state_bytes}) {
+    for (size_t l = 0; l < (steps.front().*field).size(); ++l) {
+      std::vector<double> samples;
+      for (const LayerCosts& step : steps) samples.push_back((step.*field)[l]);
+      (medians.*field).push_back(bench::median(samples));
+    }
+  }
+  std::vector<double> losses;
+  for (const LayerCosts& step : steps) losses.push_back(step.loss_ms);
+  medians.loss_ms = bench::median(losses);
+  return medians;
+}
+
 // Runs `steps` steps on a pipeline built by `make(rebalance)`: the uniform run first, then
 // the rebalancing one.
 template <typename Make>
 Result measure(const Scenario& scenario, int steps, Make make) {
+  const std::vector<std::string> kinds = layer_kinds(*scenario.model());
+  std::vector<LayerCosts> last_costs;
   const Batch& b = scenario.batch;
   Result result;
   auto step_ms = [&](auto& pipeline) {
@@ -180,10 +213,22 @@ Result measure(const Scenario& scenario, int steps, Make make) {
       result.moved_mb += stats.rebalanced->migration.bytes / 1e6;
       result.predicted_ms = stats.rebalanced->new_slowest_ms * (kMicrobatches + kStages - 1);
     }
-    if (step >= steps - 10) times.push_back(ms);
+    if (step >= steps - 10) {
+      times.push_back(ms);
+      if (!stats.layers.empty()) last_costs.push_back(step_costs(stats));
+    }
   }
   result.after_ms = bench::median(times);
-  result.final_ranges = ranges_str(pipeline->chunk_ranges());
+  const std::vector<LayerRange> final_ranges = pipeline->chunk_ranges();
+  result.final_ranges = ranges_str(final_ranges);
+  if (last_costs.empty()) return result;
+  const LayerCosts medians = medians_of(last_costs);
+  const CostModel model =
+      CostModel::fit(kinds, final_ranges, kStages, medians, RebalanceConfig{}.link_ms_per_mb);
+  const std::vector<LayerRange> optimum =
+      optimal_partition(model, final_ranges, medians.state_bytes);
+  result.optimum_ms = predict_step_ms(model, optimum, kMicrobatches);
+  result.final_is_optimum = optimum == final_ranges;
   return result;
 }
 
@@ -322,11 +367,10 @@ int run(int argc, char** argv) {
   fs::create_directories(dir);
 
   std::ostringstream table;
-  table << "| imbalance | model | stages in | uniform ms/step | after rebalancing | predicted "
-           "optimum | "
-           "after / optimum | steps to rebalance | remaps | undone | remap pause ms | pause / step "
-           "| MB "
-           "moved | final partition |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  table << "| imbalance | model | stages in | uniform ms/step | after rebalancing | predicted at "
+           "remap | optimum, last 10 steps | after / optimum | final = optimum | steps to "
+           "rebalance | remaps | undone | remap pause ms | pause / step | MB moved | final "
+           "partition |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::printf("%s", table.str().c_str());
   for (const Scenario& scenario : scenarios) {
     for (const bool workers : {false, true}) {
@@ -356,14 +400,14 @@ int run(int argc, char** argv) {
         });
       }
       char row[1024];
-      std::snprintf(row, sizeof row,
-                    "| %s | %.1f | %.1f | %.1f | %.2f | %lld | %d | %s | %.1f | %.2f | "
-                    "%.2f | %s |\n",
-                    label.c_str(), r.uniform_ms, r.after_ms, r.predicted_ms,
-                    r.predicted_ms > 0 ? r.after_ms / r.predicted_ms : 0.0,
-                    static_cast<long long>(r.last_remap_step), r.remaps, r.undone ? "yes" : "no",
-                    r.pause_ms, r.after_ms > 0 ? r.pause_ms / r.after_ms : 0.0, r.moved_mb,
-                    r.final_ranges.c_str());
+      std::snprintf(
+          row, sizeof row,
+          "| %s | %.1f | %.1f | %.1f | %.1f | %.2f | %s | %lld | %d | %s | %.1f | "
+          "%.2f | %.2f | %s |\n",
+          label.c_str(), r.uniform_ms, r.after_ms, r.predicted_ms, r.optimum_ms,
+          r.optimum_ms > 0 ? r.after_ms / r.optimum_ms : 0.0, r.final_is_optimum ? "yes" : "no",
+          static_cast<long long>(r.last_remap_step), r.remaps, r.undone ? "yes" : "no", r.pause_ms,
+          r.after_ms > 0 ? r.pause_ms / r.after_ms : 0.0, r.moved_mb, r.final_ranges.c_str());
       std::printf("%s", row);
       std::fflush(stdout);
       table << row;
@@ -377,9 +421,11 @@ int run(int argc, char** argv) {
          << "thread per kernel, uniform partition at the start, rebalancing window 4, "
          << "cooldown 3. Step times are medians (uniform: steps 3-12 of a run without "
          << "rebalancing; after: the last 10 of " << steps
-         << "). Predicted optimum: the fitted cost model's slowest stage (its layers, its "
+         << "). Predicted at remap: the fitted cost model's slowest stage (its layers, its "
             "sends and, on the last stage, the loss it waits for) x (m + p - 1) for the "
-            "partition it chose. Sleep-cost layers wait instead of computing, so their 4 "
+            "partition it chose, from the window before the remap. Optimum: the same model "
+            "fitted to the layer times of the last 10 steps, for the best partition under it. "
+            "Sleep-cost layers wait instead of computing, so their 4 "
             "stages do not share this machine's cores (as on 4 machines); the real GPT's 4 "
             "stages do, unless every stage is 3x slower (4 machines of a third of a core: "
             "their compute fits in 2 cores).\n\n"
