@@ -139,12 +139,22 @@ uint32_t frame_checksum(const FrameHeader& header, std::string_view json_header,
   return crc.value();
 }
 
-void verify_frame_checksum(const FrameHeader& header, std::string_view json_header,
-                           std::string_view body_prefix, const std::vector<Tensor>& tensors) {
+Crc32c frame_checksum_begin(const FrameHeader& header, std::string_view json_header,
+                            std::string_view body_prefix) {
   Crc32c crc = header_crc(header, json_header);
   crc.update(body_prefix);
-  for (const Tensor& t : tensors) crc.update(t.raw_data(), t.nbytes());
+  return crc;
+}
+
+void require_frame_checksum(const FrameHeader& header, const Crc32c& crc) {
   require_checksum(header, crc.value());
+}
+
+void verify_frame_checksum(const FrameHeader& header, std::string_view json_header,
+                           std::string_view body_prefix, const std::vector<Tensor>& tensors) {
+  Crc32c crc = frame_checksum_begin(header, json_header, body_prefix);
+  for (const Tensor& t : tensors) crc.update(t.raw_data(), t.nbytes());
+  require_frame_checksum(header, crc);
 }
 
 size_t EncodedFrame::size() const {

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/crc32c.h"
 #include "comm/message.h"
 
 namespace pipit {
@@ -92,6 +93,12 @@ uint32_t frame_checksum(const FrameHeader& header, std::string_view json_header,
 // whose JSON header, body prefix and tensors (their bytes, in order) these are.
 void verify_frame_checksum(const FrameHeader& header, std::string_view json_header,
                            std::string_view body_prefix, const std::vector<Tensor>& tensors);
+// The same check in steps, for a reader that checksums tensor bytes as they arrive, while
+// they are still in cache: the CRC over the fixed header, JSON header and body prefix, to
+// update with the tensors' bytes in order and pass to require_frame_checksum.
+Crc32c frame_checksum_begin(const FrameHeader& header, std::string_view json_header,
+                            std::string_view body_prefix);
+void require_frame_checksum(const FrameHeader& header, const Crc32c& crc);
 
 // The same in steps, so a reader can receive tensor bytes straight into tensor memory:
 // the first 8 body bytes give the length of the body's prefix (its safetensors length field

@@ -1,5 +1,7 @@
 #include "comm/frame_reader.h"
 
+#include <algorithm>
+
 namespace pipit {
 
 namespace {
@@ -23,6 +25,7 @@ struct FrameReader::Pending {
   std::vector<Tensor> tensors;
   std::vector<asio::mutable_buffer> pieces;  // tensor bytes still to come
   size_t remaining = 0;
+  Crc32c crc;            // of the frame's bytes so far, its checksum field aside
   bool started = false;  // any byte of this frame arrived
 };
 
@@ -88,6 +91,7 @@ void FrameReader::read_tensors(std::shared_ptr<Pending> p) {
   } catch (const FrameError& e) {
     return p->on_error(e.what());
   }
+  p->crc = frame_checksum_begin(p->header, p->json, p->body_prefix);
   for (const Tensor& t : p->tensors) {
     if (t.nbytes() == 0) continue;
     p->pieces.push_back(asio::buffer(t.raw_data(), t.nbytes()));
@@ -114,13 +118,15 @@ void FrameReader::read_tensor_bytes(std::shared_ptr<Pending> p) {
     if (ec) return p->on_error(describe(ec, "mid-frame"));
     on_bytes_();
     p->remaining -= bytes;
-    while (bytes > 0) {  // drop what was filled from the front of the piece list
+    while (bytes > 0) {  // checksum and drop what was filled from the front of the piece list
       asio::mutable_buffer& front = p->pieces.front();
-      if (bytes < front.size()) {
-        front += bytes;
+      const size_t filled = std::min(bytes, front.size());
+      p->crc.update(front.data(), filled);
+      bytes -= filled;
+      if (filled < front.size()) {
+        front += filled;
         break;
       }
-      bytes -= front.size();
       p->pieces.erase(p->pieces.begin());
     }
     read_tensor_bytes(p);
@@ -130,7 +136,8 @@ void FrameReader::read_tensor_bytes(std::shared_ptr<Pending> p) {
 void FrameReader::finish(std::shared_ptr<Pending> p) {
   Message message;
   try {
-    verify_frame_checksum(p->header, p->json, p->body_prefix, p->tensors);
+    if (p->header.body_length == 0) p->crc = frame_checksum_begin(p->header, p->json, {});
+    require_frame_checksum(p->header, p->crc);
     message = decode_frame_message(p->header, p->json, std::move(p->tensors));
   } catch (const Error& e) {
     return p->on_error(e.what());

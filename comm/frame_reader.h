@@ -2,7 +2,8 @@
 // FrameReader: reads frames off one socket, one at a time, on the socket's io thread. The
 // fixed header is checked against the limits before anything is allocated; the JSON header
 // is depth-checked; tensor bytes land straight in the message's tensors, with a receive
-// low-water mark so a large frame costs few wake-ups. Every completed read, even a partial
+// low-water mark so a large frame costs few wake-ups, and are checksummed as they land,
+// while still in cache. Every completed read, even a partial
 // one, counts as progress (`on_bytes`), so a large frame arriving slowly but steadily keeps
 // its connection alive.
 #include <functional>
