@@ -151,33 +151,6 @@ struct Result {
   std::string final_ranges;
 };
 
-// What the coordinator's policy sees of one step (Coordinator::rebalance).
-LayerCosts step_costs(const StepStats& stats) {
-  LayerCosts costs;
-  for (const LayerTiming& t : stats.layers) {
-    costs.ms.push_back((t.forward_us + t.backward_us) / 1000.0 / kMicrobatches);
-    costs.output_bytes.push_back(t.output_bytes);
-    costs.state_bytes.push_back(t.state_bytes);
-  }
-  costs.loss_ms = stats.loss_ms;
-  return costs;
-}
-
-LayerCosts medians_of(const std::vector<LayerCosts>& steps) {
-  LayerCosts medians;
-  for (auto field : {&LayerCosts::ms, &LayerCosts::output_bytes, &LayerCosts::state_bytes}) {
-    for (size_t l = 0; l < (steps.front().*field).size(); ++l) {
-      std::vector<double> samples;
-      for (const LayerCosts& step : steps) samples.push_back((step.*field)[l]);
-      (medians.*field).push_back(bench::median(samples));
-    }
-  }
-  std::vector<double> losses;
-  for (const LayerCosts& step : steps) losses.push_back(step.loss_ms);
-  medians.loss_ms = bench::median(losses);
-  return medians;
-}
-
 // Runs `steps` steps on a pipeline built by `make(rebalance)`: the uniform run first, then
 // the rebalancing one.
 template <typename Make>
@@ -215,14 +188,14 @@ Result measure(const Scenario& scenario, int steps, Make make) {
     }
     if (step >= steps - 10) {
       times.push_back(ms);
-      if (!stats.layers.empty()) last_costs.push_back(step_costs(stats));
+      if (!stats.layers.empty()) last_costs.push_back(layer_costs(stats, kMicrobatches));
     }
   }
   result.after_ms = bench::median(times);
   const std::vector<LayerRange> final_ranges = pipeline->chunk_ranges();
   result.final_ranges = ranges_str(final_ranges);
   if (last_costs.empty()) return result;
-  const LayerCosts medians = medians_of(last_costs);
+  const LayerCosts medians = median_layer_costs(last_costs);
   const CostModel model =
       CostModel::fit(kinds, final_ranges, kStages, medians, RebalanceConfig{}.link_ms_per_mb);
   const std::vector<LayerRange> optimum =

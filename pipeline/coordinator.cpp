@@ -242,6 +242,17 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   return total / m;
 }
 
+LayerCosts layer_costs(const StepStats& stats, int microbatches) {
+  LayerCosts costs;
+  for (const LayerTiming& t : stats.layers) {
+    costs.ms.push_back((t.forward_us + t.backward_us) / 1000.0 / microbatches);
+    costs.output_bytes.push_back(t.output_bytes);
+    costs.state_bytes.push_back(t.state_bytes);
+  }
+  costs.loss_ms = stats.loss_ms;
+  return costs;
+}
+
 void Coordinator::enable_rebalancing(std::vector<std::string> layer_kinds) {
   PIPIT_CHECK(layer_kinds.size() == ranges_.back().end, "enable_rebalancing: ", layer_kinds.size(),
               " layer kinds for a model of ", ranges_.back().end, " layers");
@@ -270,14 +281,8 @@ void Coordinator::rebalance(double step_ms) {
     }
     if (worse) trial_.reset();
   }
-  LayerCosts costs;
-  for (const LayerTiming& t : stats_.layers) {
-    costs.ms.push_back((t.forward_us + t.backward_us) / 1000.0 / m);
-    costs.output_bytes.push_back(t.output_bytes);
-    costs.state_bytes.push_back(t.state_bytes);
-  }
-  costs.loss_ms = stats_.loss_ms;
-  const std::optional<Decision> decision = policy_->observe(trained_, ranges_, costs, m);
+  const std::optional<Decision> decision =
+      policy_->observe(trained_, ranges_, layer_costs(stats_, m), m);
   stats_.rebalance_verdict = policy_->verdict();
   if (!decision) return;
   const double start = trace_clock_us();

@@ -42,6 +42,10 @@ struct StepStats {
   double loss_ms = 0;
 };
 
+// What a profiled step's StepStats say to the cost model: per layer, ms per microbatch of
+// forward and backward, output and state bytes; and the loss the last stage waited for.
+LayerCosts layer_costs(const StepStats& stats, int microbatches);
+
 class Coordinator {
  public:
   // `ranges`: the layers each global chunk of the stages holds now (partition_model's).

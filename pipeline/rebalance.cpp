@@ -217,7 +217,7 @@ void RebalancePolicy::remapped(int64_t step, std::vector<LayerRange> now) {
 
 std::optional<Decision> RebalancePolicy::judge(const std::vector<LayerRange>& current,
                                                int microbatches) {
-  const LayerCosts medians = window_medians();
+  const LayerCosts medians = median_layer_costs({window_.begin(), window_.end()});
   const CostModel model =
       CostModel::fit(layer_kinds_, current, stages_, medians, config_.link_ms_per_mb);
   Decision decision;
@@ -283,17 +283,23 @@ size_t RebalancePolicy::steps_showing_gain(const std::vector<LayerRange>& curren
   return agreeing;
 }
 
-LayerCosts RebalancePolicy::window_medians() const {
+LayerCosts median_layer_costs(const std::vector<LayerCosts>& steps) {
+  PIPIT_CHECK(!steps.empty(), "median_layer_costs: no steps given");
   LayerCosts medians;
   for (auto field : {&LayerCosts::ms, &LayerCosts::output_bytes, &LayerCosts::state_bytes}) {
-    for (size_t l = 0; l < layer_kinds_.size(); ++l) {
+    const size_t layers = (steps.front().*field).size();
+    for (size_t l = 0; l < layers; ++l) {
       std::vector<double> samples;
-      for (const LayerCosts& step : window_) samples.push_back((step.*field)[l]);
+      for (const LayerCosts& step : steps) {
+        PIPIT_CHECK((step.*field).size() == layers, "median_layer_costs: steps measured ", layers,
+                    " and ", (step.*field).size(), " layers");
+        samples.push_back((step.*field)[l]);
+      }
       (medians.*field).push_back(median(std::move(samples)));
     }
   }
   std::vector<double> loss_samples;
-  for (const LayerCosts& step : window_) loss_samples.push_back(step.loss_ms);
+  for (const LayerCosts& step : steps) loss_samples.push_back(step.loss_ms);
   medians.loss_ms = median(std::move(loss_samples));
   return medians;
 }

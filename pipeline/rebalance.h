@@ -31,6 +31,9 @@ std::vector<LayerRange> optimal_partition(const CostModel& model,
                                           const std::vector<LayerRange>& current,
                                           const std::vector<double>& state_bytes);
 
+// Per layer, the median over `steps` of each measurement; and the median loss_ms.
+LayerCosts median_layer_costs(const std::vector<LayerCosts>& steps);
+
 struct Decision {
   std::vector<LayerRange> from, to;
   double current_slowest_ms = 0, new_slowest_ms = 0;  // predicted, per microbatch
@@ -81,7 +84,6 @@ class RebalancePolicy {
   // by more than `needed`.
   size_t steps_showing_gain(const std::vector<LayerRange>& current,
                             const std::vector<LayerRange>& to, double needed) const;
-  LayerCosts window_medians() const;
 
   RebalanceConfig config_;
   int stages_;

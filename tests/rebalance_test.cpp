@@ -211,6 +211,19 @@ TEST_CASE("CostModel charges the last stage the loss it waits for", "[rebalance]
   measured.loss_ms = -1;
   CHECK_THROWS_WITH(CostModel::fit(planted.kinds, halves, 2, measured, 1.0),
                     Catch::Contains("loss_ms = -1"));
+
+  // Medians per layer and of the loss, over steps.
+  LayerCosts slow = planted.measure(halves), fast = slow;
+  slow.ms[3] = 9;
+  slow.loss_ms = 5;
+  fast.ms[3] = 0.5;
+  fast.loss_ms = 1;
+  const LayerCosts medians = median_layer_costs({slow, fast, planted.measure(halves)});
+  CHECK(medians.ms[3] == 1);
+  CHECK(medians.ms[4] == 1);
+  CHECK(medians.loss_ms == 1);
+  fast.ms.pop_back();
+  CHECK_THROWS_WITH(median_layer_costs({slow, fast}), Catch::Contains("8 and 7 layers"));
 }
 
 TEST_CASE("predict_step_ms and estimate_migration", "[rebalance]") {
