@@ -139,11 +139,8 @@ uint32_t frame_checksum(const FrameHeader& header, std::string_view json_header,
   return crc.value();
 }
 
-Crc32c frame_checksum_begin(const FrameHeader& header, std::string_view json_header,
-                            std::string_view body_prefix) {
-  Crc32c crc = header_crc(header, json_header);
-  crc.update(body_prefix);
-  return crc;
+Crc32c frame_checksum_begin(const FrameHeader& header, std::string_view json_header) {
+  return header_crc(header, json_header);
 }
 
 void require_frame_checksum(const FrameHeader& header, const Crc32c& crc) {
@@ -152,7 +149,8 @@ void require_frame_checksum(const FrameHeader& header, const Crc32c& crc) {
 
 void verify_frame_checksum(const FrameHeader& header, std::string_view json_header,
                            std::string_view body_prefix, const std::vector<Tensor>& tensors) {
-  Crc32c crc = frame_checksum_begin(header, json_header, body_prefix);
+  Crc32c crc = frame_checksum_begin(header, json_header);
+  crc.update(body_prefix);
   for (const Tensor& t : tensors) crc.update(t.raw_data(), t.nbytes());
   require_frame_checksum(header, crc);
 }

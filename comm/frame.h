@@ -93,11 +93,10 @@ uint32_t frame_checksum(const FrameHeader& header, std::string_view json_header,
 // whose JSON header, body prefix and tensors (their bytes, in order) these are.
 void verify_frame_checksum(const FrameHeader& header, std::string_view json_header,
                            std::string_view body_prefix, const std::vector<Tensor>& tensors);
-// The same check in steps, for a reader that checksums tensor bytes as they arrive, while
-// they are still in cache: the CRC over the fixed header, JSON header and body prefix, to
-// update with the tensors' bytes in order and pass to require_frame_checksum.
-Crc32c frame_checksum_begin(const FrameHeader& header, std::string_view json_header,
-                            std::string_view body_prefix);
+// The same check in steps, for a reader that checksums the body as it arrives, while it is
+// still in cache: the CRC over the fixed header and JSON header, to update with the body
+// prefix and the tensors' bytes in order and pass to require_frame_checksum.
+Crc32c frame_checksum_begin(const FrameHeader& header, std::string_view json_header);
 void require_frame_checksum(const FrameHeader& header, const Crc32c& crc);
 
 // The same in steps, so a reader can receive tensor bytes straight into tensor memory:

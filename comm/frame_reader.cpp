@@ -62,6 +62,7 @@ void FrameReader::read_header(std::shared_ptr<Pending> p) {
 // The body's prefix (its safetensors length and header) is read and validated first, so
 // the tensors are allocated only for a well-formed body within the limits.
 void FrameReader::read_body(std::shared_ptr<Pending> p) {
+  p->crc = frame_checksum_begin(p->header, p->json);
   if (p->header.body_length == 0) return finish(p);
   p->body_prefix.resize(8);
   asio::async_read(socket_, asio::buffer(p->body_prefix),
@@ -91,7 +92,7 @@ void FrameReader::read_tensors(std::shared_ptr<Pending> p) {
   } catch (const FrameError& e) {
     return p->on_error(e.what());
   }
-  p->crc = frame_checksum_begin(p->header, p->json, p->body_prefix);
+  p->crc.update(p->body_prefix);
   for (const Tensor& t : p->tensors) {
     if (t.nbytes() == 0) continue;
     p->pieces.push_back(asio::buffer(t.raw_data(), t.nbytes()));
@@ -136,7 +137,6 @@ void FrameReader::read_tensor_bytes(std::shared_ptr<Pending> p) {
 void FrameReader::finish(std::shared_ptr<Pending> p) {
   Message message;
   try {
-    if (p->header.body_length == 0) p->crc = frame_checksum_begin(p->header, p->json, {});
     require_frame_checksum(p->header, p->crc);
     message = decode_frame_message(p->header, p->json, std::move(p->tensors));
   } catch (const Error& e) {
