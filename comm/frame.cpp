@@ -206,10 +206,11 @@ EncodedFrame encode_frame_parts(const Message& message) {
   return frame;
 }
 
-std::string encode_frame(const Message& message) {
+std::string encode_frame(const Message& message, std::string_view lead) {
   const EncodedFrame parts = encode_frame_parts(message);
   std::string out;
-  out.reserve(parts.size());
+  out.reserve(lead.size() + parts.size());
+  out += lead;
   out += parts.prefix;
   for (const auto& [data, bytes] : parts.tensor_bytes) {
     out.append(static_cast<const char*>(data), bytes);

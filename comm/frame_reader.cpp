@@ -105,16 +105,22 @@ void FrameReader::read_tensors(std::shared_ptr<Pending> p) {
 // lets it wake once per kLargeRead (or for the frame's last bytes), which keeps large
 // transfers near raw socket speed. The communicator's liveness check also counts bytes
 // waiting below the mark (see TcpConnection::has_progress).
+// Small frames leave the mark alone: two system calls per message cost more than they save.
 void FrameReader::read_tensor_bytes(std::shared_ptr<Pending> p) {
-  constexpr size_t kLargeRead = 1 << 20;
+  constexpr size_t kLargeRead = 1 << 20, kWorthAMark = 64 << 10;
   asio::error_code ignored;
   if (p->remaining == 0) {
-    socket_.set_option(asio::socket_base::receive_low_watermark(1), ignored);
+    if (low_watermark_ > 1) {
+      socket_.set_option(asio::socket_base::receive_low_watermark(1), ignored);
+      low_watermark_ = 1;
+    }
     return finish(p);
   }
-  socket_.set_option(asio::socket_base::receive_low_watermark(
-                         static_cast<int>(std::min(p->remaining, kLargeRead))),
-                     ignored);
+  const size_t mark = p->remaining >= kWorthAMark ? std::min(p->remaining, kLargeRead) : 1;
+  if (mark != low_watermark_) {
+    socket_.set_option(asio::socket_base::receive_low_watermark(static_cast<int>(mark)), ignored);
+    low_watermark_ = mark;
+  }
   socket_.async_read_some(p->pieces, [this, p](const asio::error_code& ec, size_t bytes) {
     if (ec) return p->on_error(describe(ec, "mid-frame"));
     on_bytes_();

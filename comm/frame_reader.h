@@ -39,6 +39,7 @@ class FrameReader {
 
   asio::ip::tcp::socket& socket_;
   std::function<void()> on_bytes_;
+  size_t low_watermark_ = 1;  // the socket's SO_RCVLOWAT, as last set
 };
 
 }  // namespace pipit

@@ -106,6 +106,7 @@ struct TcpCommunicator::Impl {
   mutable std::mutex peers_mutex;
   std::condition_variable peer_ready;
   std::map<int, std::string> addresses;  // connected peers
+  std::map<int, ConnectionPtr> routes;   // the connection send() writes to, per peer
   std::map<int, std::string> listening;  // peer -> the address it accepts connections on
 
   void log(const std::string& line) {
@@ -143,6 +144,7 @@ struct TcpCommunicator::Impl {
     {
       std::lock_guard<std::mutex> lock(peers_mutex);
       addresses[conn->peer()] = conn->address();
+      routes[conn->peer()] = route(conn->peer());
     }
     peer_ready.notify_all();
     log("connected to peer " + std::to_string(conn->peer()) + " at " + conn->address());
@@ -169,11 +171,17 @@ struct TcpCommunicator::Impl {
       result->second->set_value(refused ? reason : "retry:" + reason);
       dial_results.erase(result);
     }
-    if (closing || !conn->ready()) return;
+    if (!conn->ready()) return;
     {
       std::lock_guard<std::mutex> lock(peers_mutex);
-      if (route(conn->peer()) == nullptr) addresses.erase(conn->peer());
+      if (ConnectionPtr next = route(conn->peer())) {
+        routes[conn->peer()] = next;
+      } else {
+        routes.erase(conn->peer());
+        if (!closing) addresses.erase(conn->peer());
+      }
     }
+    if (closing) return;
     // Name the peer by the address it listens on (which we dialed) when we know it: the
     // address of a connection it opened is just an ephemeral port.
     inbox.push(to_message(
@@ -381,7 +389,16 @@ void TcpCommunicator::send(int peer, Message message) {
     impl_->inbox.push(std::move(message));
     return;
   }
-  auto frame = std::make_shared<EncodedFrame>(encode_frame_parts(message));
+  EncodedFrame encoded = encode_frame_parts(message);
+  ConnectionPtr route;
+  {
+    std::lock_guard<std::mutex> lock(impl_->peers_mutex);
+    auto it = impl_->routes.find(peer);
+    if (it != impl_->routes.end()) route = it->second;
+  }
+  if (route) return route->send(std::move(encoded));
+  // No connection yet as far as this thread can tell: the io thread knows for sure.
+  auto frame = std::make_shared<EncodedFrame>(std::move(encoded));
   asio::post(impl_->io, [this, peer, frame] {
     ConnectionPtr conn = impl_->route(peer);
     if (conn) return conn->send(std::move(*frame));
@@ -416,6 +433,10 @@ void TcpCommunicator::close() {
   impl_->work.reset();
   impl_->io.stop();
   impl_->thread.join();
+  {
+    std::lock_guard<std::mutex> lock(impl_->peers_mutex);
+    impl_->routes.clear();
+  }
   impl_->inbox.close();
 }
 

@@ -1,9 +1,11 @@
 #pragma once
 // TcpCommunicator: Messages over TCP with standalone Asio. One io_context thread per
-// communicator does all socket work; send() encodes on the caller's thread and queues the
-// frame on the peer's connection, written in order with gathering writes (tensor bytes go
-// from where they lie). Every connection opens with a handshake (protocol version, endpoint
-// ids and, with a token, a mutual HMAC-SHA-256 challenge-response: the token never crosses
+// communicator accepts, reads, keeps time and finishes writes; send() encodes on the
+// caller's thread and, when nothing is queued on the peer's connection, writes the frame
+// itself as far as the socket takes it without blocking (a small message costs no hand-off
+// to the io thread), the rest queued for the io thread in order. Writes are gathering (tensor
+// bytes go from where they lie). Every connection opens with a handshake (protocol version,
+// endpoint ids and, with a token, a mutual HMAC-SHA-256 challenge-response: the token never crosses
 // the wire). Idle connections exchange heartbeats; a connection that fails, sends a bad
 // frame or sends no byte for peer_timeout is closed with a logged reason, and a PeerLost
 // message naming the peer and its address lands in the inbox. Nothing a peer sends can

@@ -14,7 +14,6 @@ TcpConnection::TcpConnection(asio::ip::tcp::socket socket, std::string address, 
       writer_(
           socket_,
           [this] {
-            last_sent_ = Clock::now();
             if (!reason_after_write_.empty()) close(reason_after_write_);
           },
           [this](const std::string& reason) { close(reason); }),
@@ -81,8 +80,7 @@ void TcpConnection::on_frame(Message message) {
 }
 
 void TcpConnection::send(EncodedFrame frame) {
-  if (closed_) return;
-  writer_.push(std::move(frame), shared_from_this());
+  writer_.send(std::move(frame), shared_from_this());
 }
 
 void TcpConnection::close_after_write(std::string reason) {
@@ -97,6 +95,7 @@ void TcpConnection::close(const std::string& reason) {
   // sees the close.
   auto self = shared_from_this();
   events_.on_closed(self, reason, handshake_.state() == Handshake::State::Refused);
+  writer_.stop();
   asio::error_code ignored;
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);

@@ -1,6 +1,7 @@
 #pragma once
-// TcpConnection: one connection of a TcpCommunicator, on its io thread: the socket, a
-// FrameReader and a FrameWriter, the Handshake, and the clocks liveness is judged by. Until
+// TcpConnection: one connection of a TcpCommunicator: the socket, a FrameReader and a
+// FrameWriter, the Handshake, and the clocks liveness is judged by. It lives on its io
+// thread; only send() may be called from other threads. Until
 // the handshake completes it reads with tiny limits (no tensors, small headers), so a peer
 // that has not proved the token cannot make this side allocate.
 #include <chrono>
@@ -42,6 +43,7 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
 
   // Sends the Hello and starts reading.
   void start();
+  // Any thread: written at once by the calling thread when nothing is queued ahead of it.
   void send(EncodedFrame frame);
   // Idempotent; frames still queued are dropped.
   void close(const std::string& reason);
@@ -60,7 +62,7 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   bool has_progress();
   Clock::time_point opened() const { return opened_; }
   Clock::time_point last_received() const { return last_received_; }
-  Clock::time_point last_sent() const { return last_sent_; }
+  Clock::time_point last_sent() const { return writer_.last_write(); }
 
  private:
   void read_next();
@@ -78,7 +80,7 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   std::string reason_after_write_;  // set: close once the queue drains
   bool progressed_ = false;
   size_t seen_available_ = 0;
-  Clock::time_point opened_ = Clock::now(), last_received_ = opened_, last_sent_ = opened_;
+  Clock::time_point opened_ = Clock::now(), last_received_ = opened_;
 };
 
 }  // namespace pipit

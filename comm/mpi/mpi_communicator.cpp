@@ -9,7 +9,9 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -51,7 +53,7 @@ struct MpiTransport::Impl {
     std::string bytes;
   };
 
-  void deliver(std::string bytes, int from_rank) {
+  void deliver(std::string_view bytes, int from_rank) {
     if (bytes.size() < kRouteBytes + kFrameHeaderSize) {
       throw Error(detail::concat("MPI: rank ", from_rank, " sent a message of ", bytes.size(),
                                  " bytes, too short for a frame"));
@@ -123,10 +125,11 @@ struct MpiTransport::Impl {
         if (!found) break;
         int count = 0;
         check(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
-        std::string bytes(static_cast<size_t>(count), '\0');
-        check(MPI_Mrecv(bytes.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
+        // Not zero-filled: MPI_Mrecv writes every byte.
+        std::unique_ptr<char[]> bytes(new char[static_cast<size_t>(count)]);
+        check(MPI_Mrecv(bytes.get(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
         try {
-          deliver(std::move(bytes), status.MPI_SOURCE);
+          deliver(std::string_view(bytes.get(), static_cast<size_t>(count)), status.MPI_SOURCE);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "[mpi %d] dropped a message: %s\n", rank, e.what());
         }
@@ -182,8 +185,8 @@ class MpiCommunicator final : public Communicator {
       return;
     }
     const int32_t route[2] = {id_, peer};
-    std::string bytes(reinterpret_cast<const char*>(route), kRouteBytes);
-    bytes += encode_frame(message);
+    std::string bytes =
+        encode_frame(message, std::string_view(reinterpret_cast<const char*>(route), kRouteBytes));
     {
       std::lock_guard<std::mutex> lock(t.mutex);
       t.outgoing.emplace_back(rank->second, std::move(bytes));
