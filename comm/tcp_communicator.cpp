@@ -389,6 +389,7 @@ void TcpCommunicator::send(int peer, Message message) {
     impl_->inbox.push(std::move(message));
     return;
   }
+  if (impl_->closing) return;
   EncodedFrame encoded = encode_frame_parts(message);
   ConnectionPtr route;
   {

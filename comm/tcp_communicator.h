@@ -84,7 +84,8 @@ class TcpCommunicator final : public Communicator {
   void send(int peer, Message message) override;
   Message receive() override;
   std::optional<Message> try_receive(std::chrono::milliseconds timeout) override;
-  // Closes every connection and the listener, and wakes receive().
+  // Closes every connection and the listener, and wakes receive(). Frames sent before it
+  // are written first (for up to 2 s); frames sent once it has begun are dropped.
   void close() override;
 
  private:
