@@ -1,6 +1,7 @@
 #include "comm/frame_reader.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace pipit {
 
@@ -36,27 +37,52 @@ void FrameReader::read(const FrameLimits& limits, std::shared_ptr<void> owner, O
   pending->owner = std::move(owner);
   pending->on_frame = std::move(on_frame);
   pending->on_error = std::move(on_error);
-  read_header(std::move(pending));
+  // A peer is allowed a large staging buffer only once it may send bodies (after the
+  // handshake), so an unauthenticated connection costs little memory.
+  const size_t stage_bytes = limits.max_body_bytes == 0 ? 512 : size_t{64} << 10;
+  if (stage_.size() < stage_bytes) stage_.resize(stage_bytes);
+  if (staged_begin_ == staged_end_) return read_header(std::move(pending));
+  // The next frame is already staged: parse it from the io loop, not from inside the handler
+  // of the last one, so a burst of small frames cannot nest calls without bound.
+  asio::post(socket_.get_executor(), [this, pending] { read_header(pending); });
+}
+
+void FrameReader::fill(asio::mutable_buffer destination, std::shared_ptr<Pending> p,
+                       const char* where, std::function<void()> done) {
+  const size_t staged = std::min(destination.size(), staged_end_ - staged_begin_);
+  std::memcpy(destination.data(), stage_.data() + staged_begin_, staged);
+  staged_begin_ += staged;
+  destination += staged;
+  if (destination.size() == 0) return done();
+  staged_begin_ = staged_end_ = 0;
+  if (destination.size() >= stage_.size()) {  // a large JSON header goes straight into place
+    asio::async_read(socket_, destination,
+                     [this, p, where, done](const asio::error_code& ec, size_t) {
+                       if (ec) return p->on_error(describe(ec, where));
+                       on_bytes_();
+                       done();
+                     });
+    return;
+  }
+  socket_.async_read_some(asio::buffer(stage_), [this, p, destination, where, done](
+                                                    const asio::error_code& ec, size_t bytes) {
+    if (ec) return p->on_error(describe(ec, where));
+    on_bytes_();
+    staged_end_ = bytes;
+    fill(destination, p, where, done);
+  });
 }
 
 void FrameReader::read_header(std::shared_ptr<Pending> p) {
-  asio::async_read(socket_, asio::buffer(p->header_bytes),
-                   [this, p](const asio::error_code& ec, size_t) {
-                     if (ec) return p->on_error(describe(ec, "between frames"));
-                     on_bytes_();
-                     try {
-                       p->header = decode_frame_header(p->header_bytes, p->limits);
-                     } catch (const FrameError& e) {
-                       return p->on_error(e.what());
-                     }
-                     p->json.resize(p->header.header_length);
-                     asio::async_read(socket_, asio::buffer(p->json),
-                                      [this, p](const asio::error_code& ec2, size_t) {
-                                        if (ec2) return p->on_error(describe(ec2, "mid-frame"));
-                                        on_bytes_();
-                                        read_body(p);
-                                      });
-                   });
+  fill(asio::buffer(p->header_bytes), p, "between frames", [this, p] {
+    try {
+      p->header = decode_frame_header(p->header_bytes, p->limits);
+    } catch (const FrameError& e) {
+      return p->on_error(e.what());
+    }
+    p->json.resize(p->header.header_length);
+    fill(asio::buffer(p->json), p, "mid-frame", [this, p] { read_body(p); });
+  });
 }
 
 // The body's prefix (its safetensors length and header) is read and validated first, so
@@ -65,25 +91,18 @@ void FrameReader::read_body(std::shared_ptr<Pending> p) {
   p->crc = frame_checksum_begin(p->header, p->json);
   if (p->header.body_length == 0) return finish(p);
   p->body_prefix.resize(8);
-  asio::async_read(socket_, asio::buffer(p->body_prefix),
-                   [this, p](const asio::error_code& ec, size_t) {
-                     if (ec) return p->on_error(describe(ec, "mid-frame"));
-                     on_bytes_();
-                     size_t prefix = 0;
-                     try {
-                       prefix = frame_body_prefix_length(
-                           p->header, reinterpret_cast<const uint8_t*>(p->body_prefix.data()));
-                     } catch (const FrameError& e) {
-                       return p->on_error(e.what());
-                     }
-                     p->body_prefix.resize(prefix);
-                     asio::async_read(socket_, asio::buffer(p->body_prefix.data() + 8, prefix - 8),
-                                      [this, p](const asio::error_code& ec2, size_t) {
-                                        if (ec2) return p->on_error(describe(ec2, "mid-frame"));
-                                        on_bytes_();
-                                        read_tensors(p);
-                                      });
-                   });
+  fill(asio::buffer(p->body_prefix), p, "mid-frame", [this, p] {
+    size_t prefix = 0;
+    try {
+      prefix = frame_body_prefix_length(p->header,
+                                        reinterpret_cast<const uint8_t*>(p->body_prefix.data()));
+    } catch (const FrameError& e) {
+      return p->on_error(e.what());
+    }
+    p->body_prefix.resize(prefix);
+    fill(asio::buffer(p->body_prefix.data() + 8, prefix - 8), p, "mid-frame",
+         [this, p] { read_tensors(p); });
+  });
 }
 
 void FrameReader::read_tensors(std::shared_ptr<Pending> p) {
@@ -98,7 +117,29 @@ void FrameReader::read_tensors(std::shared_ptr<Pending> p) {
     p->pieces.push_back(asio::buffer(t.raw_data(), t.nbytes()));
     p->remaining += t.nbytes();
   }
+  while (staged_begin_ < staged_end_ && !p->pieces.empty()) {
+    const size_t bytes = std::min(staged_end_ - staged_begin_, p->pieces.front().size());
+    std::memcpy(p->pieces.front().data(), stage_.data() + staged_begin_, bytes);
+    staged_begin_ += bytes;
+    landed(*p, bytes);
+  }
   read_tensor_bytes(p);
+}
+
+// Checksums `bytes` just written at the front of the piece list and drops what they filled.
+void FrameReader::landed(Pending& p, size_t bytes) {
+  p.remaining -= bytes;
+  while (bytes > 0) {
+    asio::mutable_buffer& front = p.pieces.front();
+    const size_t filled = std::min(bytes, front.size());
+    p.crc.update(front.data(), filled);
+    bytes -= filled;
+    if (filled < front.size()) {
+      front += filled;
+      break;
+    }
+    p.pieces.erase(p.pieces.begin());
+  }
 }
 
 // The kernel would wake this thread for every 64 KiB that arrives; a receive low-water mark
@@ -124,18 +165,7 @@ void FrameReader::read_tensor_bytes(std::shared_ptr<Pending> p) {
   socket_.async_read_some(p->pieces, [this, p](const asio::error_code& ec, size_t bytes) {
     if (ec) return p->on_error(describe(ec, "mid-frame"));
     on_bytes_();
-    p->remaining -= bytes;
-    while (bytes > 0) {  // checksum and drop what was filled from the front of the piece list
-      asio::mutable_buffer& front = p->pieces.front();
-      const size_t filled = std::min(bytes, front.size());
-      p->crc.update(front.data(), filled);
-      bytes -= filled;
-      if (filled < front.size()) {
-        front += filled;
-        break;
-      }
-      p->pieces.erase(p->pieces.begin());
-    }
+    landed(*p, bytes);
     read_tensor_bytes(p);
   });
 }
