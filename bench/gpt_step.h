@@ -42,10 +42,14 @@ inline const char* gpt_step_description() {
          "1 thread per stage";
 }
 
-// Median ms of `steps` train steps after one warm-up step.
+// Steps before the timed ones: a fresh worker process's allocator and page tables fill
+// over its first steps, which is start-up, not the steady step time compared here.
+constexpr int kWarmUpSteps = 5;
+
+// Median ms of `steps` train steps after kWarmUpSteps.
 inline double median_step_ms(Coordinator& coordinator, const GptStep& s, int steps) {
   using Clock = std::chrono::steady_clock;
-  coordinator.train_step(s.x, s.y);
+  for (int i = 0; i < kWarmUpSteps; ++i) coordinator.train_step(s.x, s.y);
   std::vector<double> ms;
   for (int i = 0; i < steps; ++i) {
     const auto start = Clock::now();
