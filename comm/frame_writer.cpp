@@ -49,17 +49,21 @@ void FrameWriter::send(EncodedFrame frame, std::shared_ptr<void> owner) {
     queue_.push_back({std::move(frame), 0});
     return;
   }
-  std::string error;
-  const int64_t written = write_without_blocking(frame, 0, error);
-  if (written < 0) {
-    failed_ = true;
-    lock.unlock();
-    asio::post(io_, [this, owner, error] { on_error_(error); });
-    return;
+  size_t written = 0;
+  if (frame.size() <= kMostWrittenBySender) {
+    std::string error;
+    const int64_t result = write_without_blocking(frame, 0, error);
+    if (result < 0) {
+      failed_ = true;
+      lock.unlock();
+      asio::post(io_, [this, owner, error] { on_error_(error); });
+      return;
+    }
+    written = static_cast<size_t>(result);
+    if (written > 0) mark_written();
+    if (written == frame.size()) return;
   }
-  if (written > 0) mark_written();
-  if (static_cast<size_t>(written) == frame.size()) return;
-  queue_.push_back({std::move(frame), static_cast<size_t>(written)});
+  queue_.push_back({std::move(frame), written});
   writing_ = true;
   lock.unlock();
   asio::post(io_, [this, owner] { write_next(owner); });

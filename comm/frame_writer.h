@@ -2,11 +2,13 @@
 // FrameWriter: the ordered frames going out on one socket, written whole with gathering
 // writes (tensor bytes go from where they lie).
 //
-// A frame sent while nothing is queued is written at once by the sending thread itself, as
-// far as the socket takes it without blocking: a small message then costs no wake-up of the
-// io thread. What the socket does not take is queued, and the io thread writes the queue in
-// order; while it does, later frames queue behind it. One mutex orders the two writers and
-// keeps the socket open while a sending thread writes to it.
+// A frame of up to kMostWrittenBySender bytes sent while nothing is queued is written at
+// once by the sending thread itself, as far as the socket takes it without blocking: a small
+// message then costs no wake-up of the io thread. Larger frames, and what the socket does not
+// take, are queued, and the io thread writes the queue in order (so a stage thread does not
+// spend its time copying a large activation into the kernel); while it does, later frames
+// queue behind it. One mutex orders the two writers and keeps the socket open while a
+// sending thread writes to it.
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -19,6 +21,10 @@
 #include "comm/frame.h"
 
 namespace pipit {
+
+// Copying this much into the kernel costs about what handing the frame to the io thread
+// does (a wake-up, some tens of microseconds).
+constexpr size_t kMostWrittenBySender = size_t{256} << 10;
 
 class FrameWriter {
  public:

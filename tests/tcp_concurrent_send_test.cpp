@@ -32,10 +32,10 @@ Pair connected_pair() {
   return pair;
 }
 
-// Sizes from 1 float to 1 Mi floats: large ones fill the socket buffer, so the frames
-// behind them queue while other threads' small ones are being sent.
+// Sizes from 1 float to 1 Mi floats: small frames are written by their senders (whole or in
+// part), large ones by the io thread, and frames queue behind both.
 int64_t elements_for(int thread, int index) {
-  const int64_t sizes[] = {1, 16, 1000, 65536, 1 << 20, 7};
+  const int64_t sizes[] = {1, 16, 1000, 65536, 1 << 20, 30000};
   return sizes[(thread + index) % 6];
 }
 
