@@ -49,14 +49,15 @@ void TcpConnection::on_frame(Message message) {
   last_received_ = Clock::now();
   if (!ready()) {
     Handshake::Step step = handshake_.on_message(message, events_.admit);
+    const bool refused = step.state == Handshake::State::Refused;
+    // Reported before the refusal goes out: the peer may act on it at once.
+    if (refused && !step.replies.empty()) events_.on_refusing(shared_from_this(), step.reason);
     for (Message& reply : step.replies) send(encode_frame_parts(reply));
-    if (step.state == Handshake::State::Refused) {
+    if (refused) {
       // A refusal we send is written before the socket closes, so the peer learns why.
       if (step.replies.empty()) {
         close("handshake refused: " + step.reason);
       } else {
-        // Reported now: the peer may act on the refusal before the write completes here.
-        events_.on_refusing(shared_from_this(), step.reason);
         close_after_write("handshake refused: " + step.reason);
       }
       return;
