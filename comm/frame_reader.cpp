@@ -47,8 +47,9 @@ void FrameReader::read(const FrameLimits& limits, std::shared_ptr<void> owner, O
   asio::post(socket_.get_executor(), [this, pending] { read_header(pending); });
 }
 
+template <class Done>
 void FrameReader::fill(asio::mutable_buffer destination, std::shared_ptr<Pending> p,
-                       const char* where, std::function<void()> done) {
+                       const char* where, Done done) {
   const size_t staged = std::min(destination.size(), staged_end_ - staged_begin_);
   std::memcpy(destination.data(), stage_.data() + staged_begin_, staged);
   staged_begin_ += staged;

@@ -34,8 +34,9 @@ class FrameReader {
   struct Pending;
   // Fills `destination` from the staged bytes, then from the socket; calls `done` when full,
   // else the frame's on_error naming `where` the read failed.
+  template <class Done>
   void fill(asio::mutable_buffer destination, std::shared_ptr<Pending> pending, const char* where,
-            std::function<void()> done);
+            Done done);
   void landed(Pending& pending, size_t bytes);
   void read_header(std::shared_ptr<Pending> pending);
   void read_body(std::shared_ptr<Pending> pending);

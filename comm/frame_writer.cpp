@@ -13,21 +13,19 @@ namespace pipit {
 
 namespace {
 
-// The frame's bytes from `offset` on, as the pieces they lie in.
-std::vector<asio::const_buffer> buffers_from(const EncodedFrame& frame, size_t offset) {
-  std::vector<asio::const_buffer> buffers;
-  buffers.reserve(frame.tensor_bytes.size() + 1);
-  auto add = [&](const void* data, size_t size) {
+// Calls add(data, size) for the frame's bytes from `offset` on, in the pieces they lie in.
+template <class Add>
+void for_each_piece(const EncodedFrame& frame, size_t offset, Add add) {
+  auto piece = [&](const void* data, size_t size) {
     if (offset >= size) {
       offset -= size;
       return;
     }
-    buffers.push_back(asio::buffer(static_cast<const char*>(data) + offset, size - offset));
+    add(static_cast<const char*>(data) + offset, size - offset);
     offset = 0;
   };
-  add(frame.prefix.data(), frame.prefix.size());
-  for (const auto& [data, size] : frame.tensor_bytes) add(data, size);
-  return buffers;
+  piece(frame.prefix.data(), frame.prefix.size());
+  for (const auto& [data, size] : frame.tensor_bytes) piece(data, size);
 }
 
 }  // namespace
@@ -71,11 +69,11 @@ void FrameWriter::send(EncodedFrame frame, std::shared_ptr<void> owner) {
 
 int64_t FrameWriter::write_without_blocking(const EncodedFrame& frame, size_t offset,
                                             std::string& error) {
-  const std::vector<asio::const_buffer> buffers = buffers_from(frame, offset);
-  std::vector<iovec> pieces(buffers.size());
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    pieces[i] = {const_cast<void*>(buffers[i].data()), buffers[i].size()};
-  }
+  std::vector<iovec> pieces;
+  pieces.reserve(frame.tensor_bytes.size() + 1);
+  for_each_piece(frame, offset, [&](const char* data, size_t size) {
+    pieces.push_back({const_cast<char*>(data), size});
+  });
   int64_t written = 0;
   size_t next = 0;
   while (next < pieces.size()) {
@@ -124,7 +122,11 @@ void FrameWriter::write_next(std::shared_ptr<void> owner) {
   }
   // Deque elements stay where they are while others are added behind them.
   const Queued& front = queue_.front();
-  const std::vector<asio::const_buffer> buffers = buffers_from(front.frame, front.written);
+  std::vector<asio::const_buffer> buffers;
+  buffers.reserve(front.frame.tensor_bytes.size() + 1);
+  for_each_piece(front.frame, front.written, [&](const char* data, size_t size) {
+    buffers.push_back(asio::buffer(data, size));
+  });
   lock.unlock();
   // Asio's default completion condition caps every write at 64 KiB; a frame goes in as few
   // system calls as the socket buffer allows.
