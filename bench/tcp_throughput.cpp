@@ -7,7 +7,8 @@
 //     MPI ranks.
 // The MPI rows come from this program started under mpirun (bench/mpi_overhead.h); where
 // mpirun is missing or fails they say so. Prints the tables and appends them to
-// bench/RESULTS.md (--no-append to skip; --rounds N for fewer alternating rounds).
+// bench/RESULTS.md (--no-append to skip; --rounds N for fewer alternating rounds; --only
+// tcp|mpi|gpt for one part, which is never appended).
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -184,10 +185,11 @@ MpiResults mpi_transport_medians(int rounds) {
   return medians;
 }
 
-void throughput_and_round_trip(Tables& tables, int rounds, const MpiResults& mpi) {
+void throughput_and_round_trip(Tables& tables, int rounds, bool tcp,
+                               const std::optional<MpiResults>& mpi) {
   std::optional<double> iperf;
   std::string iperf_cell = "not installed";
-  if (iperf3_installed()) {
+  if (tcp && iperf3_installed()) {
     std::vector<double> runs;
     for (int i = 0; i < 3; ++i) {
       if (auto rate = iperf3_loopback(3)) runs.push_back(*rate);
@@ -207,6 +209,7 @@ void throughput_and_round_trip(Tables& tables, int rounds, const MpiResults& mpi
       "| transport | message MiB | iperf3 MiB/s | raw MiB/s | pipit MiB/s | pipit / raw | "
       "pipit / ceiling |\n| --- | --- | --- | --- | --- | --- | --- |\n");
   for (size_t mib : kThroughputMiB) {
+    if (!tcp) break;
     const size_t size = mib << 20;
     std::vector<double> raws, pipits;
     for (int round = 0; round < rounds; ++round) {
@@ -219,12 +222,13 @@ void throughput_and_round_trip(Tables& tables, int rounds, const MpiResults& mpi
                raw / (1 << 20), pipit / (1 << 20), pipit / raw, pipit / ceiling);
   }
   for (size_t mib : kThroughputMiB) {
-    if (!mpi.failure.empty()) {
-      tables.row("| MPI | %zu | - | %s | | | |\n", mib, skipped(mpi.failure).c_str());
+    if (!mpi) break;
+    if (!mpi->failure.empty()) {
+      tables.row("| MPI | %zu | - | %s | | | |\n", mib, skipped(mpi->failure).c_str());
       continue;
     }
-    const double raw = mpi.values.at("raw-" + std::to_string(mib));
-    const double pipit = mpi.values.at("pipit-" + std::to_string(mib));
+    const double raw = mpi->values.at("raw-" + std::to_string(mib));
+    const double pipit = mpi->values.at("pipit-" + std::to_string(mib));
     tables.row("| MPI | %zu | - | %.0f | %.0f | %.2f | %.2f |\n", mib, raw / (1 << 20),
                pipit / (1 << 20), pipit / raw, pipit / raw);
   }
@@ -234,17 +238,19 @@ void throughput_and_round_trip(Tables& tables, int rounds, const MpiResults& mpi
                  " round trips. TCP: two threads of one process; MPI: two ranks.");
   tables.row("| transport | raw us | pipit us | pipit / raw |\n| --- | --- | --- | --- |\n");
   std::vector<double> raws, pipits;
-  for (int round = 0; round < rounds; ++round) {
+  for (int round = 0; round < rounds && tcp; ++round) {
     raws.push_back(raw_round_trip_us(kRoundTrips));
     pipits.push_back(pipit_round_trip_us(kRoundTrips));
   }
-  tables.row("| TCP | %.1f | %.1f | %.2f |\n", median(raws), median(pipits),
-             median(pipits) / median(raws));
-  if (mpi.failure.empty()) {
-    const double raw = mpi.values.at("raw-rtt"), pipit = mpi.values.at("pipit-rtt");
+  if (tcp) {
+    tables.row("| TCP | %.1f | %.1f | %.2f |\n", median(raws), median(pipits),
+               median(pipits) / median(raws));
+  }
+  if (mpi && mpi->failure.empty()) {
+    const double raw = mpi->values.at("raw-rtt"), pipit = mpi->values.at("pipit-rtt");
     tables.row("| MPI | %.1f | %.1f | %.2f |\n", raw, pipit, pipit / raw);
-  } else {
-    tables.row("| MPI | %s | | |\n", skipped(mpi.failure).c_str());
+  } else if (mpi) {
+    tables.row("| MPI | %s | | |\n", skipped(mpi->failure).c_str());
   }
 }
 
@@ -303,23 +309,35 @@ int main(int argc, char** argv) {
   }
   bool append = true;
   int rounds = 7;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-append") == 0) {
       append = false;
     } else if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
       rounds = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc &&
+               (!std::strcmp(argv[i + 1], "tcp") || !std::strcmp(argv[i + 1], "mpi") ||
+                !std::strcmp(argv[i + 1], "gpt"))) {
+      only = argv[++i];
+      append = false;
+    } else {
+      std::fprintf(stderr, "usage: %s [--rounds N] [--no-append] [--only tcp|mpi|gpt]\n", argv[0]);
+      return 2;
     }
   }
   set_num_threads(1);
   signal(SIGPIPE, SIG_IGN);
   Tables tables;
+  std::optional<MpiResults> mpi;
+  if (only.empty() || only == "mpi") {
 #ifdef PIPIT_WITH_MPI
-  const MpiResults mpi = mpi_transport_medians(rounds);
+    mpi = mpi_transport_medians(rounds);
 #else
-  const MpiResults mpi{{}, "pipit was built without MPI"};
+    mpi = MpiResults{{}, "pipit was built without MPI"};
 #endif
-  throughput_and_round_trip(tables, rounds, mpi);
-  gpt_steps(tables, std::max(1, rounds / 2));
+  }
+  if (only != "gpt") throughput_and_round_trip(tables, rounds, only != "mpi", mpi);
+  if (only.empty() || only == "gpt") gpt_steps(tables, std::max(1, rounds / 2));
   if (append) append_results("tcp_throughput", tables.text.str());
   return 0;
 }

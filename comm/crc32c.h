@@ -1,8 +1,10 @@
 #pragma once
 // CRC-32C (Castagnoli), the checksum of every frame: TCP's own 16-bit checksum lets rare
 // corruptions through (bad NICs, middleboxes, memory errors), and a flipped byte in tensor
-// data would otherwise change training silently. Uses the SSE4.2 crc32 instruction when the
-// CPU has it, a table otherwise; both give the same values.
+// data would otherwise change training silently. Inputs of 256 bytes or more fold 64 bytes
+// at a time with carry-less multiplication where the CPU has AVX-512 and VPCLMULQDQ (about
+// twice the crc32 instruction's speed); otherwise the SSE4.2 crc32 instruction, or a table
+// on CPUs without it. All give the same values.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

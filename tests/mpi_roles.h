@@ -6,6 +6,7 @@
 //   mpirun -np 5 pipit_tests --mpi-role ps OPTIMIZER        (2 shards, 3 workers, sync mode)
 //   mpirun -np 3 pipit_tests --mpi-role killed              (rank 2 is killed while training)
 //   mpirun -np 5 pipit_tests --mpi-role failing-worker      (worker 1 throws at its step 2)
+//   mpirun -np 2 pipit_tests --mpi-role malformed           (rank 1 sends broken frames first)
 // Endpoints: the coordinator (-1) and stage 0 on rank 0, stage r on rank r. Every endpoint
 // sends every other one tensors of several dtypes and sizes (up to 8 MiB), from two threads
 // at once, 200 messages each; receivers check every value, the sender, and that each
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "comm/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_frames.h"
 #include "nn/builders.h"
 #include "pipeline/mpi/mpi_pipeline.h"
 #include "pipeline/pipeline.h"
@@ -160,8 +162,44 @@ inline int mpi_failing_worker_role() {
 
 inline int mpi_exchange_role();
 
+// Rank 1 sends rank 0, with raw MPI before its transport starts, a head too short for its
+// route and a head with a bad magic whose route announces a 100-byte body (sent too), then a
+// real message through its transport. Rank 0 must drop both broken frames, naming why, and
+// receive the real one with its own body: "malformed ok".
+inline int mpi_malformed_role() {
+  const int rank = mpi_job().rank;
+  if (rank == 1) {
+    const std::string short_head(10, 'x');
+    std::string bad_head(16 + kFrameHeaderSize, '\0');
+    const int32_t endpoints[2] = {1, 0};
+    const uint64_t body_bytes = 100;
+    std::memcpy(bad_head.data(), endpoints, 8);
+    std::memcpy(bad_head.data() + 8, &body_bytes, 8);
+    const std::string body(body_bytes, 'b');
+    MPI_Send(short_head.data(), 10, MPI_BYTE, 0, kHeadTag, MPI_COMM_WORLD);
+    MPI_Send(bad_head.data(), static_cast<int>(bad_head.size()), MPI_BYTE, 0, kHeadTag,
+             MPI_COMM_WORLD);
+    MPI_Send(body.data(), static_cast<int>(body.size()), MPI_BYTE, 0, kBodyTag, MPI_COMM_WORLD);
+  }
+  auto transport = MpiTransport::start({{0, 0}, {1, 1}});
+  auto comm = transport->endpoint(rank);
+  const Tensor payload = arange(0, 300, 1);
+  bool ok = true;
+  if (rank == 1) {
+    comm->send(0, Message(MessageKind::Activation, 4, 0, 0, {payload}));
+  } else {
+    const std::optional<Message> m = comm->try_receive(std::chrono::seconds(30));
+    ok = m && m->step == 4 && m->from == 1 && m->tensors.size() == 1 &&
+         m->tensors[0].shape() == payload.shape() &&
+         std::memcmp(m->tensors[0].raw_data(), payload.raw_data(), payload.nbytes()) == 0;
+    std::printf("malformed %s\n", ok ? "ok" : "FAILED: the real message did not arrive whole");
+  }
+  transport->stop();
+  return ok ? 0 : 1;
+}
+
 //   --mpi-role exchange | pipeline SCHEDULE | mismatch | ps OPTIMIZER | killed |
-//   failing-worker
+//   failing-worker | malformed
 inline int mpi_role_main(int argc, char** argv) {
   const std::string role = argc >= 3 ? argv[2] : "";
   try {
@@ -171,6 +209,7 @@ inline int mpi_role_main(int argc, char** argv) {
     if (role == "ps" && argc == 4) return mpi_ps_role(argv[3]);
     if (role == "killed") return mpi_killed_role();
     if (role == "failing-worker") return mpi_failing_worker_role();
+    if (role == "malformed") return mpi_malformed_role();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mpi role %s: %s\n", role.c_str(), e.what());
     return 1;

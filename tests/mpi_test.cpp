@@ -24,6 +24,21 @@ TEST_CASE("MPI: tensors between ranks and endpoints sharing a rank, from several
 #endif
 }
 
+TEST_CASE("MPI: malformed frames are dropped with their bodies and named", "[mpi]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  const Run run = mpirun(2, "malformed");
+  INFO(run.output);
+  CHECK(run.status == 0);
+  CHECK(run.output.find("malformed ok") != std::string::npos);
+  CHECK(run.output.find("dropped a message: MPI: a frame from rank 1 has 10 bytes, too short "
+                        "for its route") != std::string::npos);
+  CHECK(run.output.find("dropped a message: frame: bad magic") != std::string::npos);
+#endif
+}
+
 TEST_CASE("MPI: an SPMD pipeline equals the in-process one bit for bit, every schedule", "[mpi]") {
 #ifndef PIPIT_WITH_MPI
   WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string_view>
@@ -17,23 +18,10 @@
 
 #include "comm/frame.h"
 #include "comm/inbox.h"
+#include "comm/mpi/mpi_frames.h"
 #include "comm/sha256.h"
 
 namespace pipit {
-namespace {
-
-constexpr int kTag = 7;
-constexpr size_t kRouteBytes = 8;  // int32 source endpoint, int32 destination endpoint
-
-void check(int code, const char* call) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  throw Error(detail::concat("MPI: ", call, " failed: ", std::string(text, length)));
-}
-
-}  // namespace
 
 struct MpiTransport::Impl {
   std::map<int, int> ranks;
@@ -42,110 +30,108 @@ struct MpiTransport::Impl {
   std::map<int, std::shared_ptr<Inbox>> inboxes;  // this rank's endpoints
 
   std::mutex mutex;
-  std::condition_variable wake;                      // a send was queued
-  std::deque<std::pair<int, std::string>> outgoing;  // (destination rank, bytes)
+  std::condition_variable wake;       // a send was queued
+  std::list<OutgoingFrame> outgoing;  // not started yet
   std::atomic<bool> stopping{false};
   std::atomic<bool> abandoning{false};  // leave at once: this rank failed
   std::thread progress;
 
-  struct Pending {
-    MPI_Request request;
-    std::string bytes;
-  };
+  static constexpr uint64_t kBodyBytesInFlight = uint64_t{64} << 20;  // per source rank
+  // Frames from each rank in the order their heads arrived, delivered in that order.
+  std::map<int, std::deque<IncomingFrame>> incoming;
 
-  void deliver(std::string_view bytes, int from_rank) {
-    if (bytes.size() < kRouteBytes + kFrameHeaderSize) {
-      throw Error(detail::concat("MPI: rank ", from_rank, " sent a message of ", bytes.size(),
-                                 " bytes, too short for a frame"));
+  void deliver(IncomingFrame frame) {
+    try {
+      const int destination = frame.destination();
+      Message message = std::move(frame).message();
+      auto inbox = inboxes.find(destination);
+      if (inbox == inboxes.end()) {
+        throw Error(detail::concat("MPI: a message for endpoint ", destination,
+                                   ", which is not on rank ", rank));
+      }
+      inbox->second->push(std::move(message));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[mpi %d] dropped a message: %s\n", rank, e.what());
     }
-    int32_t route[2];
-    std::memcpy(route, bytes.data(), kRouteBytes);
-    auto inbox = inboxes.find(route[1]);
-    if (inbox == inboxes.end()) {
-      throw Error(detail::concat("MPI: rank ", from_rank, " sent a message for endpoint ", route[1],
-                                 ", which is not on rank ", rank));
+  }
+
+  // Bodies start in order, and only so many bytes at once: a rank that sent many frames
+  // ahead would otherwise have all their tensors allocated before the first is taken.
+  static void start_bodies(std::deque<IncomingFrame>& frames) {
+    uint64_t in_flight = 0;
+    for (IncomingFrame& frame : frames) {
+      if (!frame.started()) {
+        if (in_flight > 0 && in_flight + frame.body_bytes() > kBodyBytesInFlight) return;
+        frame.start();
+      }
+      in_flight += frame.body_bytes();
     }
-    const auto* frame = reinterpret_cast<const uint8_t*>(bytes.data() + kRouteBytes);
-    const size_t size = bytes.size() - kRouteBytes;
-    const FrameHeader header = decode_frame_header(frame);
-    PIPIT_CHECK(kFrameHeaderSize + header.header_length + header.body_length == size,
-                "MPI: a frame from rank ", from_rank, " holds ", size, " bytes, its header says ",
-                kFrameHeaderSize + header.header_length + header.body_length);
-    const std::string_view json(reinterpret_cast<const char*>(frame) + kFrameHeaderSize,
-                                header.header_length);
-    const std::string_view body(json.data() + header.header_length, header.body_length);
-    if (frame_checksum(header, json, body) != header.checksum) {
-      throw FrameError(
-          detail::concat("MPI: a frame from rank ", from_rank, " does not match its checksum"));
+  }
+
+  // True when anything moved.
+  bool receive() {
+    bool moved = false;
+    while (true) {
+      int found = 0;
+      MPI_Message handle;
+      MPI_Status status;
+      check_mpi(MPI_Improbe(MPI_ANY_SOURCE, kHeadTag, MPI_COMM_WORLD, &found, &handle, &status),
+                "MPI_Improbe");
+      if (!found) break;
+      int count = 0;
+      check_mpi(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
+      std::string head(static_cast<size_t>(count), '\0');
+      check_mpi(MPI_Mrecv(head.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
+      incoming[status.MPI_SOURCE].emplace_back(status.MPI_SOURCE, std::move(head));
+      moved = true;
     }
-    Message message = decode_frame_payload(header, json, body);
-    message.from = route[0];
-    inbox->second->push(std::move(message));
+    for (auto& [source, frames] : incoming) {
+      while (true) {
+        start_bodies(frames);
+        if (frames.empty() || !frames.front().done()) break;
+        deliver(std::move(frames.front()));
+        frames.pop_front();
+        moved = true;
+      }
+    }
+    return moved;
   }
 
   void run() {
     using Clock = std::chrono::steady_clock;
     // Naps of a few microseconds would otherwise last the default 50 us timer slack.
     prctl(PR_SET_TIMERSLACK, 1UL);
-    std::vector<Pending> sending;
+    std::list<OutgoingFrame> sending;  // a list: MPI holds their buffers' addresses
     auto last_moved = Clock::now();
     MPI_Request barrier = MPI_REQUEST_NULL;
     auto nap = std::chrono::microseconds(1);
     while (!abandoning) {
       bool moved = false;
-      std::deque<std::pair<int, std::string>> batch;
+      std::list<OutgoingFrame> batch;
       {
         std::lock_guard<std::mutex> lock(mutex);
         batch.swap(outgoing);
       }
-      for (auto& [to, bytes] : batch) {
-        sending.push_back({MPI_REQUEST_NULL, std::move(bytes)});
-        Pending& p = sending.back();
-        check(MPI_Isend(p.bytes.data(), static_cast<int>(p.bytes.size()), MPI_BYTE, to, kTag,
-                        MPI_COMM_WORLD, &p.request),
-              "MPI_Isend");
+      for (OutgoingFrame& frame : batch) {
+        frame.start();
         moved = true;
       }
-      for (size_t i = 0; i < sending.size();) {
-        int done = 0;
-        check(MPI_Test(&sending[i].request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-        if (done) {
-          sending.erase(sending.begin() + static_cast<std::ptrdiff_t>(i));
-          moved = true;
-        } else {
-          ++i;
-        }
-      }
-      while (true) {
-        int found = 0;
-        MPI_Message handle;
-        MPI_Status status;
-        check(MPI_Improbe(MPI_ANY_SOURCE, kTag, MPI_COMM_WORLD, &found, &handle, &status),
-              "MPI_Improbe");
-        if (!found) break;
-        int count = 0;
-        check(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
-        // Not zero-filled: MPI_Mrecv writes every byte.
-        std::unique_ptr<char[]> bytes(new char[static_cast<size_t>(count)]);
-        check(MPI_Mrecv(bytes.get(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
-        try {
-          deliver(std::string_view(bytes.get(), static_cast<size_t>(count)), status.MPI_SOURCE);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "[mpi %d] dropped a message: %s\n", rank, e.what());
-        }
-        moved = true;
-      }
-      if (stopping && sending.empty() && barrier == MPI_REQUEST_NULL) {
+      sending.splice(sending.end(), batch);
+      moved |= std::erase_if(sending, [](OutgoingFrame& frame) { return frame.done(); }) > 0;
+      moved |= receive();
+      const bool receiving = std::any_of(incoming.begin(), incoming.end(),
+                                         [](const auto& source) { return !source.second.empty(); });
+      if (stopping && sending.empty() && !receiving && barrier == MPI_REQUEST_NULL) {
         std::lock_guard<std::mutex> lock(mutex);
         // Every rank's sends are out once all have entered the barrier; receiving goes on
         // until then, so no message is left unreceived at MPI_Finalize.
-        if (outgoing.empty()) check(MPI_Ibarrier(MPI_COMM_WORLD, &barrier), "MPI_Ibarrier");
+        if (outgoing.empty()) check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &barrier), "MPI_Ibarrier");
       } else if (barrier != MPI_REQUEST_NULL) {
         int done = 0;
-        check(MPI_Test(&barrier, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        check_mpi(MPI_Test(&barrier, &done, MPI_STATUS_IGNORE), "MPI_Test");
         if (done) return;
       }
-      if (moved || !sending.empty()) {
+      if (moved || !sending.empty() || receiving) {
         // A send in flight moves only while this thread calls into MPI (a large message
         // crosses in fragments), so it is polled without a nap.
         if (moved) last_moved = Clock::now();
@@ -184,12 +170,10 @@ class MpiCommunicator final : public Communicator {
       t.inboxes.at(peer)->push(std::move(message));
       return;
     }
-    const int32_t route[2] = {id_, peer};
-    std::string bytes =
-        encode_frame(message, std::string_view(reinterpret_cast<const char*>(route), kRouteBytes));
+    OutgoingFrame frame(rank->second, id_, peer, encode_frame_parts(message));
     {
       std::lock_guard<std::mutex> lock(t.mutex);
-      t.outgoing.emplace_back(rank->second, std::move(bytes));
+      t.outgoing.push_back(std::move(frame));
     }
     t.wake.notify_one();
   }
@@ -211,10 +195,10 @@ namespace {
 
 void initialize() {
   int initialized = 0;
-  check(MPI_Initialized(&initialized), "MPI_Initialized");
+  check_mpi(MPI_Initialized(&initialized), "MPI_Initialized");
   if (initialized) return;
   int provided = 0;
-  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
   PIPIT_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI: this MPI library gives thread level ",
               provided, ", pipit's progress thread needs MPI_THREAD_SERIALIZED");
 }
@@ -224,13 +208,14 @@ void initialize() {
 MpiJob mpi_job() {
   initialize();
   MpiJob job;
-  check(MPI_Comm_rank(MPI_COMM_WORLD, &job.rank), "MPI_Comm_rank");
-  check(MPI_Comm_size(MPI_COMM_WORLD, &job.world_size), "MPI_Comm_size");
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &job.rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &job.world_size), "MPI_Comm_size");
   MPI_Comm node;
-  check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, job.rank, MPI_INFO_NULL, &node),
-        "MPI_Comm_split_type");
-  check(MPI_Comm_rank(node, &job.local_rank), "MPI_Comm_rank");
-  check(MPI_Comm_size(node, &job.local_size), "MPI_Comm_size");
+  check_mpi(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, job.rank, MPI_INFO_NULL, &node),
+      "MPI_Comm_split_type");
+  check_mpi(MPI_Comm_rank(node, &job.local_rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(node, &job.local_size), "MPI_Comm_size");
   MPI_Comm_free(&node);
   return job;
 }
@@ -248,9 +233,9 @@ std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiO
     // Fixed-size digests, so every rank contributes the same count.
     const std::string mine = to_hex(sha256(fingerprint));
     std::string all(mine.size() * static_cast<size_t>(impl->world), '\0');
-    check(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(),
-                        static_cast<int>(mine.size()), MPI_BYTE, MPI_COMM_WORLD),
-          "MPI_Allgather");
+    check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(),
+                            static_cast<int>(mine.size()), MPI_BYTE, MPI_COMM_WORLD),
+              "MPI_Allgather");
     std::string differ;
     for (int r = 1; r < impl->world; ++r) {
       if (all.compare(static_cast<size_t>(r) * mine.size(), mine.size(), all, 0, mine.size())) {

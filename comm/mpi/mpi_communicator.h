@@ -2,13 +2,14 @@
 // Messages over MPI (Open MPI), for jobs started by mpirun or srun. One MpiTransport per
 // process owns MPI: it initialises it with MPI_THREAD_SERIALIZED and runs one progress
 // thread that makes every MPI call after that (sends with MPI_Isend, receives with
-// MPI_Improbe + MPI_Mrecv, so no receiver guesses a size), so callers on any thread only
-// touch queues. Each Communicator endpoint (a stage, the coordinator, a parameter-server
-// shard or worker) lives on one rank, given by a route table every rank builds the same way;
-// several endpoints may share a rank (the coordinator beside stage 0). A message travels as
-// our frame (checksummed) behind 8 bytes naming its source and destination endpoints;
-// between endpoints of one rank it is handed over without MPI. The progress thread polls
-// while sends are in flight and for `spin` after the last message moved; then it naps, up to
+// MPI_Improbe + MPI_Mrecv and MPI_Irecv, so no receiver guesses a size), so callers on any
+// thread only touch queues. Each Communicator endpoint (a stage, the coordinator, a
+// parameter-server shard or worker) lives on one rank, given by a route table every rank
+// builds the same way; several endpoints may share a rank (the coordinator beside stage 0).
+// A message travels as our frame (checksummed) in two MPI messages, a head and the tensors'
+// bytes, so neither side copies tensor bytes (comm/mpi/mpi_frames.h); between endpoints of
+// one rank it is handed over without MPI. The progress thread polls while sends or receives
+// are in flight and for `spin` after the last message moved; then it naps, up to
 // `idle_sleep`, so an idle rank does not spin a core. A send wakes it from a nap at once.
 #include <chrono>
 #include <map>
