@@ -1,13 +1,15 @@
 #pragma once
 // CRC-32C (Castagnoli), the checksum of every frame: TCP's own 16-bit checksum lets rare
 // corruptions through (bad NICs, middleboxes, memory errors), and a flipped byte in tensor
-// data would otherwise change training silently. Inputs of 256 bytes or more fold 64 bytes
-// at a time with carry-less multiplication where the CPU has AVX-512 and VPCLMULQDQ (about
-// twice the crc32 instruction's speed); otherwise the SSE4.2 crc32 instruction, or a table
-// on CPUs without it. All give the same values.
+// data would otherwise change training silently. Inputs of a few hundred bytes or more fold
+// with carry-less multiplication where the CPU has VPCLMULQDQ (AVX-512: about twice the
+// crc32 instruction's speed); otherwise the SSE4.2 crc32 instruction, or a table on CPUs
+// without it. All give the same values.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace pipit {
 
@@ -26,5 +28,13 @@ inline uint32_t crc32c(std::string_view bytes) {
   crc.update(bytes);
   return crc.value();
 }
+
+namespace detail {
+// For tests that hold the implementations to one another: the names of those this CPU runs
+// ("vpclmul512", "vpclmul256", "sse42", "table"), fastest first, and the CRC-32C of `bytes`
+// by one of them (the folding ones need at least 256 or 128 bytes).
+std::vector<std::string> crc32c_implementations();
+uint32_t crc32c_with(std::string_view implementation, std::string_view bytes);
+}  // namespace detail
 
 }  // namespace pipit

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/crc32c.h"
 
@@ -70,4 +71,26 @@ TEST_CASE("CRC-32C of large inputs (folded, or three interleaved stripes) equals
       CHECK(split.value() == expected);
     }
   }
+}
+
+TEST_CASE("Every CRC-32C implementation this CPU runs equals the definition", "[crc32c]") {
+  std::string bytes(40000, '\0');
+  uint64_t state = 777;
+  for (char& byte : bytes) {
+    state = state * 6364136223846793005u + 1442695040888963407u;
+    byte = static_cast<char>(state >> 56);
+  }
+  const std::vector<std::string> names = detail::crc32c_implementations();
+  REQUIRE(!names.empty());
+  CHECK(names.back() == "table");
+  for (const std::string& name : names) {
+    INFO(name);
+    for (const size_t length : {256, 257, 300, 383, 384, 400, 511, 512, 1000, 4097, 39993}) {
+      for (size_t offset = 0; offset < 4; ++offset) {
+        const std::string_view piece = std::string_view(bytes).substr(offset, length);
+        CHECK(detail::crc32c_with(name, piece) == crc32c_bitwise(piece));
+      }
+    }
+  }
+  CHECK_THROWS_WITH(detail::crc32c_with("none", bytes), Catch::Contains("none does not run here"));
 }
