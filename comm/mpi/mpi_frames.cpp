@@ -53,12 +53,20 @@ OutgoingFrame::OutgoingFrame(int rank, int source_endpoint, int destination_endp
     : rank_(rank), frame_(std::move(frame)) {
   std::erase_if(frame_.tensor_bytes, [](const auto& block) { return block.second == 0; });
   const int32_t endpoints[2] = {source_endpoint, destination_endpoint};
-  uint64_t body_bytes = 0;
-  for (const auto& [data, bytes] : frame_.tensor_bytes) body_bytes += bytes;
-  head_.reserve(kRouteBytes + frame_.prefix.size());
+  uint64_t tensor_bytes = 0;
+  for (const auto& [data, bytes] : frame_.tensor_bytes) tensor_bytes += bytes;
+  const bool inline_body = tensor_bytes <= kMostInlined;
+  const uint64_t body_bytes = inline_body ? 0 : tensor_bytes;
+  head_.reserve(kRouteBytes + frame_.prefix.size() + (inline_body ? tensor_bytes : 0));
   head_.append(reinterpret_cast<const char*>(endpoints), sizeof endpoints);
   head_.append(reinterpret_cast<const char*>(&body_bytes), sizeof body_bytes);
   head_ += frame_.prefix;
+  if (!inline_body) return;
+  for (const auto& [data, bytes] : frame_.tensor_bytes) {
+    head_.append(static_cast<const char*>(data), bytes);
+  }
+  frame_.tensor_bytes.clear();
+  frame_.keep_alive.clear();
 }
 
 void OutgoingFrame::start() {
@@ -123,18 +131,28 @@ void IncomingFrame::receive_body() {
     return;
   }
   require_frame(prefix.size() >= 8, source_rank_, "has a body but no body prefix");
-  const size_t prefix_length =
+  prefix_length_ =
       frame_body_prefix_length(header_, reinterpret_cast<const uint8_t*>(prefix.data()));
-  require_frame(prefix.size() == prefix_length, source_rank_, "has a body prefix of ",
-                prefix.size(), " bytes, its length field says ", prefix_length);
-  tensors_ = plan_frame_body(header_, prefix);
+  const size_t inlined = body_bytes_ == 0 ? header_.body_length - prefix_length_ : 0;
+  require_frame(prefix.size() == prefix_length_ + inlined, source_rank_, "has ", prefix.size(),
+                " bytes after its JSON header, its body prefix ", prefix_length_, " and ", inlined,
+                " tensor bytes");
+  require_frame(body_bytes_ == 0 || prefix_length_ + body_bytes_ == header_.body_length,
+                source_rank_, "has a body of ", header_.body_length, " bytes, its route says ",
+                prefix_length_, " + ", body_bytes_);
+  tensors_ = plan_frame_body(header_, prefix.substr(0, prefix_length_));
   std::vector<std::pair<void*, size_t>> blocks;
   for (Tensor& t : tensors_) {
     if (t.nbytes() > 0) blocks.emplace_back(t.raw_data(), t.nbytes());
   }
-  require_frame(prefix_length + body_bytes_ == header_.body_length, source_rank_, "has a body of ",
-                header_.body_length, " bytes, its route says ", prefix_length, " + ", body_bytes_);
-  if (blocks.empty()) return;
+  if (body_bytes_ == 0) {
+    const char* next = prefix.data() + prefix_length_;
+    for (const auto& [data, bytes] : blocks) {
+      std::memcpy(data, next, bytes);
+      next += bytes;
+    }
+    return;
+  }
   MPI_Datatype body = scattered_bytes(blocks);
   check_mpi(MPI_Irecv(MPI_BOTTOM, 1, body, source_rank_, kBodyTag, MPI_COMM_WORLD, &request_),
             "MPI_Irecv");
@@ -152,7 +170,8 @@ Message IncomingFrame::message() && {
   if (!malformed_.empty()) throw FrameError(malformed_);
   const std::string_view json = std::string_view(head_).substr(json_begin_, header_.header_length);
   try {
-    verify_frame_checksum(header_, json, std::string_view(head_).substr(prefix_begin_), tensors_);
+    verify_frame_checksum(header_, json,
+                          std::string_view(head_).substr(prefix_begin_, prefix_length_), tensors_);
   } catch (const FrameError&) {
     throw FrameError(
         detail::concat("MPI: a frame from rank ", source_rank_, " does not match its checksum"));

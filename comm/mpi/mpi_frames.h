@@ -3,9 +3,12 @@
 //   head (kHeadTag): 16 bytes of route (int32 source and destination endpoint, uint64 bytes
 //         of the body message), then the frame's fixed header, JSON header and body prefix
 //         (the tensors' safetensors header);
-//   body (kBodyTag, only when the tensors have bytes): the tensors' bytes, sent from where
-//         they lie and received straight into the tensors the head describes, each side
-//         through a derived datatype over those addresses.
+//   body (kBodyTag, only when the tensors have more than kMostInlined bytes): the tensors'
+//         bytes, sent from where they lie and received straight into the tensors the head
+//         describes, each side through a derived datatype over those addresses.
+// Up to kMostInlined tensor bytes ride in the head instead (the route's body size is then
+// 0): copying them twice costs less than a second message, whose matching takes the
+// receiving progress thread another round.
 // MPI keeps the messages of one source, tag and communicator in order, so a receiver that
 // posts each body's receive in the order the heads arrived matches every body to its head;
 // the body's size in the route lets it receive (and drop) the body of a malformed head too.
@@ -24,6 +27,7 @@ namespace pipit {
 
 constexpr int kHeadTag = 7;
 constexpr int kBodyTag = 8;
+constexpr size_t kMostInlined = size_t{64} << 10;
 
 // MPI reports a failed call: throws Error naming the call and MPI's reason.
 void check_mpi(int code, const char* call);
@@ -73,7 +77,7 @@ class IncomingFrame {
   std::string malformed_;  // why the frame is dropped; its body lands in dropped_body_
   std::unique_ptr<char[]> dropped_body_;
   FrameHeader header_;
-  size_t json_begin_ = 0, prefix_begin_ = 0;
+  size_t json_begin_ = 0, prefix_begin_ = 0, prefix_length_ = 0;
   std::vector<Tensor> tensors_;
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
