@@ -206,16 +206,17 @@ EncodedFrame encode_frame_parts(const Message& message) {
   return frame;
 }
 
-std::string encode_frame(const Message& message, std::string_view lead) {
-  const EncodedFrame parts = encode_frame_parts(message);
+std::string EncodedFrame::joined(std::string_view lead) const {
   std::string out;
-  out.reserve(lead.size() + parts.size());
+  out.reserve(lead.size() + size());
   out += lead;
-  out += parts.prefix;
-  for (const auto& [data, bytes] : parts.tensor_bytes) {
-    out.append(static_cast<const char*>(data), bytes);
-  }
+  out += prefix;
+  for (const auto& [data, bytes] : tensor_bytes) out.append(static_cast<const char*>(data), bytes);
   return out;
+}
+
+std::string encode_frame(const Message& message) {
+  return encode_frame_parts(message).joined();
 }
 
 FrameHeader decode_frame_header(const uint8_t* bytes, const FrameLimits& limits) {

@@ -69,12 +69,14 @@ struct EncodedFrame {
   std::vector<Tensor> keep_alive;
 
   size_t size() const;
+  // The whole frame in one string: the prefix and the tensor bytes concatenated, after `lead`
+  // (a transport's own routing bytes, so the frame is copied once).
+  std::string joined(std::string_view lead = {}) const;
 };
 
 EncodedFrame encode_frame_parts(const Message& message);
-// The whole frame in one string: the prefix and the tensor bytes concatenated, after `lead`
-// (a transport's own routing bytes, so the frame is copied once).
-std::string encode_frame(const Message& message, std::string_view lead = {});
+// encode_frame_parts(message).joined().
+std::string encode_frame(const Message& message);
 
 // Reads the kFrameHeaderSize bytes at `bytes`. Throws FrameError naming the field and value
 // for a wrong magic, version, kind or flags field, or a length over `limits`.

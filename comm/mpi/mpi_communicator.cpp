@@ -80,9 +80,11 @@ struct MpiTransport::Impl {
       if (!found) break;
       int count = 0;
       check_mpi(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
-      std::string head(static_cast<size_t>(count), '\0');
-      check_mpi(MPI_Mrecv(head.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
-      incoming[status.MPI_SOURCE].emplace_back(status.MPI_SOURCE, std::move(head));
+      // Not zero-filled: MPI_Mrecv writes every byte.
+      std::unique_ptr<char[]> head(new char[static_cast<size_t>(count)]);
+      check_mpi(MPI_Mrecv(head.get(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
+      incoming[status.MPI_SOURCE].emplace_back(status.MPI_SOURCE, std::move(head),
+                                               static_cast<size_t>(count));
       moved = true;
     }
     for (auto& [source, frames] : incoming) {

@@ -57,14 +57,15 @@ OutgoingFrame::OutgoingFrame(int rank, int source_endpoint, int destination_endp
   for (const auto& [data, bytes] : frame_.tensor_bytes) tensor_bytes += bytes;
   const bool inline_body = tensor_bytes <= kMostInlined;
   const uint64_t body_bytes = inline_body ? 0 : tensor_bytes;
-  head_.reserve(kRouteBytes + frame_.prefix.size() + (inline_body ? tensor_bytes : 0));
-  head_.append(reinterpret_cast<const char*>(endpoints), sizeof endpoints);
-  head_.append(reinterpret_cast<const char*>(&body_bytes), sizeof body_bytes);
-  head_ += frame_.prefix;
-  if (!inline_body) return;
-  for (const auto& [data, bytes] : frame_.tensor_bytes) {
-    head_.append(static_cast<const char*>(data), bytes);
+  char route[kRouteBytes];
+  std::memcpy(route, endpoints, sizeof endpoints);
+  std::memcpy(route + sizeof endpoints, &body_bytes, sizeof body_bytes);
+  if (!inline_body) {
+    head_.assign(route, kRouteBytes);
+    head_ += frame_.prefix;
+    return;
   }
+  head_ = frame_.joined(std::string_view(route, kRouteBytes));
   frame_.tensor_bytes.clear();
   frame_.keep_alive.clear();
 }
@@ -86,8 +87,8 @@ bool OutgoingFrame::done() {
   return all != 0;
 }
 
-IncomingFrame::IncomingFrame(int source_rank, std::string head)
-    : source_rank_(source_rank), head_(std::move(head)) {
+IncomingFrame::IncomingFrame(int source_rank, std::unique_ptr<char[]> head, size_t size)
+    : source_rank_(source_rank), head_bytes_(std::move(head)), head_(head_bytes_.get(), size) {
   if (head_.size() < kRouteBytes) {
     // Without the route the body's size is unknown: nothing more can be received for it.
     malformed_ = detail::concat("MPI: a frame from rank ", source_rank_, " has ", head_.size(),
@@ -124,7 +125,7 @@ void IncomingFrame::receive_body() {
   prefix_begin_ = json_begin_ + header_.header_length;
   require_frame(prefix_begin_ <= head_.size(), source_rank_, "has a JSON header of ",
                 header_.header_length, " bytes, more than its head holds");
-  const std::string_view prefix = std::string_view(head_).substr(prefix_begin_);
+  const std::string_view prefix = head_.substr(prefix_begin_);
   if (header_.body_length == 0) {
     require_frame(prefix.empty() && body_bytes_ == 0, source_rank_, "has no body but ",
                   prefix.size(), " bytes follow its JSON header");
@@ -168,10 +169,9 @@ bool IncomingFrame::done() {
 
 Message IncomingFrame::message() && {
   if (!malformed_.empty()) throw FrameError(malformed_);
-  const std::string_view json = std::string_view(head_).substr(json_begin_, header_.header_length);
+  const std::string_view json = head_.substr(json_begin_, header_.header_length);
   try {
-    verify_frame_checksum(header_, json,
-                          std::string_view(head_).substr(prefix_begin_, prefix_length_), tensors_);
+    verify_frame_checksum(header_, json, head_.substr(prefix_begin_, prefix_length_), tensors_);
   } catch (const FrameError&) {
     throw FrameError(
         detail::concat("MPI: a frame from rank ", source_rank_, " does not match its checksum"));

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/frame.h"
@@ -52,8 +53,8 @@ class OutgoingFrame {
 // One frame from `source_rank` whose head has arrived; its body, if any, is being received.
 class IncomingFrame {
  public:
-  // Takes the head MPI matched.
-  IncomingFrame(int source_rank, std::string head);
+  // Takes the head MPI matched (`size` bytes at `head`).
+  IncomingFrame(int source_rank, std::unique_ptr<char[]> head, size_t size);
   // Allocates the tensors and starts receiving the body into them: the frames of one source
   // must start in the order their heads came.
   void start();
@@ -73,7 +74,8 @@ class IncomingFrame {
   int32_t source_ = 0, destination_ = -1;
   uint64_t body_bytes_ = 0;
   bool started_ = false;
-  std::string head_;
+  std::unique_ptr<char[]> head_bytes_;
+  std::string_view head_;
   std::string malformed_;  // why the frame is dropped; its body lands in dropped_body_
   std::unique_ptr<char[]> dropped_body_;
   FrameHeader header_;
