@@ -1,7 +1,9 @@
 // Convolution as im2col + GEMM, and max/average pooling, on the CPU.
+#include <algorithm>
 #include <limits>
 
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/loop.h"
 #include "tensor/kernel_layout.h"
 #include "tensor/parallel.h"
 
@@ -60,8 +62,12 @@ void dispatch(DType dtype, F&& f) {
 template <typename F>
 void for_planes(const Window& g, int64_t work_per_plane, F&& f) {
   const int64_t planes = g.planes();
-#pragma omp parallel for schedule(static) if (planes * work_per_plane > kParallelGrain)
-  for (int64_t p = 0; p < planes; ++p) f(p);
+  const int threads = planes * work_per_plane > kParallelGrain
+                          ? static_cast<int>(std::min<int64_t>(get_num_threads(), planes))
+                          : 1;
+  cpu::parallel_range(planes, threads, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) f(p);
+  });
 }
 
 // col [N, C * kh * kw, OH * OW]: row (c, i, j) holds the input tap (i, j) of channel c under

@@ -1,12 +1,11 @@
 #pragma once
 // Internal helpers for CPU kernels: dtype dispatch and a strided N-operand loop that merges
 // dims contiguous for every operand and splits the work across threads.
-#include <omp.h>
-
 #include <algorithm>
 #include <array>
 #include <cstdint>
 
+#include "tensor/cpu/thread_team.h"
 #include "tensor/dtype.h"
 #include "tensor/parallel.h"
 #include "tensor/tensor.h"
@@ -79,15 +78,12 @@ void parallel_range(int64_t n, int threads, Body&& body) {
     if (n > 0) body(int64_t{0}, n);
     return;
   }
-#pragma omp parallel num_threads(threads)
-  {
-    int t = omp_get_thread_num();
-    int nt = omp_get_num_threads();
-    int64_t chunk = (n + nt - 1) / nt;
-    int64_t begin = std::min<int64_t>(n, chunk * t);
-    int64_t end = std::min<int64_t>(n, begin + chunk);
+  run_on_team(threads, [&](int t, int nt) {
+    const int64_t chunk = (n + nt - 1) / nt;
+    const int64_t begin = std::min<int64_t>(n, chunk * t);
+    const int64_t end = std::min<int64_t>(n, begin + chunk);
     if (begin < end) body(begin, end);
-  }
+  });
 }
 
 // Geometry of an N-operand elementwise loop after merging dims.
