@@ -7,6 +7,7 @@
 //   mpirun -np 3 pipit_tests --mpi-role killed              (rank 2 is killed while training)
 //   mpirun -np 5 pipit_tests --mpi-role failing-worker      (worker 1 throws at its step 2)
 //   mpirun -np 2 pipit_tests --mpi-role malformed           (rank 1 sends broken frames first)
+//   mpirun -np 2 pipit_tests --mpi-role doorbells           (rank 1 rings rank 0)
 // Endpoints: the coordinator (-1) and stage 0 on rank 0, stage r on rank r. Every endpoint
 // sends every other one tensors of several dtypes and sizes (up to 8 MiB), from two threads
 // at once, 200 messages each; receivers check every value, the sender, and that each
@@ -25,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/mpi/doorbells.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_frames.h"
 #include "nn/builders.h"
@@ -198,8 +200,39 @@ inline int mpi_malformed_role() {
   return ok ? 0 : 1;
 }
 
+// Rank 1 rings rank 0's doorbell while rank 0 sleeps on it, then once before rank 0 sleeps
+// (a wait for the value read before that ring must return at once, not sleep through it);
+// with no ring, a wait times out. Prints "doorbells ok".
+inline int mpi_doorbells_role() {
+  const MpiJob job = mpi_job();
+  std::unique_ptr<NodeDoorbells> bells = NodeDoorbells::open(job.rank, job.world_size);
+  bool ok = bells != nullptr;
+  if (ok && job.rank == 0) {
+    const uint32_t before_first = bells->seen();
+    MPI_Barrier(MPI_COMM_WORLD);
+    ok = bells->wait(before_first, std::chrono::seconds(30));
+    const uint32_t before_second = bells->seen();
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Barrier(MPI_COMM_WORLD);  // rank 1 rang between the two
+    const auto start = std::chrono::steady_clock::now();
+    ok = ok && bells->wait(before_second, std::chrono::seconds(30));
+    ok = ok && std::chrono::steady_clock::now() - start < std::chrono::seconds(10);  // not slept
+    ok = ok && !bells->wait(bells->seen(), std::chrono::milliseconds(20));
+    std::printf("doorbells %s\n", ok ? "ok" : "FAILED");
+  } else if (ok) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 0 is asleep by now
+    bells->ring(0);
+    MPI_Barrier(MPI_COMM_WORLD);
+    bells->ring(0);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  MPI_Finalize();
+  return ok ? 0 : 1;
+}
+
 //   --mpi-role exchange | pipeline SCHEDULE | mismatch | ps OPTIMIZER | killed |
-//   failing-worker | malformed
+//   failing-worker | malformed | doorbells
 inline int mpi_role_main(int argc, char** argv) {
   const std::string role = argc >= 3 ? argv[2] : "";
   try {
@@ -210,6 +243,7 @@ inline int mpi_role_main(int argc, char** argv) {
     if (role == "killed") return mpi_killed_role();
     if (role == "failing-worker") return mpi_failing_worker_role();
     if (role == "malformed") return mpi_malformed_role();
+    if (role == "doorbells") return mpi_doorbells_role();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mpi role %s: %s\n", role.c_str(), e.what());
     return 1;

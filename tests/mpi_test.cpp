@@ -39,6 +39,18 @@ TEST_CASE("MPI: malformed frames are dropped with their bodies and named", "[mpi
 #endif
 }
 
+TEST_CASE("MPI: doorbells wake a sleeping rank and lose no ring", "[mpi]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  const Run run = mpirun(2, "doorbells");
+  INFO(run.output);
+  CHECK(run.status == 0);
+  CHECK(run.output.find("doorbells ok") != std::string::npos);
+#endif
+}
+
 TEST_CASE("MPI: an SPMD pipeline equals the in-process one bit for bit, every schedule", "[mpi]") {
 #ifndef PIPIT_WITH_MPI
   WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");

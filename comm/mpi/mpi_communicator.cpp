@@ -18,6 +18,7 @@
 
 #include "comm/frame.h"
 #include "comm/inbox.h"
+#include "comm/mpi/doorbells.h"
 #include "comm/mpi/mpi_frames.h"
 #include "comm/sha256.h"
 
@@ -35,6 +36,21 @@ struct MpiTransport::Impl {
   std::atomic<bool> stopping{false};
   std::atomic<bool> abandoning{false};  // leave at once: this rank failed
   std::thread progress;
+  std::unique_ptr<NodeDoorbells> doorbells;  // null: the progress thread naps and polls
+  // With doorbells every rank that could send to this one rings it: a safety net only.
+  static constexpr std::chrono::milliseconds kLongestSleep{1};
+  // A send in flight also sleeps, as its receiver rings when it has taken the message; but
+  // an MPI transport that needs the sender's help to move the bytes gets it this often.
+  static constexpr std::chrono::microseconds kLongestSleepWhileSending{200};
+
+  // Wakes the progress thread for a send queued here, or to stop.
+  void wake_progress() {
+    if (doorbells) {
+      doorbells->ring(rank);
+    } else {
+      wake.notify_one();
+    }
+  }
 
   static constexpr uint64_t kBodyBytesInFlight = uint64_t{64} << 20;  // per source rank
   // Frames from each rank in the order their heads arrived, delivered in that order.
@@ -85,12 +101,15 @@ struct MpiTransport::Impl {
       check_mpi(MPI_Mrecv(head.get(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
       incoming[status.MPI_SOURCE].emplace_back(status.MPI_SOURCE, std::move(head),
                                                static_cast<size_t>(count));
+      // The sender's request may wait for this receive (MPI's rendezvous).
+      if (doorbells) doorbells->ring(status.MPI_SOURCE);
       moved = true;
     }
     for (auto& [source, frames] : incoming) {
       while (true) {
         start_bodies(frames);
         if (frames.empty() || !frames.front().done()) break;
+        if (doorbells && frames.front().body_bytes() > 0) doorbells->ring(source);
         deliver(std::move(frames.front()));
         frames.pop_front();
         moved = true;
@@ -108,6 +127,7 @@ struct MpiTransport::Impl {
     MPI_Request barrier = MPI_REQUEST_NULL;
     auto nap = std::chrono::microseconds(1);
     while (!abandoning) {
+      const uint32_t rung = doorbells ? doorbells->seen() : 0;
       bool moved = false;
       std::list<OutgoingFrame> batch;
       {
@@ -116,10 +136,16 @@ struct MpiTransport::Impl {
       }
       for (OutgoingFrame& frame : batch) {
         frame.start();
+        if (doorbells) doorbells->ring(frame.rank());
         moved = true;
       }
       sending.splice(sending.end(), batch);
-      moved |= std::erase_if(sending, [](OutgoingFrame& frame) { return frame.done(); }) > 0;
+      moved |= std::erase_if(sending, [this](OutgoingFrame& frame) {
+                 if (!frame.done()) return false;
+                 // Again: MPI may have made the message visible only after the start's ring.
+                 if (doorbells) doorbells->ring(frame.rank());
+                 return true;
+               }) > 0;
       moved |= receive();
       const bool receiving = std::any_of(incoming.begin(), incoming.end(),
                                          [](const auto& source) { return !source.second.empty(); });
@@ -133,15 +159,22 @@ struct MpiTransport::Impl {
         check_mpi(MPI_Test(&barrier, &done, MPI_STATUS_IGNORE), "MPI_Test");
         if (done) return;
       }
-      if (moved || !sending.empty() || receiving) {
-        // A send in flight moves only while this thread calls into MPI (a large message
-        // crosses in fragments), so it is polled without a nap.
+      if (moved || receiving || barrier != MPI_REQUEST_NULL || (!sending.empty() && !doorbells)) {
+        // A transfer in flight moves only while this thread calls into MPI (a large message
+        // crosses in fragments), so it is polled without a nap; with doorbells, the receiver
+        // rings a sender when it has taken a message.
         if (moved) last_moved = Clock::now();
         std::this_thread::yield();
       } else if (Clock::now() - last_moved < options.spin) {
         // Just after traffic the next message is likely close (a reply, the next
         // microbatch): polling a little longer answers it without a nap's delay.
         std::this_thread::yield();
+      } else if (doorbells) {
+        // Idle: sleep until rung; then poll for `spin`, as after traffic.
+        const auto longest =
+            sending.empty() ? std::chrono::microseconds(kLongestSleep) : kLongestSleepWhileSending;
+        if (doorbells->wait(rung, longest)) last_moved = Clock::now();
+        continue;
       } else {
         // Idle: nap, but wake at once for a send from this rank.
         std::unique_lock<std::mutex> lock(mutex);
@@ -177,7 +210,7 @@ class MpiCommunicator final : public Communicator {
       std::lock_guard<std::mutex> lock(t.mutex);
       t.outgoing.push_back(std::move(frame));
     }
-    t.wake.notify_one();
+    t.wake_progress();
   }
   Message receive() override { return inbox_->pop(); }
   std::optional<Message> try_receive(std::chrono::milliseconds timeout) override {
@@ -248,6 +281,7 @@ std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiO
                 " built a different model or configuration than rank 0 (every rank must run "
                 "the same program with the same flags and seed)");
   }
+  impl->doorbells = NodeDoorbells::open(impl->rank, impl->world);
   for (const auto& [endpoint, rank] : impl->ranks) {
     PIPIT_CHECK(rank >= 0 && rank < impl->world, "MPI: endpoint ", endpoint, " is routed to rank ",
                 rank, ", but the job has ranks 0..", impl->world - 1);
@@ -292,6 +326,7 @@ std::shared_ptr<Communicator> MpiTransport::endpoint(int endpoint) {
 void MpiTransport::abandon() {
   if (!impl_->progress.joinable()) return;
   impl_->abandoning = true;
+  impl_->wake_progress();
   impl_->progress.join();
   for (auto& [endpoint, inbox] : impl_->inboxes) inbox->close();
 }
@@ -299,6 +334,7 @@ void MpiTransport::abandon() {
 void MpiTransport::stop() {
   if (!impl_->progress.joinable()) return;
   impl_->stopping = true;
+  impl_->wake_progress();
   impl_->progress.join();
   for (auto& [endpoint, inbox] : impl_->inboxes) inbox->close();
   int finalized = 0;

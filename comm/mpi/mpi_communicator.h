@@ -8,9 +8,11 @@
 // builds the same way; several endpoints may share a rank (the coordinator beside stage 0).
 // A message travels as our frame (checksummed) in two MPI messages, a head and the tensors'
 // bytes, so neither side copies tensor bytes (comm/mpi/mpi_frames.h); between endpoints of
-// one rank it is handed over without MPI. The progress thread polls while sends or receives
-// are in flight and for `spin` after the last message moved; then it naps, up to
-// `idle_sleep`, so an idle rank does not spin a core. A send wakes it from a nap at once.
+// one rank it is handed over without MPI. The progress thread polls while receives are in
+// flight and for `spin` after the last message moved; then, where every rank of the job is
+// on this node, it sleeps until a rank rings its doorbell (comm/mpi/doorbells.h), and
+// elsewhere it naps, up to `idle_sleep`; so an idle rank does not spin a core. A send from
+// this rank wakes it at once.
 #include <chrono>
 #include <map>
 #include <memory>

@@ -42,6 +42,7 @@ class OutgoingFrame {
   OutgoingFrame& operator=(OutgoingFrame&&) = default;
   void start();
   bool done();  // both messages are out (MPI_Test)
+  int rank() const { return rank_; }
 
  private:
   int rank_;
