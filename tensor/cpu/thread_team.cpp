@@ -22,9 +22,15 @@ const int g_fork_handler = pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_a
 
 thread_local bool t_in_body = false;
 
+// Threads in this process's teams, callers included. When they outnumber the cores, waiting
+// threads sleep at once: polling would take a core from a thread with work (as libgomp
+// throttles its spin when it manages more threads than there are cores).
+std::atomic<int> g_team_threads{0};
+const int g_cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
 class Team {
  public:
-  Team() : forks_(g_forks.load()) {}
+  Team() : forks_(g_forks.load()) { g_team_threads.fetch_add(1); }
 
   ~Team() {
     if (!ours()) {
@@ -33,6 +39,7 @@ class Team {
     }
     start_generation(0);
     for (std::thread& helper : helpers_) helper.join();
+    g_team_threads.fetch_sub(1 + static_cast<int>(helpers_.size()));
   }
 
   Team(const Team&) = delete;
@@ -44,13 +51,14 @@ class Team {
     while (static_cast<int>(helpers_.size()) < threads - 1) {
       const int index = static_cast<int>(helpers_.size()) + 1;
       helpers_.emplace_back([this, index] { help(index); });
+      g_team_threads.fetch_add(1);
     }
     body_ = &body;
     pending_.store(threads - 1, std::memory_order_relaxed);
     error_ = nullptr;
     start_generation(threads);
     run_part(0, threads);
-    while (pending_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    wait_for_helpers();
     body_ = nullptr;
     if (error_) std::rethrow_exception(error_);
   }
@@ -80,25 +88,51 @@ class Team {
       if (threads == 0) return;
       if (index >= threads) continue;
       run_part(index, threads);
-      pending_.fetch_sub(1, std::memory_order_release);
+      // seq_cst, against wait_for_helpers(): either it sees the count reach 0, or this sees it
+      // sleeping.
+      if (pending_.fetch_sub(1) == 1 && caller_sleeping_.load()) pending_.notify_one();
     }
+  }
+
+  static bool cores_to_spare() { return g_team_threads.load(std::memory_order_relaxed) <= g_cores; }
+
+  // Polls until done() or `longest` has passed, spinning for kHelperSpin, then yielding the
+  // core; at once, where the process's teams outnumber the cores (a thread with work wants
+  // the core). True if done.
+  template <typename Done>
+  static bool poll(Done done, Clock::duration longest) {
+    if (!cores_to_spare()) return done();
+    const auto start = Clock::now();
+    for (auto waited = Clock::duration{}; !done(); waited = Clock::now() - start) {
+      if (waited >= longest) return false;
+      if (waited < kHelperSpin) {
+        _mm_pause();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    return true;
+  }
+
+  // The parts run about as long as the caller's, so it polls for them.
+  void wait_for_helpers() {
+    auto finished = [this] { return pending_.load(std::memory_order_acquire) == 0; };
+    if (poll(finished, Clock::duration::max())) return;
+    caller_sleeping_.store(true);
+    for (int left = pending_.load(); left > 0; left = pending_.load()) pending_.wait(left);
+    caller_sleeping_.store(false);
   }
 
   // Waits for the generation after `seen`; `last_wait` is how long the previous wait took.
   uint64_t next_generation(uint64_t seen, Clock::duration& last_wait) {
     const auto start = Clock::now();
-    const auto spin_until = start + kHelperSpin;
-    const auto poll_until =
-        last_wait < kHelperPollBeforeSleep ? start + kHelperPollBeforeSleep : spin_until;
-    uint64_t now = generation_.load(std::memory_order_acquire);
-    for (auto time = start; now == seen && time < poll_until; time = Clock::now()) {
-      if (time < spin_until) {
-        _mm_pause();
-      } else {
-        std::this_thread::yield();
-      }
+    uint64_t now = seen;
+    auto started = [&] {
       now = generation_.load(std::memory_order_acquire);
-    }
+      return now != seen;
+    };
+    const bool in_burst = last_wait < kHelperPollBeforeSleep;
+    poll(started, in_burst ? Clock::duration(kHelperPollBeforeSleep) : kHelperSpin);
     if (now == seen) {
       sleepers_.fetch_add(1);
       for (now = generation_.load(); now == seen; now = generation_.load()) {
@@ -126,6 +160,7 @@ class Team {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<int> pending_{0};
+  std::atomic<bool> caller_sleeping_{false};
   const std::function<void(int, int)>* body_ = nullptr;
   std::mutex error_mutex_;
   std::exception_ptr error_;

@@ -2,10 +2,12 @@
 // The threads that CPU kernels split their loops over. Every thread that runs a parallel loop
 // owns a team of helpers (each pipeline stage's thread gets its own, as with OpenMP). A helper
 // with no work spins for kHelperSpin; if its last wait was shorter than
-// kHelperPollBeforeSleep (it is in a burst of loops), it goes on polling, yielding its core to
-// any other thread that wants it, up to kHelperPollBeforeSleep; then it sleeps. OpenMP's
-// default keeps idle threads spinning for milliseconds, which on a shared machine takes the
-// cores that other stages, workers and ranks need while this process waits for a message.
+// kHelperPollBeforeSleep (it is in a burst of loops), it goes on polling, yielding its core,
+// up to kHelperPollBeforeSleep; then it sleeps. Where this process's teams have more threads
+// than the machine has cores, helpers and callers sleep at once: the core is wanted by a
+// thread with work (libgomp, too, throttles its spin then). OpenMP's default keeps idle
+// threads spinning for milliseconds, which on a shared machine takes the cores that other
+// stages, workers and ranks need while this process waits for a message.
 #include <chrono>
 #include <functional>
 
