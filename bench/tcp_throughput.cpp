@@ -120,7 +120,7 @@ Worker start_worker(const std::string& binary, const std::string& dir, int index
   return {pid, "127.0.0.1:" + std::to_string(std::stoi(read_file(port_file)))};
 }
 
-constexpr int kGptSteps = 9;
+constexpr int kGptSteps = 15;
 
 double tcp_workers_step_ms(const GptStep& s) {
   const std::string binary =
@@ -337,7 +337,7 @@ int main(int argc, char** argv) {
 #endif
   }
   if (only != "gpt") throughput_and_round_trip(tables, rounds, only != "mpi", mpi);
-  if (only.empty() || only == "gpt") gpt_steps(tables, std::max(1, rounds / 2));
+  if (only.empty() || only == "gpt") gpt_steps(tables, rounds);
   if (append) append_results("tcp_throughput", tables.text.str());
   return 0;
 }
