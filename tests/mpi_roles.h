@@ -205,7 +205,8 @@ inline int mpi_malformed_role() {
 // with no ring, a wait times out. Prints "doorbells ok".
 inline int mpi_doorbells_role() {
   const MpiJob job = mpi_job();
-  std::unique_ptr<NodeDoorbells> bells = NodeDoorbells::open(job.rank, job.world_size);
+  std::unique_ptr<NodeDoorbells> bells =
+      NodeDoorbells::open(job.rank, job.world_size, job.local_size);
   bool ok = bells != nullptr;
   if (ok && job.rank == 0) {
     const uint32_t before_first = bells->seen();

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <climits>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <random>
 #include <string>
@@ -36,14 +35,8 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 
 }  // namespace
 
-std::unique_ptr<NodeDoorbells> NodeDoorbells::open(int rank, int world_size) {
-  MPI_Comm node;
-  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
-            "MPI_Comm_split_type");
-  int node_size = 0;
-  check_mpi(MPI_Comm_size(node, &node_size), "MPI_Comm_size");
-  MPI_Comm_free(&node);
-  if (node_size != world_size) return nullptr;  // the same answer on every rank
+std::unique_ptr<NodeDoorbells> NodeDoorbells::open(int rank, int world_size, int ranks_here) {
+  if (ranks_here != world_size) return nullptr;  // the same answer on every rank
 
   // Rank 0 names and makes the segment; the others open it; once all have, rank 0 unlinks
   // the name, so nothing outlives the job.

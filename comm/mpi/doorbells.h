@@ -19,9 +19,10 @@ namespace pipit {
 
 class NodeDoorbells {
  public:
-  // Collective over MPI_COMM_WORLD. Null when some rank of the job runs on another node (it
-  // could not ring this one) or the shared memory cannot be made: the caller polls instead.
-  static std::unique_ptr<NodeDoorbells> open(int rank, int world_size);
+  // Collective over MPI_COMM_WORLD; `ranks_here`: the ranks on this node (MpiJob's
+  // local_size). Null when some rank of the job runs on another node (it could not ring this
+  // one) or the shared memory cannot be made: the caller polls instead.
+  static std::unique_ptr<NodeDoorbells> open(int rank, int world_size, int ranks_here);
   ~NodeDoorbells();
   NodeDoorbells(const NodeDoorbells&) = delete;
   NodeDoorbells& operator=(const NodeDoorbells&) = delete;

@@ -281,7 +281,7 @@ std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiO
                 " built a different model or configuration than rank 0 (every rank must run "
                 "the same program with the same flags and seed)");
   }
-  impl->doorbells = NodeDoorbells::open(impl->rank, impl->world);
+  impl->doorbells = NodeDoorbells::open(job.rank, job.world_size, job.local_size);
   for (const auto& [endpoint, rank] : impl->ranks) {
     PIPIT_CHECK(rank >= 0 && rank < impl->world, "MPI: endpoint ", endpoint, " is routed to rank ",
                 rank, ", but the job has ranks 0..", impl->world - 1);
