@@ -3,7 +3,10 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <tuple>
+#include <vector>
 
 #include "comm/frame.h"
 #include "pipit.h"
@@ -296,4 +299,54 @@ TEST_CASE("frame payload rejects bodies that are not position-named safetensors"
   const Message out = payload(fields, body_of({{"0", a}, {"1", b}}));
   REQUIRE(out.tensors.size() == 2);
   CHECK(out.tensors[1].to_vector<double>() == std::vector<double>{3});
+}
+
+TEST_CASE("a data message's JSON header is the JSON library's, and reads the same either way",
+          "[frame]") {
+  // Data messages' headers are written and read without the library (comm/frame.cpp); the
+  // bytes and the fields must be exactly the library's.
+  const int kIntMin = std::numeric_limits<int>::min(), kIntMax = std::numeric_limits<int>::max();
+  const int64_t kStepMin = std::numeric_limits<int64_t>::min(),
+                kStepMax = std::numeric_limits<int64_t>::max();
+  for (const auto& [step, microbatch, chunk] :
+       std::vector<std::tuple<int64_t, int, int>>{{0, 0, 0},
+                                                  {1, 3, 0},
+                                                  {-1, -7, 12},
+                                                  {kStepMin, kIntMin, kIntMin},
+                                                  {kStepMax, kIntMax, kIntMax},
+                                                  {1234567890123, 100, 9}}) {
+    INFO("step " << step << ", microbatch " << microbatch << ", chunk " << chunk);
+    const Message in(MessageKind::Activation, step, microbatch, chunk, {ones({2})});
+    const EncodedFrame frame = encode_frame_parts(in);
+    const FrameHeader header =
+        decode_frame_header(reinterpret_cast<const uint8_t*>(frame.prefix.data()));
+    const std::string library = json{
+        {"step", step},
+        {"microbatch", microbatch},
+        {"chunk", chunk},
+        {"meta", json::object()}}.dump();
+    CHECK(frame.prefix.substr(kFrameHeaderSize, header.header_length) == library);
+    check_same(decode(frame.joined()), in);
+  }
+  // Forms the writer never makes go to the library, which reads or refuses them as before.
+  const Message spaced = payload(R"({"chunk": 1, "meta": { }, "microbatch": 2, "step": 3})");
+  CHECK((spaced.chunk == 1 && spaced.microbatch == 2 && spaced.step == 3));
+  CHECK(spaced.meta == json::object());
+  const Message minus_zero = payload(R"({"chunk":0,"meta":{},"microbatch":-0,"step":5})");
+  CHECK((minus_zero.microbatch == 0 && minus_zero.step == 5));
+  const Message reordered = payload(R"({"step":5,"chunk":1,"meta":{},"microbatch":2})");
+  CHECK((reordered.chunk == 1 && reordered.microbatch == 2 && reordered.step == 5));
+  expect_frame_error([] { payload(R"({"chunk":01,"meta":{},"microbatch":2,"step":3})"); },
+                     "not valid JSON");
+  expect_frame_error([] { payload(R"({"chunk":1,"meta":{},"microbatch":2,"step":3)"); },
+                     "not valid JSON");
+  expect_frame_error([] { payload(R"({"chunk":1,"meta":{},"microbatch":2,"step":3}x)"); },
+                     "not valid JSON");
+  expect_frame_error([] { payload(R"({"chunk":2147483648,"meta":{},"microbatch":2,"step":3})"); },
+                     "\"chunk\"");
+  expect_frame_error([] { payload(R"({"chunk":1,"meta":{},"microbatch":2,"step":1e3})"); },
+                     "\"step\"");
+  expect_frame_error(
+      [] { payload(R"({"chunk":1,"meta":{},"microbatch":2,"step":9223372036854775808})"); },
+      "\"step\"");
 }
