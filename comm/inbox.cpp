@@ -9,59 +9,82 @@ namespace pipit {
 using Clock = std::chrono::steady_clock;
 
 bool Inbox::push(Message message) {
+  return push_entry(std::move(message));
+}
+
+bool Inbox::push(std::unique_ptr<PendingMessage> message) {
+  return push_entry(std::move(message));
+}
+
+bool Inbox::push_entry(Entry entry) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return false;
-    messages_.push_back(std::move(message));
+    messages_.push_back(std::move(entry));
     ready_to_take_.store(true, std::memory_order_release);
   }
   ready_.notify_one();
   return true;
 }
 
-Message Inbox::take_front() {
+Inbox::Entry Inbox::take_front() {
   if (messages_.empty()) throw ClosedError("receive: " + owner_ + " is closed");
-  Message message = std::move(messages_.front());
+  Entry entry = std::move(messages_.front());
   messages_.pop_front();
   ready_to_take_.store(!messages_.empty() || closed_, std::memory_order_relaxed);
-  return message;
+  return entry;
+}
+
+std::optional<Message> Inbox::open(Entry entry) {
+  if (auto* message = std::get_if<Message>(&entry)) return std::move(*message);
+  return std::get<std::unique_ptr<PendingMessage>>(entry)->take();
 }
 
 bool Inbox::poll_until(Clock::time_point deadline) {
   if (!last_wait_short_.load(std::memory_order_relaxed)) return false;
   while (Clock::now() < deadline) {
-    std::this_thread::yield();
+    if (while_polling_) {
+      while_polling_();
+    } else {
+      std::this_thread::yield();
+    }
     if (ready_to_take_.load(std::memory_order_acquire)) return true;
   }
   return false;
 }
 
-Message Inbox::pop() {
-  const auto start = Clock::now();
-  if (!ready_to_take_.load(std::memory_order_acquire) && !poll_until(start + kPollBeforeSleep)) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    ready_.wait(lock, [&] { return !messages_.empty() || closed_; });
-    last_wait_short_ = Clock::now() - start < kPollBeforeSleep;
-    return take_front();
+std::optional<Message> Inbox::pop_until(std::optional<Clock::time_point> deadline) {
+  while (true) {
+    const auto start = Clock::now();
+    const auto poll_deadline =
+        deadline ? std::min(*deadline, start + kPollBeforeSleep) : start + kPollBeforeSleep;
+    Entry entry;
+    if (ready_to_take_.load(std::memory_order_acquire) || poll_until(poll_deadline)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      entry = take_front();
+    } else {
+      std::unique_lock<std::mutex> lock(mutex_);
+      const auto ready = [&] { return !messages_.empty() || closed_; };
+      if (!deadline) {
+        ready_.wait(lock, ready);
+      } else if (!ready_.wait_until(lock, *deadline, ready)) {
+        if (*deadline - start >= kPollBeforeSleep) last_wait_short_ = false;
+        return std::nullopt;
+      }
+      last_wait_short_ = Clock::now() - start < kPollBeforeSleep;
+      entry = take_front();
+    }
+    // Decoded outside the lock, so the thread that delivers the next message need not wait.
+    if (auto message = open(std::move(entry))) return message;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  return take_front();
+}
+
+Message Inbox::pop() {
+  return *pop_until(std::nullopt);
 }
 
 std::optional<Message> Inbox::pop_for(std::chrono::milliseconds timeout) {
-  const auto start = Clock::now();
-  if (!ready_to_take_.load(std::memory_order_acquire) &&
-      !poll_until(start + std::min<Clock::duration>(timeout, kPollBeforeSleep))) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (!ready_.wait_until(lock, start + timeout, [&] { return !messages_.empty() || closed_; })) {
-      if (timeout >= kPollBeforeSleep) last_wait_short_ = false;
-      return std::nullopt;
-    }
-    last_wait_short_ = Clock::now() - start < kPollBeforeSleep;
-    return take_front();
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  return take_front();
+  return pop_until(Clock::now() + timeout);
 }
 
 void Inbox::close() {

@@ -56,18 +56,37 @@ struct MpiTransport::Impl {
   // Frames from each rank in the order their heads arrived, delivered in that order.
   std::map<int, std::deque<IncomingFrame>> incoming;
 
-  void deliver(IncomingFrame frame) {
-    try {
-      const int destination = frame.destination();
-      Message message = std::move(frame).message();
-      auto inbox = inboxes.find(destination);
-      if (inbox == inboxes.end()) {
-        throw Error(detail::concat("MPI: a message for endpoint ", destination,
-                                   ", which is not on rank ", rank));
+  // A frame is decoded (checksum, headers) by the thread that takes it from its inbox,
+  // so the progress thread goes on moving the next frame meanwhile.
+  class FrameToDecode final : public PendingMessage {
+   public:
+    FrameToDecode(IncomingFrame frame, int rank) : frame_(std::move(frame)), rank_(rank) {}
+    std::optional<Message> take() override {
+      try {
+        return std::move(frame_).message();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[mpi %d] dropped a message: %s\n", rank_, e.what());
+        return std::nullopt;
       }
-      inbox->second->push(std::move(message));
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "[mpi %d] dropped a message: %s\n", rank, e.what());
+    }
+
+   private:
+    IncomingFrame frame_;
+    int rank_;
+  };
+
+  void deliver(IncomingFrame frame) {
+    auto inbox = inboxes.find(frame.destination());
+    if (inbox != inboxes.end()) {
+      inbox->second->push(std::make_unique<FrameToDecode>(std::move(frame), rank));
+      return;
+    }
+    // Malformed (its route unreadable), or for an endpoint elsewhere: said now.
+    const int destination = frame.destination();
+    if (FrameToDecode(std::move(frame), rank).take()) {
+      std::fprintf(stderr,
+                   "[mpi %d] dropped a message for endpoint %d, which is not on this rank\n", rank,
+                   destination);
     }
   }
 
@@ -118,39 +137,81 @@ struct MpiTransport::Impl {
     return moved;
   }
 
+  // Guards every MPI call and what the calls use (`sending`, `incoming`, `barrier`): the
+  // progress thread takes it for each pass, and so does a thread that waits in receive() or
+  // sends, when it is free, so that a message needs no hand-off between threads.
+  std::mutex mpi;
+  std::list<OutgoingFrame> sending;  // a list: MPI holds their buffers' addresses
+  MPI_Request barrier = MPI_REQUEST_NULL;
+
+  // Starts the queued sends, in the order they were queued. Needs `mpi`.
+  bool start_sends() {
+    std::list<OutgoingFrame> batch;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      batch.swap(outgoing);
+    }
+    for (OutgoingFrame& frame : batch) {
+      frame.start();
+      if (doorbells) doorbells->ring(frame.rank());
+    }
+    const bool started = !batch.empty();
+    sending.splice(sending.end(), batch);
+    return started;
+  }
+
+  // After a pass: whether a thread moving messages must poll again rather than sleep (a body
+  // is being received, which moves only while a thread calls into MPI; the final barrier;
+  // a send in flight, where no receiver will ring), and the longest it may sleep otherwise
+  // (a rendezvous send's receiver rings when it took the message, but an MPI transport that
+  // needs the sender's help to move the bytes gets it this often). Needs `mpi`.
+  bool must_poll() const {
+    return receiving() || barrier != MPI_REQUEST_NULL || (!sending.empty() && !doorbells);
+  }
+  bool receiving() const {
+    return std::any_of(incoming.begin(), incoming.end(),
+                       [](const auto& source) { return !source.second.empty(); });
+  }
+  std::chrono::microseconds longest_sleep() const {
+    return sending.empty() ? std::chrono::microseconds(kLongestSleep) : kLongestSleepWhileSending;
+  }
+
+  // One pass over every transfer; true when anything moved. Needs `mpi`.
+  bool poll() {
+    bool moved = start_sends();
+    moved |= std::erase_if(sending, [this](OutgoingFrame& frame) {
+               if (!frame.done()) return false;
+               // Again: MPI may have made the message visible only after the start's ring.
+               if (doorbells) doorbells->ring(frame.rank());
+               return true;
+             }) > 0;
+    moved |= receive();
+    return moved;
+  }
+
+  // A thread polling its inbox polls MPI too while no other thread does, so the message it
+  // waits for can reach it without the progress thread's hand-off.
+  void poll_while_waiting() {
+    std::unique_lock<std::mutex> lock(mpi, std::try_to_lock);
+    if (lock && !stopping && !abandoning) {
+      poll();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+
   void run() {
     using Clock = std::chrono::steady_clock;
     // Naps of a few microseconds would otherwise last the default 50 us timer slack.
     prctl(PR_SET_TIMERSLACK, 1UL);
-    std::list<OutgoingFrame> sending;  // a list: MPI holds their buffers' addresses
     auto last_moved = Clock::now();
-    MPI_Request barrier = MPI_REQUEST_NULL;
     auto nap = std::chrono::microseconds(1);
     while (!abandoning) {
       const uint32_t rung = doorbells ? doorbells->seen() : 0;
-      bool moved = false;
-      std::list<OutgoingFrame> batch;
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        batch.swap(outgoing);
-      }
-      for (OutgoingFrame& frame : batch) {
-        frame.start();
-        if (doorbells) doorbells->ring(frame.rank());
-        moved = true;
-      }
-      sending.splice(sending.end(), batch);
-      moved |= std::erase_if(sending, [this](OutgoingFrame& frame) {
-                 if (!frame.done()) return false;
-                 // Again: MPI may have made the message visible only after the start's ring.
-                 if (doorbells) doorbells->ring(frame.rank());
-                 return true;
-               }) > 0;
-      moved |= receive();
-      const bool receiving = std::any_of(incoming.begin(), incoming.end(),
-                                         [](const auto& source) { return !source.second.empty(); });
-      if (stopping && sending.empty() && !receiving && barrier == MPI_REQUEST_NULL) {
-        std::lock_guard<std::mutex> lock(mutex);
+      std::unique_lock<std::mutex> lock(mpi);
+      const bool moved = poll();
+      if (stopping && sending.empty() && !receiving() && barrier == MPI_REQUEST_NULL) {
+        std::lock_guard<std::mutex> queue_lock(mutex);
         // Every rank's sends are out once all have entered the barrier; receiving goes on
         // until then, so no message is left unreceived at MPI_Finalize.
         if (outgoing.empty()) check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &barrier), "MPI_Ibarrier");
@@ -159,10 +220,10 @@ struct MpiTransport::Impl {
         check_mpi(MPI_Test(&barrier, &done, MPI_STATUS_IGNORE), "MPI_Test");
         if (done) return;
       }
-      if (moved || receiving || barrier != MPI_REQUEST_NULL || (!sending.empty() && !doorbells)) {
-        // A transfer in flight moves only while this thread calls into MPI (a large message
-        // crosses in fragments), so it is polled without a nap; with doorbells, the receiver
-        // rings a sender when it has taken a message.
+      const bool poll_again = must_poll();
+      const auto longest = longest_sleep();
+      lock.unlock();
+      if (moved || poll_again) {
         if (moved) last_moved = Clock::now();
         std::this_thread::yield();
       } else if (Clock::now() - last_moved < options.spin) {
@@ -171,14 +232,12 @@ struct MpiTransport::Impl {
         std::this_thread::yield();
       } else if (doorbells) {
         // Idle: sleep until rung; then poll for `spin`, as after traffic.
-        const auto longest =
-            sending.empty() ? std::chrono::microseconds(kLongestSleep) : kLongestSleepWhileSending;
         if (doorbells->wait(rung, longest)) last_moved = Clock::now();
         continue;
       } else {
         // Idle: nap, but wake at once for a send from this rank.
-        std::unique_lock<std::mutex> lock(mutex);
-        wake.wait_for(lock, nap, [&] { return !outgoing.empty(); });
+        std::unique_lock<std::mutex> queue_lock(mutex);
+        wake.wait_for(queue_lock, nap, [&] { return !outgoing.empty(); });
         nap = std::min(nap * 2, options.idle_sleep);
         continue;
       }
@@ -210,7 +269,14 @@ class MpiCommunicator final : public Communicator {
       std::lock_guard<std::mutex> lock(t.mutex);
       t.outgoing.push_back(std::move(frame));
     }
-    t.wake_progress();
+    // Started here when MPI is free (after any queued before it, so order holds); else the
+    // progress thread starts it.
+    std::unique_lock<std::mutex> mpi(t.mpi, std::try_to_lock);
+    if (mpi && !t.stopping && !t.abandoning) {
+      t.start_sends();
+    } else {
+      t.wake_progress();
+    }
   }
   Message receive() override { return inbox_->pop(); }
   std::optional<Message> try_receive(std::chrono::milliseconds timeout) override {
@@ -286,7 +352,9 @@ std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiO
     PIPIT_CHECK(rank >= 0 && rank < impl->world, "MPI: endpoint ", endpoint, " is routed to rank ",
                 rank, ", but the job has ranks 0..", impl->world - 1);
     if (rank == impl->rank) {
-      impl->inboxes[endpoint] = std::make_shared<Inbox>("MPI endpoint " + std::to_string(endpoint));
+      impl->inboxes[endpoint] =
+          std::make_shared<Inbox>("MPI endpoint " + std::to_string(endpoint),
+                                  [t = impl.get()] { t->poll_while_waiting(); });
     }
   }
   auto transport = std::shared_ptr<MpiTransport>(new MpiTransport(std::move(impl)));

@@ -1,18 +1,22 @@
 #pragma once
 // Messages over MPI (Open MPI), for jobs started by mpirun or srun. One MpiTransport per
-// process owns MPI: it initialises it with MPI_THREAD_SERIALIZED and runs one progress
-// thread that makes every MPI call after that (sends with MPI_Isend, receives with
-// MPI_Improbe + MPI_Mrecv and MPI_Irecv, so no receiver guesses a size), so callers on any
-// thread only touch queues. Each Communicator endpoint (a stage, the coordinator, a
-// parameter-server shard or worker) lives on one rank, given by a route table every rank
-// builds the same way; several endpoints may share a rank (the coordinator beside stage 0).
-// A message travels as our frame (checksummed) in two MPI messages, a head and the tensors'
-// bytes, so neither side copies tensor bytes (comm/mpi/mpi_frames.h); between endpoints of
-// one rank it is handed over without MPI. The progress thread polls while receives are in
-// flight and for `spin` after the last message moved; then, where every rank of the job is
-// on this node, it sleeps until a rank rings its doorbell (comm/mpi/doorbells.h), and
-// elsewhere it naps, up to `idle_sleep`; so an idle rank does not spin a core. A send from
-// this rank wakes it at once.
+// process owns MPI: it initialises it with MPI_THREAD_SERIALIZED, and its MPI calls (sends
+// with MPI_Isend, receives with MPI_Improbe + MPI_Mrecv and MPI_Irecv, so no receiver
+// guesses a size) are made under one lock by whichever thread holds it: a sending thread
+// starts its own send when the lock is free, a thread polling its inbox for a message moves
+// the rank's messages itself, and a progress thread moves them otherwise. So the message a
+// thread waits for, and the one it sends, need no hand-off between threads. Each
+// Communicator endpoint (a stage, the coordinator, a parameter-server shard or worker) lives
+// on one rank, given by a route table every rank builds the same way; several endpoints may
+// share a rank (the coordinator beside stage 0). A message travels as our frame
+// (checksummed) in two MPI messages, a head and the tensors' bytes, so neither side copies
+// tensor bytes (comm/mpi/mpi_frames.h); the thread that takes it from its inbox checks and
+// decodes it, off the thread that moves the next one. Between endpoints of one rank it is
+// handed over without MPI. The progress thread polls while receives are in flight and for
+// `spin` after the last message moved; then, where every rank of the job is on this node,
+// it sleeps until a rank rings its doorbell (comm/mpi/doorbells.h), and elsewhere it naps,
+// up to `idle_sleep`; so an idle rank does not spin a core. A send queued while another
+// thread held the lock wakes it at once.
 #include <chrono>
 #include <map>
 #include <memory>
