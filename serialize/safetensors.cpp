@@ -4,10 +4,12 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "serialize/atomic_file.h"
 #include "serialize/json_depth.h"
+#include "serialize/plain_safetensors_header.h"
 #include "tensor/backend.h"
 
 namespace pipit {
@@ -26,9 +28,98 @@ std::string fail_prefix(const std::string& source) {
   return "safetensors '" + source + "': ";
 }
 
-}  // namespace
+std::string shape_text(const std::vector<uint64_t>& dims) {
+  std::string out = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(dims[i]);
+  }
+  return out + "]";
+}
 
-std::string encode_safetensors_header(const OrderedTensors& tensors, const json& metadata) {
+// One tensor's fields, from either reader of the header: checked against each other and the
+// data section, then allocated.
+void add_entry(SafetensorsLayout& layout, const std::string& where, const std::string& name,
+               const std::string& dtype_text, const std::vector<uint64_t>& dims, uint64_t begin,
+               uint64_t end, uint64_t data_size) {
+  const std::string field = where + "tensor '" + name + "': ";
+  DType dtype;
+  try {
+    dtype = dtype_from_name(dtype_text);
+  } catch (const Error& e) {
+    throw Error(field + "\"dtype\": " + e.what());
+  }
+  Shape shape;
+  for (uint64_t d : dims) {
+    PIPIT_CHECK(d <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), field,
+                "\"shape\" ", shape_text(dims), " is too large: dimension ", d, " exceeds int64");
+    shape.push_back(static_cast<int64_t>(d));
+  }
+  // Checked here, before the byte count, which is 0 for any shape with a zero in it: the
+  // tensor's strides are still computed from the other dims.
+  try {
+    check_shape(shape, "\"shape\"");
+  } catch (const Error& e) {
+    throw Error(field + e.what());
+  }
+  const uint64_t count = static_cast<uint64_t>(shape_numel(shape));
+  PIPIT_CHECK(begin <= end && end <= data_size, field, "\"data_offsets\" [", begin, ", ", end,
+              "] lie outside the ", data_size, " data bytes");
+  uint64_t nbytes = 0;
+  PIPIT_CHECK(!__builtin_mul_overflow(count, dtype_size(dtype), &nbytes) && nbytes == end - begin,
+              field, "\"shape\" ", shape_text(dims), " of ", dtype_text, " does not match the ",
+              end - begin, " bytes \"data_offsets\" span");
+  layout.push_back({name, Tensor::empty(shape, dtype), begin, end});
+}
+
+// The JSON library's reader, for headers not in the plain form.
+void plan_from_json(SafetensorsLayout& layout, std::string_view header_text, uint64_t data_size,
+                    const std::string& where, json* metadata) {
+  check_json_nesting(header_text, where + "header ");
+  json header;
+  try {
+    header = json::parse(header_text.begin(), header_text.end());
+  } catch (const json::exception& e) {
+    throw Error(where + "header is not valid JSON: " + e.what());
+  }
+  PIPIT_CHECK(header.is_object(), where, "header is not a JSON object");
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      PIPIT_CHECK(entry.is_object(), where, "__metadata__ is not an object");
+      for (const auto& [key, value] : entry.items()) {
+        PIPIT_CHECK(value.is_string(), where, "__metadata__ value '", key, "' is not a string");
+      }
+      if (metadata) *metadata = entry;
+      continue;
+    }
+    const std::string field = where + "tensor '" + name + "': ";
+    PIPIT_CHECK(entry.is_object(), field, "entry is not an object");
+    PIPIT_CHECK(entry.contains("dtype") && entry["dtype"].is_string(), field,
+                "missing or non-string \"dtype\"");
+    PIPIT_CHECK(entry.contains("shape") && entry["shape"].is_array(), field,
+                "missing or non-array \"shape\"");
+    PIPIT_CHECK(entry.contains("data_offsets") && entry["data_offsets"].is_array() &&
+                    entry["data_offsets"].size() == 2,
+                field, "missing \"data_offsets\" [begin, end]");
+    std::vector<uint64_t> dims;
+    for (const json& dim : entry["shape"]) {
+      PIPIT_CHECK(dim.is_number_unsigned(), field,
+                  "\"shape\" has an entry that is not a non-negative integer: ", dim.dump());
+      dims.push_back(dim.get<uint64_t>());
+    }
+    for (const json& offset : entry["data_offsets"]) {
+      PIPIT_CHECK(offset.is_number_unsigned(), field,
+                  "\"data_offsets\" entries must be "
+                  "non-negative integers, got ",
+                  entry["data_offsets"].dump());
+    }
+    add_entry(layout, where, name, entry["dtype"].get<std::string>(), dims,
+              entry["data_offsets"][0], entry["data_offsets"][1], data_size);
+  }
+}
+
+// The JSON library's writer, for headers with metadata or names not plain.
+std::string library_header(const OrderedTensors& tensors, const json& metadata) {
   json header = json::object();
   if (!metadata.empty()) {
     json meta = json::object();
@@ -47,7 +138,15 @@ std::string encode_safetensors_header(const OrderedTensors& tensors, const json&
                     {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
-  std::string header_text = header.dump();
+  return header.dump();
+}
+
+}  // namespace
+
+std::string encode_safetensors_header(const OrderedTensors& tensors, const json& metadata) {
+  std::optional<std::string> plain;
+  if (metadata.empty()) plain = write_plain_safetensors_header(tensors);
+  std::string header_text = plain ? std::move(*plain) : library_header(tensors, metadata);
   header_text.append((8 - header_text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
   std::string out(8, '\0');
   const uint64_t header_size = header_text.size();
@@ -73,74 +172,14 @@ std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
 SafetensorsLayout plan_safetensors(std::string_view header_text, uint64_t data_size,
                                    const std::string& source, json* metadata) {
   const std::string where = fail_prefix(source);
-  check_json_nesting(header_text, where + "header ");
-  json header;
-  try {
-    header = json::parse(header_text.begin(), header_text.end());
-  } catch (const json::exception& e) {
-    throw Error(where + "header is not valid JSON: " + e.what());
-  }
-  PIPIT_CHECK(header.is_object(), where, "header is not a JSON object");
-
   SafetensorsLayout layout;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") {
-      PIPIT_CHECK(entry.is_object(), where, "__metadata__ is not an object");
-      for (const auto& [key, value] : entry.items()) {
-        PIPIT_CHECK(value.is_string(), where, "__metadata__ value '", key, "' is not a string");
-      }
-      if (metadata) *metadata = entry;
-      continue;
+  if (auto plain = read_plain_safetensors_header(header_text)) {
+    for (const PlainSafetensorsEntry& e : *plain) {
+      add_entry(layout, where, std::string(e.name), std::string(e.dtype), e.shape, e.begin, e.end,
+                data_size);
     }
-    const std::string field = where + "tensor '" + name + "': ";
-    PIPIT_CHECK(entry.is_object(), field, "entry is not an object");
-    PIPIT_CHECK(entry.contains("dtype") && entry["dtype"].is_string(), field,
-                "missing or non-string \"dtype\"");
-    PIPIT_CHECK(entry.contains("shape") && entry["shape"].is_array(), field,
-                "missing or non-array \"shape\"");
-    PIPIT_CHECK(entry.contains("data_offsets") && entry["data_offsets"].is_array() &&
-                    entry["data_offsets"].size() == 2,
-                field, "missing \"data_offsets\" [begin, end]");
-    DType dtype;
-    try {
-      dtype = dtype_from_name(entry["dtype"].get<std::string>());
-    } catch (const Error& e) {
-      throw Error(field + "\"dtype\": " + e.what());
-    }
-    Shape shape;
-    for (const json& dim : entry["shape"]) {
-      PIPIT_CHECK(dim.is_number_unsigned(), field,
-                  "\"shape\" has an entry that is not a non-negative integer: ", dim.dump());
-      const uint64_t d = dim.get<uint64_t>();
-      PIPIT_CHECK(d <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), field,
-                  "\"shape\" ", entry["shape"].dump(), " is too large: dimension ", d,
-                  " exceeds int64");
-      shape.push_back(static_cast<int64_t>(d));
-    }
-    // Checked here, before the byte count, which is 0 for any shape with a zero in it: the
-    // tensor's strides are still computed from the other dims.
-    try {
-      check_shape(shape, "\"shape\"");
-    } catch (const Error& e) {
-      throw Error(field + e.what());
-    }
-    const uint64_t count = static_cast<uint64_t>(shape_numel(shape));
-    for (const json& offset : entry["data_offsets"]) {
-      PIPIT_CHECK(offset.is_number_unsigned(), field,
-                  "\"data_offsets\" entries must be "
-                  "non-negative integers, got ",
-                  entry["data_offsets"].dump());
-    }
-    const uint64_t begin = entry["data_offsets"][0], end = entry["data_offsets"][1];
-    PIPIT_CHECK(begin <= end && end <= data_size, field, "\"data_offsets\" [", begin, ", ", end,
-                "] lie outside the ", data_size, " data bytes");
-    uint64_t nbytes = 0;
-    PIPIT_CHECK(!__builtin_mul_overflow(count, dtype_size(dtype), &nbytes) && nbytes == end - begin,
-                field, "\"shape\" ", entry["shape"].dump(), " of ",
-                entry["dtype"].get<std::string>(), " does not match the ", end - begin,
-                " bytes \"data_offsets\" span");
-    layout.push_back({name, Tensor(), begin, end});
-    layout.back().tensor = Tensor::empty(shape, dtype);
+  } else {
+    plan_from_json(layout, header_text, data_size, where, metadata);
   }
   std::sort(layout.begin(), layout.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });

@@ -161,3 +161,94 @@ TEST_CASE("models round trip through config.json and model.safetensors", "[seria
   CHECK_THROWS_WITH(load_model(dir.string()), Catch::Contains("model.safetensors"));
   fs::remove_all(dir);
 }
+
+namespace {
+
+// The header's JSON as written (length field and padding removed).
+std::string header_json(const OrderedTensors& tensors) {
+  const std::string blob = encode_safetensors_header(tensors);
+  std::string text = blob.substr(8);
+  return text.substr(0, text.find_last_not_of(' ') + 1);
+}
+
+std::string library_json(const OrderedTensors& tensors) {
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", dtype_name(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  return header.dump();
+}
+
+void check_same_layout(const SafetensorsLayout& a, const SafetensorsLayout& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("entry " << i);
+    CHECK(a[i].name == b[i].name);
+    CHECK(a[i].tensor.dtype() == b[i].tensor.dtype());
+    CHECK(a[i].tensor.shape() == b[i].tensor.shape());
+    CHECK(a[i].begin == b[i].begin);
+    CHECK(a[i].end == b[i].end);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("plain safetensors headers are the JSON library's, and read the same either way",
+          "[serialize]") {
+  // Headers without metadata whose names need no escaping are written and read without the
+  // library (serialize/plain_safetensors_header.h): the bytes and the layout must be its.
+  const std::vector<OrderedTensors> cases = {
+      {{"0", zeros({2, 3})}},
+      {{"0", zeros({2, 3})},
+       {"1", from_vector<int64_t>({1, 2, 3})},
+       {"2", Tensor::empty({}, DType::f64)},
+       {"3", zeros({0, 4})}},
+      {{"10", zeros({1})}, {"2", zeros({2})}, {"1", zeros({3})}, {"0", zeros({4})}},
+      {{"blocks.0.attn.weight", zeros({4, 4})}, {"a-b/c:d_E", zeros({2})}, {"Z", zeros({1})}},
+      {}};
+  for (const OrderedTensors& tensors : cases) {
+    const std::string plain = header_json(tensors);
+    INFO(plain);
+    CHECK(plain == library_json(tensors));
+    uint64_t data_size = 0;
+    for (const auto& [name, t] : tensors) data_size += t.nbytes();
+    // The same header spaced out is not plain, so the library reads it.
+    const std::string spaced = json::parse(plain).dump(1);
+    check_same_layout(plan_safetensors(plain + "   ", data_size, "plain"),
+                      plan_safetensors(spaced, data_size, "spaced"));
+  }
+  // Faults in the plain form are named as in any other.
+  const auto expect_plain_error = [](const std::string& header, uint64_t data_size,
+                                     const std::string& fragment) {
+    INFO("expected an error mentioning: " << fragment << " for " << header);
+    CHECK_THROWS_WITH(plan_safetensors(header, data_size, "plain.safetensors"),
+                      Catch::Contains(fragment) && Catch::Contains("plain.safetensors"));
+  };
+  expect_plain_error(R"({"a":{"data_offsets":[0,8],"dtype":"Q7","shape":[2]}})", 8, "Q7");
+  expect_plain_error(R"({"a":{"data_offsets":[0,8],"dtype":"F32","shape":[3]}})", 8,
+                     "\"shape\" [3] of F32 does not match the 8 bytes");
+  expect_plain_error(R"({"a":{"data_offsets":[0,16],"dtype":"F32","shape":[2]}})", 8, "outside");
+  expect_plain_error(R"({"a":{"data_offsets":[0,8],"dtype":"F32","shape":[2]},)"
+                     R"("b":{"data_offsets":[4,8],"dtype":"F32","shape":[1]}})",
+                     8, "overlap");
+  expect_plain_error(R"({"a":{"data_offsets":[4,8],"dtype":"F32","shape":[1]}})", 8,
+                     "unused bytes");
+  expect_plain_error(R"({"a":{"data_offsets":[0,4],"dtype":"F32","shape":[1]}})", 8,
+                     "belong to none");
+  expect_plain_error(R"({"a":{"data_offsets":[0,8],"dtype":"F32","shape":[9223372036854775808]}})",
+                     8, "too large");
+  // A repeated name is not plain (the library keeps the last); leading zeros are not JSON.
+  expect_plain_error(R"({"a":{"data_offsets":[0,4],"dtype":"F32","shape":[1]},)"
+                     R"("a":{"data_offsets":[4,8],"dtype":"F32","shape":[1]}})",
+                     8, "unused bytes");
+  expect_plain_error(R"({"a":{"data_offsets":[0,08],"dtype":"F32","shape":[2]}})", 8,
+                     "not valid JSON");
+  CHECK_THROWS_WITH(encode_safetensors_header({{"a", zeros({1})}, {"a", zeros({1})}}),
+                    Catch::Contains("appears twice"));
+  CHECK_THROWS_WITH(encode_safetensors_header({{"__metadata__", zeros({1})}}),
+                    Catch::Contains("not a tensor name"));
+}
