@@ -9,6 +9,7 @@
 
 #include "comm/crc32c.h"
 #include "serialize/json_depth.h"
+#include "serialize/plain_json.h"
 #include "serialize/safetensors.h"
 #include "tensor/backend.h"
 
@@ -126,55 +127,26 @@ constexpr std::string_view kPlainChunk = "{\"chunk\":",
 std::string plain_json_header(const Message& message) {
   std::string out;
   out.reserve(80);
-  char digits[24];
-  const auto put = [&](int64_t value) {
-    out.append(digits, std::to_chars(digits, digits + sizeof digits, value).ptr);
-  };
   out += kPlainChunk;
-  put(message.chunk);
+  plain_json::put_integer(out, message.chunk);
   out += kPlainMicrobatch;
-  put(message.microbatch);
+  plain_json::put_integer(out, message.microbatch);
   out += kPlainStep;
-  put(message.step);
+  plain_json::put_integer(out, message.step);
   out += kPlainEnd;
   return out;
 }
 
-bool take_literal(std::string_view& text, std::string_view literal) {
-  if (!text.starts_with(literal)) return false;
-  text.remove_prefix(literal.size());
-  return true;
-}
-
-// An integer as the library writes one ("0", or an optional minus and digits without a
-// leading zero), within [min, max].
-bool take_integer(std::string_view& text, int64_t min, int64_t max, int64_t* value) {
-  const size_t sign = text.starts_with('-') ? 1 : 0;
-  if (text.size() <= sign || text[sign] < '0' || text[sign] > '9') return false;
-  if (text[sign] == '0' && (sign == 1 || (text.size() > 1 && text[1] >= '0' && text[1] <= '9'))) {
-    return false;
-  }
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *value);
-  if (error != std::errc() || *value < min || *value > max) return false;
-  text.remove_prefix(static_cast<size_t>(end - text.data()));
-  return true;
-}
-
 bool read_plain_json_header(std::string_view text, int64_t* step, int* microbatch, int* chunk) {
-  constexpr int64_t kIntMin = std::numeric_limits<int>::min(),
-                    kIntMax = std::numeric_limits<int>::max();
-  int64_t chunk64 = 0, microbatch64 = 0;
-  if (!take_literal(text, kPlainChunk) || !take_integer(text, kIntMin, kIntMax, &chunk64) ||
-      !take_literal(text, kPlainMicrobatch) ||
-      !take_integer(text, kIntMin, kIntMax, &microbatch64) || !take_literal(text, kPlainStep) ||
-      !take_integer(text, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
-                    step) ||
-      text != kPlainEnd) {
-    return false;
-  }
-  *chunk = static_cast<int>(chunk64);
-  *microbatch = static_cast<int>(microbatch64);
-  return true;
+  using plain_json::take_integer, plain_json::take_literal;
+  constexpr int kIntMin = std::numeric_limits<int>::min(),
+                kIntMax = std::numeric_limits<int>::max();
+  return take_literal(text, kPlainChunk) && take_integer(text, kIntMin, kIntMax, chunk) &&
+         take_literal(text, kPlainMicrobatch) && take_integer(text, kIntMin, kIntMax, microbatch) &&
+         take_literal(text, kPlainStep) &&
+         take_integer(text, std::numeric_limits<int64_t>::min(),
+                      std::numeric_limits<int64_t>::max(), step) &&
+         text == kPlainEnd;
 }
 
 }  // namespace

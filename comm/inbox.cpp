@@ -58,12 +58,9 @@ std::optional<Message> Inbox::pop_until(std::optional<Clock::time_point> deadlin
     const auto start = Clock::now();
     const auto poll_deadline =
         deadline ? std::min(*deadline, start + kPollBeforeSleep) : start + kPollBeforeSleep;
-    Entry entry;
-    if (ready_to_take_.load(std::memory_order_acquire) || poll_until(poll_deadline)) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      entry = take_front();
-    } else {
-      std::unique_lock<std::mutex> lock(mutex_);
+    const bool polled = ready_to_take_.load(std::memory_order_acquire) || poll_until(poll_deadline);
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!polled) {
       const auto ready = [&] { return !messages_.empty() || closed_; };
       if (!deadline) {
         ready_.wait(lock, ready);
@@ -72,8 +69,9 @@ std::optional<Message> Inbox::pop_until(std::optional<Clock::time_point> deadlin
         return std::nullopt;
       }
       last_wait_short_ = Clock::now() - start < kPollBeforeSleep;
-      entry = take_front();
     }
+    Entry entry = take_front();
+    lock.unlock();
     // Decoded outside the lock, so the thread that delivers the next message need not wait.
     if (auto message = open(std::move(entry))) return message;
   }

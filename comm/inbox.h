@@ -47,9 +47,9 @@ class Inbox {
   void close();
 
  private:
+  using Entry = std::variant<Message, std::unique_ptr<PendingMessage>>;
   // Polls until `deadline` if the last wait was short; true once a message is queued or the
   // inbox closed.
-  using Entry = std::variant<Message, std::unique_ptr<PendingMessage>>;
   bool poll_until(std::chrono::steady_clock::time_point deadline);
   bool push_entry(Entry entry);
   Entry take_front();

@@ -1,8 +1,10 @@
 #include "serialize/plain_safetensors_header.h"
 
 #include <algorithm>
-#include <charconv>
+#include <cstdint>
 #include <numeric>
+
+#include "serialize/plain_json.h"
 
 namespace pipit {
 namespace {
@@ -15,30 +17,15 @@ bool plain_name(std::string_view name) {
          });
 }
 
-void put_unsigned(std::string& out, uint64_t value) {
-  char digits[24];
-  out.append(digits, std::to_chars(digits, digits + sizeof digits, value).ptr);
-}
+using plain_json::put_integer, plain_json::take_literal;
 
-bool take(std::string_view& text, std::string_view literal) {
-  if (!text.starts_with(literal)) return false;
-  text.remove_prefix(literal.size());
-  return true;
-}
-
-// An unsigned integer as the library writes one: "0", or digits without a leading zero.
 bool take_unsigned(std::string_view& text, uint64_t* value) {
-  if (text.empty() || text[0] < '0' || text[0] > '9') return false;
-  if (text[0] == '0' && text.size() > 1 && text[1] >= '0' && text[1] <= '9') return false;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *value);
-  if (error != std::errc()) return false;
-  text.remove_prefix(static_cast<size_t>(end - text.data()));
-  return true;
+  return plain_json::take_integer<uint64_t>(text, 0, UINT64_MAX, value);
 }
 
 // A JSON string of plain characters.
 bool take_plain_string(std::string_view& text, std::string_view* value) {
-  if (!take(text, "\"")) return false;
+  if (!take_literal(text, "\"")) return false;
   const size_t close = text.find('"');
   if (close == std::string_view::npos) return false;
   *value = text.substr(0, close);
@@ -71,15 +58,15 @@ std::optional<std::string> write_plain_safetensors_header(const OrderedTensors& 
     out += '"';
     out += name;
     out += "\":{\"data_offsets\":[";
-    put_unsigned(out, offsets[i]);
+    put_integer(out, offsets[i]);
     out += ',';
-    put_unsigned(out, offsets[i + 1]);
+    put_integer(out, offsets[i + 1]);
     out += "],\"dtype\":\"";
     out += dtype_name(tensor.dtype());
     out += "\",\"shape\":[";
     for (size_t d = 0; d < tensor.shape().size(); ++d) {
       if (d > 0) out += ',';
-      put_unsigned(out, static_cast<uint64_t>(tensor.shape()[d]));
+      put_integer(out, static_cast<uint64_t>(tensor.shape()[d]));
     }
     out += "]}";
   }
@@ -90,24 +77,24 @@ std::optional<std::string> write_plain_safetensors_header(const OrderedTensors& 
 std::optional<std::vector<PlainSafetensorsEntry>> read_plain_safetensors_header(
     std::string_view text) {
   std::vector<PlainSafetensorsEntry> entries;
-  if (!take(text, "{")) return std::nullopt;
+  if (!take_literal(text, "{")) return std::nullopt;
   while (!text.starts_with('}')) {
-    if (!entries.empty() && !take(text, ",")) return std::nullopt;
+    if (!entries.empty() && !take_literal(text, ",")) return std::nullopt;
     PlainSafetensorsEntry e;
-    if (!take_plain_string(text, &e.name) || !take(text, ":{\"data_offsets\":[") ||
-        !take_unsigned(text, &e.begin) || !take(text, ",") || !take_unsigned(text, &e.end) ||
-        !take(text, "],\"dtype\":") || !take_plain_string(text, &e.dtype) ||
-        !take(text, ",\"shape\":[")) {
+    if (!take_plain_string(text, &e.name) || !take_literal(text, ":{\"data_offsets\":[") ||
+        !take_unsigned(text, &e.begin) || !take_literal(text, ",") ||
+        !take_unsigned(text, &e.end) || !take_literal(text, "],\"dtype\":") ||
+        !take_plain_string(text, &e.dtype) || !take_literal(text, ",\"shape\":[")) {
       return std::nullopt;
     }
-    while (!take(text, "]")) {
+    while (!take_literal(text, "]")) {
       uint64_t dim = 0;
-      if ((!e.shape.empty() && !take(text, ",")) || !take_unsigned(text, &dim)) {
+      if ((!e.shape.empty() && !take_literal(text, ",")) || !take_unsigned(text, &dim)) {
         return std::nullopt;
       }
       e.shape.push_back(dim);
     }
-    if (!take(text, "}")) return std::nullopt;
+    if (!take_literal(text, "}")) return std::nullopt;
     if (!entries.empty() && !(entries.back().name < e.name)) return std::nullopt;
     entries.push_back(std::move(e));
   }
