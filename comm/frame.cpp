@@ -149,10 +149,6 @@ bool read_plain_json_header(std::string_view text, int64_t* step, int* microbatc
          text == kPlainEnd;
 }
 
-}  // namespace
-
-namespace {
-
 Crc32c header_crc(const FrameHeader& header, std::string_view json_header) {
   std::string fixed;
   encode_frame_header(fixed, header);
