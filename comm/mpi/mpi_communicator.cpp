@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -306,6 +307,14 @@ void initialize() {
   int initialized = 0;
   check_mpi(MPI_Initialized(&initialized), "MPI_Initialized");
   if (initialized) return;
+#ifdef OPEN_MPI
+  // Open MPI yields the core inside a call that finds nothing to do once mpirun oversubscribes
+  // the node. Every call pipit makes returns at once and is made under the transport's lock,
+  // and pipit sleeps by itself when idle: with those yields, a thread that had let others run
+  // still held the lock, and every thread that needed MPI waited out their time slices (4
+  // ranks on 2 cores: a rank's lock held that way for a fifth of the time).
+  setenv("OMPI_MCA_mpi_yield_when_idle", "0", 1);
+#endif
   int provided = 0;
   check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
   PIPIT_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI: this MPI library gives thread level ",
