@@ -309,7 +309,7 @@ void initialize() {
   if (initialized) return;
 #ifdef OPEN_MPI
   // Open MPI yields the core inside a call that finds nothing to do once mpirun oversubscribes
-  // the node. Every call pipit makes returns at once and is made under the transport's lock,
+  // the node. Every call pipit makes after start-up returns at once, under the transport's lock,
   // and pipit sleeps by itself when idle: with those yields, a thread that had let others run
   // still held the lock, and every thread that needed MPI waited out their time slices (4
   // ranks on 2 cores: a rank's lock held that way for a fifth of the time).
