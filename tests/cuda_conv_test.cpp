@@ -109,8 +109,10 @@ TEST_CASE("cuda: conv2d through autograd, with bias and a strided input", "[cuda
     const Tensor x = random({2, 3, 7, 9}, dt, gen), w = random({4, 3, 3, 2}, dt, gen);
     const Tensor b = random({4}, dt, gen), gy = random({2, 4, 5, 5}, dt, gen);
     auto run = [&](Device d) {
-      Tensor xd = x.to(d).requires_grad_(), wd = w.to(d).requires_grad_();
-      Tensor bd = b.to(d).requires_grad_();
+      // to() on the tensor's own device returns the tensor itself: detach() makes a fresh leaf,
+      // so the CPU run leaves x, w and b as they were for the CUDA run.
+      Tensor xd = x.to(d).detach().requires_grad_(), wd = w.to(d).detach().requires_grad_();
+      Tensor bd = b.to(d).detach().requires_grad_();
       Tensor y = conv2d(transpose(xd, 2, 3), wd, bd, {2, 1}, {1, 0}, {1, 2});
       y.backward(gy.to(d));
       return std::vector<Tensor>{y.detach(), xd.grad(), wd.grad(), bd.grad()};
