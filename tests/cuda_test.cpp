@@ -407,6 +407,35 @@ TEST_CASE("cuda: softmax, layer norm, embedding and cross-entropy kernels", "[cu
   }
 }
 
+TEST_CASE("cuda: embedding gradients add in index order, to the CPU's bits on every run",
+          "[cuda]") {
+  if (!cuda_ready()) return;
+  Generator g(6);
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO(dt);
+    // 6000 lookups of rows 0-29 of 37, about 200 per row: added in any other order than the
+    // indices', a row's last bits differ.
+    std::vector<int64_t> rows;
+    for (int64_t i = 0; i < 6000; ++i) rows.push_back((i * 7919 + i / 13) % 30);
+    const Tensor indices = from_vector(rows, {60, 100});
+    const Tensor grad = random({60, 100, 48}, dt, g), start = random({37, 48}, dt, g);
+    auto gradient = [&](Device d) {
+      Tensor grad_weight = start.to(d).clone();
+      backend(d).embedding_backward(grad.to(d), indices.to(d), grad_weight);
+      return grad_weight.to_vector<double>();
+    };
+    const std::vector<double> cpu = gradient(kCpu);
+    for (int run = 0; run < 3; ++run) {
+      const std::vector<double> gpu = gradient(kCuda);
+      REQUIRE(gpu.size() == cpu.size());
+      size_t differing = 0;
+      for (size_t i = 0; i < cpu.size(); ++i) differing += gpu[i] != cpu[i];
+      INFO("run " << run);
+      CHECK(differing == 0);
+    }
+  }
+}
+
 TEST_CASE("cuda: optimizer updates match the CPU", "[cuda]") {
   if (!cuda_ready()) return;
   Generator g(6);
@@ -458,7 +487,9 @@ TEST_CASE("cuda: five MLP training steps match the CPU", "[cuda]") {
     const char* names[] = {"w1", "b1", "w2", "b2"};
     NamedParameters params;
     for (size_t i = 0; i < init.size(); ++i) {
-      params.emplace_back(names[i], init[i].to(d).detach().requires_grad_());
+      // A copy even on the CPU (where to() returns the tensor itself): AdamW updates in place,
+      // and the CUDA run must start from the same weights.
+      params.emplace_back(names[i], init[i].to(d).clone().requires_grad_());
     }
     AdamW adam(params, {0.01, 0.9, 0.999, 1e-8, 0.01});
     const Tensor xd = x.to(d), td = targets.to(d);

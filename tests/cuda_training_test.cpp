@@ -53,8 +53,13 @@ Batch gpt_batch(int64_t vocab, int64_t batch, int64_t context) {
   return {from_vector(x, {batch, context}), from_vector(y, {batch, context})};
 }
 
-// Losses of `steps` AdamW steps of a seeded tiny GPT on `device` under `dtype` autocast.
-std::vector<double> train_gpt_on(Device device, DType dtype, int steps) {
+struct TrainedGpt {
+  std::vector<double> losses;                // one per step
+  std::vector<std::vector<double>> weights;  // every parameter after the last step
+};
+
+// `steps` AdamW steps of a seeded tiny GPT on `device` under `dtype` autocast.
+TrainedGpt train_gpt_on(Device device, DType dtype, int steps) {
   Generator g(21);
   auto model = gpt({17, 16, 2, 2, 32, 0.0}, &g);
   model->to(device);
@@ -70,7 +75,11 @@ std::vector<double> train_gpt_on(Device device, DType dtype, int steps) {
     optimizer.step();
     losses.push_back(loss.item<double>());
   }
-  return losses;
+  std::vector<std::vector<double>> weights;
+  for (const auto& [name, parameter] : model->named_parameters()) {
+    weights.push_back(parameter.to_vector<double>());
+  }
+  return {losses, weights};
 }
 
 }  // namespace
@@ -176,11 +185,26 @@ TEST_CASE("cuda: a tiny GPT trains five steps as on the CPU, in f32 and bf16", "
   if (!cuda_ready()) return;
   for (DType dtype : {DType::f32, DType::bf16}) {
     INFO(dtype);
-    const std::vector<double> cpu = train_gpt_on(kCpu, dtype, 5);
-    const std::vector<double> gpu = train_gpt_on(kCuda, dtype, 5);
+    const std::vector<double> cpu = train_gpt_on(kCpu, dtype, 5).losses;
+    const std::vector<double> gpu = train_gpt_on(kCuda, dtype, 5).losses;
     for (size_t i = 0; i < cpu.size(); ++i) {
       INFO("step " << i << ": cpu " << cpu[i] << ", cuda " << gpu[i]);
       CHECK(std::abs(cpu[i] - gpu[i]) <= (dtype == DType::f32 ? 1e-4 : 2e-2) * cpu[i]);
+    }
+  }
+}
+
+TEST_CASE("cuda: training twice on the GPU gives the same bits, in f32 and bf16", "[cuda]") {
+  if (!cuda_ready()) return;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    INFO(dtype);
+    const TrainedGpt first = train_gpt_on(kCuda, dtype, 5);
+    const TrainedGpt second = train_gpt_on(kCuda, dtype, 5);
+    CHECK(first.losses == second.losses);
+    REQUIRE(first.weights.size() == second.weights.size());
+    for (size_t i = 0; i < first.weights.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(first.weights[i] == second.weights[i]);
     }
   }
 }

@@ -1,7 +1,8 @@
 // Reductions, argmax and the fused nn kernels (softmax, layer norm, embedding, cross-entropy)
-// on CUDA. Every sum is taken in a fixed order (per-thread strides, then a fixed tree), so
-// results do not change between runs; only embedding_backward adds with atomics.
+// on CUDA. Every sum is taken in a fixed order (per-thread strides, then a fixed tree, or the
+// indices' order for embedding gradients), so results do not change between runs.
 #include <cmath>
+#include <cub/device/device_radix_sort.cuh>
 #include <limits>
 #include <vector>
 
@@ -362,6 +363,25 @@ __global__ void cross_entropy_backward_kernel(const T* x, const int64_t* t, int6
   }
 }
 
+// grad_weight[row] += the rows of g at `positions`, for each run of equal `sorted` indices:
+// the block at a run's first entry adds the run in order, the others do nothing.
+template <typename T>
+__global__ void embedding_backward_kernel(const int64_t* sorted, const int64_t* positions,
+                                          int64_t n, int64_t C, const T* g, T* grad_weight) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int64_t row = sorted[i];
+    if (i > 0 && sorted[i - 1] == row) continue;
+    int64_t end = i + 1;
+    while (end < n && sorted[end] == row) ++end;
+    T* out = grad_weight + row * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T sum = out[c];
+      for (int64_t j = i; j < end; ++j) sum += g[positions[j] * C + c];
+      out[c] = sum;
+    }
+  }
+}
+
 void check_targets(const char* op, const Tensor& targets, int64_t C, int64_t ignore_index) {
   const InvalidIndex bad = first_invalid(op, targets, C, true, ignore_index);
   PIPIT_CHECK(bad.position < 0, "cross_entropy: target ", bad.value, " at row ", bad.position,
@@ -505,14 +525,39 @@ void CudaBackend::embedding_backward(const Tensor& grad_in, const Tensor& indice
   PIPIT_CUDA_DISPATCH_FLOAT(grad_weight.dtype(), "embedding_backward", {
     using T = scalar_t;
     Tensor indices = dense(indices_in), g = dense(grad_in);
-    const int64_t C = grad_weight.shape()[1];
-    const int64_t* idx = indices.data<int64_t>();
-    const T* pg = ptr<T>(g);
-    T* gw = grad_weight.data<T>();
-    // Repeated indices add in whatever order the atomics land: unlike the CPU, the last bits
-    // of a row gathered many times can differ between runs.
-    cuda::for_each("embedding_backward", indices.numel() * C,
-                   [=] __device__(int64_t i) { atomicAdd(gw + idx[i / C] * C + i % C, pg[i]); });
+    const int64_t n = indices.numel(), V = grad_weight.shape()[0], C = grad_weight.shape()[1];
+    if (n == 0) return;
+    PIPIT_CHECK(n <= std::numeric_limits<int>::max(), "embedding_backward: ", n,
+                " indices is more than one sort takes");
+    // Atomics would add a row's gradients in whatever order they land, so training would not
+    // repeat bit for bit. Instead: the positions sorted by index (a stable radix sort keeps
+    // equal indices in position order), then each run of equal indices summed in that order,
+    // the order the CPU adds them in.
+    const Device device = grad_weight.device();
+    Tensor positions = Tensor::empty({n}, DType::i64, device);
+    Tensor sorted_indices = Tensor::empty({n}, DType::i64, device);
+    Tensor sorted_positions = Tensor::empty({n}, DType::i64, device);
+    int64_t* pos = ptr<int64_t>(positions);
+    cuda::for_each("embedding_backward", n, [=] __device__(int64_t i) { pos[i] = i; });
+    int key_bits = 1;
+    while (key_bits < 63 && (int64_t{1} << key_bits) < V) ++key_bits;
+    size_t scratch_bytes = 0;
+    const int items = static_cast<int>(n);
+    PIPIT_CUDA_CHECK("embedding_backward",
+                     cub::DeviceRadixSort::SortPairs(nullptr, scratch_bytes, ptr<int64_t>(indices),
+                                                     ptr<int64_t>(sorted_indices), pos,
+                                                     ptr<int64_t>(sorted_positions), items, 0,
+                                                     key_bits, cuda::stream()));
+    Tensor scratch = Tensor::empty({static_cast<int64_t>(scratch_bytes)}, DType::b8, device);
+    PIPIT_CUDA_CHECK(
+        "embedding_backward",
+        cub::DeviceRadixSort::SortPairs(
+            scratch.raw_data(), scratch_bytes, ptr<int64_t>(indices), ptr<int64_t>(sorted_indices),
+            pos, ptr<int64_t>(sorted_positions), items, 0, key_bits, cuda::stream()));
+    embedding_backward_kernel<T><<<rows_grid(n), row_threads(C), 0, cuda::stream()>>>(
+        ptr<int64_t>(sorted_indices), ptr<int64_t>(sorted_positions), n, C, ptr<T>(g),
+        grad_weight.data<T>());
+    PIPIT_CUDA_CHECK_LAUNCH("embedding_backward");
   });
 }
 
