@@ -8,6 +8,7 @@
 //   scaler.step(optimizer);  // unscales, steps unless a gradient overflowed
 //   scaler.update();
 #include <cstdint>
+#include <nlohmann/json.hpp>
 
 #include "optim/optimizer.h"
 
@@ -34,6 +35,12 @@ class GradScaler {
   // The same, for callers that detected the overflow themselves (a pipeline coordinator,
   // from the stages' gradient norms).
   void update(bool found_inf);
+
+  // The scale, the clean steps counted towards the next growth and the options, as JSON (as
+  // torch's GradScaler.state_dict()): a resumed f16 run must go on with the scale it reached.
+  nlohmann::json state_dict() const;
+  // Restores a state_dict(); an invalid one is an error naming the field.
+  void load_state_dict(const nlohmann::json& state);
 
  private:
   GradScalerOptions options_;

@@ -90,6 +90,8 @@ class Coordinator {
 
   const PipelineConfig& config() const { return config_; }
   const StepStats& last_step() const { return stats_; }
+  // The f16 loss scaler (unused under other dtypes): its state_dict() goes into checkpoints.
+  GradScaler& grad_scaler() { return scaler_; }
   // Every task of every step so far, when config.trace is on.
   const Trace& trace() const { return trace_; }
   void clear_trace() { trace_.clear(); }

@@ -241,6 +241,7 @@ int main(int argc, char** argv) {
     const std::string vocab_text(vocab.chars.begin(), vocab.chars.end());
     int64_t first_step = 0;
     StateDict optimizer_state;
+    nlohmann::json grad_scaler_state;
     if (resume) {
       Checkpoint checkpoint = load_checkpoint(checkpoint_path);
       PIPIT_CHECK(checkpoint.extra.value("vocab", std::string()) == vocab_text, "checkpoint '",
@@ -249,6 +250,7 @@ int main(int argc, char** argv) {
       PIPIT_CHECK(model != nullptr, "checkpoint '", checkpoint_path, "' holds no Sequential");
       model->load_state_dict(checkpoint.weights);
       optimizer_state = std::move(checkpoint.optimizer_state);
+      grad_scaler_state = std::move(checkpoint.grad_scaler);
       first_step = checkpoint.step;
       // The partition the run had reached (its remaps included), unless one is given.
       const nlohmann::json saved = checkpoint.extra.value("layer_counts", nlohmann::json());
@@ -325,6 +327,7 @@ int main(int argc, char** argv) {
       driver = &remote->coordinator();
     }
     Coordinator& coordinator = *driver;
+    if (!grad_scaler_state.is_null()) coordinator.grad_scaler().load_state_dict(grad_scaler_state);
     auto ranges = [&] { return coordinator.chunk_ranges(); };
     auto remap = [&](const RemapRequest& request) {
       const auto before = ranges();
@@ -352,7 +355,9 @@ int main(int argc, char** argv) {
                        steps_done,
                        generator.seed(),
                        generator.offset(),
-                       {{"vocab", vocab_text}, {"layer_counts", pipit::layer_counts(ranges())}}});
+                       {{"vocab", vocab_text}, {"layer_counts", pipit::layer_counts(ranges())}},
+                       pipeline_config.dtype == "f16" ? coordinator.grad_scaler().state_dict()
+                                                      : nlohmann::json()});
     };
     CosineSchedule schedule(lr, lr / 10, std::min<int64_t>(20, steps / 10), steps);
 

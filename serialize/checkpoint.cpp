@@ -121,6 +121,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   metadata["rng_seed"] = std::to_string(checkpoint.rng_seed);
   metadata["rng_offset"] = std::to_string(checkpoint.rng_offset);
   metadata["extra"] = checkpoint.extra.dump();
+  if (!checkpoint.grad_scaler.is_null()) metadata["grad_scaler"] = checkpoint.grad_scaler.dump();
   StateDict tensors;
   add_prefixed(tensors, "model.", checkpoint.weights);
   add_prefixed(tensors, "optim.", checkpoint.optimizer_state);
@@ -142,6 +143,13 @@ Checkpoint load_checkpoint(const std::string& path) {
   checkpoint.rng_seed = reader.unsigned_integer("rng_seed");
   checkpoint.rng_offset = reader.unsigned_integer("rng_offset");
   checkpoint.extra = reader.parse("extra");
+  if (reader.has("grad_scaler")) {
+    checkpoint.grad_scaler = reader.parse("grad_scaler");
+    if (!checkpoint.grad_scaler.is_object()) {
+      reader.fail("grad_scaler",
+                  "must be a GradScaler state object, got " + reader.text("grad_scaler"));
+    }
+  }
   std::vector<StateDict> groups = reader.split(tensors, {"model.", "optim."});
   checkpoint.weights = std::move(groups[0]);
   checkpoint.optimizer_state = std::move(groups[1]);

@@ -20,6 +20,7 @@ struct Checkpoint {
   int64_t step = 0;           // optimizer steps taken
   uint64_t rng_seed = 0, rng_offset = 0;            // the data/sampling Generator's state
   nlohmann::json extra = nlohmann::json::object();  // anything else the program wants back
+  nlohmann::json grad_scaler = nullptr;  // an f16 run's GradScaler::state_dict(); null otherwise
 };
 
 // Written through save_safetensors (temporary file, fsync, rename): a crash at any moment
@@ -44,6 +45,7 @@ class TaggedReader {
   TaggedReader(nlohmann::json metadata, std::string source, const std::string& format, int version,
                std::string noun);
 
+  bool has(const std::string& key) const { return metadata_.contains(key); }
   // The raw string stored under `key`.
   const std::string& text(const std::string& key) const;
   // The value under `key` parsed as JSON.

@@ -13,7 +13,9 @@
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "pipeline/pipeline.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
@@ -136,6 +138,7 @@ TEST_CASE("a checkpoint round trips every field bit for bit", "[checkpoint]") {
   CHECK(loaded.rng_seed == kDataSeed);
   CHECK(loaded.rng_offset == run.data.offset());
   CHECK(loaded.extra == saved.extra);
+  CHECK(loaded.grad_scaler.is_null());  // no f16 run, none saved
 
   // The file is plain safetensors: another reader sees the prefixed tensors and the tag.
   json metadata;
@@ -169,6 +172,95 @@ TEST_CASE("resuming from a checkpoint equals training without a break", "[checkp
   check_same(model->state_dict(), straight.model->state_dict());
   check_same(optimizer->state_dict(), straight.optimizer->state_dict());
   CHECK(data.offset() == straight.data.offset());
+}
+
+TEST_CASE("a GradScaler's state round trips and is checked when loaded", "[checkpoint]") {
+  GradScaler scaler({.init_scale = 1024, .growth_interval = 3});
+  for (bool overflowed : {false, true, false}) scaler.update(overflowed);
+  REQUIRE(scaler.get_scale() == 512);
+  GradScaler restored;
+  restored.load_state_dict(json::parse(scaler.state_dict().dump()));
+  CHECK(restored.state_dict() == scaler.state_dict());
+  // One clean step was counted before the save: two more make the three that double it.
+  restored.update(false);
+  CHECK(restored.get_scale() == 512);
+  restored.update(false);
+  CHECK(restored.get_scale() == 1024);
+
+  const json good = scaler.state_dict();
+  auto with = [&](const std::string& key, const json& value) {
+    json state = good;
+    if (value.is_null()) {
+      state.erase(key);
+    } else {
+      state[key] = value;
+    }
+    return state;
+  };
+  GradScaler target;
+  CHECK_THROWS_WITH(target.load_state_dict(with("scale", -1.0)), Catch::Contains("init_scale > 0"));
+  CHECK_THROWS_WITH(target.load_state_dict(with("scale", "big")), Catch::Contains("'scale'"));
+  CHECK_THROWS_WITH(target.load_state_dict(with("growth_tracker", nullptr)),
+                    Catch::Contains("'growth_tracker'"));
+  CHECK_THROWS_WITH(target.load_state_dict(with("growth_tracker", 3)),
+                    Catch::Contains("'growth_tracker' must be in [0, growth_interval)"));
+  CHECK_THROWS_WITH(target.load_state_dict(json::array()), Catch::Contains("expected an object"));
+  CHECK(target.get_scale() == 65536);  // a refused state changes nothing
+}
+
+TEST_CASE("an f16 run resumed from its checkpoint goes on with the loss scale it reached",
+          "[checkpoint][autocast]") {
+  const TempDir dir("checkpoint_loss_scale");
+  const std::string path = (dir / "ckpt.safetensors").string();
+  auto make_model = [] {
+    Generator g(18);
+    return mlp({4, 8, 3}, "tanh", &g);
+  };
+  Generator data(19);
+  const Tensor input = randn({8, 4}, &data);
+  // Targets far from the outputs: f16 gradients overflow until the scale has backed off from
+  // 65536 to 64, ten skipped steps; the runs below train after that.
+  const Tensor target = full({8, 3}, 1e4);
+  PipelineConfig config;
+  config.stages = 2;
+  config.microbatches = 2;
+  config.loss = {{"type", "MSELoss"}};
+  config.optimizer = {{"type", "SGD"}, {"lr", 1e-6}, {"momentum", 0.9}};
+  config.dtype = "f16";
+  auto train_steps = [&](Pipeline& pipeline, int steps) {
+    for (int s = 0; s < steps; ++s) pipeline.train_step(input, target);
+    return pipeline.coordinator().grad_scaler().get_scale();
+  };
+
+  auto straight_model = make_model();
+  Pipeline straight(straight_model, config);
+  const double straight_scale = train_steps(straight, 14);
+  REQUIRE(straight_scale == 64);
+  {
+    auto model = make_model();
+    Pipeline first(model, config);
+    REQUIRE(train_steps(first, 6) == 1024);
+    auto [weights, optimizer] = first.coordinator().fetch_state();
+    save_checkpoint(path, {model->config(), weights, config.optimizer, optimizer, 6, 0, 0,
+                           json::object(), first.coordinator().grad_scaler().state_dict()});
+  }
+  auto resume = [&](bool restore_scale) {
+    const Checkpoint checkpoint = load_checkpoint(path);
+    auto model = std::dynamic_pointer_cast<Sequential>(build_module(checkpoint.model_config));
+    REQUIRE(model);
+    model->load_state_dict(checkpoint.weights);
+    Pipeline pipeline(model, config, checkpoint.optimizer_state);
+    if (restore_scale) pipeline.coordinator().grad_scaler().load_state_dict(checkpoint.grad_scaler);
+    const double scale = train_steps(pipeline, 8);
+    return std::pair{snapshot(model->state_dict()), scale};
+  };
+  const auto [resumed, resumed_scale] = resume(true);
+  CHECK(resumed_scale == straight_scale);
+  check_same(resumed, straight_model->state_dict());
+  // Without the scale the resumed run starts again at 65536 and skips its eight steps.
+  const auto [restarted, restarted_scale] = resume(false);
+  CHECK(restarted_scale == 256);
+  CHECK_FALSE(same_bits(restarted.begin()->second, resumed.begin()->second));
 }
 
 TEST_CASE("every truncated checkpoint is an error naming the file", "[checkpoint]") {
@@ -258,6 +350,8 @@ TEST_CASE("missing or garbled checkpoint metadata is named in the error", "[chec
        "module config object"},
       {"optimizer_config", [](json& m, StateDict&) { m.erase("optimizer_config"); }, "is missing"},
       {"extra", [](json& m, StateDict&) { m["extra"] = "{]"; }, "not valid JSON"},
+      {"grad_scaler", [](json& m, StateDict&) { m["grad_scaler"] = "[65536]"; },
+       "GradScaler state object"},
       {"version", [](json& m, StateDict&) { m["version"] = "2"; }, "reads only version 1"},
       {"version", [](json& m, StateDict&) { m.erase("version"); }, "is missing"},
       {"format", [](json& m, StateDict&) { m["format"] = "pipit-stage-package"; },
