@@ -44,10 +44,15 @@ def require_gpu(program, build):
 
 
 def run_pipit(binary, args):
-    """Runs pipit's binary; returns its JSON lines and prints everything else it says."""
-    out = subprocess.run([binary] + args, check=True, capture_output=True, text=True).stdout
+    """Runs pipit's binary; returns its JSON lines and prints everything else it says. Where
+    the binary fails, prints what it said and returns None."""
+    run = subprocess.run([binary] + args, capture_output=True, text=True)
+    if run.returncode != 0:
+        print(f"{os.path.basename(binary)} {' '.join(args)} failed (exit {run.returncode}):\n"
+              f"{run.stdout}{run.stderr}", flush=True)
+        return None
     rows = []
-    for line in out.splitlines():
+    for line in run.stdout.splitlines():
         if line.startswith("{"):
             rows.append(json.loads(line))
         else:

@@ -20,7 +20,7 @@ import gpu_common
 
 def torch_gemm(torch, kind, n, iters, warmup, repeats):
     """Milliseconds per GEMM for each timed repeat, or None where torch has no such GEMM."""
-    from cpu_vs_torch import time_steps
+    from bench_common import time_steps
 
     torch.set_float32_matmul_precision("high" if kind == "tf32" else "highest")
     dtype = torch.bfloat16 if kind.startswith("bf16") else torch.float32
@@ -64,9 +64,13 @@ def main():
              "| --- | --- | --- | --- | --- |"]
     for kind in args.dtypes.split(","):
         for size in args.sizes.split(","):
-            [row] = gpu_common.run_pipit(binary, ["--dtypes", kind, "--sizes", size, "--warmup",
-                                                  str(args.warmup), "--repeats",
-                                                  str(args.repeats)])
+            rows = gpu_common.run_pipit(binary, ["--dtypes", kind, "--sizes", size, "--warmup",
+                                                 str(args.warmup), "--repeats",
+                                                 str(args.repeats)])
+            if not rows:
+                table.append(f"| {kind} | {size} | failed | | |")
+                continue
+            [row] = rows
             n = row["size"]
             pipit = tflops(n, statistics.median(row["ms"]))
             torch_ms = torch_gemm(torch, kind, n, row["iters"], args.warmup, args.repeats)

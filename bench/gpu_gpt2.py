@@ -13,7 +13,7 @@ for one step of each mode. Without a GPU it says so and exits 0.
 
 usage: python3 bench/gpu_gpt2.py [--build build] [--modes f32,tf32,bf16] [--layers 12]
            [--heads 12] [--width 768] [--context 1024] [--vocab 50257] [--batch 8]
-           [--warmup 3] [--steps 10] [--profile] [--top 25] [--no-append]
+           [--warmup 3] [--steps 10] [--profile] [--top 25] [--compile] [--no-append]
 """
 import argparse
 import os
@@ -25,16 +25,19 @@ INT_FLAGS = [("layers", 12), ("heads", 12), ("width", 768), ("context", 1024),
                ("vocab", 50257), ("batch", 8), ("warmup", 3), ("steps", 10), ("top", 25)]
 
 
-def torch_run(torch, mode, args):
-    """Per-step ms, peak bytes and last loss of PyTorch's run of `mode`."""
+def torch_run(torch, mode, args, compiled=False):
+    """Per-step ms, peak bytes and last loss of PyTorch's run of `mode` (under torch.compile
+    where `compiled`: its compilation falls in the warm-up steps)."""
     import torch.nn.functional as F
     # The CPU comparison's model, written to match pipit's gpt(), and its timing loop.
-    from cpu_vs_torch import Gpt, time_steps
+    from bench_common import time_steps
+    from cpu_peer_torch import Gpt
 
     torch.set_float32_matmul_precision("high" if mode == "tf32" else "highest")
     torch.manual_seed(0)
     torch.cuda.reset_peak_memory_stats()
     model = Gpt(args.vocab, args.context, args.layers, args.heads, args.width).cuda()
+    forward = torch.compile(model) if compiled else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1)
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -45,7 +48,7 @@ def torch_run(torch, mode, args):
     def step():
         opt.zero_grad()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16"):
-            loss = F.cross_entropy(model(x).view(-1, args.vocab), y.view(-1))
+            loss = F.cross_entropy(forward(x).view(-1, args.vocab), y.view(-1))
         loss.backward()
         opt.step()
         torch.cuda.synchronize()
@@ -54,7 +57,7 @@ def torch_run(torch, mode, args):
     times = time_steps(args.warmup, args.steps, step)
     peak = torch.cuda.max_memory_allocated()
 
-    if args.profile:
+    if args.profile and not compiled:
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             step()
@@ -74,6 +77,8 @@ def main():
     for name, default in INT_FLAGS:
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time PyTorch under torch.compile")
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
     binary, torch = gpu_common.require_gpu("gpu_gpt2.py", args.build)
@@ -83,19 +88,29 @@ def main():
         passed.append("--profile")
     gib = 1024.0 ** 3
     table = ["| mode | pipit ms/step | torch ms/step | pipit tokens/s | torch tokens/s | "
-             "torch/pipit | pipit peak GiB | torch peak GiB | last loss pipit / torch |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "torch/pipit | pipit peak GiB | torch peak GiB | last loss pipit / torch | "
+             "torch.compile ms/step | compiled/pipit |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for mode in args.modes.split(","):
-        [row] = gpu_common.run_pipit(binary, ["--modes", mode] + passed)
+        rows = gpu_common.run_pipit(binary, ["--modes", mode] + passed)
+        if not rows:
+            table.append(f"| {mode} | failed | | | | | | | | | |")
+            continue
+        [row] = rows
         pipit_ms = statistics.median(row["ms"])
         times, peak, loss = torch_run(torch, mode, args)
         torch.cuda.empty_cache()  # the next pipit run needs the memory torch keeps cached
         torch_ms = statistics.median(times)
         tokens = row["tokens"]
+        compiled = "| - | - |"
+        if args.compile:
+            compiled_ms = statistics.median(torch_run(torch, mode, args, compiled=True)[0])
+            torch.cuda.empty_cache()
+            compiled = f"| {compiled_ms:.1f} | {compiled_ms / pipit_ms:.2f} |"
         line = (f"| {mode} | {pipit_ms:.1f} | {torch_ms:.1f} | {tokens / pipit_ms * 1e3:.0f} | "
                 f"{tokens / torch_ms * 1e3:.0f} | {torch_ms / pipit_ms:.2f} | "
                 f"{row['peak_bytes'] / gib:.1f} | {peak / gib:.1f} | "
-                f"{row['loss']:.3f} / {loss:.3f} |")
+                f"{row['loss']:.3f} / {loss:.3f} {compiled}")
         table.append(line)
         print(line, flush=True)
     config = (f"{args.layers} layers, {args.heads} heads, width {args.width}, context "

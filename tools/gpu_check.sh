@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Every GPU check of the CUDA backend in one run, for the few minutes a GPU is at hand:
+# the [cuda] test cases one process each (a crash loses one case, not the rest), the rest of
+# the suite, the GEMM and GPT-2 benchmarks against PyTorch on the same GPU, and train_gpt on
+# the GPU with 1, 2 and 4 pipeline stages. Each step has a time limit; logs go to OUT_DIR
+# (one file per step) and a summary to stdout.
+#
+# usage: bash tools/gpu_check.sh [BUILD_DIR] [OUT_DIR] [STEPS]
+#   BUILD_DIR: a Release build with CUDA (default build); OUT_DIR: default gpu-logs;
+#   STEPS: comma-separated subset of info,cuda,suite,asan,gemm,gpt2,train (default all but asan;
+#   asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build).
+#   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=$(realpath "${1:-build}")
+out=$(realpath -m "${2:-gpu-logs}")
+steps=",${3:-info,cuda,suite,gemm,gpt2,train},"
+mkdir -p "$out"
+
+want() { [[ $steps == *",$1,"* ]]; }
+# Runs "$@" under a time limit, output to $out/$1.log-style file named by the caller.
+limited() {
+  local seconds=$1 log=$2
+  shift 2
+  timeout -k 5 "$seconds" "$@" >>"$log" 2>&1
+  local rc=$?
+  [[ $rc == 124 || $rc == 137 ]] && echo "TIMED OUT after ${seconds}s: $*" >>"$log"
+  return $rc
+}
+
+if want info; then
+  {
+    nvidia-smi
+    echo "--- libraries not found:"
+    ldd "$build/pipit_tests" | grep "not found"
+    ldd "$build/pipit_tests" | grep -E "cublas|cudnn|cudart"
+    lscpu | grep -E "Model name|^CPU\(s\)"
+  } >"$out/info.log" 2>&1
+  echo "info: $(grep -m1 -oE 'NVIDIA [A-Z0-9]+[^|]*' "$out/info.log" | head -1)"
+fi
+
+# One process per [cuda] case; a comma in a name is a separator to Catch2 unless escaped.
+run_cases() {
+  local binary=$1 log=$2 seconds=$3
+  : >"$log"
+  local passed=0 failed=0
+  while IFS= read -r name; do
+    [[ -z $name ]] && continue
+    local start=$SECONDS verdict=ok case_log=$log.case
+    : >"$case_log"
+    if limited "$seconds" "$case_log" "$binary" "${name//,/\\,}" -d yes; then
+      passed=$((passed + 1))
+      grep -q "skipped: " "$case_log" && verdict=SKIP
+    else
+      failed=$((failed + 1))
+      verdict=FAIL
+    fi
+    echo "    $verdict $((SECONDS - start))s  $name"
+    { echo "### $verdict $name"; cat "$case_log"; } >>"$log"
+    rm -f "$case_log"
+  done < <("$binary" --list-test-names-only "[cuda]")
+  echo "$(basename "$log" .log): $passed passed, $failed failed"
+}
+
+suite_pid=
+if want suite; then
+  # The CPU suite meanwhile: it needs the CPU, the [cuda] cases the GPU.
+  limited 420 "$out/suite.log" "$build/pipit_tests" "~[cuda]" &
+  suite_pid=$!
+fi
+want cuda && run_cases "$build/pipit_tests" "$out/cuda.log" 150
+want asan && ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0 \
+  run_cases "$build/pipit_tests" "$out/asan.log" 240
+if [[ -n $suite_pid ]]; then
+  wait "$suite_pid"
+  echo "suite (~[cuda]): rc=$? $(grep -E '^test cases' "$out/suite.log" | tail -1)"
+fi
+
+if want gemm; then
+  limited 150 "$out/gemm.log" python3 bench/gpu_gemm.py --build "$build"
+  echo "gemm: rc=$?"
+  grep -E "^\|" "$out/gemm.log"
+fi
+if want gpt2; then
+  # shellcheck disable=SC2086 # the flags are words
+  limited 420 "$out/gpt2.log" python3 bench/gpu_gpt2.py --build "$build" ${PIPIT_GPT2_FLAGS:---profile}
+  echo "gpt2: rc=$?"
+  grep -E "^\| (f32|tf32|bf16) " "$out/gpt2.log"
+fi
+if want train; then
+  # The demo on the GPU, then one GPU shared by 1, 2 and 4 stages of a bigger model.
+  limited 60 "$out/train.log" "$build/train_gpt" --device cuda --steps 200
+  echo "demo: rc=$? $(grep -E "^step +200 " "$out/train.log")"
+  for stages in 1 2 4; do
+    echo "### stages $stages" >>"$out/train.log"
+    limited 90 "$out/train.log" "$build/train_gpt" --device cuda --layers 12 --width 768 \
+      --heads 12 --context 256 --batch 32 --microbatches 8 --stages "$stages" --steps 30 \
+      --partition uniform
+    echo "train stages=$stages: rc=$? $(grep -E "^step +30 " "$out/train.log" | tail -1)" \
+      "$(grep -o "CRC-32C: [0-9a-f]*" "$out/train.log" | tail -1)"
+  done
+fi
