@@ -42,6 +42,17 @@ Tensor softmax_op(const Tensor& x, int64_t dim, bool log) {
   return out;
 }
 
+struct CausalSoftmaxBackward : Node {
+  Tensor out;
+  double scale = 1;
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor grad_scores = Tensor::empty(out.shape(), out.dtype(), out.device());
+    backend(out).causal_softmax_backward(g, out, scale, grad_scores);
+    return {grad_scores};
+  }
+  std::string name() const override { return "CausalSoftmaxBackward"; }
+};
+
 struct LayerNormBackward : Node {
   Tensor x, weight, mean, rstd;
   std::vector<Tensor> apply(const Tensor& g) override {
@@ -86,6 +97,21 @@ Tensor softmax(const Tensor& x, int64_t dim) {
 }
 Tensor log_softmax(const Tensor& x, int64_t dim) {
   return softmax_op(x, dim, true);
+}
+
+Tensor causal_softmax(const Tensor& scores, double scale) {
+  PIPIT_CHECK(is_floating(scores.dtype()), "causal_softmax: needs a floating dtype, got ",
+              scores.dtype());
+  const int64_t d = scores.dim();
+  PIPIT_CHECK(d >= 2 && scores.shape()[d - 1] == scores.shape()[d - 2],
+              "causal_softmax: expects scores [..., T, T], got ", shape_str(scores.shape()));
+  Tensor out = Tensor::empty(scores.shape(), scores.dtype(), scores.device());
+  if (scores.numel() > 0) backend(scores).causal_softmax(scores, scale, out);
+  if (auto node = detail::make_node<CausalSoftmaxBackward>(out, {scores})) {
+    node->out = out.detach();
+    node->scale = scale;
+  }
+  return out;
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {

@@ -7,6 +7,10 @@ namespace pipit {
 
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
+// Causal attention weights from scores [..., T, T]: softmax over the last dim of scale *
+// scores with query i seeing keys 0..i (later keys get 0), i.e.
+// softmax(masked_fill(scores * scale, key > query, -inf), -1) in one kernel each way.
+Tensor causal_softmax(const Tensor& scores, double scale);
 // Normalises over the last dim, then scales by weight and shifts by bias (both [C]).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 // Rows of weight [V, C] picked by i64 indices of any shape: result [..., C].

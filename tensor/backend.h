@@ -93,6 +93,12 @@ class Backend {
   virtual void softmax(const Tensor& in, int64_t dim, bool log, const Tensor& out) = 0;
   virtual void softmax_backward(const Tensor& grad, const Tensor& out, int64_t dim, bool log,
                                 const Tensor& grad_in) = 0;
+  // Causal attention weights in one pass: softmax over the last dim of scale * scores, scores
+  // [..., T, T], where query row i sees keys 0..i and the later keys get weight 0. The backward
+  // is grad_scores = scale * out * (grad - sum(grad * out)) over the row.
+  virtual void causal_softmax(const Tensor& scores, double scale, const Tensor& out) = 0;
+  virtual void causal_softmax_backward(const Tensor& grad, const Tensor& out, double scale,
+                                       const Tensor& grad_scores) = 0;
   // Normalises over the last dim; mean and rstd have the leading dims' numel.
   virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                           const Tensor& out, const Tensor& mean, const Tensor& rstd) = 0;

@@ -11,5 +11,8 @@ namespace pipit {
 Tensor dense(const Tensor& t);
 // A view of t with `dim` moved last.
 Tensor dim_last(const Tensor& t, int64_t dim);
+// What Backend::causal_softmax and its backward need: square scores [..., T, T] and a
+// contiguous output of their shape.
+void check_causal_softmax(const char* op, const Tensor& scores, const Tensor& out);
 
 }  // namespace pipit

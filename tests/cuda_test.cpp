@@ -281,6 +281,36 @@ TEST_CASE("cuda: reductions over any dims and argmax", "[cuda]") {
   }
 }
 
+TEST_CASE("cuda: reductions over the leading dims of contiguous tensors match the CPU", "[cuda]") {
+  if (!cuda_ready()) return;
+  Generator g(4);
+  // Bias gradients and the like: [rows, columns] with rows reduced, split into chunks of rows
+  // whose partial results are combined in order; a size-1 dim between does not matter.
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> dims;
+  };
+  for (const Case& c : {Case{{600, 70}, {0}}, Case{{3, 300, 40}, {0, 1}},
+                        Case{{2, 1, 9, 33}, {0, 2}}, Case{{70000, 33}, {0}}}) {
+    for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64}) {
+      INFO(shape_str(c.shape) << " " << dt);
+      const Tensor x = random(c.shape, DType::f64, g, -100, 100).to(dt);
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min}) {
+        compare_devices(
+            "reduce", {x},
+            [&](Device d, const std::vector<Tensor>& in) {
+              Shape kept = c.shape;
+              for (int64_t dim : c.dims) kept[static_cast<size_t>(dim)] = 1;
+              Tensor out = poisoned(kept, dt, d);
+              backend(d).reduce(op, in[0], c.dims, out);
+              return std::vector<Tensor>{out};
+            },
+            is_floating(dt) ? 1e-6 : 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda: matmul through cuBLAS, transposed, batched, broadcast, accumulated", "[cuda]") {
   if (!cuda_ready()) return;
   Generator g(4);
@@ -404,6 +434,29 @@ TEST_CASE("cuda: softmax, layer norm, embedding and cross-entropy kernels", "[cu
         backend(kCuda).cross_entropy(random({1, 5}, dt, g).to(kCuda),
                                      from_vector<int64_t>({5}).to(kCuda), -100, losses),
         Catch::Contains("target 5 at row 0 is out of range for 5 classes"));
+  }
+}
+
+TEST_CASE("cuda: causal softmax and its backward match the CPU", "[cuda]") {
+  if (!cuda_ready()) return;
+  Generator g(8);
+  for (DType dt : {DType::f32, DType::f64}) {
+    // Rows held in registers (T <= 1024) and longer ones read from memory for each pass.
+    for (int64_t T : {1, 5, 33, 1024, 1500}) {
+      INFO(dt << ", T " << T);
+      const Shape shape = T < 1000 ? Shape{2, 3, T, T} : Shape{2, T, T};
+      const Tensor scores = random(shape, dt, g, -6, 6), grad = random(shape, dt, g);
+      compare_devices(
+          "causal_softmax", {scores, grad},
+          [&](Device d, const std::vector<Tensor>& in) {
+            Tensor out = poisoned(shape, dt, d);
+            backend(d).causal_softmax(in[0], 0.125, out);
+            Tensor grad_scores = poisoned(shape, dt, d);
+            backend(d).causal_softmax_backward(in[1], out, 0.125, grad_scores);
+            return std::vector<Tensor>{out, grad_scores};
+          },
+          tol_for(dt));
+    }
   }
 }
 

@@ -114,6 +114,9 @@ TEST_CASE("softmax, log_softmax and layer_norm", "[gradcheck]") {
   check_gradients([](const V& v) { return softmax(v[0], 1); }, in);
   check_gradients([](const V& v) { return log_softmax(v[0], 0); }, in);
   check_gradients([](const V& v) { return softmax(transpose(v[0], 1, 2), -1); }, in);
+  auto scores = leaves({{2, 3, 5, 5}});
+  check_gradients([](const V& v) { return causal_softmax(v[0], 0.7); }, scores);
+  check_gradients([](const V& v) { return causal_softmax(transpose(v[0], 2, 3), 1.3); }, scores);
   auto ln = leaves({{2, 3, 5}, {5}, {5}});
   check_gradients([](const V& v) { return layer_norm(v[0], v[1], v[2]); }, ln);
   check_gradients([](const V& v) { return layer_norm(transpose(v[0], 0, 1), v[1], v[2]); }, ln);

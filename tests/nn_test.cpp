@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include "nn/builders.h"
 #include "nn/layers.h"
@@ -89,6 +90,43 @@ TEST_CASE("attention is causal and TokenPosEmbedding checks the context", "[nn]"
   CHECK(model->forward(a).to_vector<float>() != model->forward(b).to_vector<float>());
   CHECK_THROWS_WITH(model->forward(zeros({1, 9}, {DType::i64})),
                     Catch::Contains("sequence length 9 exceeds the context 8"));
+}
+
+TEST_CASE("causal_softmax is scale, causal mask and softmax in one op", "[nn]") {
+  Generator g(31);
+  for (const auto& [dtype, tol] : {std::pair{DType::f64, 1e-14}, std::pair{DType::f32, 1e-6}}) {
+    for (int64_t T : {1, 7, 40}) {
+      INFO(dtype << ", T " << T);
+      const Tensor scores = uniform({2, 3, T, T}, -4, 4, &g, {dtype});
+      const Tensor grad = uniform({2, 3, T, T}, -1, 1, &g, {dtype});
+      const Tensor positions = arange(0, static_cast<double>(T), 1.0, {DType::i64});
+      const Tensor future = gt(reshape(positions, {1, T}), reshape(positions, {T, 1}));
+      Tensor x_want = scores.clone().requires_grad_(), x_got = scores.clone().requires_grad_();
+      const Tensor want = softmax(masked_fill(x_want * 0.35, future, -INFINITY), -1);
+      const Tensor got = causal_softmax(x_got, 0.35);
+      want.backward(grad);
+      got.backward(grad);
+      const std::vector<double> w = want.to_vector<double>(), o = got.to_vector<double>();
+      const std::vector<double> wg = x_want.grad().to_vector<double>();
+      const std::vector<double> og = x_got.grad().to_vector<double>();
+      double worst = 0, worst_grad = 0;
+      for (size_t i = 0; i < w.size(); ++i) {
+        worst = std::max(worst, std::abs(o[i] - w[i]));
+        worst_grad = std::max(worst_grad, std::abs(og[i] - wg[i]));
+      }
+      CHECK(worst <= tol);
+      CHECK(worst_grad <= tol);
+      // The masked keys are exactly 0, forward and backward.
+      for (int64_t i = 0; i < T; ++i) {
+        for (int64_t j = i + 1; j < T; ++j) {
+          CHECK(o[static_cast<size_t>(i * T + j)] == 0);
+          CHECK(og[static_cast<size_t>(i * T + j)] == 0);
+        }
+      }
+    }
+  }
+  CHECK_THROWS_WITH(causal_softmax(zeros({2, 3, 4}), 1.0),
+                    Catch::Contains("expects scores [..., T, T], got [2, 3, 4]"));
 }
 
 TEST_CASE("train and eval reach nested dropout", "[nn]") {

@@ -1,4 +1,5 @@
 // Fused neural-network kernels: softmax, layer norm, embedding, cross-entropy.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -63,6 +64,40 @@ void softmax_backward_rows(const T* g, const T* y, T* gx, int64_t rows, int64_t 
   });
 }
 
+// Rows of [..., T, T] scores: row r is query r % T, which sees keys 0..r % T.
+template <typename T>
+void causal_softmax_rows(const T* x, T* y, int64_t rows, int64_t C, T scale) {
+  for_rows(rows, C, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t visible = r % C + 1;
+      const T* xr = x + r * C;
+      T* yr = y + r * C;
+      for (int64_t c = 0; c < visible; ++c) yr[c] = xr[c] * scale;
+      const T mx = cpu::lane_max(yr, visible);
+      exp_shifted(yr, mx, yr, visible);
+      const T sum = cpu::lane_sum<T>(visible, [&](int64_t c) { return yr[c]; });
+      const T inv = T(1) / sum;
+      for (int64_t c = 0; c < visible; ++c) yr[c] *= inv;
+      std::fill(yr + visible, yr + C, T(0));
+    }
+  });
+}
+
+template <typename T>
+void causal_softmax_backward_rows(const T* g, const T* y, T* gx, int64_t rows, int64_t C, T scale) {
+  for_rows(rows, C, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t visible = r % C + 1;
+      const T* gr = g + r * C;
+      const T* yr = y + r * C;
+      T* out = gx + r * C;
+      const T dot = cpu::lane_sum<T>(visible, [&](int64_t c) { return gr[c] * yr[c]; });
+      for (int64_t c = 0; c < visible; ++c) out[c] = yr[c] * (gr[c] - dot) * scale;
+      std::fill(out + visible, out + C, T(0));
+    }
+  });
+}
+
 // Runs a row kernel on contiguous rows along `dim`, copying in and out only when needed.
 template <typename Kernel>
 void along_dim(const std::vector<Tensor>& inputs, const Tensor& out, int64_t dim, Kernel kernel) {
@@ -94,6 +129,32 @@ void CpuBackend::softmax_backward(const Tensor& grad, const Tensor& out, int64_t
                                       rows[1].template data<scalar_t>(), o.data<scalar_t>(), R, C,
                                       log);
     });
+  });
+}
+
+void CpuBackend::causal_softmax(const Tensor& scores, double scale, const Tensor& out) {
+  check_causal_softmax("causal_softmax", scores, out);
+  PIPIT_DISPATCH_FLOAT(scores.dtype(), "causal_softmax", {
+    const Tensor x = dense(scores);
+    const int64_t C = x.shape()[x.dim() - 1];
+    if (x.numel() > 0) {
+      causal_softmax_rows<scalar_t>(x.data<scalar_t>(), out.data<scalar_t>(), x.numel() / C, C,
+                                    static_cast<scalar_t>(scale));
+    }
+  });
+}
+
+void CpuBackend::causal_softmax_backward(const Tensor& grad, const Tensor& out, double scale,
+                                         const Tensor& grad_scores) {
+  check_causal_softmax("causal_softmax_backward", out, grad_scores);
+  PIPIT_DISPATCH_FLOAT(out.dtype(), "causal_softmax_backward", {
+    const Tensor g = dense(grad), y = dense(out);
+    const int64_t C = y.shape()[y.dim() - 1];
+    if (y.numel() > 0) {
+      causal_softmax_backward_rows<scalar_t>(g.data<scalar_t>(), y.data<scalar_t>(),
+                                             grad_scores.data<scalar_t>(), y.numel() / C, C,
+                                             static_cast<scalar_t>(scale));
+    }
   });
 }
 

@@ -235,4 +235,14 @@ __device__ T block_max(T v) {
   return total;
 }
 
+// Row kernels run one block per row: at most 65535 blocks, which loop over the rest.
+inline int rows_grid(int64_t rows) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(rows, 65535)));
+}
+
+// Threads per row for a row kernel: a warp multiple, no more than the row needs.
+inline int row_threads(int64_t C) {
+  return static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(32, (C + 31) / 32 * 32)));
+}
+
 }  // namespace pipit::cuda

@@ -32,6 +32,9 @@ class CudaBackend final : public Backend {
   void softmax(const Tensor& in, int64_t dim, bool log, const Tensor& out) override;
   void softmax_backward(const Tensor& grad, const Tensor& out, int64_t dim, bool log,
                         const Tensor& grad_in) override;
+  void causal_softmax(const Tensor& scores, double scale, const Tensor& out) override;
+  void causal_softmax_backward(const Tensor& grad, const Tensor& out, double scale,
+                               const Tensor& grad_scores) override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                   const Tensor& out, const Tensor& mean, const Tensor& rstd) override;
   void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,

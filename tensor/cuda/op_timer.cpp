@@ -172,6 +172,16 @@ void OpTimer::softmax(const Tensor& in, int64_t dim, bool log, const Tensor& out
   timed(log ? "log_softmax" : "softmax", nullptr, [&] { inner_.softmax(in, dim, log, out); });
 }
 
+void OpTimer::causal_softmax(const Tensor& scores, double scale, const Tensor& out) {
+  timed("causal_softmax", nullptr, [&] { inner_.causal_softmax(scores, scale, out); });
+}
+
+void OpTimer::causal_softmax_backward(const Tensor& grad, const Tensor& out, double scale,
+                                      const Tensor& grad_scores) {
+  timed("causal_softmax_backward", nullptr,
+        [&] { inner_.causal_softmax_backward(grad, out, scale, grad_scores); });
+}
+
 void OpTimer::softmax_backward(const Tensor& grad, const Tensor& out, int64_t dim, bool log,
                                const Tensor& grad_in) {
   timed(log ? "log_softmax_backward" : "softmax_backward", nullptr,

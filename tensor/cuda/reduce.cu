@@ -1,13 +1,9 @@
-// Reductions, argmax and the fused nn kernels (softmax, layer norm, embedding, cross-entropy)
-// on CUDA. Every sum is taken in a fixed order (per-thread strides, then a fixed tree, or the
-// indices' order for embedding gradients), so results do not change between runs.
-#include <cmath>
-#include <cub/device/device_radix_sort.cuh>
+// Reductions and argmax on CUDA. Every sum is taken in a fixed order (per-thread strides, then
+// a fixed tree), so results do not change between runs.
 #include <limits>
 #include <vector>
 
 #include "tensor/cuda/common.cuh"
-#include "tensor/cuda/host_staging.h"
 
 namespace pipit {
 namespace cuda {
@@ -92,6 +88,79 @@ int64_t grid_for(int64_t K) {
   return std::max<int64_t>(1, std::min<int64_t>((K * Lanes + kThreads - 1) / kThreads, 65535));
 }
 
+// Reductions over the leading dims of a contiguous tensor, viewed as [R, K] (bias gradients:
+// sums over batch and time). reduce_kernel would give each output lanes reading elements K
+// apart, a memory transaction each; here a warp reads 32 neighbouring columns of one row. Each
+// block reduces a chunk of rows of a column tile to partial results, which a second kernel
+// combines in chunk order, so the order is fixed.
+constexpr int kTileColumns = 32, kTileRows = 8;
+constexpr int64_t kRowsPerChunk = 256;
+
+template <typename T>
+__global__ void column_partials_kernel(ReduceOp op, const T* in, int64_t R, int64_t K,
+                                       int64_t rows_per_chunk, acc_t<T> identity,
+                                       acc_t<T>* partial) {
+  __shared__ acc_t<T> tile[kTileRows][kTileColumns];
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * kTileColumns + threadIdx.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < R ? begin + rows_per_chunk : R;
+  acc_t<T> acc = identity;
+  if (k < K) {
+    for (int64_t r = begin + threadIdx.y; r < end; r += kTileRows) {
+      acc = combine(op, acc, static_cast<acc_t<T>>(in[r * K + k]));
+    }
+  }
+  tile[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && k < K) {
+    for (int y = 1; y < kTileRows; ++y) acc = combine(op, acc, tile[y][threadIdx.x]);
+    partial[blockIdx.y * K + k] = acc;
+  }
+}
+
+template <typename T>
+__global__ void column_finish_kernel(ReduceOp op, const acc_t<T>* partial, int64_t chunks,
+                                     int64_t K, T* out) {
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < K;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    acc_t<T> acc = partial[k];
+    for (int64_t c = 1; c < chunks; ++c) acc = combine(op, acc, partial[c * K + k]);
+    out[k] = static_cast<T>(acc);
+  }
+}
+
+// True when `in` is contiguous and, size-1 dims aside, every reduced dim precedes every kept one.
+bool leading_reduction(const Tensor& in, const std::vector<bool>& reduced) {
+  if (!in.is_contiguous()) return false;
+  bool seen_kept = false;
+  for (int64_t d = 0; d < in.dim(); ++d) {
+    if (in.shape()[d] == 1) continue;
+    if (!reduced[static_cast<size_t>(d)]) {
+      seen_kept = true;
+    } else if (seen_kept) {
+      return false;
+    }
+  }
+  return true;
+}
+
+template <typename T>
+void reduce_columns(ReduceOp op, const Tensor& in, int64_t R, int64_t K, acc_t<T> identity,
+                    const Tensor& out) {
+  const int64_t rows_per_chunk = std::max<int64_t>(kRowsPerChunk, (R + 65534) / 65535);
+  const int64_t chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
+  const DType partial_dtype = std::is_floating_point_v<T> ? DType::f64 : DType::i64;
+  Tensor partial = Tensor::empty({chunks, K}, partial_dtype, in.device());
+  const dim3 grid(static_cast<unsigned>((K + kTileColumns - 1) / kTileColumns),
+                  static_cast<unsigned>(chunks));
+  column_partials_kernel<T><<<grid, dim3(kTileColumns, kTileRows), 0, cuda::stream()>>>(
+      op, ptr<T>(in), R, K, rows_per_chunk, identity, ptr<acc_t<T>>(partial));
+  PIPIT_CUDA_CHECK_LAUNCH("reduce");
+  column_finish_kernel<T><<<grid_for<1>(K), kThreads, 0, cuda::stream()>>>(
+      op, ptr<acc_t<T>>(partial), chunks, K, ptr<T>(out));
+  PIPIT_CUDA_CHECK_LAUNCH("reduce");
+}
+
 template <typename T>
 void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduced,
                   const Tensor& out) {
@@ -106,6 +175,10 @@ void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduce
   const acc_t<T> identity = op == ReduceOp::sum   ? acc_t<T>(0)
                             : op == ReduceOp::max ? acc_t<T>(std::numeric_limits<T>::lowest())
                                                   : acc_t<T>(std::numeric_limits<T>::max());
+  if (K >= kTileColumns && R >= 2 * kTileRows && leading_reduction(in, reduced)) {
+    reduce_columns<T>(op, in, R, K, identity, out);
+    return;
+  }
   const T* x = ptr<T>(in);
   T* o = ptr<T>(out);
   // Enough lanes per output to keep threads busy without leaving most of them idle.
@@ -158,242 +231,13 @@ __global__ void argmax_kernel(const T* x, int64_t K, int64_t R, int64_t* out) {
   }
 }
 
-int rows_grid(int64_t rows) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(rows, 65535)));
-}
-
-// Threads per row for a row kernel: a warp multiple, no more than the row needs.
-int row_threads(int64_t C) {
-  return static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(32, (C + 31) / 32 * 32)));
-}
-
-template <typename T>
-__device__ T row_max(const T* row, int64_t C) {
-  T m = -T(INFINITY);
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = row[c] > m ? row[c] : m;
-  return block_max(m);
-}
-
-template <typename T>
-__global__ void softmax_kernel(const T* x, T* y, int64_t rows, int64_t C, bool log) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * C;
-    T* yr = y + r * C;
-    const T mx = row_max(xr, C);
-    T s = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(xr[c] - mx);
-    const T sum = block_sum(s);
-    if (log) {
-      const T lse = mx + log_(sum);
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = xr[c] - lse;
-    } else {
-      const T inv = T(1) / sum;
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = exp_(xr[c] - mx) * inv;
-    }
-  }
-}
-
-template <typename T>
-__global__ void softmax_backward_kernel(const T* g, const T* y, T* gx, int64_t rows, int64_t C,
-                                        bool log) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* gr = g + r * C;
-    const T* yr = y + r * C;
-    T* out = gx + r * C;
-    T s = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += log ? gr[c] : gr[c] * yr[c];
-    const T dot = block_sum(s);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      out[c] = log ? gr[c] - exp_(yr[c]) * dot : yr[c] * (gr[c] - dot);
-    }
-  }
-}
-
-// Runs a row kernel on contiguous rows along `dim`, copying in and out only when needed.
-template <typename Kernel>
-void along_dim(const std::vector<Tensor>& inputs, const Tensor& out, int64_t dim, Kernel kernel) {
-  std::vector<Tensor> rows;
-  for (const Tensor& t : inputs) rows.push_back(dense(dim_last(t, dim)));
-  Tensor out_view = dim_last(out, dim);
-  Tensor out_rows = out_view.is_contiguous()
-                        ? out_view
-                        : Tensor::empty(out_view.shape(), out.dtype(), out.device());
-  const int64_t C = out.shape()[dim];
-  if (out.numel() > 0) kernel(rows, out_rows, out.numel() / C, C);
-  if (!out_rows.same_storage(out)) backend(out).copy(out_rows, out_view);
-}
-
-template <typename T>
-__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T eps, int64_t rows,
-                                  int64_t C, T* y, T* mean, T* rstd) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * C;
-    T s = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += xr[c];
-    const T m = block_sum(s) / T(C);
-    T v = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) v += (xr[c] - m) * (xr[c] - m);
-    const T rs = T(1) / sqrt(block_sum(v) / T(C) + eps);
-    if (threadIdx.x == 0) {
-      mean[r] = m;
-      rstd[r] = rs;
-    }
-    T* yr = y + r * C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
-  }
-}
-
-template <typename T>
-__global__ void layer_norm_grad_x_kernel(const T* g, const T* x, const T* w, const T* mean,
-                                         const T* rstd, int64_t rows, int64_t C, T* gx) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * C;
-    const T* gr = g + r * C;
-    const T m = mean[r], rs = rstd[r];
-    T s1 = T(0), s2 = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      s1 += gr[c] * w[c];
-      s2 += gr[c] * w[c] * ((xr[c] - m) * rs);
-    }
-    const T sum_gw = block_sum(s1) / T(C);
-    const T sum_gw_xhat = block_sum(s2) / T(C);
-    T* out = gx + r * C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const T xhat = (xr[c] - m) * rs;
-      out[c] = rs * (gr[c] * w[c] - sum_gw - xhat * sum_gw_xhat);
-    }
-  }
-}
-
-// Weight and bias gradients: each block of kRowsPerBlock rows writes partial column sums, then
-// one thread per column adds the blocks in order, so the sum order is fixed.
-constexpr int64_t kRowsPerBlock = 64;
-
-template <typename T>
-__global__ void layer_norm_partial_kernel(const T* g, const T* x, const T* mean, const T* rstd,
-                                          int64_t rows, int64_t C, int64_t blocks, T* pw, T* pb) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int64_t blk = blockIdx.y; blk < blocks; blk += gridDim.y) {
-    T sw = T(0), sb = T(0);
-    const int64_t end = min(rows, (blk + 1) * kRowsPerBlock);
-    for (int64_t r = blk * kRowsPerBlock; r < end; ++r) {
-      const T gr = g[r * C + c];
-      sw += gr * ((x[r * C + c] - mean[r]) * rstd[r]);
-      sb += gr;
-    }
-    pw[blk * C + c] = sw;
-    pb[blk * C + c] = sb;
-  }
-}
-
-// The smallest position i whose indices[i] lies outside [0, limit) and is not `ignore` (when
-// use_ignore), or n when all are valid.
-__global__ void first_invalid_kernel(const int64_t* idx, int64_t n, int64_t limit, bool use_ignore,
-                                     int64_t ignore, unsigned long long* first) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    if (!(use_ignore && idx[i] == ignore) && (idx[i] < 0 || idx[i] >= limit)) {
-      atomicMin(first, static_cast<unsigned long long>(i));
-    }
-  }
-}
-
-// Position and value of the first invalid index, if any. Reads one word back, so it waits for
-// the device: the CPU backend raises the same errors and callers rely on them.
-struct InvalidIndex {
-  int64_t position = -1, value = 0;
-};
-
-InvalidIndex first_invalid(const char* op, const Tensor& indices, int64_t limit, bool use_ignore,
-                           int64_t ignore) {
-  PIPIT_CHECK(indices.dtype() == DType::i64, op, ": indices must be I64, got ", indices.dtype());
-  const int64_t n = indices.numel();
-  if (n == 0) return {};
-  Tensor first = Tensor::empty({1}, DType::i64, indices.device());
-  backend(first).fill(first, static_cast<double>(n));
-  first_invalid_kernel<<<static_cast<unsigned>(
-                             std::min<int64_t>((n + kThreads - 1) / kThreads, 1024)),
-                         kThreads, 0, stream()>>>(ptr<int64_t>(indices), n, limit, use_ignore,
-                                                  ignore, ptr<unsigned long long>(first));
-  PIPIT_CUDA_CHECK_LAUNCH(op);
-  int64_t position = 0;
-  copy_device_to_host(&position, first.raw_data(), sizeof(int64_t));
-  if (position >= n) return {};
-  InvalidIndex bad{position, 0};
-  copy_device_to_host(&bad.value, ptr<int64_t>(indices) + position, sizeof(int64_t));
-  return bad;
-}
-
-template <typename T>
-__global__ void cross_entropy_kernel(const T* x, const int64_t* t, int64_t N, int64_t C,
-                                     int64_t ignore, T* loss) {
-  for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
-    if (t[i] == ignore) {  // the same for the whole block, so barriers stay uniform
-      if (threadIdx.x == 0) loss[i] = T(0);
-      continue;
-    }
-    const T* row = x + i * C;
-    const T mx = row_max(row, C);
-    T s = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(row[c] - mx);
-    const T sum = block_sum(s);
-    if (threadIdx.x == 0) loss[i] = mx + log_(sum) - row[t[i]];
-  }
-}
-
-template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* x, const int64_t* t, int64_t N, int64_t C,
-                                              int64_t ignore, T scale, T* g) {
-  for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
-    T* gr = g + i * C;
-    if (t[i] == ignore) {
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) gr[c] = T(0);
-      continue;
-    }
-    const T* row = x + i * C;
-    const T mx = row_max(row, C);
-    T s = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(row[c] - mx);
-    const T inv = scale / block_sum(s);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      gr[c] = exp_(row[c] - mx) * inv - (c == t[i] ? scale : T(0));
-    }
-  }
-}
-
-// grad_weight[row] += the rows of g at `positions`, for each run of equal `sorted` indices:
-// the block at a run's first entry adds the run in order, the others do nothing.
-template <typename T>
-__global__ void embedding_backward_kernel(const int64_t* sorted, const int64_t* positions,
-                                          int64_t n, int64_t C, const T* g, T* grad_weight) {
-  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const int64_t row = sorted[i];
-    if (i > 0 && sorted[i - 1] == row) continue;
-    int64_t end = i + 1;
-    while (end < n && sorted[end] == row) ++end;
-    T* out = grad_weight + row * C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      T sum = out[c];
-      for (int64_t j = i; j < end; ++j) sum += g[positions[j] * C + c];
-      out[c] = sum;
-    }
-  }
-}
-
-void check_targets(const char* op, const Tensor& targets, int64_t C, int64_t ignore_index) {
-  const InvalidIndex bad = first_invalid(op, targets, C, true, ignore_index);
-  PIPIT_CHECK(bad.position < 0, "cross_entropy: target ", bad.value, " at row ", bad.position,
-              " is out of range for ", C, " classes");
-}
-
 }  // namespace reduce
 }  // namespace cuda
 
 using namespace cuda::reduce;
 using cuda::DeviceGuard;
 using cuda::ptr;
+using cuda::rows_grid;
 
 void CudaBackend::reduce(ReduceOp op, const Tensor& in, std::span<const int64_t> dims,
                          const Tensor& out) {
@@ -415,182 +259,6 @@ void CudaBackend::argmax(const Tensor& in, int64_t dim, const Tensor& out) {
         ptr<scalar_t>(rows), K, R, ptr<int64_t>(out));
   });
   PIPIT_CUDA_CHECK_LAUNCH("argmax");
-}
-
-void CudaBackend::softmax(const Tensor& in, int64_t dim, bool log, const Tensor& out) {
-  DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(in.dtype(), "softmax", {
-    along_dim({in}, out, dim, [&](auto& rows, const Tensor& o, int64_t R, int64_t C) {
-      softmax_kernel<scalar_t><<<rows_grid(R), row_threads(C), 0, cuda::stream()>>>(
-          ptr<scalar_t>(rows[0]), ptr<scalar_t>(o), R, C, log);
-      PIPIT_CUDA_CHECK_LAUNCH("softmax");
-    });
-  });
-}
-
-void CudaBackend::softmax_backward(const Tensor& grad, const Tensor& out, int64_t dim, bool log,
-                                   const Tensor& grad_in) {
-  DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "softmax_backward", {
-    along_dim({grad, out}, grad_in, dim, [&](auto& rows, const Tensor& o, int64_t R, int64_t C) {
-      softmax_backward_kernel<scalar_t><<<rows_grid(R), row_threads(C), 0, cuda::stream()>>>(
-          ptr<scalar_t>(rows[0]), ptr<scalar_t>(rows[1]), ptr<scalar_t>(o), R, C, log);
-      PIPIT_CUDA_CHECK_LAUNCH("softmax_backward");
-    });
-  });
-}
-
-void CudaBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
-                             double eps, const Tensor& out, const Tensor& mean,
-                             const Tensor& rstd) {
-  DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(x_in.dtype(), "layer_norm", {
-    using T = scalar_t;
-    Tensor x = dense(x_in);
-    Tensor w = dense(weight), b = dense(bias);
-    const int64_t C = x.shape().back();
-    const int64_t rows = C == 0 ? 0 : x.numel() / C;
-    if (rows == 0) break;
-    layer_norm_kernel<T><<<rows_grid(rows), row_threads(C), 0, cuda::stream()>>>(
-        ptr<T>(x), ptr<T>(w), ptr<T>(b), T(eps), rows, C, out.data<T>(), mean.data<T>(),
-        rstd.data<T>());
-    PIPIT_CUDA_CHECK_LAUNCH("layer_norm");
-  });
-}
-
-void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
-                                      const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                                      const Tensor& grad_x, const Tensor& grad_weight,
-                                      const Tensor& grad_bias) {
-  DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(x_in.dtype(), "layer_norm_backward", {
-    using T = scalar_t;
-    Tensor x = dense(x_in), g = dense(grad_in);
-    Tensor w = dense(weight);
-    const int64_t C = x.shape().back();
-    const int64_t rows = C == 0 ? 0 : x.numel() / C;
-    if (rows > 0) {
-      layer_norm_grad_x_kernel<T><<<rows_grid(rows), row_threads(C), 0, cuda::stream()>>>(
-          ptr<T>(g), ptr<T>(x), ptr<T>(w), mean.data<T>(), rstd.data<T>(), rows, C,
-          grad_x.data<T>());
-      PIPIT_CUDA_CHECK_LAUNCH("layer_norm_backward");
-    }
-    const int64_t blocks = std::max<int64_t>(1, (rows + kRowsPerBlock - 1) / kRowsPerBlock);
-    Tensor pw = Tensor::empty({blocks, C}, x.dtype(), x.device());
-    Tensor pb = Tensor::empty({blocks, C}, x.dtype(), x.device());
-    if (C == 0) break;
-    const dim3 grid(static_cast<unsigned>((C + cuda::kThreads - 1) / cuda::kThreads),
-                    static_cast<unsigned>(std::min<int64_t>(blocks, 65535)));
-    layer_norm_partial_kernel<T><<<grid, cuda::kThreads, 0, cuda::stream()>>>(
-        ptr<T>(g), ptr<T>(x), mean.data<T>(), rstd.data<T>(), rows, C, blocks, ptr<T>(pw),
-        ptr<T>(pb));
-    PIPIT_CUDA_CHECK_LAUNCH("layer_norm_backward");
-    // With rows == 0 the partials are zero: one block, no rows.
-    const T* pwp = ptr<T>(pw);
-    const T* pbp = ptr<T>(pb);
-    T* gw = grad_weight.data<T>();
-    T* gb = grad_bias.data<T>();
-    cuda::for_each("layer_norm_backward", C, [=] __device__(int64_t c) {
-      T sw = T(0), sb = T(0);
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        sw += pwp[blk * C + c];
-        sb += pbp[blk * C + c];
-      }
-      gw[c] = sw;
-      gb[c] = sb;
-    });
-  });
-}
-
-void CudaBackend::embedding(const Tensor& weight_in, const Tensor& indices_in, const Tensor& out) {
-  DeviceGuard guard(index_);
-  PIPIT_CHECK(out.is_contiguous(), "embedding: output must be contiguous");
-  Tensor indices = dense(indices_in), weight = dense(weight_in);
-  const int64_t V = weight.shape()[0], C = weight.shape()[1];
-  const InvalidIndex bad = first_invalid("embedding", indices, V, false, 0);
-  PIPIT_CHECK(bad.position < 0, "embedding: index ", bad.value, " at position ", bad.position,
-              " is out of range for ", V, " rows");
-  const int64_t* idx = indices.data<int64_t>();
-  PIPIT_CUDA_DISPATCH_ALL(weight.dtype(), "embedding", {
-    const scalar_t* w = ptr<scalar_t>(weight);
-    scalar_t* o = ptr<scalar_t>(out);
-    cuda::for_each("embedding", out.numel(),
-                   [=] __device__(int64_t i) { o[i] = w[idx[i / C] * C + i % C]; });
-  });
-}
-
-void CudaBackend::embedding_backward(const Tensor& grad_in, const Tensor& indices_in,
-                                     const Tensor& grad_weight) {
-  DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(grad_weight.dtype(), "embedding_backward", {
-    using T = scalar_t;
-    Tensor indices = dense(indices_in), g = dense(grad_in);
-    const int64_t n = indices.numel(), V = grad_weight.shape()[0], C = grad_weight.shape()[1];
-    if (n == 0) return;
-    PIPIT_CHECK(n <= std::numeric_limits<int>::max(), "embedding_backward: ", n,
-                " indices is more than one sort takes");
-    // Atomics would add a row's gradients in whatever order they land, so training would not
-    // repeat bit for bit. Instead: the positions sorted by index (a stable radix sort keeps
-    // equal indices in position order), then each run of equal indices summed in that order,
-    // the order the CPU adds them in.
-    const Device device = grad_weight.device();
-    Tensor positions = Tensor::empty({n}, DType::i64, device);
-    Tensor sorted_indices = Tensor::empty({n}, DType::i64, device);
-    Tensor sorted_positions = Tensor::empty({n}, DType::i64, device);
-    int64_t* pos = ptr<int64_t>(positions);
-    cuda::for_each("embedding_backward", n, [=] __device__(int64_t i) { pos[i] = i; });
-    int key_bits = 1;
-    while (key_bits < 63 && (int64_t{1} << key_bits) < V) ++key_bits;
-    size_t scratch_bytes = 0;
-    const int items = static_cast<int>(n);
-    PIPIT_CUDA_CHECK("embedding_backward",
-                     cub::DeviceRadixSort::SortPairs(nullptr, scratch_bytes, ptr<int64_t>(indices),
-                                                     ptr<int64_t>(sorted_indices), pos,
-                                                     ptr<int64_t>(sorted_positions), items, 0,
-                                                     key_bits, cuda::stream()));
-    Tensor scratch = Tensor::empty({static_cast<int64_t>(scratch_bytes)}, DType::b8, device);
-    PIPIT_CUDA_CHECK(
-        "embedding_backward",
-        cub::DeviceRadixSort::SortPairs(
-            scratch.raw_data(), scratch_bytes, ptr<int64_t>(indices), ptr<int64_t>(sorted_indices),
-            pos, ptr<int64_t>(sorted_positions), items, 0, key_bits, cuda::stream()));
-    embedding_backward_kernel<T><<<rows_grid(n), row_threads(C), 0, cuda::stream()>>>(
-        ptr<int64_t>(sorted_indices), ptr<int64_t>(sorted_positions), n, C, ptr<T>(g),
-        grad_weight.data<T>());
-    PIPIT_CUDA_CHECK_LAUNCH("embedding_backward");
-  });
-}
-
-void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
-                                int64_t ignore_index, const Tensor& losses) {
-  DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy", {
-    using T = scalar_t;
-    Tensor logits = dense(logits_in), targets = dense(targets_in);
-    const int64_t N = logits.shape()[0], C = logits.shape()[1];
-    check_targets("cross_entropy", targets, C, ignore_index);
-    if (N == 0) break;
-    cross_entropy_kernel<T><<<rows_grid(N), row_threads(C), 0, cuda::stream()>>>(
-        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, losses.data<T>());
-    PIPIT_CUDA_CHECK_LAUNCH("cross_entropy");
-  });
-}
-
-void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& targets_in,
-                                         int64_t ignore_index, double scale,
-                                         const Tensor& grad_logits) {
-  DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy_backward", {
-    using T = scalar_t;
-    Tensor logits = dense(logits_in), targets = dense(targets_in);
-    const int64_t N = logits.shape()[0], C = logits.shape()[1];
-    check_targets("cross_entropy_backward", targets, C, ignore_index);
-    if (N == 0) break;
-    cross_entropy_backward_kernel<T><<<rows_grid(N), row_threads(C), 0, cuda::stream()>>>(
-        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, T(scale),
-        grad_logits.data<T>());
-    PIPIT_CUDA_CHECK_LAUNCH("cross_entropy_backward");
-  });
 }
 
 }  // namespace pipit
