@@ -9,7 +9,8 @@
 #   BUILD_DIR: a Release build with CUDA (default build); OUT_DIR: default gpu-logs;
 #   STEPS: comma-separated subset of info,cuda,suite,asan,gemm,gpt2,train (default all but asan;
 #   asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build).
-#   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile).
+#   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile); PIPIT_GPT2_SECONDS: its
+#   time limit (default 420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=$(realpath "${1:-build}")
@@ -83,7 +84,7 @@ if want gemm; then
 fi
 if want gpt2; then
   # shellcheck disable=SC2086 # the flags are words
-  limited 420 "$out/gpt2.log" python3 bench/gpu_gpt2.py --build "$build" ${PIPIT_GPT2_FLAGS:---profile}
+  limited "${PIPIT_GPT2_SECONDS:-420}" "$out/gpt2.log" python3 bench/gpu_gpt2.py --build "$build" ${PIPIT_GPT2_FLAGS:---profile}
   echo "gpt2: rc=$?"
   grep -E "^\| (f32|tf32|bf16) " "$out/gpt2.log"
 fi
