@@ -74,7 +74,7 @@ want asan && ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0 \
   run_cases "$build/pipit_tests" "$out/asan.log" 240
 if [[ -n $suite_pid ]]; then
   wait "$suite_pid"
-  echo "suite (~[cuda]): rc=$? $(grep -E '^test cases' "$out/suite.log" | tail -1)"
+  echo "suite (~[cuda]): rc=$? $(grep -E '^test cases|^All tests passed' "$out/suite.log" | tail -1)"
 fi
 
 if want gemm; then
