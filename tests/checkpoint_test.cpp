@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 
+#include "f16_overflow.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
@@ -212,21 +213,12 @@ TEST_CASE("an f16 run resumed from its checkpoint goes on with the loss scale it
           "[checkpoint][autocast]") {
   const TempDir dir("checkpoint_loss_scale");
   const std::string path = (dir / "ckpt.safetensors").string();
-  auto make_model = [] {
-    Generator g(18);
-    return mlp({4, 8, 3}, "tanh", &g);
-  };
-  Generator data(19);
-  const Tensor input = randn({8, 4}, &data);
-  // Targets far from the outputs: f16 gradients overflow until the scale has backed off from
-  // 65536 to 64, ten skipped steps; the runs below train after that.
-  const Tensor target = full({8, 3}, 1e4);
-  PipelineConfig config;
-  config.stages = 2;
-  config.microbatches = 2;
-  config.loss = {{"type", "MSELoss"}};
-  config.optimizer = {{"type", "SGD"}, {"lr", 1e-6}, {"momentum", 0.9}};
-  config.dtype = "f16";
+  // Ten skipped steps while the scale backs off from 65536 to 64; the runs below train after.
+  const nlohmann::json sgd = {{"type", "SGD"}, {"lr", 1e-6}, {"momentum", 0.9}};
+  const testing::F16Overflow setup = testing::f16_overflow(sgd);
+  const Tensor &input = setup.input, &target = setup.target;
+  const PipelineConfig& config = setup.config;
+  auto make_model = [&] { return testing::f16_overflow(sgd).model; };
   auto train_steps = [&](Pipeline& pipeline, int steps) {
     for (int s = 0; s < steps; ++s) pipeline.train_step(input, target);
     return pipeline.coordinator().grad_scaler().get_scale();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "f16_overflow.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/grad_scaler.h"
@@ -234,18 +235,8 @@ TEST_CASE("a bf16 pipeline equals bf16 autocast accumulation on one thread", "[a
 }
 
 TEST_CASE("an f16 pipeline scales the loss, skips overflowing steps and backs off", "[autocast]") {
-  Generator g(18);
-  auto model = mlp({4, 8, 3}, "tanh", &g);
-  const Tensor input = randn({8, 4}, &g);
-  // Targets far from the outputs: gradients of about 1e3, which overflow f16 (max 65504) once
-  // multiplied by the initial scale of 65536.
-  const Tensor target = full({8, 3}, 1e4);
-  PipelineConfig config;
-  config.stages = 2;
-  config.microbatches = 2;
-  config.loss = {{"type", "MSELoss"}};
-  config.optimizer = {{"type", "SGD"}, {"lr", 1e-6}};
-  config.dtype = "f16";
+  const auto [model, input, target, config] =
+      testing::f16_overflow({{"type", "SGD"}, {"lr", 1e-6}});
   Pipeline pipeline(model, config);
   StateDict initial;  // copies: a state dict shares the parameters' storage
   for (const auto& [name, value] : model->state_dict()) initial[name] = value.clone();
