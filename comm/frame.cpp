@@ -1,5 +1,6 @@
 #include "comm/frame.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <iomanip>
@@ -169,6 +170,11 @@ void require_checksum(const FrameHeader& header, uint32_t computed) {
 uint32_t frame_checksum(const FrameHeader& header, std::string_view json_header,
                         std::string_view body) {
   Crc32c crc = header_crc(header, json_header);
+  if ((header.flags & kFrameTensorBytesUnchecked) && !body.empty()) {
+    uint8_t first8[8] = {};
+    std::memcpy(first8, body.data(), std::min<size_t>(8, body.size()));
+    body = body.substr(0, frame_body_prefix_length(header, first8));
+  }
   crc.update(body);
   return crc.value();
 }
@@ -185,7 +191,9 @@ void verify_frame_checksum(const FrameHeader& header, std::string_view json_head
                            std::string_view body_prefix, const std::vector<Tensor>& tensors) {
   Crc32c crc = frame_checksum_begin(header, json_header);
   crc.update(body_prefix);
-  for (const Tensor& t : tensors) crc.update(t.raw_data(), t.nbytes());
+  if (!(header.flags & kFrameTensorBytesUnchecked)) {
+    for (const Tensor& t : tensors) crc.update(t.raw_data(), t.nbytes());
+  }
   require_frame_checksum(header, crc);
 }
 
@@ -195,7 +203,7 @@ size_t EncodedFrame::size() const {
   return total;
 }
 
-EncodedFrame encode_frame_parts(const Message& message) {
+EncodedFrame encode_frame_parts(const Message& message, bool checksum_tensor_bytes) {
   const std::string where =
       std::string("encode_frame (") + message_kind_name(message.kind) + " message): ";
   std::string json_header;
@@ -228,6 +236,7 @@ EncodedFrame encode_frame_parts(const Message& message) {
 
   FrameHeader header;
   header.kind = message.kind;
+  header.flags = checksum_tensor_bytes ? 0 : kFrameTensorBytesUnchecked;
   header.header_length = static_cast<uint32_t>(json_header.size());
   header.body_length = body_prefix.size();
   for (const auto& [data, bytes] : frame.tensor_bytes) header.body_length += bytes;
@@ -237,7 +246,9 @@ EncodedFrame encode_frame_parts(const Message& message) {
   frame.prefix += body_prefix;
   Crc32c crc = fixed_header_crc(frame.prefix);
   crc.update(std::string_view(frame.prefix).substr(kFrameHeaderSize));
-  for (const auto& [data, bytes] : frame.tensor_bytes) crc.update(data, bytes);
+  if (checksum_tensor_bytes) {
+    for (const auto& [data, bytes] : frame.tensor_bytes) crc.update(data, bytes);
+  }
   std::string checksum;
   put_le(checksum, crc.value(), 4);
   frame.prefix.replace(12, 4, checksum);
@@ -271,8 +282,12 @@ FrameHeader decode_frame_header(const uint8_t* bytes, const FrameLimits& limits)
           "frame: unknown message kind ", static_cast<int>(kind));
   header.kind = static_cast<MessageKind>(kind);
   header.flags = bytes[7];
-  require(header.flags == 0, "frame: unknown flags ", hex(header.flags),
-          " (version 1 defines none)");
+  require((header.flags & ~kFrameTensorBytesUnchecked) == 0, "frame: unknown flags ",
+          hex(header.flags), " (version ", kProtocolVersion, " defines only bit 0)");
+  require(!(header.flags & kFrameTensorBytesUnchecked) || limits.accept_unchecked_tensor_bytes,
+          "frame: flags ", hex(header.flags),
+          " leave the tensors' bytes out of the checksum, which this connection does not "
+          "accept");
   header.header_length = static_cast<uint32_t>(get_le(bytes + 8, 4));
   header.checksum = static_cast<uint32_t>(get_le(bytes + 12, 4));
   header.body_length = get_le(bytes + 16, 8);

@@ -5,7 +5,8 @@
 //        0    4  magic           kFrameMagic, the bytes "PIPT"
 //        4    2  version         kProtocolVersion
 //        6    1  kind            a MessageKind
-//        7    1  flags           0 (none defined yet)
+//        7    1  flags           bit 0 (kFrameTensorBytesUnchecked): the checksum leaves out
+//                                the tensors' bytes; every other bit 0
 //        8    4  header_length   bytes of the JSON header
 //       12    4  checksum        CRC-32C of the frame's other bytes: fixed header bytes 0-11
 //                                and 16-23, then the JSON header, then the body
@@ -17,7 +18,10 @@
 // `from` is not sent: the receiver knows which connection a frame came on. A reader takes the
 // fixed header first, so it can refuse a frame by its lengths before allocating for it, and
 // refuses a frame whose checksum does not match: a byte changed in transit is an error, not
-// a silently different activation or weight.
+// a silently different activation or weight. A transport that itself guarantees the bytes it
+// delivers (MPI) may leave the tensors' bytes out of the checksum, which then covers the
+// fixed header, the JSON header and the body's prefix; a reader refuses such frames unless
+// its FrameLimits accept them, so over TCP every byte stays checked.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -34,6 +38,7 @@ constexpr uint32_t kFrameMagic = 0x54504950;  // "PIPT" little-endian
 constexpr uint16_t kProtocolVersion = 2;      // 2: the checksum field
 constexpr size_t kFrameHeaderSize = 24;
 constexpr size_t kMaxJsonDepth = 32;  // nesting of a frame's JSON header
+constexpr uint8_t kFrameTensorBytesUnchecked = 1;
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -49,6 +54,7 @@ struct FrameHeader {
 struct FrameLimits {
   size_t max_header_bytes = size_t{1} << 20;
   size_t max_body_bytes = size_t{1} << 31;
+  bool accept_unchecked_tensor_bytes = false;  // frames flagged kFrameTensorBytesUnchecked
 };
 
 // A received frame is malformed or exceeds the limits: the connection it came on is not to be
@@ -74,12 +80,15 @@ struct EncodedFrame {
   std::string joined(std::string_view lead = {}) const;
 };
 
-EncodedFrame encode_frame_parts(const Message& message);
+// `checksum_tensor_bytes` false: the frame is flagged kFrameTensorBytesUnchecked and its
+// checksum leaves the tensors' bytes out.
+EncodedFrame encode_frame_parts(const Message& message, bool checksum_tensor_bytes = true);
 // encode_frame_parts(message).joined().
 std::string encode_frame(const Message& message);
 
 // Reads the kFrameHeaderSize bytes at `bytes`. Throws FrameError naming the field and value
-// for a wrong magic, version, kind or flags field, or a length over `limits`.
+// for a wrong magic, version, kind or flags field (kFrameTensorBytesUnchecked where `limits`
+// do not accept it), or a length over `limits`.
 FrameHeader decode_frame_header(const uint8_t* bytes, const FrameLimits& limits = {});
 // The Message of a frame whose header decoded to `header`, from the header_length bytes of
 // JSON and body_length bytes of body that followed it. Throws FrameError when the sizes do not
@@ -89,7 +98,8 @@ Message decode_frame_payload(const FrameHeader& header, std::string_view json_he
                              std::string_view body);
 
 // The CRC-32C a frame with this fixed header (its checksum field aside), JSON header and body
-// carries in its checksum field.
+// carries in its checksum field (flagged kFrameTensorBytesUnchecked: of the body's prefix
+// only, its length read from the body, which throws FrameError if malformed).
 uint32_t frame_checksum(const FrameHeader& header, std::string_view json_header,
                         std::string_view body);
 // Throws FrameError naming the kind when `header.checksum` is not the CRC-32C of the frame
@@ -98,7 +108,8 @@ void verify_frame_checksum(const FrameHeader& header, std::string_view json_head
                            std::string_view body_prefix, const std::vector<Tensor>& tensors);
 // The same check in steps, for a reader that checksums the body as it arrives, while it is
 // still in cache: the CRC over the fixed header and JSON header, to update with the body
-// prefix and the tensors' bytes in order and pass to require_frame_checksum.
+// prefix and the tensors' bytes in order (unless flagged kFrameTensorBytesUnchecked) and pass
+// to require_frame_checksum.
 Crc32c frame_checksum_begin(const FrameHeader& header, std::string_view json_header);
 void require_frame_checksum(const FrameHeader& header, const Crc32c& crc);
 

@@ -229,6 +229,51 @@ TEST_CASE("a frame with any byte changed fails, most by its checksum", "[frame]"
   CHECK(by_checksum > static_cast<int>(frame.size()));
 }
 
+TEST_CASE("a frame may leave its tensors' bytes out of the checksum where the reader allows it",
+          "[frame]") {
+  const Message message = three_tensors();
+  const EncodedFrame parts = encode_frame_parts(message, /*checksum_tensor_bytes=*/false);
+  const std::string frame = parts.joined();
+  CHECK(static_cast<uint8_t>(frame[7]) == kFrameTensorBytesUnchecked);
+  FrameLimits mpi;
+  mpi.accept_unchecked_tensor_bytes = true;
+  // The checksum is that of the frame without its tensors' bytes.
+  const FrameHeader header =
+      decode_frame_header(reinterpret_cast<const uint8_t*>(frame.data()), mpi);
+  const std::string_view json =
+      std::string_view(frame).substr(kFrameHeaderSize, header.header_length);
+  const size_t body_begin = kFrameHeaderSize + header.header_length;
+  const std::string_view prefix =
+      std::string_view(frame).substr(body_begin, parts.prefix.size() - body_begin);
+  Crc32c crc = frame_checksum_begin(header, json);
+  crc.update(prefix);
+  CHECK(crc.value() == header.checksum);
+
+  // A TCP reader (default limits) refuses it by its flag before reading further.
+  expect_frame_error([&] { decode(frame); }, "leave the tensors' bytes out of the checksum");
+  check_same(decode(frame, mpi), message);
+  // Its headers stay covered: any byte of the JSON header or the body's prefix changed fails.
+  for (size_t i = kFrameHeaderSize; i < parts.prefix.size(); ++i) {
+    std::string changed = frame;
+    changed[i] = static_cast<char>(changed[i] ^ 0x01);
+    INFO("byte " << i);
+    CHECK_THROWS_AS(decode(changed, mpi), FrameError);
+  }
+  // A tensor byte changed is the transport's to prevent: the frame decodes with the new value.
+  std::string changed = frame;
+  changed.back() = static_cast<char>(changed.back() ^ 0x80);
+  const Message got = decode(changed, mpi);
+  CHECK(got.tensors[2].to_vector<double>()[1] != message.tensors[2].to_vector<double>()[1]);
+  // With the tensors checked (the default), the same change fails by the checksum.
+  std::string checked = encode_frame(message);
+  checked.back() = static_cast<char>(checked.back() ^ 0x80);
+  expect_frame_error([&] { decode(checked, mpi); }, "checksum");
+  // Other flag bits stay unknown, whatever the limits.
+  std::string other = frame;
+  other[7] = static_cast<char>(0x02);
+  expect_frame_error([&] { decode(other, mpi); }, "unknown flags 0x2");
+}
+
 TEST_CASE("frame header rejects lengths over the limits", "[frame]") {
   const std::string frame = valid_frame();
   const FrameHeader header = decode_frame_header(reinterpret_cast<const uint8_t*>(frame.data()));

@@ -11,8 +11,9 @@
 // Endpoints: the coordinator (-1) and stage 0 on rank 0, stage r on rank r. Every endpoint
 // sends every other one tensors of several dtypes and sizes (up to 8 MiB), from two threads
 // at once, 200 messages each; receivers check every value, the sender, and that each
-// sender's messages of one thread arrive in order. Prints "rank R ok" or the first mismatch,
-// and returns non-zero on any.
+// sender's messages of one thread arrive in order; rank 1's frames checksum their tensors'
+// bytes, the others' do not. Prints "rank R ok" or the first mismatch, and returns non-zero on
+// any.
 #ifdef PIPIT_WITH_MPI
 #include <chrono>
 #include <csignal>
@@ -165,9 +166,10 @@ inline int mpi_failing_worker_role() {
 inline int mpi_exchange_role();
 
 // Rank 1 sends rank 0, with raw MPI before its transport starts, a head too short for its
-// route and a head with a bad magic whose route announces a 100-byte body (sent too), then a
-// real message through its transport. Rank 0 must drop both broken frames, naming why, and
-// receive the real one with its own body: "malformed ok".
+// route, a head with a bad magic whose route announces a 100-byte body (sent too) and a frame
+// with a tensor byte changed under its checksum, then a real message through its transport.
+// Rank 0 must drop the three broken frames, naming why, and receive the real one with its own
+// body: "malformed ok".
 inline int mpi_malformed_role() {
   const int rank = mpi_job().rank;
   if (rank == 1) {
@@ -178,10 +180,22 @@ inline int mpi_malformed_role() {
     std::memcpy(bad_head.data(), endpoints, 8);
     std::memcpy(bad_head.data() + 8, &body_bytes, 8);
     const std::string body(body_bytes, 'b');
+    // A frame whose checksum covers its tensors, one tensor byte changed after encoding.
+    const uint64_t inlined = 0;
+    std::string route(16, '\0');
+    std::memcpy(route.data(), endpoints, 8);
+    std::memcpy(route.data() + 8, &inlined, 8);
+    std::string changed =
+        encode_frame_parts(Message(MessageKind::Activation, 9, 0, 0, {arange(0, 300, 1)}),
+                           /*checksum_tensor_bytes=*/true)
+            .joined(route);
+    changed.back() = static_cast<char>(changed.back() ^ 1);
     MPI_Send(short_head.data(), 10, MPI_BYTE, 0, kHeadTag, MPI_COMM_WORLD);
     MPI_Send(bad_head.data(), static_cast<int>(bad_head.size()), MPI_BYTE, 0, kHeadTag,
              MPI_COMM_WORLD);
     MPI_Send(body.data(), static_cast<int>(body.size()), MPI_BYTE, 0, kBodyTag, MPI_COMM_WORLD);
+    MPI_Send(changed.data(), static_cast<int>(changed.size()), MPI_BYTE, 0, kHeadTag,
+             MPI_COMM_WORLD);
   }
   auto transport = MpiTransport::start({{0, 0}, {1, 1}});
   auto comm = transport->endpoint(rank);
@@ -253,7 +267,9 @@ inline int mpi_role_main(int argc, char** argv) {
 }
 
 inline int mpi_exchange_role() {
-  auto transport = MpiTransport::start({{-1, 0}, {0, 0}, {1, 1}, {2, 2}});
+  MpiOptions options;
+  options.checksum_tensor_bytes = mpi_job().rank == 1;
+  auto transport = MpiTransport::start({{-1, 0}, {0, 0}, {1, 1}, {2, 2}}, options);
   const int rank = transport->rank();
   if (transport->world_size() != 3) {
     std::fprintf(stderr, "rank %d: the exchange needs 3 ranks, got %d\n", rank,

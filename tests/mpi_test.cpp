@@ -36,6 +36,8 @@ TEST_CASE("MPI: malformed frames are dropped with their bodies and named", "[mpi
   CHECK(run.output.find("dropped a message: MPI: a frame from rank 1 has 10 bytes, too short "
                         "for its route") != std::string::npos);
   CHECK(run.output.find("dropped a message: frame: bad magic") != std::string::npos);
+  CHECK(run.output.find("dropped a message: MPI: a frame from rank 1 does not match its "
+                        "checksum") != std::string::npos);
 #endif
 }
 

@@ -295,7 +295,8 @@ class MpiCommunicator final : public Communicator {
       t.inboxes.at(peer)->push(std::move(message));
       return;
     }
-    OutgoingFrame frame(rank->second, id_, peer, encode_frame_parts(message));
+    OutgoingFrame frame(rank->second, id_, peer,
+                        encode_frame_parts(message, t.options.checksum_tensor_bytes));
     {
       std::lock_guard<std::mutex> lock(t.mutex);
       t.outgoing[rank->second].push_back(std::move(frame));

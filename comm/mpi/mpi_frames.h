@@ -12,7 +12,9 @@
 // MPI keeps the messages of one source, tag and communicator in order, so a receiver that
 // posts each body's receive in the order the heads arrived matches every body to its head;
 // the body's size in the route lets it receive (and drop) the body of a malformed head too.
-// The frame is checksummed as over TCP. Only the progress thread of comm/mpi calls these.
+// The frame's checksum covers its headers, and its tensors' bytes where the sender chose
+// (MpiOptions::checksum_tensor_bytes); a receiver accepts either. Only a thread that holds
+// the transport's MPI lock calls these.
 #include <mpi.h>
 
 #include <array>
