@@ -1,4 +1,4 @@
-// The frame harness: bytes as they arrive on a TCP connection, decoded as FrameReader does
+// The frame harness: bytes as they arrive on a connection, decoded as FrameReader does
 // (the fixed header, the JSON header, the body's prefix, the planned tensors filled in
 // place, the checksum) and as decode_frame_payload does in one call. Both must agree, refuse only
 // with FrameError (the reader catches nothing else), and an accepted frame must re-encode to the
@@ -130,6 +130,11 @@ bool fuzz_frame(const uint8_t* data, size_t size) {
   if (!frame) return false;
   const FrameHeader& header = frame->header;
   const std::string_view json = frame->json, body = frame->body;
+  if (header.flags & kFrameTensorBytesUnchecked) {
+    require(
+        !refuses_only_with<FrameError>("decode_frame_header", [&] { decode_frame_header(data); }),
+        "a TCP reader accepts a frame that leaves its tensors' bytes unchecked");
+  }
 
   FrameHeader corrupted = header;
   corrupted.checksum ^= 1;

@@ -1,6 +1,7 @@
 #pragma once
 // Fuzz bytes read as one frame off a connection: the fixed header decoded by the real
-// decoder, then the JSON header and the body. Announced lengths are taken as far as the input
+// decoder (accepting frames flagged kFrameTensorBytesUnchecked, as MPI ranks do), then the
+// JSON header and the body. Announced lengths are taken as far as the input
 // reaches, and beyond it as if the peer had announced what the input holds, so that a
 // mutation which changes the JSON's length still makes a frame some peer could send. The
 // checksum is set to the one the adjusted frame needs, for the same reason: a CRC is no
