@@ -164,9 +164,6 @@ struct MpiTransport::Impl {
       if (doorbells) doorbells->ring(frame.rank());
       return true;
     });
-    return start_sends();
-  }
-  bool start_sends() {
     std::list<OutgoingFrame> batch;
     {
       std::lock_guard<std::mutex> lock(mutex);

@@ -8,16 +8,16 @@
 // thread waits for, and the one it sends, need no hand-off between threads. Each
 // Communicator endpoint (a stage, the coordinator, a parameter-server shard or worker) lives
 // on one rank, given by a route table every rank builds the same way; several endpoints may
-// share a rank (the coordinator beside stage 0). A message travels as our frame
-// (checksummed) in two MPI messages, a head and the tensors' bytes, so neither side copies
-// tensor bytes (comm/mpi/mpi_frames.h); the thread that takes it from its inbox checks and
-// decodes it, off the thread that moves the next one. Between endpoints of one rank it is
-// handed over without MPI. One frame to each rank at a time is in MPI's hands; later
-// ones wait in the transport's queue, in order. The progress thread polls while receives are
-// in flight and for `spin` after the last message moved; then, where every rank of the job is on
-// this node, it sleeps until a rank rings its doorbell (comm/mpi/doorbells.h), and elsewhere it
-// naps, up to `idle_sleep`; so an idle rank does not spin a core. A send queued while another
-// thread held the lock wakes it at once.
+// share a rank (the coordinator beside stage 0). A message travels as our frame (its
+// headers checksummed, its tensors' bytes too with `checksum_tensor_bytes`) in two MPI messages, a
+// head and the tensors' bytes, so neither side copies tensor bytes (comm/mpi/mpi_frames.h); the
+// thread that takes it from its inbox checks and decodes it, off the thread that moves the next
+// one. Between endpoints of one rank it is handed over without MPI. One frame to each rank at a
+// time is in MPI's hands; later ones wait in the transport's queue, in order. The progress thread
+// polls while receives are in flight and for `spin` after the last message moved; then, where every
+// rank of the job is on this node, it sleeps until a rank rings its doorbell
+// (comm/mpi/doorbells.h), and elsewhere it naps, up to `idle_sleep`; so an idle rank does not spin
+// a core. A send queued while another thread held the lock wakes it at once.
 #include <chrono>
 #include <map>
 #include <memory>
