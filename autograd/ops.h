@@ -1,5 +1,6 @@
 #pragma once
 // Every differentiable operation.
+#include "autograd/attention.h"
 #include "autograd/backward_hook.h"
 #include "autograd/conv.h"
 #include "autograd/elementwise.h"

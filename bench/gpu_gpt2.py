@@ -1,19 +1,29 @@
 #!/usr/bin/env python3
-"""GPT training step on one GPU: pipit (build/gpu_gpt2) vs PyTorch eager, same model.
+"""GPT training step on one GPU: pipit (build/gpu_gpt2) vs PyTorch, same model.
 
 The model is GPT-2 small by default (12 layers, 12 heads, width 768, context 1024, vocab
 50257, batch 8, dropout 0), as pipit's gpt() builds it: pre-LN blocks, tanh GELU, learned
-position embedding, untied head, attention written out (no fused kernel) on both sides;
-AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1), random tokens. Modes: f32, tf32
-(set_float32_matmul_precision "high") and bf16 (autocast). Mode by mode, runs pipit's binary
-and then PyTorch in this process, prints the median ms/step, tokens/s, the ratio torch/pipit
-(> 1 means pipit is faster), peak memory and the last loss (a sanity check only: the two
-initialise differently), and appends the table to bench/RESULTS.md. --profile adds pipit's per-op table (cuda::OpTimer) and torch.profiler's
-for one step of each mode. Without a GPU it says so and exits 0.
+position embedding, untied head; AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1), random
+tokens. Modes: f32, tf32 (set_float32_matmul_precision "high") and bf16 (autocast).
+
+The peer is PyTorch as its users run it: attention through F.scaled_dot_product_attention
+(flash or memory-efficient kernels) and AdamW(fused=True). pipit runs its fused attention
+kernel. --compile adds the same model under torch.compile; --written-out adds torch eager with
+attention written out (matmul, mask, softmax), the peer of earlier tables. MFU counts
+6 N + 6 L C T FLOPs per token as llm.c does, N without the token embedding (it multiplies
+nothing; the untied head is counted instead), against the GPU's dense bf16 peak (--peak-tflops,
+default from the GPU's name).
+
+Mode by mode, runs pipit's binary and then PyTorch in this process, prints the median ms/step,
+tokens/s, the ratio torch/pipit (> 1 means pipit is faster), peak memory and the last loss (a
+sanity check only: the two initialise differently), and appends the table to bench/RESULTS.md.
+--profile adds pipit's per-op table (cuda::OpTimer) and torch.profiler's for one step of each
+mode. Without a GPU it says so and exits 0.
 
 usage: python3 bench/gpu_gpt2.py [--build build] [--modes f32,tf32,bf16] [--layers 12]
            [--heads 12] [--width 768] [--context 1024] [--vocab 50257] [--batch 8]
-           [--warmup 3] [--steps 10] [--profile] [--top 25] [--compile] [--no-append]
+           [--warmup 3] [--steps 10] [--profile] [--top 25] [--compile] [--written-out]
+           [--peak-tflops X] [--no-append]
 """
 import argparse
 import os
@@ -25,21 +35,26 @@ INT_FLAGS = [("layers", 12), ("heads", 12), ("width", 768), ("context", 1024),
                ("vocab", 50257), ("batch", 8), ("warmup", 3), ("steps", 10), ("top", 25)]
 
 
-def torch_run(torch, mode, args, compiled=False):
+# Dense bf16 tensor-core peaks (TFLOP/s) by GPU name, from NVIDIA's data sheets (SXM parts).
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+def torch_run(torch, mode, args, compiled=False, attention="sdpa", profile=False):
     """Per-step ms, peak bytes and last loss of PyTorch's run of `mode` (under torch.compile
-    where `compiled`: its compilation falls in the warm-up steps)."""
+    where `compiled`: its compilation falls in the warm-up steps); with `profile`, then one
+    more step under torch.profiler, whose table it prints."""
     import torch.nn.functional as F
     # The CPU comparison's model, written to match pipit's gpt(), and its timing loop.
     from bench_common import time_steps
-    from cpu_peer_torch import Gpt
+    from cpu_peer_torch import Gpt, adamw
 
     torch.set_float32_matmul_precision("high" if mode == "tf32" else "highest")
     torch.manual_seed(0)
     torch.cuda.reset_peak_memory_stats()
-    model = Gpt(args.vocab, args.context, args.layers, args.heads, args.width).cuda()
+    model = Gpt(args.vocab, args.context, args.layers, args.heads, args.width, attention).cuda()
     forward = torch.compile(model) if compiled else model
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.1)
+    opt = adamw(list(model.parameters()), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+                weight_decay=0.1)
     generator = torch.Generator(device="cuda").manual_seed(0)
     x, y = (torch.randint(0, args.vocab, (args.batch, args.context), device="cuda",
                           generator=generator) for _ in range(2))
@@ -57,7 +72,7 @@ def torch_run(torch, mode, args, compiled=False):
     times = time_steps(args.warmup, args.steps, step)
     peak = torch.cuda.max_memory_allocated()
 
-    if args.profile and not compiled:
+    if profile:
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             step()
@@ -70,6 +85,28 @@ def torch_run(torch, mode, args, compiled=False):
     return times, peak, losses[-1].item()
 
 
+def profile_torch(mode, options):
+    """torch's step of `mode` under torch.profiler, run in a child process: torch's CUPTI
+    teardown can free activity buffers CUPTI still writes to and abort the process that
+    profiled at exit with "double free or corruption" (fixed in pytorch/pytorch#195207), which
+    took the whole benchmark down after its tables."""
+    import torch
+    args = argparse.Namespace(**options)
+    args.warmup, args.steps = 1, 1
+    torch_run(torch, mode, args, profile=True)
+
+
+def run_profile_child(mode, args):
+    import multiprocessing
+    child = multiprocessing.get_context("spawn").Process(target=profile_torch,
+                                                         args=(mode, vars(args)))
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        print(f"torch.profiler's process for {mode} exited with {child.exitcode} after "
+              "profiling (its table above, if printed, is complete)", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default=os.path.join(gpu_common.HERE, "..", "build"))
@@ -78,44 +115,66 @@ def main():
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--compile", action="store_true",
-                        help="also time PyTorch under torch.compile")
+                        help="also time PyTorch under torch.compile (with SDPA)")
+    parser.add_argument("--written-out", action="store_true",
+                        help="also time PyTorch eager with attention written out")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the GPU's dense bf16 peak for the MFU column")
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
     binary, torch = gpu_common.require_gpu("gpu_gpt2.py", args.build)
+    name = torch.cuda.get_device_name(0)
+    peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
     passed = [arg for name, _ in INT_FLAGS for arg in (f"--{name}", str(getattr(args, name)))]
     if args.profile:
         passed.append("--profile")
     gib = 1024.0 ** 3
-    table = ["| mode | pipit ms/step | torch ms/step | pipit tokens/s | torch tokens/s | "
-             "torch/pipit | pipit peak GiB | torch peak GiB | last loss pipit / torch | "
-             "torch.compile ms/step | compiled/pipit |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    table = ["| mode | pipit ms/step | pipit tokens/s | pipit MFU | torch SDPA ms/step | "
+             "torch/pipit | torch.compile SDPA ms/step | compiled/pipit | "
+             "torch written-out ms/step | pipit peak GiB | torch peak GiB | "
+             "last loss pipit / torch |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    row = None
     for mode in args.modes.split(","):
         rows = gpu_common.run_pipit(binary, ["--modes", mode] + passed)
         if not rows:
-            table.append(f"| {mode} | failed | | | | | | | | | |")
+            table.append(f"| {mode} | failed | | | | | | | | | | |")
             continue
         [row] = rows
         pipit_ms = statistics.median(row["ms"])
-        times, peak, loss = torch_run(torch, mode, args)
-        torch.cuda.empty_cache()  # the next pipit run needs the memory torch keeps cached
-        torch_ms = statistics.median(times)
         tokens = row["tokens"]
-        compiled = "| - | - |"
+        # 6 N + 6 L C T per token, N without the token embedding (see the docstring).
+        matmul_parameters = row["parameters"] - args.vocab * args.width
+        flops_per_token = 6 * matmul_parameters + 6 * args.layers * args.width * args.context
+        mfu = (f"{flops_per_token * tokens / (pipit_ms * 1e-3) / (peak * 1e12) * 100:.1f}%"
+               if peak else "-")
+        times, torch_peak, loss = torch_run(torch, mode, args)
+        torch.cuda.empty_cache()  # the next pipit run needs the memory torch keeps cached
+        if args.profile:
+            run_profile_child(mode, args)
+        torch_ms = statistics.median(times)
+        compiled = "- | -"
         if args.compile:
             compiled_ms = statistics.median(torch_run(torch, mode, args, compiled=True)[0])
             torch.cuda.empty_cache()
-            compiled = f"| {compiled_ms:.1f} | {compiled_ms / pipit_ms:.2f} |"
-        line = (f"| {mode} | {pipit_ms:.1f} | {torch_ms:.1f} | {tokens / pipit_ms * 1e3:.0f} | "
-                f"{tokens / torch_ms * 1e3:.0f} | {torch_ms / pipit_ms:.2f} | "
-                f"{row['peak_bytes'] / gib:.1f} | {peak / gib:.1f} | "
-                f"{row['loss']:.3f} / {loss:.3f} {compiled}")
+            compiled = f"{compiled_ms:.1f} | {compiled_ms / pipit_ms:.2f}"
+        written = "-"
+        if args.written_out:
+            written_ms = statistics.median(torch_run(torch, mode, args, attention="written")[0])
+            torch.cuda.empty_cache()
+            written = f"{written_ms:.1f}"
+        line = (f"| {mode} | {pipit_ms:.1f} | {tokens / pipit_ms * 1e3:.0f} | {mfu} | "
+                f"{torch_ms:.1f} | {torch_ms / pipit_ms:.2f} | {compiled} | {written} | "
+                f"{row['peak_bytes'] / gib:.1f} | {torch_peak / gib:.1f} | "
+                f"{row['loss']:.3f} / {loss:.3f} |")
         table.append(line)
         print(line, flush=True)
+    if row is None:
+        return
     config = (f"{args.layers} layers, {args.heads} heads, width {args.width}, context "
               f"{args.context}, vocab {args.vocab}, batch {args.batch}, {row['parameters']} "
-              "parameters")
+              f"parameters; MFU against {peak} TFLOP/s")
     print(f"\n{config}\n\n" + "\n".join(table))
     if not args.no_append:
         gpu_common.append_results(f"gpu_gpt2 ({config})", torch, table)

@@ -30,11 +30,17 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor q = squeeze(narrow(qkv_heads, 0, 0, 1), 0);
   Tensor k = squeeze(narrow(qkv_heads, 0, 1, 1), 0);
   Tensor v = squeeze(narrow(qkv_heads, 0, 2, 1), 0);
-  // Scale, causal mask and softmax in one kernel: a third of the passes over [B, H, T, T].
-  Tensor weights =
-      causal_softmax(matmul(q, transpose(k, -1, -2)), 1.0 / std::sqrt(static_cast<double>(D)));
-  weights = attn_dropout_->forward(weights);
-  Tensor y = reshape(permute(matmul(weights, v), {0, 2, 1, 3}), {B, T, width_});
+  Tensor heads_out;
+  if (dropout_ == 0 || !is_training()) {
+    // Fused: the [T, T] weights are never held, and the heads merge back for free.
+    heads_out = scaled_dot_product_attention(q, k, v, /*is_causal=*/true);
+  } else {
+    // Dropout on the weights needs them in memory: scale, mask and softmax in one kernel.
+    Tensor weights =
+        causal_softmax(matmul(q, transpose(k, -1, -2)), 1.0 / std::sqrt(static_cast<double>(D)));
+    heads_out = matmul(attn_dropout_->forward(weights), v);
+  }
+  Tensor y = reshape(permute(heads_out, {0, 2, 1, 3}), {B, T, width_});
   return out_dropout_->forward(proj->forward(y));
 }
 

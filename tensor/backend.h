@@ -99,6 +99,19 @@ class Backend {
   virtual void causal_softmax(const Tensor& scores, double scale, const Tensor& out) = 0;
   virtual void causal_softmax_backward(const Tensor& grad, const Tensor& out, double scale,
                                        const Tensor& grad_scores) = 0;
+  // Fused attention of q [B, H, Tq, D] over k and v [B, H, Tk, D] (any strides with unit stride
+  // in D): out = softmax(scale * q k^T) v, where with `causal` query i sees keys 0..i + Tk - Tq
+  // (the last query sees every key, as a KV cache needs). The [Tq, Tk] weights are never held:
+  // lse [B, H, Tq] (contiguous; f64 for f64 inputs, else f32) gets each query's log-sum-exp of
+  // its scaled scores, all the backward needs to rebuild them. q, k, v and out share a dtype.
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                         bool causal, const Tensor& out, const Tensor& lse) = 0;
+  // Overwrites grad_q, grad_k and grad_v (q's, k's and v's shapes; any strides, unit in D).
+  // Each gradient element is summed in one fixed order: the bits do not depend on timing.
+  virtual void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse,
+                                  double scale, bool causal, const Tensor& grad_q,
+                                  const Tensor& grad_k, const Tensor& grad_v) = 0;
   // Normalises over the last dim; mean and rstd have the leading dims' numel.
   virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                           const Tensor& out, const Tensor& mean, const Tensor& rstd) = 0;

@@ -1,5 +1,7 @@
 #include "tensor/kernel_layout.h"
 
+#include <algorithm>
+
 #include "tensor/backend.h"
 
 namespace pipit {
@@ -26,6 +28,47 @@ void check_causal_softmax(const char* op, const Tensor& scores, const Tensor& ou
               ": expects scores [..., T, T], got ", shape_str(scores.shape()));
   PIPIT_CHECK(out.is_contiguous() && out.shape() == scores.shape(), op,
               ": output must be contiguous and shaped like the scores");
+}
+
+DType attention_lse_dtype(DType inputs) {
+  return inputs == DType::f64 ? DType::f64 : DType::f32;
+}
+
+AttentionSizes check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& lse, bool causal,
+                               std::initializer_list<const Tensor*> outputs) {
+  PIPIT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
+              ": expects q [B, H, Tq, D] and k, v [B, H, Tk, D], got ", shape_str(q.shape()), ", ",
+              shape_str(k.shape()), ", ", shape_str(v.shape()));
+  const AttentionSizes sizes{q.shape()[0], q.shape()[1], q.shape()[2], k.shape()[2], q.shape()[3]};
+  const Shape kv{sizes.batch, sizes.heads, sizes.keys, sizes.head_dim};
+  PIPIT_CHECK(k.shape() == kv && v.shape() == kv, op, ": k ", shape_str(k.shape()), " and v ",
+              shape_str(v.shape()), " must both be ", shape_str(kv), " for q ",
+              shape_str(q.shape()));
+  PIPIT_CHECK(sizes.head_dim > 0, op, ": head dim must be positive");
+  PIPIT_CHECK(!causal || sizes.queries <= sizes.keys, op, ": causal attention needs no more ",
+              "queries than keys, got ", sizes.queries, " queries and ", sizes.keys, " keys");
+  PIPIT_CHECK(sizes.keys > 0 || sizes.queries == 0 || sizes.batch * sizes.heads == 0, op,
+              ": there are queries but no keys");
+  PIPIT_CHECK(is_floating(q.dtype()) && k.dtype() == q.dtype() && v.dtype() == q.dtype(), op,
+              ": q, k and v need one floating dtype, got ", q.dtype(), ", ", k.dtype(), ", ",
+              v.dtype());
+  PIPIT_CHECK(q.strides()[3] == 1 && k.strides()[3] == 1 && v.strides()[3] == 1, op,
+              ": q, k and v need unit stride in the head dim");
+  const Shape* expected[] = {&q.shape(), &kv, &kv};
+  size_t index = 0;
+  for (const Tensor* t : outputs) {
+    const Shape& want = *expected[std::min<size_t>(index++, 2)];
+    PIPIT_CHECK(t->shape() == want && t->dtype() == q.dtype() && t->strides()[3] == 1, op,
+                ": output ", index - 1, " must be ", shape_str(want), " ", q.dtype(),
+                " with unit stride in the head dim, got ", shape_str(t->shape()), " ", t->dtype());
+  }
+  const Shape lse_shape{sizes.batch, sizes.heads, sizes.queries};
+  PIPIT_CHECK(lse.shape() == lse_shape && lse.is_contiguous() &&
+                  lse.dtype() == attention_lse_dtype(q.dtype()),
+              op, ": lse must be a contiguous ", attention_lse_dtype(q.dtype()), " ",
+              shape_str(lse_shape));
+  return sizes;
 }
 
 }  // namespace pipit

@@ -2,6 +2,7 @@
 // Layout helpers the backends' kernels share. No autograd: the differentiable forms are
 // Tensor::contiguous and the view ops in autograd/.
 #include <cstdint>
+#include <initializer_list>
 
 #include "tensor/tensor.h"
 
@@ -14,5 +15,18 @@ Tensor dim_last(const Tensor& t, int64_t dim);
 // What Backend::causal_softmax and its backward need: square scores [..., T, T] and a
 // contiguous output of their shape.
 void check_causal_softmax(const char* op, const Tensor& scores, const Tensor& out);
+
+// The sizes of a Backend::attention call, after checking q [B, H, Tq, D], k and v [B, H, Tk, D]
+// (unit stride in D), one floating dtype, `outputs` shaped like q (and then k, v, for the
+// backward's gradients) with unit stride in D, lse a contiguous [B, H, Tq] of
+// attention_lse_dtype, and with `causal` no more queries than keys.
+struct AttentionSizes {
+  int64_t batch, heads, queries, keys, head_dim;
+};
+AttentionSizes check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& lse, bool causal,
+                               std::initializer_list<const Tensor*> outputs);
+// f64 for f64 inputs, f32 for the rest: the dtype softmax statistics accumulate in.
+DType attention_lse_dtype(DType inputs);
 
 }  // namespace pipit

@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # Every GPU check of the CUDA backend in one run, for the few minutes a GPU is at hand:
 # the [cuda] test cases one process each (a crash loses one case, not the rest), the rest of
-# the suite, the GEMM and GPT-2 benchmarks against PyTorch on the same GPU, and train_gpt on
-# the GPU with 1, 2 and 4 pipeline stages. Each step has a time limit; logs go to OUT_DIR
-# (one file per step) and a summary to stdout.
+# the suite, the GEMM, attention and GPT-2 benchmarks against PyTorch on the same GPU, and
+# train_gpt on the GPU with 1, 2 and 4 pipeline stages. Each step has a time limit; logs go to
+# OUT_DIR (one file per step) and a summary to stdout. Pack gpu_attention too:
+#   bash ../shared/tools/gpu_pack.sh build .gpu/pack.tar.xz pipit_tests train_gpt gpu_gemm \
+#     gpu_gpt2 gpu_attention tcp_throughput pipit-worker
 #
 # usage: bash tools/gpu_check.sh [BUILD_DIR] [OUT_DIR] [STEPS]
 #   BUILD_DIR: a Release build with CUDA (default build); OUT_DIR: default gpu-logs;
-#   STEPS: comma-separated subset of info,cuda,suite,asan,gemm,gpt2,train (default all but asan;
-#   asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build).
+#   STEPS: comma-separated subset of info,cuda,suite,asan,gemm,attention,gpt2,train (default
+#   all but asan; asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build).
 #   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile); PIPIT_GPT2_SECONDS: its
 #   time limit (default 420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=$(realpath "${1:-build}")
 out=$(realpath -m "${2:-gpu-logs}")
-steps=",${3:-info,cuda,suite,gemm,gpt2,train},"
+steps=",${3:-info,cuda,suite,gemm,attention,gpt2,train},"
 mkdir -p "$out"
 
 want() { [[ $steps == *",$1,"* ]]; }
@@ -81,6 +83,16 @@ if want gemm; then
   limited 150 "$out/gemm.log" python3 bench/gpu_gemm.py --build "$build"
   echo "gemm: rc=$?"
   grep -E "^\|" "$out/gemm.log"
+fi
+if want attention; then
+  # gpu_attention is not among gpu_pack.sh's default binaries: pack it by name.
+  if [[ -x "$build/gpu_attention" ]]; then
+    limited 120 "$out/attention.log" python3 bench/gpu_attention.py --build "$build"
+    echo "attention: rc=$?"
+    grep -E "^\| (bf16|f16|f32) " "$out/attention.log"
+  else
+    echo "attention: skipped, $build/gpu_attention missing"
+  fi
 fi
 if want gpt2; then
   # shellcheck disable=SC2086 # the flags are words

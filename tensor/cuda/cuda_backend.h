@@ -35,6 +35,12 @@ class CudaBackend final : public Backend {
   void causal_softmax(const Tensor& scores, double scale, const Tensor& out) override;
   void causal_softmax_backward(const Tensor& grad, const Tensor& out, double scale,
                                const Tensor& grad_scores) override;
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
+                 const Tensor& out, const Tensor& lse) override;
+  void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& out, const Tensor& lse, double scale, bool causal,
+                          const Tensor& grad_q, const Tensor& grad_k,
+                          const Tensor& grad_v) override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                   const Tensor& out, const Tensor& mean, const Tensor& rstd) override;
   void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,

@@ -182,6 +182,20 @@ void OpTimer::causal_softmax_backward(const Tensor& grad, const Tensor& out, dou
         [&] { inner_.causal_softmax_backward(grad, out, scale, grad_scores); });
 }
 
+void OpTimer::attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                        bool causal, const Tensor& out, const Tensor& lse) {
+  timed("attention", nullptr, [&] { inner_.attention(q, k, v, scale, causal, out, lse); });
+}
+
+void OpTimer::attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const Tensor& out, const Tensor& lse,
+                                 double scale, bool causal, const Tensor& grad_q,
+                                 const Tensor& grad_k, const Tensor& grad_v) {
+  timed("attention_backward", nullptr, [&] {
+    inner_.attention_backward(grad_out, q, k, v, out, lse, scale, causal, grad_q, grad_k, grad_v);
+  });
+}
+
 void OpTimer::softmax_backward(const Tensor& grad, const Tensor& out, int64_t dim, bool log,
                                const Tensor& grad_in) {
   timed(log ? "log_softmax_backward" : "softmax_backward", nullptr,

@@ -1,0 +1,85 @@
+// pipit's half of bench/gpu_attention.py: causal attention forward and backward on cuda:0
+// through Backend::attention and attention_backward into preallocated outputs, so the time
+// is the kernels and nothing of autograd. q, k, v are [B, H, T, D] views of one packed
+// [B, T, 3, H, D] projection, as CausalSelfAttention reads them. Prints one JSON line per
+// (dtype, shape): {"dtype", "batch", "heads", "context", "head_dim", "forward_ms": [...],
+// "step_ms": [...]} with step = forward + backward.
+//
+// usage: gpu_attention [--dtypes bf16,f16,f32] [--shapes 8x12x1024x64,2x12x4096x64]
+//                      [--warmup 3] [--repeats 10]
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <nlohmann/json.hpp>
+
+#include "bench/gpu_bench.h"
+#include "pipit.h"
+#include "tensor/kernel_layout.h"
+#include "tensor/stream.h"
+
+using namespace pipit;
+
+namespace {
+
+DType parse_dtype(const std::string& name) {
+  if (name == "bf16") return DType::bf16;
+  if (name == "f16") return DType::f16;
+  PIPIT_CHECK(name == "f32", "unknown dtype '", name, "' (bf16, f16, f32)");
+  return DType::f32;
+}
+
+nlohmann::json time_attention(const std::string& dtype_name, const std::string& shape,
+                              int64_t warmup, int64_t repeats) {
+  const DType dtype = parse_dtype(dtype_name);
+  int64_t B = 0, H = 0, T = 0, D = 0;
+  PIPIT_CHECK(std::sscanf(shape.c_str(), "%ldx%ldx%ldx%ld", &B, &H, &T, &D) == 4, "shape '", shape,
+              "' is not BxHxTxD");
+  const Device device = Device::cuda(0);
+  Generator generator(0);
+  const Tensor packed = randn({B, T, 3, H, D}, &generator, {DType::f32, device}).to(dtype);
+  const Tensor heads = permute(packed, {2, 0, 3, 1, 4});
+  const Tensor q = squeeze(narrow(heads, 0, 0, 1), 0), k = squeeze(narrow(heads, 0, 1, 1), 0),
+               v = squeeze(narrow(heads, 0, 2, 1), 0);
+  const Tensor grad = randn({B, H, T, D}, &generator, {DType::f32, device}).to(dtype);
+  const Tensor out = transpose(empty({B, T, H, D}, {dtype, device}), 1, 2);
+  const Tensor lse = empty({B, H, T}, {attention_lse_dtype(dtype), device});
+  const Tensor dq = empty({B, H, T, D}, {dtype, device}), dk = empty({B, H, T, D}, {dtype, device}),
+               dv = empty({B, H, T, D}, {dtype, device});
+  Backend& kernels = backend(device);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const auto forward_ms = bench::time_ms(warmup, repeats, [&] {
+    kernels.attention(q, k, v, scale, true, out, lse);
+    synchronize(device);
+  });
+  const auto step_ms = bench::time_ms(warmup, repeats, [&] {
+    kernels.attention(q, k, v, scale, true, out, lse);
+    kernels.attention_backward(grad, q, k, v, out, lse, scale, true, dq, dk, dv);
+    synchronize(device);
+  });
+  return {{"dtype", dtype_name}, {"batch", B},    {"heads", H},
+          {"context", T},        {"head_dim", D}, {"forward_ms", forward_ms},
+          {"step_ms", step_ms}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    bench::Flags flags(argc, argv, {});
+    const auto dtypes = bench::split(flags.take("dtypes", "bf16,f16,f32"));
+    const auto shapes = bench::split(flags.take("shapes", "8x12x1024x64,2x12x4096x64"));
+    const int64_t warmup = flags.take_int("warmup", 3), repeats = flags.take_int("repeats", 10);
+    flags.finish();
+    if (!bench::has_cuda_device("gpu_attention")) return 0;
+    for (const auto& dtype : dtypes) {
+      for (const auto& shape : shapes) {
+        std::printf("%s\n", time_attention(dtype, shape, warmup, repeats).dump().c_str());
+        std::fflush(stdout);
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_attention: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Causal attention on one GPU: pipit's fused kernel (build/gpu_attention) vs PyTorch's
+F.scaled_dot_product_attention (flash attention where it applies), same shapes and dtypes.
+
+Row by row, runs pipit's binary and then torch in this process: q, k, v as [B, H, T, D] views
+of one packed [B, T, 3, H, D] tensor, forward alone and forward + backward, median times.
+TFLOP/s count a causal forward as 2 B H T^2 D (half of the 4 B H T^2 D of full attention) and
+the backward as 2.5 times the forward, as FlashAttention's papers do. Prints pipit/torch (> 1
+means pipit is faster) and appends the table to bench/RESULTS.md. Without a GPU it says so and
+exits 0.
+
+usage: python3 bench/gpu_attention.py [--build build] [--dtypes bf16,f16,f32]
+           [--shapes 8x12x1024x64,2x12x4096x64] [--warmup 3] [--repeats 10] [--no-append]
+"""
+import argparse
+import os
+import statistics
+
+import gpu_common
+
+
+def torch_attention(torch, dtype_name, B, H, T, D, warmup, repeats):
+    """Per-repeat ms of torch's forward, and of forward + backward."""
+    import torch.nn.functional as F
+    from bench_common import time_steps
+
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype_name]
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    packed = torch.randn(B, T, 3, H, D, device="cuda", generator=generator).to(dtype)
+    packed.requires_grad_()
+    grad = torch.randn(B, H, T, D, device="cuda", generator=generator).to(dtype)
+
+    def forward():
+        q, k, v = packed.permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def run_forward():
+        with torch.no_grad():
+            forward()
+        torch.cuda.synchronize()
+
+    def run_step():
+        packed.grad = None
+        forward().backward(grad)
+        torch.cuda.synchronize()
+    return time_steps(warmup, repeats, run_forward), time_steps(warmup, repeats, run_step)
+
+
+def tflops(flops, ms):
+    return flops / (ms * 1e-3) / 1e12
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default=os.path.join(gpu_common.HERE, "..", "build"))
+    parser.add_argument("--dtypes", default="bf16,f16,f32")
+    parser.add_argument("--shapes", default="8x12x1024x64,2x12x4096x64")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--no-append", action="store_true")
+    args = parser.parse_args()
+    binary, torch = gpu_common.require_gpu("gpu_attention.py", args.build)
+
+    table = ["| dtype | B x H x T x D | pipit fwd TFLOP/s | torch fwd TFLOP/s | fwd pipit/torch | "
+             "pipit fwd+bwd TFLOP/s | torch fwd+bwd TFLOP/s | fwd+bwd pipit/torch |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for dtype in args.dtypes.split(","):
+        for shape in args.shapes.split(","):
+            rows = gpu_common.run_pipit(binary, ["--dtypes", dtype, "--shapes", shape, "--warmup",
+                                                 str(args.warmup), "--repeats",
+                                                 str(args.repeats)])
+            if not rows:
+                table.append(f"| {dtype} | {shape} | failed | | | | | |")
+                continue
+            [row] = rows
+            B, H, T, D = row["batch"], row["heads"], row["context"], row["head_dim"]
+            forward_flops = 2.0 * B * H * T * T * D
+            step_flops = 3.5 * forward_flops
+            mine_f = tflops(forward_flops, statistics.median(row["forward_ms"]))
+            mine_s = tflops(step_flops, statistics.median(row["step_ms"]))
+            fwd, step = torch_attention(torch, dtype, B, H, T, D, args.warmup, args.repeats)
+            theirs_f = tflops(forward_flops, statistics.median(fwd))
+            theirs_s = tflops(step_flops, statistics.median(step))
+            line = (f"| {dtype} | {shape} | {mine_f:.1f} | {theirs_f:.1f} | "
+                    f"{mine_f / theirs_f:.2f} | {mine_s:.1f} | {theirs_s:.1f} | "
+                    f"{mine_s / theirs_s:.2f} |")
+            table.append(line)
+            print(line, flush=True)
+            torch.cuda.empty_cache()
+    print("\n" + "\n".join(table))
+    if not args.no_append:
+        gpu_common.append_results("gpu_attention (causal)", torch, table)
+
+
+if __name__ == "__main__":
+    main()

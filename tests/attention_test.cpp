@@ -1,0 +1,201 @@
+// scaled_dot_product_attention (the fused kernel) against attention written out with matmul,
+// masked_fill and softmax, forward and backward; finite differences; views; determinism;
+// autocast; and the transformer's use of it.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
+
+#include "gradcheck.h"
+#include "nn/builders.h"
+#include "nn/transformer.h"
+#include "pipit.h"
+#include "tensor/node.h"
+
+using namespace pipit;
+
+namespace {
+
+// softmax(scale q k^T, masked) v as separate ops; with causal, key j is hidden from query i
+// when j > i + Tk - Tq.
+Tensor written_out(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  Tensor scores = matmul(q, transpose(k, -1, -2)) * scale;
+  if (causal) {
+    const int64_t Tq = q.shape()[2], Tk = k.shape()[2];
+    // Query i's last visible key, i + Tk - Tq.
+    const Tensor last_seen =
+        arange(static_cast<double>(Tk - Tq), static_cast<double>(Tk), 1.0, {DType::i64});
+    const Tensor keys = arange(0, static_cast<double>(Tk), 1.0, {DType::i64});
+    const Tensor hidden = gt(reshape(keys, {1, Tk}), reshape(last_seen, {Tq, 1}));
+    scores = masked_fill(scores, hidden, -INFINITY);
+  }
+  return matmul(softmax(scores, -1), v);
+}
+
+double max_abs_difference(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+  return worst;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.to_vector<double>() == b.to_vector<double>();
+}
+
+// Names of every node reachable from t's grad_fn.
+void collect_nodes(const std::shared_ptr<Node>& node, std::vector<std::string>& names) {
+  if (!node) return;
+  names.push_back(node->name());
+  for (const auto& next : node->next) collect_nodes(next, names);
+}
+
+}  // namespace
+
+TEST_CASE("attention equals softmax(scale q k^T) v written out, forward and backward", "[nn]") {
+  Generator g(41);
+  for (const auto& [dtype, tol] : {std::pair{DType::f64, 1e-12}, std::pair{DType::f32, 2e-5}}) {
+    for (bool causal : {true, false}) {
+      // (Tq, Tk): square, a single query, more keys than queries (a KV cache's step).
+      for (const auto& [Tq, Tk] :
+           {std::pair<int64_t, int64_t>{7, 7}, {1, 1}, {33, 33}, {1, 9}, {5, 12}, {12, 5}}) {
+        if (causal && Tq > Tk) continue;
+        for (int64_t D : {4, 16}) {
+          INFO(dtype << (causal ? " causal" : " full") << ", Tq " << Tq << ", Tk " << Tk << ", D "
+                     << D);
+          const Tensor q = uniform({2, 3, Tq, D}, -2, 2, &g, {dtype});
+          const Tensor k = uniform({2, 3, Tk, D}, -2, 2, &g, {dtype});
+          const Tensor v = uniform({2, 3, Tk, D}, -2, 2, &g, {dtype});
+          const Tensor grad = uniform({2, 3, Tq, D}, -1, 1, &g, {dtype});
+          const double scale = 0.3;
+          std::vector<Tensor> want_in, got_in;
+          for (const Tensor& t : {q, k, v}) {
+            want_in.push_back(t.clone().requires_grad_());
+            got_in.push_back(t.clone().requires_grad_());
+          }
+          const Tensor want = written_out(want_in[0], want_in[1], want_in[2], causal, scale);
+          const Tensor got =
+              scaled_dot_product_attention(got_in[0], got_in[1], got_in[2], causal, scale);
+          CHECK(max_abs_difference(got, want) <= tol);
+          want.backward(grad);
+          got.backward(grad);
+          for (int i = 0; i < 3; ++i) {
+            INFO("gradient of input " << i);
+            CHECK(max_abs_difference(got_in[i].grad(), want_in[i].grad()) <= tol);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("attention's gradients match finite differences", "[nn][gradcheck]") {
+  using V = std::vector<Tensor>;
+  testing::check_gradients(
+      [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
+      testing::leaves({{1, 2, 5, 3}, {1, 2, 5, 3}, {1, 2, 5, 3}}));
+  testing::check_gradients(
+      [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true, 0.7); },
+      testing::leaves({{2, 1, 3, 4}, {2, 1, 6, 4}, {2, 1, 6, 4}}, 8));
+  testing::check_gradients(
+      [](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], false); },
+      testing::leaves({{1, 2, 4, 3}, {1, 2, 6, 3}, {1, 2, 6, 3}}, 9));
+}
+
+TEST_CASE("attention reads q, k, v as views of a packed projection and merges heads free", "[nn]") {
+  Generator g(42);
+  const int64_t B = 2, T = 9, H = 3, D = 4;
+  // [B, T, 3, H, D] -> [3, B, H, T, D], as CausalSelfAttention splits its qkv projection.
+  const Tensor packed = uniform({B, T, 3, H, D}, -2, 2, &g);
+  const Tensor heads = permute(packed, {2, 0, 3, 1, 4});
+  const Tensor q = squeeze(narrow(heads, 0, 0, 1), 0), k = squeeze(narrow(heads, 0, 1, 1), 0),
+               v = squeeze(narrow(heads, 0, 2, 1), 0);
+  REQUIRE_FALSE(q.is_contiguous());
+  const Tensor from_views = scaled_dot_product_attention(q, k, v, true);
+  const Tensor from_copies =
+      scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(), true);
+  CHECK(same_bits(from_views, from_copies));
+  // The result is [B, H, T, D] over [B, T, H, D] memory: the heads merge without a copy.
+  const Tensor merged = permute(from_views, {0, 2, 1, 3});
+  CHECK(merged.is_contiguous());
+  CHECK(merged.same_storage(from_views));
+}
+
+TEST_CASE("attention gives the same bits on 1 and 2 threads", "[nn]") {
+  Generator g(43);
+  const Tensor q = uniform({2, 4, 40, 8}, -2, 2, &g), k = uniform({2, 4, 40, 8}, -2, 2, &g),
+               v = uniform({2, 4, 40, 8}, -2, 2, &g), grad = uniform({2, 4, 40, 8}, -1, 1, &g);
+  auto run = [&](int threads) {
+    const int before = get_num_threads();
+    set_num_threads(threads);
+    Tensor qq = q.clone().requires_grad_(), kk = k.clone().requires_grad_(),
+           vv = v.clone().requires_grad_();
+    Tensor out = scaled_dot_product_attention(qq, kk, vv, true);
+    out.backward(grad);
+    set_num_threads(before);
+    return std::vector<Tensor>{out.detach(), qq.grad(), kk.grad(), vv.grad()};
+  };
+  const auto one = run(1), two = run(2);
+  for (size_t i = 0; i < one.size(); ++i) CHECK(same_bits(one[i], two[i]));
+}
+
+TEST_CASE("attention under autocast rounds its inputs and returns f32", "[nn]") {
+  Generator g(44);
+  const Tensor q = uniform({1, 2, 6, 8}, -2, 2, &g), k = uniform({1, 2, 6, 8}, -2, 2, &g),
+               v = uniform({1, 2, 6, 8}, -2, 2, &g);
+  for (DType half : {DType::bf16, DType::f16}) {
+    INFO(half);
+    Tensor got;
+    {
+      AutocastGuard autocast(half);
+      got = scaled_dot_product_attention(q, k, v, true);
+    }
+    CHECK(got.dtype() == DType::f32);
+    const Tensor want =
+        scaled_dot_product_attention(q.to(half), k.to(half), v.to(half), true).to(DType::f32);
+    CHECK(same_bits(got, want));
+    // Rounded: not what f32 inputs give.
+    CHECK_FALSE(same_bits(got, scaled_dot_product_attention(q, k, v, true)));
+  }
+}
+
+TEST_CASE("attention refuses bad shapes and dtypes by name", "[nn]") {
+  const Tensor x = zeros({1, 2, 4, 8});
+  CHECK_THROWS_WITH(scaled_dot_product_attention(zeros({2, 4, 8}), x, x),
+                    Catch::Contains("expects q [B, H, Tq, D]"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(x, zeros({1, 2, 4, 8}), zeros({1, 2, 5, 8})),
+                    Catch::Contains("must both be [1, 2, 4, 8]"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(x, zeros({1, 2, 3, 8}), zeros({1, 2, 3, 8}), true),
+                    Catch::Contains("causal attention needs no more queries than keys"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(x, x, x.to(DType::f64)),
+                    Catch::Contains("need one floating dtype"));
+  CHECK_THROWS_WITH(scaled_dot_product_attention(x, zeros({1, 2, 0, 8}), zeros({1, 2, 0, 8})),
+                    Catch::Contains("there are queries but no keys"));
+}
+
+TEST_CASE("CausalSelfAttention runs the fused kernel unless dropout needs the weights", "[nn]") {
+  Generator g(45);
+  const Tensor x = uniform({2, 10, 12}, -1, 1, &g);
+  auto attention_nodes = [](const Tensor& out) {
+    std::vector<std::string> names;
+    collect_nodes(out.grad_fn(), names);
+    return std::count(names.begin(), names.end(), "AttentionBackward");
+  };
+  CausalSelfAttention plain(12, 3, 0.0, &g);
+  const Tensor got = plain.forward(x);
+  CHECK(attention_nodes(got) == 1);
+  // The same weights, attention written out.
+  const int64_t B = 2, T = 10, H = 3, D = 4;
+  const Tensor heads = permute(reshape(plain.qkv->forward(x), {B, T, 3, H, D}), {2, 0, 3, 1, 4});
+  const Tensor y =
+      written_out(squeeze(narrow(heads, 0, 0, 1), 0), squeeze(narrow(heads, 0, 1, 1), 0),
+                  squeeze(narrow(heads, 0, 2, 1), 0), true, 0.5);
+  const Tensor want = plain.proj->forward(reshape(permute(y, {0, 2, 1, 3}), {B, T, 12}));
+  CHECK(max_abs_difference(got, want) <= 1e-5);
+  // Dropout on the weights in training keeps them in memory; in eval the fused kernel runs.
+  CausalSelfAttention dropping(12, 3, 0.1, &g);
+  CHECK(attention_nodes(dropping.forward(x)) == 0);
+  dropping.eval();
+  CHECK(attention_nodes(dropping.forward(x)) == 1);
+}

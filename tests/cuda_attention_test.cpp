@@ -1,0 +1,130 @@
+// The CUDA attention kernels against the CPU's: the tensor-core kernels (bf16/f16, head dims
+// 32/64/128) and the CUDA-core ones (every other case), forward and backward, into poisoned
+// outputs, at sizes that are not multiples of any tile; strided operands; repeatability.
+// Without a CUDA device each case reports "skipped" and passes.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "cuda_testing.h"
+#include "pipit.h"
+#include "tensor/kernel_layout.h"
+
+using namespace pipit;
+using testing::cuda_ready;
+using testing::kCpu;
+using testing::kCuda;
+using testing::poisoned;
+
+namespace {
+
+struct Case {
+  int64_t batch, heads, queries, keys, head_dim;
+  bool causal;
+};
+
+// The outputs of Backend::attention and attention_backward on `device`: out, lse, dq, dk, dv.
+std::vector<Tensor> run(Device device, const Case& c, const std::vector<Tensor>& inputs,
+                        double scale) {
+  std::vector<Tensor> in;
+  for (const Tensor& t : inputs) in.push_back(t.to(device));
+  const Tensor &q = in[0], &k = in[1], &v = in[2], &grad = in[3];
+  const DType dt = q.dtype();
+  Tensor out = poisoned(q.shape(), dt, device);
+  Tensor lse = poisoned({c.batch, c.heads, c.queries}, attention_lse_dtype(dt), device);
+  backend(device).attention(q, k, v, scale, c.causal, out, lse);
+  Tensor dq = poisoned(q.shape(), dt, device), dk = poisoned(k.shape(), dt, device),
+         dv = poisoned(v.shape(), dt, device);
+  backend(device).attention_backward(grad, q, k, v, out, lse, scale, c.causal, dq, dk, dv);
+  return {out, lse, dq, dk, dv};
+}
+
+// |got - want| <= tol * max(|want|, mean |want|) everywhere, NaN (poison) nowhere.
+void check_close(const Tensor& got, const Tensor& want, double tol, const char* what) {
+  INFO(what);
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  REQUIRE(g.size() == w.size());
+  double mean = 0;
+  for (double x : w) mean += std::abs(x);
+  mean = w.empty() ? 0 : mean / static_cast<double>(w.size());
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const bool ok = std::abs(g[i] - w[i]) <= tol * std::max(std::abs(w[i]), mean);
+    if (!ok && bad++ == 0) first = i;
+  }
+  INFO("first of " << bad << " mismatches at " << first << ": got " << (g.empty() ? 0 : g[first])
+                   << ", want " << (w.empty() ? 0 : w[first]));
+  CHECK(bad == 0);
+}
+
+// bf16 keeps 8 bits and the kernels round the weights to it before multiplying by v.
+double tolerance(DType dt) {
+  switch (dt) {
+    case DType::f64:
+      return 1e-10;
+    case DType::f32:
+      return 1e-4;
+    case DType::f16:
+      return 1e-2;
+    default:
+      return 4e-2;
+  }
+}
+
+std::vector<Tensor> random_inputs(const Case& c, DType dt, Generator& g) {
+  const Shape qs{c.batch, c.heads, c.queries, c.head_dim}, ks{c.batch, c.heads, c.keys, c.head_dim};
+  return {uniform(qs, -2, 2, &g).to(dt), uniform(ks, -2, 2, &g).to(dt),
+          uniform(ks, -2, 2, &g).to(dt), uniform(qs, -1, 1, &g).to(dt)};
+}
+
+}  // namespace
+
+TEST_CASE("cuda: attention and its backward match the CPU", "[cuda]") {
+  if (!cuda_ready()) return;
+  Generator g(51);
+  const std::vector<Case> cases = {
+      {1, 1, 1, 1, 64, true},      // batch 1, one token
+      {2, 3, 17, 17, 64, true},    // less than a tile
+      {1, 2, 130, 130, 64, true},  // tiles and a remainder
+      {2, 2, 77, 77, 32, true},   {1, 2, 70, 70, 128, true}, {2, 1, 45, 45, 64, false},
+      {1, 2, 5, 90, 64, true},   // fewer queries than keys (a cache's step)
+      {1, 3, 40, 40, 40, true},  // a head dim the tensor cores do not take
+  };
+  for (DType dt : {DType::bf16, DType::f16, DType::f32, DType::f64}) {
+    for (const Case& c : cases) {
+      INFO(dt << ": B " << c.batch << " H " << c.heads << " Tq " << c.queries << " Tk " << c.keys
+              << " D " << c.head_dim << (c.causal ? " causal" : " full"));
+      const std::vector<Tensor> inputs = random_inputs(c, dt, g);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+      const std::vector<Tensor> want = run(kCpu, c, inputs, scale);
+      const std::vector<Tensor> got = run(kCuda, c, inputs, scale);
+      const char* names[] = {"out", "lse", "grad q", "grad k", "grad v"};
+      for (size_t i = 0; i < got.size(); ++i) {
+        check_close(got[i], want[i], tolerance(dt), names[i]);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: attention reads strided views and repeats its bits", "[cuda]") {
+  if (!cuda_ready()) return;
+  Generator g(52);
+  for (DType dt : {DType::bf16, DType::f32}) {
+    INFO(dt);
+    const int64_t B = 2, T = 100, H = 3, D = 64;
+    // [B, T, 3, H, D] -> q, k, v [B, H, T, D] views, as CausalSelfAttention makes them.
+    const Tensor packed = uniform({B, T, 3, H, D}, -2, 2, &g).to(dt).to(kCuda);
+    const Tensor heads = permute(packed, {2, 0, 3, 1, 4});
+    const Tensor q = squeeze(narrow(heads, 0, 0, 1), 0), k = squeeze(narrow(heads, 0, 1, 1), 0),
+                 v = squeeze(narrow(heads, 0, 2, 1), 0);
+    const Tensor grad = uniform({B, H, T, D}, -1, 1, &g).to(dt).to(kCuda);
+    const Case c{B, H, T, T, D, true};
+    auto strided = run(kCuda, c, {q, k, v, grad}, 0.125);
+    auto dense = run(kCuda, c, {q.contiguous(), k.contiguous(), v.contiguous(), grad}, 0.125);
+    auto again = run(kCuda, c, {q, k, v, grad}, 0.125);
+    for (size_t i = 0; i < strided.size(); ++i) {
+      INFO("output " << i);
+      CHECK(strided[i].to_vector<double>() == dense[i].to_vector<double>());
+      CHECK(strided[i].to_vector<double>() == again[i].to_vector<double>());
+    }
+  }
+}
