@@ -27,6 +27,7 @@
 #include <limits>
 
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/gemm.h"
 #include "tensor/cpu/loop.h"
 #include "tensor/gemm_layout.h"
 #include "tensor/kernel_layout.h"
@@ -120,31 +121,6 @@ bool use_onednn(int64_t work) {
 #endif
 }
 
-template <typename T>
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T beta, T* c, int64_t ldc) {
-  auto trans = [](bool t) { return t ? CblasTrans : CblasNoTrans; };
-  if constexpr (std::is_same_v<T, float>) {
-#ifdef PIPIT_GEMM_ONEDNN
-    if (use_onednn(M * N * K)) {
-      OneThread one_thread;
-      const dnnl_status_t status =
-          dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, a, lda, b, ldb, beta, c, ldc);
-      PIPIT_CHECK(status == dnnl_success, "matmul: oneDNN sgemm of ", M, " x ", N, " x ", K,
-                  " failed with status ", static_cast<int>(status));
-      return;
-    }
-#endif
-    cblas_sgemm(CblasRowMajor, trans(ta), trans(tb), static_cast<int>(M), static_cast<int>(N),
-                static_cast<int>(K), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-                c, static_cast<int>(ldc));
-  } else {
-    cblas_dgemm(CblasRowMajor, trans(ta), trans(tb), static_cast<int>(M), static_cast<int>(N),
-                static_cast<int>(K), 1.0, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-                c, static_cast<int>(ldc));
-  }
-}
-
 Tensor gemm_ready(const Tensor& t) {
   // A contiguous tensor always qualifies, so the fallback is always a copy.
   return layout_of(t).usable ? t : dense(t);
@@ -187,9 +163,9 @@ void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, boo
     const int64_t c0 = tile % tiling.col_tiles * tiling.cols;
     off_a += la.transposed ? r0 : r0 * la.ld;
     off_b += lb.transposed ? c0 * lb.ld : c0;
-    gemm<T>(la.transposed, lb.transposed, std::min(tiling.rows, rows - r0),
-            std::min(tiling.cols, N - c0), K, pa + off_a, la.ld, pb + off_b, lb.ld, beta,
-            c + task / tiling.count() * M * N + r0 * N + c0, N);
+    cpu::gemm<T>(la.transposed, lb.transposed, std::min(tiling.rows, rows - r0),
+                 std::min(tiling.cols, N - c0), K, pa + off_a, la.ld, pb + off_b, lb.ld, beta,
+                 c + task / tiling.count() * M * N + r0 * N + c0, N);
   };
   const int64_t tasks = products * tiling.count();
   const int threads = static_cast<int>(std::min<int64_t>(
@@ -200,6 +176,40 @@ void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, boo
 }
 
 }  // namespace
+
+namespace cpu {
+
+template <typename T>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* b,
+          int64_t ldb, T beta, T* c, int64_t ldc) {
+  auto trans = [](bool t) { return t ? CblasTrans : CblasNoTrans; };
+  if constexpr (std::is_same_v<T, float>) {
+#ifdef PIPIT_GEMM_ONEDNN
+    if (use_onednn(M * N * K)) {
+      OneThread one_thread;
+      const dnnl_status_t status =
+          dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, a, lda, b, ldb, beta, c, ldc);
+      PIPIT_CHECK(status == dnnl_success, "matmul: oneDNN sgemm of ", M, " x ", N, " x ", K,
+                  " failed with status ", static_cast<int>(status));
+      return;
+    }
+#endif
+    cblas_sgemm(CblasRowMajor, trans(ta), trans(tb), static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(K), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+                c, static_cast<int>(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, trans(ta), trans(tb), static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(K), 1.0, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+                c, static_cast<int>(ldc));
+  }
+}
+
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t,
+                          const float*, int64_t, float, float*, int64_t);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,
+                           const double*, int64_t, double, double*, int64_t);
+
+}  // namespace cpu
 
 void set_cpu_gemm_provider(GemmProvider provider) {
 #ifndef PIPIT_GEMM_ONEDNN

@@ -1,0 +1,14 @@
+#pragma once
+// One single-threaded GEMM call through the library matmul.cpp picks for its size (oneDNN or
+// OpenBLAS): row-major C[M, N] = op(A) op(B) + beta C, op transposing where ta / tb. The choice
+// depends only on the sizes, so callers that split work by shape get the same bits whatever
+// the thread count. Internal to the CPU backend's kernels.
+#include <cstdint>
+
+namespace pipit::cpu {
+
+template <typename T>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* b,
+          int64_t ldb, T beta, T* c, int64_t ldc);
+
+}  // namespace pipit::cpu
