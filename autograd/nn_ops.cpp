@@ -1,6 +1,7 @@
 #include "autograd/nn_ops.h"
 
 #include "autograd/elementwise.h"
+#include "autograd/reduce.h"
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
 #include "tensor/factory.h"
@@ -77,14 +78,18 @@ struct EmbeddingBackward : Node {
 };
 
 struct CrossEntropyBackward : Node {
-  Tensor logits, targets;
+  Tensor logits, targets, count;
   Shape logits_shape;
   int64_t ignore_index = -100;
-  double count = 1;
   std::vector<Tensor> apply(const Tensor& g) override {
     Tensor grad = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
-    backend(g).cross_entropy_backward(logits, targets, ignore_index, g.item<double>() / count,
-                                      grad);
+    Tensor scale;
+    {
+      NoGradGuard no_grad;
+      // In f64 then rounded once, as a host double divided by the count would be.
+      scale = (g.to(DType::f64) / count).to(logits.dtype());
+    }
+    backend(g).cross_entropy_backward(logits, targets, ignore_index, scale, grad);
     return {reshape(grad, logits_shape), Tensor()};
   }
   std::string name() const override { return "CrossEntropyBackward"; }
@@ -162,6 +167,13 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* generator) {
   return out;
 }
 
+Tensor cross_entropy_rows(const Tensor& targets, int64_t ignore_index) {
+  NoGradGuard no_grad;
+  const Tensor ignored =
+      scalar_tensor(static_cast<double>(ignore_index), {DType::i64, targets.device()});
+  return sum(ne(targets, ignored).to(DType::i64)).to(DType::f64);
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   PIPIT_CHECK(logits.dim() == 2 || logits.dim() == 3,
               "cross_entropy: logits must be [N, C] or "
@@ -183,20 +195,22 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   const int64_t N = logits2.shape()[0];
   Tensor losses = Tensor::empty({N}, logits.dtype(), logits.device());
   backend(logits).cross_entropy(logits2, targets1, ignore_index, losses);
-  int64_t count = 0;
-  for (int64_t t : targets1.to_vector<int64_t>()) count += t != ignore_index;
   Tensor total = Tensor::empty({}, logits.dtype(), logits.device());
   int64_t all[] = {0};
   backend(logits).reduce(ReduceOp::sum, losses, all, total);
-  // With every row ignored the mean is 0/0; PyTorch returns NaN there, and so do we.
-  Tensor out = total * (1.0 / static_cast<double>(count));
-  Tensor result = out.detach();
+  Tensor count, result;
+  {
+    NoGradGuard no_grad;
+    count = cross_entropy_rows(targets1, ignore_index);
+    // With every row ignored the mean is 0/0; PyTorch returns NaN there, and so do we.
+    result = total * (1.0 / count).to(logits.dtype());
+  }
   if (auto node = detail::make_node<CrossEntropyBackward>(result, {logits, targets})) {
     node->logits = logits2.detach();
     node->targets = targets1;
     node->logits_shape = logits.shape();
     node->ignore_index = ignore_index;
-    node->count = static_cast<double>(count);
+    node->count = count;
   }
   return result;
 }

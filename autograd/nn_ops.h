@@ -20,5 +20,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* generator = 
 // Mean over non-ignored rows of -log softmax(logits)[target]; logits [N, C] or [B, T, C],
 // targets i64 [N] or [B, T].
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// The rows of targets that are not ignore_index, as an f64 scalar on their device: the mean's
+// divisor, counted without waiting for the device.
+Tensor cross_entropy_rows(const Tensor& targets, int64_t ignore_index);
 
 }  // namespace pipit

@@ -24,11 +24,10 @@ Tensor CrossEntropyLoss::compute_gradient(const Tensor& output, const Tensor& ta
   const int64_t C = output.shape().back();
   Tensor logits = reshape(output, {-1, C}).contiguous();
   Tensor targets = reshape(target, {-1}).contiguous();
-  int64_t count = 0;
-  for (int64_t t : targets.to_vector<int64_t>()) count += t != ignore_index_;
+  // 1 / count in f64, rounded once, as a host double would be.
+  const Tensor scale = (1.0 / cross_entropy_rows(targets, ignore_index_)).to(logits.dtype());
   Tensor grad = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
-  backend(logits).cross_entropy_backward(logits, targets, ignore_index_,
-                                         1.0 / static_cast<double>(count), grad);
+  backend(logits).cross_entropy_backward(logits, targets, ignore_index_, scale, grad);
   return reshape(grad, output.shape());
 }
 

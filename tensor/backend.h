@@ -125,9 +125,11 @@ class Backend {
   // Per-row -log softmax(logits)[target] for logits [N, C]; ignored rows give 0.
   virtual void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                              const Tensor& losses) = 0;
-  // grad_logits = (softmax(logits) - onehot(target)) * scale, zero on ignored rows.
+  // grad_logits = (softmax(logits) - onehot(target)) * scale, zero on ignored rows. scale is a
+  // one-element tensor of the logits' dtype on their device (the loss's gradient over the row
+  // count, computed there: reading it on the host would wait for the device).
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
-                                      int64_t ignore_index, double scale,
+                                      int64_t ignore_index, const Tensor& scale,
                                       const Tensor& grad_logits) = 0;
 
   // Convolution (groups = 1, no bias: autograd adds it) and pooling over [N, C, H, W], as

@@ -30,6 +30,13 @@ void check_causal_softmax(const char* op, const Tensor& scores, const Tensor& ou
               ": output must be contiguous and shaped like the scores");
 }
 
+void check_cross_entropy_scale(const char* op, const Tensor& scale, const Tensor& logits) {
+  PIPIT_CHECK(
+      scale.numel() == 1 && scale.dtype() == logits.dtype() && scale.device() == logits.device(),
+      op, ": scale must be one ", logits.dtype(), " element on ", logits.device(), ", got ",
+      shape_str(scale.shape()), " ", scale.dtype(), " on ", scale.device());
+}
+
 DType attention_lse_dtype(DType inputs) {
   return inputs == DType::f64 ? DType::f64 : DType::f32;
 }

@@ -26,6 +26,10 @@ struct AttentionSizes {
 AttentionSizes check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& lse, bool causal,
                                std::initializer_list<const Tensor*> outputs);
+// What Backend::cross_entropy_backward needs of its scale: one element of the logits' dtype on
+// their device.
+void check_cross_entropy_scale(const char* op, const Tensor& scale, const Tensor& logits);
+
 // f64 for f64 inputs, f32 for the rest: the dtype softmax statistics accumulate in.
 DType attention_lse_dtype(DType inputs);
 

@@ -6,6 +6,7 @@
 #ifdef PIPIT_WITH_CUDA
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
+#include "tensor/cuda/index_check.h"
 #endif
 
 namespace pipit {
@@ -62,6 +63,7 @@ void Stream::synchronize() const {
 #ifdef PIPIT_WITH_CUDA
   cuda::DeviceGuard guard(device_.index);
   PIPIT_CUDA_CHECK("synchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(handle())));
+  cuda::raise_index_faults(handle());
 #endif
 }
 
@@ -97,6 +99,7 @@ void synchronize(Device device) {
 #ifdef PIPIT_WITH_CUDA
   cuda::DeviceGuard guard(device.index);
   PIPIT_CUDA_CHECK("synchronize", cudaDeviceSynchronize());
+  cuda::raise_device_index_faults();
 #endif
 }
 

@@ -411,10 +411,16 @@ TEST_CASE("cuda: softmax, layer norm, embedding and cross-entropy kernels", "[cu
           return std::vector<Tensor>{out, gw};
         },
         tol);
-    Tensor out = Tensor::empty({1, 6}, dt, kCuda);
-    CHECK_THROWS_WITH(
-        backend(kCuda).embedding(weight.to(kCuda), from_vector<int64_t>({11}).to(kCuda), out),
-        Catch::Contains("index 11 at position 0 is out of range for 11 rows"));
+    // A bad index is raised at the next read-back, not by the op (which does not wait for
+    // the device), and reads as 0 until then.
+    Tensor out = Tensor::empty({2, 6}, dt, kCuda);
+    backend(kCuda).embedding(weight.to(kCuda), from_vector<int64_t>({3, 11}).to(kCuda), out);
+    CHECK_THROWS_WITH(out.to(kCpu), Catch::Contains("embedding: index 11 at position 1 is out "
+                                                    "of range for 11 rows"));
+    // Raised once: the next read-back is clean.
+    const std::vector<double> row = out.to(kCpu).to_vector<double>();
+    CHECK(row[6] == 0);
+    CHECK(row[0] == weight.to_vector<double>()[18]);
     for (int64_t C : {5, 1000}) {
       Tensor logits = random({9, C}, dt, g, -4, 4);
       Tensor targets = from_vector<int64_t>({0, 4, -100, 2, 1, -100, 3, 0, 4}, {9});
@@ -424,16 +430,18 @@ TEST_CASE("cuda: softmax, layer norm, embedding and cross-entropy kernels", "[cu
             Tensor losses = poisoned({9}, dt, d);
             backend(d).cross_entropy(in[0], in[1], -100, losses);
             Tensor gl = poisoned({9, C}, dt, d);
-            backend(d).cross_entropy_backward(in[0], in[1], -100, 0.25, gl);
+            backend(d).cross_entropy_backward(in[0], in[1], -100, scalar_tensor(0.25, {dt, d}), gl);
             return std::vector<Tensor>{losses, gl};
           },
           tol);
     }
     Tensor losses = Tensor::empty({1}, dt, kCuda);
-    CHECK_THROWS_WITH(
-        backend(kCuda).cross_entropy(random({1, 5}, dt, g).to(kCuda),
-                                     from_vector<int64_t>({5}).to(kCuda), -100, losses),
-        Catch::Contains("target 5 at row 0 is out of range for 5 classes"));
+    backend(kCuda).cross_entropy(random({1, 5}, dt, g).to(kCuda),
+                                 from_vector<int64_t>({5}).to(kCuda), -100, losses);
+    CHECK_THROWS_WITH(synchronize(kCuda),
+                      Catch::Contains("cross_entropy: target 5 at row 0 is out of range for 5 "
+                                      "classes"));
+    CHECK(std::isnan(losses.item<double>()));
   }
 }
 
@@ -606,3 +614,26 @@ TEST_CASE("cuda: the caching allocator reuses blocks and keeps exact stats", "[c
   CHECK(cuda::memory_stats(0).reserved == 0);
 }
 #endif
+
+TEST_CASE("cuda: index checks wait for no read-back and raise the first bad index in order",
+          "[cuda]") {
+  if (!cuda_ready()) return;
+  const Tensor weight = reshape(arange(0, 12, 1, {DType::f32}), {4, 3}).to(kCuda);
+  Tensor first = Tensor::empty({2, 3}, DType::f32, kCuda);
+  Tensor second = Tensor::empty({1, 3}, DType::f32, kCuda);
+  Tensor clean = Tensor::empty({2, 3}, DType::f32, kCuda);
+  backend(kCuda).embedding(weight, from_vector<int64_t>({1, 2}).to(kCuda), clean);
+  backend(kCuda).embedding(weight, from_vector<int64_t>({0, -2}).to(kCuda), first);
+  backend(kCuda).embedding(weight, from_vector<int64_t>({9}).to(kCuda), second);
+  // Two bad checks queued: the first one queued is raised, and both are then forgotten.
+  CHECK_THROWS_WITH(
+      synchronize(kCuda),
+      Catch::Contains("embedding: index -2 at position 1 is out of range for 4 rows"));
+  CHECK(second.to(kCpu).to_vector<float>() == std::vector<float>{0, 0, 0});
+  // An embedding's gradient skips bad rows instead of writing outside the weight.
+  Tensor grad_weight = zeros({4, 3}, {DType::f32, kCuda});
+  backend(kCuda).embedding_backward(ones({2, 3}, {DType::f32, kCuda}),
+                                    from_vector<int64_t>({3, 7}).to(kCuda), grad_weight);
+  CHECK(grad_weight.to(kCpu).to_vector<float>() ==
+        std::vector<float>{0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1});
+}

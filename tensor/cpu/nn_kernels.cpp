@@ -317,10 +317,12 @@ void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in
 }
 
 void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& targets_in,
-                                        int64_t ignore_index, double scale,
+                                        int64_t ignore_index, const Tensor& scale_in,
                                         const Tensor& grad_logits) {
+  check_cross_entropy_scale("cross_entropy_backward", scale_in, logits_in);
   PIPIT_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy_backward", {
     using T = scalar_t;
+    const T scale = dense(scale_in).data<T>()[0];
     Tensor logits = dense(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
     const T* x = logits.data<T>();
@@ -343,9 +345,9 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
         exp_shifted(row, mx, gr, C);
         T sum = 0;
         for (int64_t c = 0; c < C; ++c) sum += gr[c];
-        T inv = T(scale) / sum;
+        T inv = scale / sum;
         for (int64_t c = 0; c < C; ++c) gr[c] *= inv;
-        gr[t[i]] -= T(scale);
+        gr[t[i]] -= scale;
       }
     });
   });

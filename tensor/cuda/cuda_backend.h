@@ -52,7 +52,7 @@ class CudaBackend final : public Backend {
   void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                      const Tensor& losses) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                              double scale, const Tensor& grad_logits) override;
+                              const Tensor& scale, const Tensor& grad_logits) override;
   void conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& geometry,
               const Tensor& out) override;
   void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight,

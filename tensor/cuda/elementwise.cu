@@ -6,6 +6,7 @@
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/host_staging.h"
+#include "tensor/cuda/index_check.h"
 
 namespace pipit {
 namespace cuda {
@@ -400,6 +401,8 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
     const bool direct = dst.is_contiguous() && dst.dtype() == src.dtype();
     Tensor host = direct ? dst : Tensor::empty(src.shape(), src.dtype());
     cuda::copy_device_to_host(host.raw_data(), compact.raw_data(), compact.nbytes());
+    // The host has waited for the stream: a bad index queued before surfaces here.
+    cuda::raise_index_faults(cuda::current_stream_handle(src.device().index));
     if (!direct) backend(dst).copy(host, dst);
     return;
   }

@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "tensor/cuda/common.cuh"
-#include "tensor/cuda/host_staging.h"
+#include "tensor/cuda/index_check.h"
+#include "tensor/kernel_layout.h"
 
 namespace pipit {
 namespace cuda {
@@ -133,45 +134,6 @@ __global__ void layer_norm_partial_kernel(const T* g, const T* x, const T* mean,
   }
 }
 
-// The smallest position i whose indices[i] lies outside [0, limit) and is not `ignore` (when
-// use_ignore), or n when all are valid.
-__global__ void first_invalid_kernel(const int64_t* idx, int64_t n, int64_t limit, bool use_ignore,
-                                     int64_t ignore, unsigned long long* first) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    if (!(use_ignore && idx[i] == ignore) && (idx[i] < 0 || idx[i] >= limit)) {
-      atomicMin(first, static_cast<unsigned long long>(i));
-    }
-  }
-}
-
-// Position and value of the first invalid index, if any. Reads one word back, so it waits for
-// the device: the CPU backend raises the same errors and callers rely on them.
-struct InvalidIndex {
-  int64_t position = -1, value = 0;
-};
-
-InvalidIndex first_invalid(const char* op, const Tensor& indices, int64_t limit, bool use_ignore,
-                           int64_t ignore) {
-  PIPIT_CHECK(indices.dtype() == DType::i64, op, ": indices must be I64, got ", indices.dtype());
-  const int64_t n = indices.numel();
-  if (n == 0) return {};
-  Tensor first = Tensor::empty({1}, DType::i64, indices.device());
-  backend(first).fill(first, static_cast<double>(n));
-  first_invalid_kernel<<<static_cast<unsigned>(
-                             std::min<int64_t>((n + kThreads - 1) / kThreads, 1024)),
-                         kThreads, 0, stream()>>>(ptr<int64_t>(indices), n, limit, use_ignore,
-                                                  ignore, ptr<unsigned long long>(first));
-  PIPIT_CUDA_CHECK_LAUNCH(op);
-  int64_t position = 0;
-  copy_device_to_host(&position, first.raw_data(), sizeof(int64_t));
-  if (position >= n) return {};
-  InvalidIndex bad{position, 0};
-  copy_device_to_host(&bad.value, ptr<int64_t>(indices) + position, sizeof(int64_t));
-  return bad;
-}
-
 template <typename T>
 __global__ void cross_entropy_kernel(const T* x, const int64_t* t, int64_t N, int64_t C,
                                      int64_t ignore, T* loss) {
@@ -185,13 +147,17 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* t, int64_t N, in
     T s = T(0);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(row[c] - mx);
     const T sum = block_sum(s);
-    if (threadIdx.x == 0) loss[i] = mx + log_(sum) - row[t[i]];
+    // A target out of range (check_indices raises it at the next read-back) gives NaN.
+    if (threadIdx.x == 0) {
+      loss[i] = t[i] >= 0 && t[i] < C ? mx + log_(sum) - row[t[i]] : T(NAN);
+    }
   }
 }
 
 template <typename T>
 __global__ void cross_entropy_backward_kernel(const T* x, const int64_t* t, int64_t N, int64_t C,
-                                              int64_t ignore, T scale, T* g) {
+                                              int64_t ignore, const T* scale_on_device, T* g) {
+  const T scale = *scale_on_device;
   for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
     T* gr = g + i * C;
     if (t[i] == ignore) {
@@ -213,10 +179,12 @@ __global__ void cross_entropy_backward_kernel(const T* x, const int64_t* t, int6
 // the block at a run's first entry adds the run in order, the others do nothing.
 template <typename T>
 __global__ void embedding_backward_kernel(const int64_t* sorted, const int64_t* positions,
-                                          int64_t n, int64_t C, const T* g, T* grad_weight) {
+                                          int64_t n, int64_t V, int64_t C, const T* g,
+                                          T* grad_weight) {
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const int64_t row = sorted[i];
-    if (i > 0 && sorted[i - 1] == row) continue;
+    // Out-of-range rows were raised by the forward's check; they must not be written.
+    if (row < 0 || row >= V || (i > 0 && sorted[i - 1] == row)) continue;
     int64_t end = i + 1;
     while (end < n && sorted[end] == row) ++end;
     T* out = grad_weight + row * C;
@@ -228,10 +196,8 @@ __global__ void embedding_backward_kernel(const int64_t* sorted, const int64_t* 
   }
 }
 
-void check_targets(const char* op, const Tensor& targets, int64_t C, int64_t ignore_index) {
-  const InvalidIndex bad = first_invalid(op, targets, C, true, ignore_index);
-  PIPIT_CHECK(bad.position < 0, "cross_entropy: target ", bad.value, " at row ", bad.position,
-              " is out of range for ", C, " classes");
+void check_targets(const Tensor& targets, int64_t C, int64_t ignore_index) {
+  check_indices({"cross_entropy", "target", "row", C, "classes"}, targets, ignore_index);
 }
 
 }  // namespace nn
@@ -333,15 +299,15 @@ void CudaBackend::embedding(const Tensor& weight_in, const Tensor& indices_in, c
   PIPIT_CHECK(out.is_contiguous(), "embedding: output must be contiguous");
   Tensor indices = dense(indices_in), weight = dense(weight_in);
   const int64_t V = weight.shape()[0], C = weight.shape()[1];
-  const InvalidIndex bad = first_invalid("embedding", indices, V, false, 0);
-  PIPIT_CHECK(bad.position < 0, "embedding: index ", bad.value, " at position ", bad.position,
-              " is out of range for ", V, " rows");
+  cuda::check_indices({"embedding", "index", "position", V, "rows"}, indices);
   const int64_t* idx = indices.data<int64_t>();
   PIPIT_CUDA_DISPATCH_ALL(weight.dtype(), "embedding", {
     const scalar_t* w = ptr<scalar_t>(weight);
     scalar_t* o = ptr<scalar_t>(out);
-    cuda::for_each("embedding", out.numel(),
-                   [=] __device__(int64_t i) { o[i] = w[idx[i / C] * C + i % C]; });
+    cuda::for_each("embedding", out.numel(), [=] __device__(int64_t i) {
+      const int64_t row = idx[i / C];  // out-of-range rows read as 0 until the check raises
+      o[i] = row >= 0 && row < V ? w[row * C + i % C] : scalar_t(0);
+    });
   });
 }
 
@@ -381,7 +347,7 @@ void CudaBackend::embedding_backward(const Tensor& grad_in, const Tensor& indice
             scratch.raw_data(), scratch_bytes, ptr<int64_t>(indices), ptr<int64_t>(sorted_indices),
             pos, ptr<int64_t>(sorted_positions), items, 0, key_bits, cuda::stream()));
     embedding_backward_kernel<T><<<rows_grid(n), row_threads(C), 0, cuda::stream()>>>(
-        ptr<int64_t>(sorted_indices), ptr<int64_t>(sorted_positions), n, C, ptr<T>(g),
+        ptr<int64_t>(sorted_indices), ptr<int64_t>(sorted_positions), n, V, C, ptr<T>(g),
         grad_weight.data<T>());
     PIPIT_CUDA_CHECK_LAUNCH("embedding_backward");
   });
@@ -394,7 +360,7 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
     using T = scalar_t;
     Tensor logits = dense(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
-    check_targets("cross_entropy", targets, C, ignore_index);
+    check_targets(targets, C, ignore_index);
     if (N == 0) break;
     cross_entropy_kernel<T><<<rows_grid(N), row_threads(C), 0, cuda::stream()>>>(
         ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, losses.data<T>());
@@ -403,17 +369,18 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
 }
 
 void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& targets_in,
-                                         int64_t ignore_index, double scale,
+                                         int64_t ignore_index, const Tensor& scale,
                                          const Tensor& grad_logits) {
   DeviceGuard guard(index_);
   PIPIT_CUDA_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy_backward", {
     using T = scalar_t;
     Tensor logits = dense(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
-    check_targets("cross_entropy_backward", targets, C, ignore_index);
+    check_cross_entropy_scale("cross_entropy_backward", scale, logits);
+    check_targets(targets, C, ignore_index);
     if (N == 0) break;
     cross_entropy_backward_kernel<T><<<rows_grid(N), row_threads(C), 0, cuda::stream()>>>(
-        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, T(scale),
+        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, ptr<T>(scale),
         grad_logits.data<T>());
     PIPIT_CUDA_CHECK_LAUNCH("cross_entropy_backward");
   });

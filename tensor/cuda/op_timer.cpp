@@ -232,7 +232,7 @@ void OpTimer::cross_entropy(const Tensor& logits, const Tensor& targets, int64_t
 }
 
 void OpTimer::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
-                                     int64_t ignore_index, double scale,
+                                     int64_t ignore_index, const Tensor& scale,
                                      const Tensor& grad_logits) {
   timed("cross_entropy_backward", nullptr,
         [&] { inner_.cross_entropy_backward(logits, targets, ignore_index, scale, grad_logits); });

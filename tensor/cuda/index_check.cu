@@ -1,0 +1,141 @@
+// Index checks queued on a stream and read back only where the host waits anyway (see
+// index_check.h). Each stream has kSlots result slots on the device; a check takes the next
+// one, a read-back copies the used ones to the host, raises the first failure and resets them.
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/index_check.h"
+
+namespace pipit::cuda {
+namespace {
+
+// A check's result: the smallest bad position (kNone if none) and the index found there.
+struct Slot {
+  unsigned long long position;
+  long long value;
+};
+constexpr unsigned long long kNone = ~0ull;
+// Checks one stream may have queued between two read-backs; the next one reads back first.
+constexpr size_t kSlots = 1024;
+
+struct Check {
+  const char* op;
+  const char* noun;   // "index"
+  const char* place;  // "position"
+  int64_t limit;
+  const char* unit;  // "rows"
+};
+
+struct StreamChecks {
+  Slot* slots = nullptr;  // kSlots on the device, kNone-filled while unused
+  std::vector<Check> queued;
+};
+
+std::mutex mutex;
+std::map<std::pair<int, void*>, StreamChecks> checks_by_stream;
+
+__global__ void find_bad_kernel(const int64_t* idx, int64_t n, int64_t limit, bool use_ignore,
+                                int64_t ignore, Slot* slot) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    if (!(use_ignore && idx[i] == ignore) && (idx[i] < 0 || idx[i] >= limit)) {
+      atomicMin(&slot->position, static_cast<unsigned long long>(i));
+    }
+  }
+}
+
+__global__ void record_value_kernel(const int64_t* idx, Slot* slot) {
+  if (slot->position != kNone) slot->value = idx[slot->position];
+}
+
+void reset(Slot* slots, size_t count, cudaStream_t stream) {
+  PIPIT_CUDA_CHECK("index check", cudaMemsetAsync(slots, 0xFF, count * sizeof(Slot), stream));
+}
+
+// Reads back `stream`'s queued checks (the host has waited for it) and raises the first
+// failure.
+void raise_for(int device, void* handle) {
+  std::vector<Slot> results;
+  std::vector<Check> queued;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = checks_by_stream.find({device, handle});
+    if (it == checks_by_stream.end() || it->second.queued.empty()) return;
+    StreamChecks& s = it->second;
+    const auto stream = static_cast<cudaStream_t>(handle);
+    results.resize(s.queued.size());
+    PIPIT_CUDA_CHECK("index check",
+                     cudaMemcpyAsync(results.data(), s.slots, results.size() * sizeof(Slot),
+                                     cudaMemcpyDeviceToHost, stream));
+    PIPIT_CUDA_CHECK("index check", cudaStreamSynchronize(stream));
+    reset(s.slots, results.size(), stream);
+    queued.swap(s.queued);
+  }
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].position == kNone) continue;
+    const Check& c = queued[i];
+    throw Error(detail::concat(c.op, ": ", c.noun, " ", results[i].value, " at ", c.place, " ",
+                               results[i].position, " is out of range for ", c.limit, " ", c.unit));
+  }
+}
+
+}  // namespace
+
+void check_indices(const IndexCheck& what, const Tensor& indices, std::optional<int64_t> ignore) {
+  PIPIT_CHECK(indices.dtype() == DType::i64 && indices.is_contiguous(), what.op,
+              ": indices must be contiguous I64, got ", indices.dtype());
+  const int64_t n = indices.numel();
+  if (n == 0) return;
+  const int device = current_device();
+  void* handle = current_stream_handle(device);
+  const auto stream = static_cast<cudaStream_t>(handle);
+  bool full = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    full = checks_by_stream[{device, handle}].queued.size() == kSlots;
+  }
+  if (full) {
+    PIPIT_CUDA_CHECK(what.op, cudaStreamSynchronize(stream));
+    raise_for(device, handle);
+  }
+  Slot* slot = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    StreamChecks& s = checks_by_stream[{device, handle}];
+    if (s.slots == nullptr) {
+      PIPIT_CUDA_CHECK(what.op, cudaMalloc(&s.slots, kSlots * sizeof(Slot)));
+      reset(s.slots, kSlots, stream);
+    }
+    slot = s.slots + s.queued.size();
+    s.queued.push_back({what.op, what.noun, what.place, what.limit, what.unit});
+  }
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 1024);
+  find_bad_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      indices.data<int64_t>(), n, what.limit, ignore.has_value(), ignore.value_or(0), slot);
+  PIPIT_CUDA_CHECK_LAUNCH(what.op);
+  record_value_kernel<<<1, 1, 0, stream>>>(indices.data<int64_t>(), slot);
+  PIPIT_CUDA_CHECK_LAUNCH(what.op);
+}
+
+void raise_index_faults(void* stream) {
+  raise_for(current_device(), stream);
+}
+
+void raise_device_index_faults() {
+  const int device = current_device();
+  std::vector<void*> streams;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [key, s] : checks_by_stream) {
+      if (key.first == device && !s.queued.empty()) streams.push_back(key.second);
+    }
+  }
+  for (void* stream : streams) raise_for(device, stream);
+}
+
+}  // namespace pipit::cuda
