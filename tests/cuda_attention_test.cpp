@@ -4,6 +4,7 @@
 // Without a CUDA device each case reports "skipped" and passes.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <sstream>
 
 #include "cuda_testing.h"
 #include "pipit.h"
@@ -125,6 +126,42 @@ TEST_CASE("cuda: attention reads strided views and repeats its bits", "[cuda]") 
       INFO("output " << i);
       CHECK(strided[i].to_vector<double>() == dense[i].to_vector<double>());
       CHECK(strided[i].to_vector<double>() == again[i].to_vector<double>());
+    }
+  }
+}
+
+// Inputs whose right answer can be read off a printout, for a first diagnosis on a GPU: with
+// q = 0 every visible key weighs the same, so output row i is the mean of v's rows 0..i, and
+// v's row j is (j, j, ...): row i of the output is i / 2 everywhere.
+TEST_CASE("cuda: attention with equal weights averages the visible rows of v", "[cuda]") {
+  if (!cuda_ready()) return;
+  for (DType dt : {DType::bf16, DType::f32}) {
+    for (int64_t D : {32, 64, 128}) {
+      const int64_t T = 20;
+      INFO(dt << ", D " << D);
+      const Tensor q = zeros({1, 1, T, D}, {dt, kCuda});
+      const Tensor k = uniform({1, 1, T, D}, -1, 1).to(dt).to(kCuda);
+      const Tensor rows = reshape(arange(0, static_cast<double>(T), 1, {DType::f32}), {1, 1, T, 1});
+      const Tensor v = (rows * ones({1, 1, T, D})).to(dt).to(kCuda);
+      Tensor out = poisoned({1, 1, T, D}, dt, kCuda);
+      Tensor lse = poisoned({1, 1, T}, DType::f32, kCuda);
+      backend(kCuda).attention(q, k, v, 0.125, true, out, lse);
+      const std::vector<double> got = out.to(kCpu).to_vector<double>();
+      const std::vector<double> got_lse = lse.to(kCpu).to_vector<double>();
+      std::ostringstream table;
+      for (int64_t i = 0; i < T; ++i) {
+        table << "row " << i << ": out[0] " << got[static_cast<size_t>(i * D)] << " out[D-1] "
+              << got[static_cast<size_t>(i * D + D - 1)] << " lse "
+              << got_lse[static_cast<size_t>(i)] << " (want " << i / 2.0 << ", lse "
+              << std::log(i + 1.0) << ")\n";
+      }
+      INFO(table.str());
+      for (int64_t i = 0; i < T; ++i) {
+        CHECK(std::abs(got_lse[static_cast<size_t>(i)] - std::log(i + 1.0)) < 1e-4);
+        for (int64_t d = 0; d < D; ++d) {
+          CHECK(std::abs(got[static_cast<size_t>(i * D + d)] - i / 2.0) < 0.02 * (1 + i));
+        }
+      }
     }
   }
 }
