@@ -1,6 +1,7 @@
 #pragma once
 // A tiny --name value flag parser shared by the sample programs. Unknown flags, missing
-// values and malformed numbers print the usage and exit with status 2.
+// values and malformed numbers print one line naming the problem and "see --help" and exit
+// with status 2, so the error does not scroll out of view behind the usage.
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
@@ -91,8 +92,8 @@ class Flags {
   }
 
   [[noreturn]] void fail(const std::string& message) const {
-    std::cerr << program_ << ": " << message << "\n\n";
-    usage(2);
+    std::cerr << program_ << ": " << message << " (see " << program_ << " --help)\n";
+    std::exit(2);
   }
 
   [[noreturn]] void usage(int status) const {
