@@ -120,6 +120,11 @@ def gpt_init(key, vocab, context, layers, width):
             "head": linear_init(next(keys), width, vocab)}
 
 
+# Attention as JAX's users run it: jax.nn.dot_product_attention (JAX 0.4.31 on), which XLA
+# lowers to its fused implementation where it has one; written out before that.
+HAS_DOT_PRODUCT_ATTENTION = hasattr(jax.nn, "dot_product_attention")
+
+
 def gpt_forward(params, idx, heads):
     B, T = idx.shape
     x = params["wte"][idx] + params["wpe"][:T]
@@ -127,10 +132,15 @@ def gpt_forward(params, idx, heads):
     mask = jnp.triu(jnp.ones((T, T), bool), 1)
     for p in params["blocks"]:
         qkv = linear(p["qkv"], layer_norm(p["ln1"], x)).reshape(B, T, 3, heads, C // heads)
-        q, k, v = jnp.transpose(qkv, (2, 0, 3, 1, 4))
-        att = (q @ jnp.swapaxes(k, -1, -2)) / math.sqrt(C // heads)
-        att = jax.nn.softmax(jnp.where(mask, -jnp.inf, att), axis=-1)
-        y = jnp.transpose(att @ v, (0, 2, 1, 3)).reshape(B, T, C)
+        if HAS_DOT_PRODUCT_ATTENTION:
+            # [B, T, heads, D] in and out, as the function takes them.
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+            y = jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(B, T, C)
+        else:
+            q, k, v = jnp.transpose(qkv, (2, 0, 3, 1, 4))
+            att = (q @ jnp.swapaxes(k, -1, -2)) / math.sqrt(C // heads)
+            att = jax.nn.softmax(jnp.where(mask, -jnp.inf, att), axis=-1)
+            y = jnp.transpose(att @ v, (0, 2, 1, 3)).reshape(B, T, C)
         x = x + linear(p["proj"], y)
         h = jax.nn.gelu(linear(p["fc"], layer_norm(p["ln2"], x)), approximate=True)
         x = x + linear(p["fc_proj"], h)

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """pipit vs PyTorch and JAX on the CPU: same models, shapes, optimizer rules and thread count.
 
-Runs pipit (build/cpu_vs_torch), PyTorch eager (Debian's python3-torch; with --torch2 also
-PyTorch 2.x from PyPI) and JAX (the whole train step under jax.jit) in turns, round by round,
+Runs pipit (build/cpu_vs_torch), PyTorch eager (Debian's python3-torch, at one thread only:
+above that its OpenBLAS and OpenMP pools oversubscribe the cores; with --torch2 also PyTorch
+2.x from PyPI) and JAX (the whole train step under jax.jit) in turns, round by round,
 in one run; takes the median step time of each; prints ms/step, each peer's time over
 pipit's (> 1 means pipit is faster) and, for the MLP, the share of the machine's FP32 peak
 (2*M*N*K per GEMM over the step time, against a measured FMA loop); appends a dated table to
-bench/RESULTS.md.
+bench/RESULTS.md. The peers run as their users run them: attention through
+F.scaled_dot_product_attention and jax.nn.dot_product_attention where those exist, PyTorch's
+AdamW fused where it can be. tiny_op (one add of 1-element tensors) is pipit's C++ API
+against the peers' Python APIs, labelled so.
 
 PyTorch 2.x and JAX come from PyPI into virtual environments this script makes outside the
 repository, under ~/.cache/pipit-bench (or $PIPIT_BENCH_VENVS): JAX by default (about
@@ -28,6 +32,12 @@ from bench_common import cpu_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ["mlp", "gpt", "tiny_op"]
+# tiny_op times one add of two 1-element tensors: pipit's C++ call against the peers' Python
+# call, the cost a user of each API pays per op, not two kernels.
+LABEL = {"mlp": "mlp", "gpt": "gpt", "tiny_op": "tiny_op (C++ API vs Python API)"}
+# Debian's PyTorch runs OpenBLAS's thread pool beside its OpenMP one: above one thread the two
+# oversubscribe the cores, so it runs at one thread only (PyTorch 2.x has one pool).
+ONE_THREAD_ONLY = {"PyTorch (Debian)"}
 STEPS = {"mlp": (3, 10), "gpt": (2, 6), "tiny_op": (1, 5)}  # (warm-up, timed) per round
 UNIT = {"mlp": "ms/step", "gpt": "ms/step", "tiny_op": "us/op"}
 MLP_SIZES = [784, 1024, 1024, 10]
@@ -101,11 +111,13 @@ def main():
             times = {name: [] for name, _ in runners}
             for _ in range(args.rounds):
                 for name, argv in runners:
+                    if threads > 1 and name in ONE_THREAD_ONLY:
+                        continue
                     result = run_once(argv, model, threads)
                     times[name] += result["ms"]
                     if "version" in result:
                         versions[name] = result["version"]
-            medians = {name: statistics.median(ms) for name, ms in times.items()}
+            medians = {name: statistics.median(ms) for name, ms in times.items() if ms}
             rows.append((model, threads, medians))
             print(f"{model:8s} threads={threads}  " +
                   "  ".join(f"{name} {ms:9.3f}" for name, ms in medians.items()), flush=True)
@@ -129,13 +141,17 @@ def main():
              " | ".join(f"{p}/pipit" for p in peers) + " | % of peak: " +
              " / ".join(names) + " |",
              "|" + " --- |" * (3 + len(names) + len(peers) + 1)]
+    def cell(medians, name, value):
+        return value(medians[name]) if name in medians else "-"
+
     for model, threads, medians in rows:
         p = medians["pipit"]
-        peak_cell = (" / ".join(f"{share_of_peak(medians[n], threads):.0f}%" for n in names)
-                     if model == "mlp" else "")
-        lines.append(f"| {model} | {threads} | {UNIT[model]} | " +
-                     " | ".join(f"{medians[n]:.3f}" for n in names) + " | " +
-                     " | ".join(f"{medians[n] / p:.2f}" for n in peers) + f" | {peak_cell} |")
+        peak_cell = (" / ".join(cell(medians, n, lambda ms: f"{share_of_peak(ms, threads):.0f}%")
+                                for n in names) if model == "mlp" else "")
+        lines.append(f"| {LABEL[model]} | {threads} | {UNIT[model]} | " +
+                     " | ".join(cell(medians, n, lambda ms: f"{ms:.3f}") for n in names) + " | " +
+                     " | ".join(cell(medians, n, lambda ms: f"{ms / p:.2f}") for n in peers) +
+                     f" | {peak_cell} |")
     scaling = {m: None for m in ("mlp", "gpt")}
     by_key = {(m, t): med for m, t, med in rows}
     for m in scaling:
