@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 
 namespace pipit {
@@ -30,12 +31,18 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor q = squeeze(narrow(qkv_heads, 0, 0, 1), 0);
   Tensor k = squeeze(narrow(qkv_heads, 0, 1, 1), 0);
   Tensor v = squeeze(narrow(qkv_heads, 0, 2, 1), 0);
+  // Dropout on the weights needs them in memory. So, for now, does f32 on CUDA: there the
+  // fused kernel runs on CUDA cores while the written-out products are cuBLAS GEMMs (on TF32
+  // tensor cores where allowed), and no GPU run has yet measured which is faster.
+  const bool weights_needed = dropout_ > 0 && is_training();
+  const bool f32_on_cuda =
+      x.device().is_cuda() && x.dtype() == DType::f32 && autocast_dtype() == DType::f32;
   Tensor heads_out;
-  if (dropout_ == 0 || !is_training()) {
+  if (!weights_needed && !f32_on_cuda) {
     // Fused: the [T, T] weights are never held, and the heads merge back for free.
     heads_out = scaled_dot_product_attention(q, k, v, /*is_causal=*/true);
   } else {
-    // Dropout on the weights needs them in memory: scale, mask and softmax in one kernel.
+    // Scale, mask and softmax in one kernel, between two batched GEMMs.
     Tensor weights =
         causal_softmax(matmul(q, transpose(k, -1, -2)), 1.0 / std::sqrt(static_cast<double>(D)));
     heads_out = matmul(attn_dropout_->forward(weights), v);

@@ -6,8 +6,9 @@ namespace pipit {
 
 // Multi-head causal self-attention: one Linear "qkv" (C -> 3C, laid out q | k | v, each split
 // into heads of C / heads), scaled dot products masked so position t sees positions <= t,
-// softmax, and a Linear "proj" (C -> C). Input and output [B, T, C]. Without dropout on the
-// weights (dropout 0, or eval) it runs scaled_dot_product_attention, the fused kernel.
+// softmax, and a Linear "proj" (C -> C). Input and output [B, T, C]. It runs
+// scaled_dot_product_attention, the fused kernel, unless dropout on the weights needs them in
+// memory (training with dropout > 0) or the product is f32 on CUDA (see transformer.cpp).
 class CausalSelfAttention final : public Module {
  public:
   CausalSelfAttention(int64_t width, int64_t heads, double dropout = 0.0,
