@@ -3,10 +3,11 @@
 // is the kernels and nothing of autograd. q, k, v are [B, H, T, D] views of one packed
 // [B, T, 3, H, D] projection, as CausalSelfAttention reads them. Prints one JSON line per
 // (dtype, shape): {"dtype", "batch", "heads", "context", "head_dim", "forward_ms": [...],
-// "step_ms": [...]} with step = forward + backward.
+// "provider", "step_ms": [...]} with step = forward + backward. --provider picks pipit's kernels
+// or cuDNN's fused attention (tensor/cuda/attention_provider.h) for bf16/f16.
 //
 // usage: gpu_attention [--dtypes bf16,f16,f32] [--shapes 8x12x1024x64,2x12x4096x64]
-//                      [--warmup 3] [--repeats 10]
+//                      [--provider pipit|cudnn] [--warmup 3] [--repeats 10]
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -14,6 +15,7 @@
 
 #include "bench/gpu_bench.h"
 #include "pipit.h"
+#include "tensor/cuda/attention_provider.h"
 #include "tensor/kernel_layout.h"
 #include "tensor/stream.h"
 
@@ -29,7 +31,7 @@ DType parse_dtype(const std::string& name) {
 }
 
 nlohmann::json time_attention(const std::string& dtype_name, const std::string& shape,
-                              int64_t warmup, int64_t repeats) {
+                              const std::string& provider, int64_t warmup, int64_t repeats) {
   const DType dtype = parse_dtype(dtype_name);
   int64_t B = 0, H = 0, T = 0, D = 0;
   PIPIT_CHECK(std::sscanf(shape.c_str(), "%ldx%ldx%ldx%ld", &B, &H, &T, &D) == 4, "shape '", shape,
@@ -56,8 +58,13 @@ nlohmann::json time_attention(const std::string& dtype_name, const std::string& 
     kernels.attention_backward(grad, q, k, v, out, lse, scale, true, dq, dk, dv);
     synchronize(device);
   });
-  return {{"dtype", dtype_name}, {"batch", B},    {"heads", H},
-          {"context", T},        {"head_dim", D}, {"forward_ms", forward_ms},
+  return {{"dtype", dtype_name},
+          {"provider", provider},
+          {"batch", B},
+          {"heads", H},
+          {"context", T},
+          {"head_dim", D},
+          {"forward_ms", forward_ms},
           {"step_ms", step_ms}};
 }
 
@@ -68,12 +75,17 @@ int main(int argc, char** argv) {
     bench::Flags flags(argc, argv, {});
     const auto dtypes = bench::split(flags.take("dtypes", "bf16,f16,f32"));
     const auto shapes = bench::split(flags.take("shapes", "8x12x1024x64,2x12x4096x64"));
+    const std::string provider = flags.take("provider", "pipit");
+    PIPIT_CHECK(provider == "pipit" || provider == "cudnn", "unknown provider '", provider,
+                "' (pipit, cudnn)");
     const int64_t warmup = flags.take_int("warmup", 3), repeats = flags.take_int("repeats", 10);
     flags.finish();
     if (!bench::has_cuda_device("gpu_attention")) return 0;
+    cuda::set_attention_provider(provider == "cudnn" ? cuda::AttentionProvider::cudnn
+                                                     : cuda::AttentionProvider::pipit);
     for (const auto& dtype : dtypes) {
       for (const auto& shape : shapes) {
-        std::printf("%s\n", time_attention(dtype, shape, warmup, repeats).dump().c_str());
+        std::printf("%s\n", time_attention(dtype, shape, provider, warmup, repeats).dump().c_str());
         std::fflush(stdout);
       }
     }

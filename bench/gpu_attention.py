@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Causal attention on one GPU: pipit's fused kernel (build/gpu_attention) vs PyTorch's
+"""Causal attention on one GPU: pipit's fused kernels and, where the build has it, cuDNN's
+fused attention through pipit (build/gpu_attention --provider) vs PyTorch's
 F.scaled_dot_product_attention (flash attention where it applies), same shapes and dtypes.
 
 Row by row, runs pipit's binary and then torch in this process: q, k, v as [B, H, T, D] views
@@ -10,7 +11,8 @@ means pipit is faster) and appends the table to bench/RESULTS.md. Without a GPU 
 exits 0.
 
 usage: python3 bench/gpu_attention.py [--build build] [--dtypes bf16,f16,f32]
-           [--shapes 8x12x1024x64,2x12x4096x64] [--warmup 3] [--repeats 10] [--no-append]
+           [--shapes 8x12x1024x64,2x12x4096x64] [--providers pipit,cudnn] [--warmup 3]
+           [--repeats 10] [--no-append]
 """
 import argparse
 import os
@@ -55,38 +57,43 @@ def main():
     parser.add_argument("--build", default=os.path.join(gpu_common.HERE, "..", "build"))
     parser.add_argument("--dtypes", default="bf16,f16,f32")
     parser.add_argument("--shapes", default="8x12x1024x64,2x12x4096x64")
+    parser.add_argument("--providers", default="pipit,cudnn",
+                        help="pipit's attention providers to time (cudnn: bf16/f16 only)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
     binary, torch = gpu_common.require_gpu("gpu_attention.py", args.build)
 
-    table = ["| dtype | B x H x T x D | pipit fwd TFLOP/s | torch fwd TFLOP/s | fwd pipit/torch | "
-             "pipit fwd+bwd TFLOP/s | torch fwd+bwd TFLOP/s | fwd+bwd pipit/torch |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for dtype in args.dtypes.split(","):
-        for shape in args.shapes.split(","):
-            rows = gpu_common.run_pipit(binary, ["--dtypes", dtype, "--shapes", shape, "--warmup",
-                                                 str(args.warmup), "--repeats",
-                                                 str(args.repeats)])
-            if not rows:
-                table.append(f"| {dtype} | {shape} | failed | | | | | |")
-                continue
-            [row] = rows
-            B, H, T, D = row["batch"], row["heads"], row["context"], row["head_dim"]
-            forward_flops = 2.0 * B * H * T * T * D
-            step_flops = 3.5 * forward_flops
-            mine_f = tflops(forward_flops, statistics.median(row["forward_ms"]))
-            mine_s = tflops(step_flops, statistics.median(row["step_ms"]))
-            fwd, step = torch_attention(torch, dtype, B, H, T, D, args.warmup, args.repeats)
-            theirs_f = tflops(forward_flops, statistics.median(fwd))
-            theirs_s = tflops(step_flops, statistics.median(step))
-            line = (f"| {dtype} | {shape} | {mine_f:.1f} | {theirs_f:.1f} | "
-                    f"{mine_f / theirs_f:.2f} | {mine_s:.1f} | {theirs_s:.1f} | "
-                    f"{mine_s / theirs_s:.2f} |")
-            table.append(line)
-            print(line, flush=True)
-            torch.cuda.empty_cache()
+    table = ["| dtype | provider | B x H x T x D | pipit fwd TFLOP/s | torch fwd TFLOP/s | "
+             "fwd pipit/torch | pipit fwd+bwd TFLOP/s | torch fwd+bwd TFLOP/s | "
+             "fwd+bwd pipit/torch |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    cases = [(d, p, s) for d in args.dtypes.split(",") for p in args.providers.split(",")
+             for s in args.shapes.split(",") if not (p == "cudnn" and d == "f32")]
+    for dtype, provider, shape in cases:
+        rows = gpu_common.run_pipit(binary, ["--dtypes", dtype, "--shapes", shape,
+                                             "--provider", provider, "--warmup",
+                                             str(args.warmup), "--repeats",
+                                             str(args.repeats)])
+        if not rows:
+            table.append(f"| {dtype} | {provider} | {shape} | failed | | | | | |")
+            continue
+        [row] = rows
+        B, H, T, D = row["batch"], row["heads"], row["context"], row["head_dim"]
+        forward_flops = 2.0 * B * H * T * T * D
+        step_flops = 3.5 * forward_flops
+        mine_f = tflops(forward_flops, statistics.median(row["forward_ms"]))
+        mine_s = tflops(step_flops, statistics.median(row["step_ms"]))
+        fwd, step = torch_attention(torch, dtype, B, H, T, D, args.warmup, args.repeats)
+        theirs_f = tflops(forward_flops, statistics.median(fwd))
+        theirs_s = tflops(step_flops, statistics.median(step))
+        line = (f"| {dtype} | {provider} | {shape} | {mine_f:.1f} | {theirs_f:.1f} | "
+                f"{mine_f / theirs_f:.2f} | {mine_s:.1f} | {theirs_s:.1f} | "
+                f"{mine_s / theirs_s:.2f} |")
+        table.append(line)
+        print(line, flush=True)
+        torch.cuda.empty_cache()
     print("\n" + "\n".join(table))
     if not args.no_append:
         gpu_common.append_results("gpu_attention (causal)", torch, table)

@@ -9,6 +9,9 @@
 #include "cuda_testing.h"
 #include "pipit.h"
 #include "tensor/kernel_layout.h"
+#ifdef PIPIT_WITH_CUDA
+#include "tensor/cuda/attention_provider.h"
+#endif
 
 using namespace pipit;
 using testing::cuda_ready;
@@ -71,6 +74,32 @@ double tolerance(DType dt) {
   }
 }
 
+#ifdef PIPIT_WITH_CUDA
+using cuda::AttentionProvider;
+
+// The providers this build has, each set for the scope of one loop turn.
+std::vector<AttentionProvider> providers() {
+  std::vector<AttentionProvider> all = {AttentionProvider::pipit};
+  if (cuda::cudnn_attention_built()) all.push_back(AttentionProvider::cudnn);
+  return all;
+}
+
+struct ProviderScope {
+  explicit ProviderScope(AttentionProvider p) { cuda::set_attention_provider(p); }
+  ~ProviderScope() { cuda::set_attention_provider(AttentionProvider::automatic); }
+};
+
+const char* name(AttentionProvider p) {
+  return p == AttentionProvider::cudnn ? "cuDNN" : "pipit's kernels";
+}
+
+// What cuDNN's fused attention takes (attention_provider.h).
+bool cudnn_takes(const Case& c, DType dt) {
+  return (dt == DType::bf16 || dt == DType::f16) && c.queries == c.keys && c.head_dim % 8 == 0 &&
+         c.head_dim <= 128;
+}
+#endif
+
 std::vector<Tensor> random_inputs(const Case& c, DType dt, Generator& g) {
   const Shape qs{c.batch, c.heads, c.queries, c.head_dim}, ks{c.batch, c.heads, c.keys, c.head_dim};
   return {uniform(qs, -2, 2, &g).to(dt), uniform(ks, -2, 2, &g).to(dt),
@@ -90,44 +119,72 @@ TEST_CASE("cuda: attention and its backward match the CPU", "[cuda]") {
       {1, 2, 5, 90, 64, true},   // fewer queries than keys (a cache's step)
       {1, 3, 40, 40, 40, true},  // a head dim the tensor cores do not take
   };
-  for (DType dt : {DType::bf16, DType::f16, DType::f32, DType::f64}) {
-    for (const Case& c : cases) {
-      INFO(dt << ": B " << c.batch << " H " << c.heads << " Tq " << c.queries << " Tk " << c.keys
-              << " D " << c.head_dim << (c.causal ? " causal" : " full"));
-      const std::vector<Tensor> inputs = random_inputs(c, dt, g);
-      const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-      const std::vector<Tensor> want = run(kCpu, c, inputs, scale);
-      const std::vector<Tensor> got = run(kCuda, c, inputs, scale);
-      const char* names[] = {"out", "lse", "grad q", "grad k", "grad v"};
-      for (size_t i = 0; i < got.size(); ++i) {
-        check_close(got[i], want[i], tolerance(dt), names[i]);
+#ifdef PIPIT_WITH_CUDA
+  for (AttentionProvider provider : providers()) {
+    ProviderScope scope(provider);
+    INFO(name(provider));
+    for (DType dt : {DType::bf16, DType::f16, DType::f32, DType::f64}) {
+      for (const Case& c : cases) {
+        if (provider == AttentionProvider::cudnn && !cudnn_takes(c, dt)) continue;
+        INFO(dt << ": B " << c.batch << " H " << c.heads << " Tq " << c.queries << " Tk " << c.keys
+                << " D " << c.head_dim << (c.causal ? " causal" : " full"));
+        const std::vector<Tensor> inputs = random_inputs(c, dt, g);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+        const std::vector<Tensor> want = run(kCpu, c, inputs, scale);
+        const std::vector<Tensor> got = run(kCuda, c, inputs, scale);
+        const char* names[] = {"out", "lse", "grad q", "grad k", "grad v"};
+        for (size_t i = 0; i < got.size(); ++i) {
+          check_close(got[i], want[i], tolerance(dt), names[i]);
+        }
       }
     }
   }
+  // Forced onto cuDNN, a call it cannot take is refused by name.
+  if (cuda::cudnn_attention_built()) {
+    ProviderScope scope(AttentionProvider::cudnn);
+    const Case c{1, 1, 4, 9, 64, true};
+    CHECK_THROWS_WITH(
+        run(kCuda, c, random_inputs(c, DType::bf16, g), 0.125),
+        Catch::Contains("cuDNN's fused attention") && Catch::Contains("4 queries, 9 keys"));
+  }
+#endif
 }
 
 TEST_CASE("cuda: attention reads strided views and repeats its bits", "[cuda]") {
   if (!cuda_ready()) return;
   Generator g(52);
-  for (DType dt : {DType::bf16, DType::f32}) {
-    INFO(dt);
-    const int64_t B = 2, T = 100, H = 3, D = 64;
-    // [B, T, 3, H, D] -> q, k, v [B, H, T, D] views, as CausalSelfAttention makes them.
-    const Tensor packed = uniform({B, T, 3, H, D}, -2, 2, &g).to(dt).to(kCuda);
-    const Tensor heads = permute(packed, {2, 0, 3, 1, 4});
-    const Tensor q = squeeze(narrow(heads, 0, 0, 1), 0), k = squeeze(narrow(heads, 0, 1, 1), 0),
-                 v = squeeze(narrow(heads, 0, 2, 1), 0);
-    const Tensor grad = uniform({B, H, T, D}, -1, 1, &g).to(dt).to(kCuda);
-    const Case c{B, H, T, T, D, true};
-    auto strided = run(kCuda, c, {q, k, v, grad}, 0.125);
-    auto dense = run(kCuda, c, {q.contiguous(), k.contiguous(), v.contiguous(), grad}, 0.125);
-    auto again = run(kCuda, c, {q, k, v, grad}, 0.125);
-    for (size_t i = 0; i < strided.size(); ++i) {
-      INFO("output " << i);
-      CHECK(strided[i].to_vector<double>() == dense[i].to_vector<double>());
-      CHECK(strided[i].to_vector<double>() == again[i].to_vector<double>());
+#ifdef PIPIT_WITH_CUDA
+  for (AttentionProvider provider : providers()) {
+    ProviderScope scope(provider);
+    for (DType dt : {DType::bf16, DType::f32}) {
+      if (provider == AttentionProvider::cudnn && dt == DType::f32) continue;
+      INFO(name(provider) << ", " << dt);
+      const int64_t B = 2, T = 100, H = 3, D = 64;
+      // [B, T, 3, H, D] -> q, k, v [B, H, T, D] views, as CausalSelfAttention makes them.
+      const Tensor packed = uniform({B, T, 3, H, D}, -2, 2, &g).to(dt).to(kCuda);
+      const Tensor heads = permute(packed, {2, 0, 3, 1, 4});
+      const Tensor q = squeeze(narrow(heads, 0, 0, 1), 0), k = squeeze(narrow(heads, 0, 1, 1), 0),
+                   v = squeeze(narrow(heads, 0, 2, 1), 0);
+      const Tensor grad = uniform({B, H, T, D}, -1, 1, &g).to(dt).to(kCuda);
+      const Case c{B, H, T, T, D, true};
+      auto strided = run(kCuda, c, {q, k, v, grad}, 0.125);
+      auto dense = run(kCuda, c, {q.contiguous(), k.contiguous(), v.contiguous(), grad}, 0.125);
+      auto again = run(kCuda, c, {q, k, v, grad}, 0.125);
+      for (size_t i = 0; i < strided.size(); ++i) {
+        INFO("output " << i);
+        // Every run repeats its bits (cuDNN's backward in its deterministic mode).
+        CHECK(strided[i].to_vector<double>() == again[i].to_vector<double>());
+        // pipit's kernels read views and copies alike; cuDNN may plan another kernel for
+        // another layout, so there the two only agree closely.
+        if (provider == AttentionProvider::pipit) {
+          CHECK(strided[i].to_vector<double>() == dense[i].to_vector<double>());
+        } else {
+          check_close(strided[i], dense[i], tolerance(dt), "strided vs dense");
+        }
+      }
     }
   }
+#endif
 }
 
 // Inputs whose right answer can be read off a printout, for a first diagnosis on a GPU: with

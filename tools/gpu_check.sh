@@ -6,6 +6,8 @@
 # OUT_DIR (one file per step) and a summary to stdout. Pack gpu_attention too:
 #   bash ../shared/tools/gpu_pack.sh build .gpu/pack.tar.xz pipit_tests train_gpt gpu_gemm \
 #     gpu_gpt2 gpu_attention tcp_throughput pipit-worker
+# and put the GPU machine's libnvrtc folder on LD_LIBRARY_PATH beside libcublas', libcudnn's
+# and libcudart's (the cuDNN frontend links NVRTC; gpu_pack.sh leaves CUDA's libraries out).
 #
 # usage: bash tools/gpu_check.sh [BUILD_DIR] [OUT_DIR] [STEPS]
 #   BUILD_DIR: a Release build with CUDA (default build); OUT_DIR: default gpu-logs;

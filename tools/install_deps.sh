@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs pipit's build and test dependencies from Debian's packages.
-# Idempotent: packages already present are not touched and apt is not even updated.
+# Installs pipit's build and test dependencies from Debian's packages (and, for CUDA builds,
+# the cuDNN frontend's headers from PyPI). Idempotent: packages already present are not
+# touched and apt is not even updated.
 # Usage: tools/install_deps.sh [--with-torch]   (python3-torch is only needed for
 # regenerating reference values and for bench/cpu_vs_torch)
 set -euo pipefail
@@ -30,16 +31,38 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if ((${#missing[@]} == 0)); then
-  echo "install_deps: all dependencies present"
-  exit 0
-fi
-
 sudo_cmd=()
 if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
-echo "install_deps: installing ${missing[*]}"
-if [[ " ${missing[*]} " == *" iperf3 "* ]]; then
-  echo "iperf3 iperf3/start_daemon boolean false" | "${sudo_cmd[@]}" debconf-set-selections
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all Debian packages present"
+else
+  echo "install_deps: installing ${missing[*]}"
+  if [[ " ${missing[*]} " == *" iperf3 "* ]]; then
+    echo "iperf3 iperf3/start_daemon boolean false" | "${sudo_cmd[@]}" debconf-set-selections
+  fi
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-"${sudo_cmd[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# CUDA builds (where nvcc is): cuDNN's fused attention goes through the cuDNN frontend, a
+# header-only C++ API that only PyPI carries (the nvidia-cudnn-frontend wheel, pinned here).
+# Its headers are unpacked under /opt/cudnn-frontend, where CMake looks. Without them (no
+# network, no pip) pipit builds with its own attention kernels only.
+frontend_version=1.32.0
+frontend_dir=/opt/cudnn-frontend
+if command -v nvcc >/dev/null && [[ ! -f $frontend_dir/version-$frontend_version ]]; then
+  wheels=$(mktemp -d)
+  if python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$wheels" \
+      "nvidia-cudnn-frontend==$frontend_version"; then
+    python3 -m zipfile -e "$wheels"/nvidia_cudnn_frontend-*.whl "$wheels/unpacked"
+    "${sudo_cmd[@]}" rm -rf "$frontend_dir"
+    "${sudo_cmd[@]}" mkdir -p "$frontend_dir"
+    "${sudo_cmd[@]}" cp -r "$wheels/unpacked/include" "$frontend_dir/"
+    "${sudo_cmd[@]}" touch "$frontend_dir/version-$frontend_version"
+    echo "install_deps: cuDNN frontend $frontend_version headers in $frontend_dir/include"
+  else
+    echo "install_deps: could not fetch nvidia-cudnn-frontend $frontend_version from PyPI;" \
+      "CUDA builds will use pipit's own attention kernels only" >&2
+  fi
+  rm -rf "$wheels"
+fi

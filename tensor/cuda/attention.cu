@@ -1,5 +1,7 @@
-// Fused attention on CUDA (Backend::attention): bf16/f16 with head dims 32, 64 and 128 run on
-// tensor cores (attention_mma.cu); every other case runs the kernels here, on CUDA cores in the
+// Fused attention on CUDA (Backend::attention): bf16/f16 go to cuDNN's fused attention where
+// the build has it and it takes the call (attention_cudnn.cpp, attention_provider.h), else
+// with head dims 32, 64 and 128 to pipit's tensor-core kernels (attention_mma.cu); every
+// other case runs the kernels here, on CUDA cores in the
 // accumulation dtype (f32, or f64 for f64). They use the same scheme: blocks of 8 warps share
 // tiles of 32 rows of the other side in shared memory; a warp owns one row and its lanes take
 // one tile row each for the dot products (a score each), then split the head dim to add the
@@ -8,7 +10,10 @@
 // over the other side in order, with no atomics.
 #include <cmath>
 
+#include <atomic>
+
 #include "tensor/cuda/attention.cuh"
+#include "tensor/cuda/attention_provider.h"
 #include "tensor/cuda/common.cuh"
 
 namespace pipit::cuda {
@@ -291,7 +296,40 @@ void dispatch(DType dtype, const char* op, F&& f) {
   }
 }
 
+std::atomic<AttentionProvider> provider{AttentionProvider::automatic};
+
+// Whether this call goes to cuDNN: decided from q, k and the geometry alone, so a forward and
+// its backward take the same road.
+bool use_cudnn(const char* op, const Tensor& q, const Tensor& k, const AttentionGeometry& g) {
+  switch (provider.load(std::memory_order_relaxed)) {
+    case AttentionProvider::pipit:
+      return false;
+    case AttentionProvider::automatic:
+      return cudnn_attention_built() && attention_cudnn_supports(q, k, g);
+    case AttentionProvider::cudnn:
+      break;
+  }
+  PIPIT_CHECK(attention_cudnn_supports(q, k, g), op,
+              ": cuDNN's fused attention (set_attention_provider) takes bf16/f16 with as many "
+              "queries as keys and a head dim that is a multiple of 8 up to 128, on sm_80 or "
+              "newer; got ",
+              q.dtype(), ", ", g.queries, " queries, ", g.keys, " keys, head dim ", g.head_dim);
+  return true;
+}
+
 }  // namespace
+
+void set_attention_provider(AttentionProvider p) {
+  PIPIT_CHECK(p != AttentionProvider::cudnn || cudnn_attention_built(),
+              "set_attention_provider: this build of pipit has no cuDNN frontend "
+              "(tools/install_deps.sh installs its headers; then rebuild)");
+  provider.store(p, std::memory_order_relaxed);
+}
+
+AttentionProvider attention_provider() {
+  return provider.load(std::memory_order_relaxed);
+}
+
 }  // namespace pipit::cuda
 
 namespace pipit {
@@ -306,6 +344,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, d
               " is larger than the CUDA kernels' ", kMaxHeadDim);
   if (n.batch * n.heads * n.queries == 0) return;
   const AttentionGeometry g = geometry(n, scale, causal);
+  if (use_cudnn(op, q, k, g)) return attention_forward_cudnn(q, k, v, g, out, lse);
   if (attention_mma_supports({&q, &k, &v, &out})) {
     return attention_forward_mma(q, k, v, g, out, lse.data<float>());
   }
@@ -335,6 +374,9 @@ void CudaBackend::attention_backward(const Tensor& grad_out, const Tensor& q, co
     return;
   }
   const AttentionGeometry g = geometry(n, scale, causal);
+  if (use_cudnn(op, q, k, g)) {
+    return attention_backward_cudnn(grad_out, q, k, v, out, lse, g, grad_q, grad_k, grad_v);
+  }
   const Tensor row_dots = Tensor::empty(lse.shape(), lse.dtype(), lse.device());
   dispatch(q.dtype(), op, [&]<typename T, typename A>() {
     const int64_t rows = n.batch * n.heads * n.queries;

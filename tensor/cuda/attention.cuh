@@ -1,7 +1,10 @@
 #pragma once
-// What the two CUDA attention implementations share: the views they read and write, and the
-// launchers attention.cu picks between. Included only by tensor/cuda/attention*.cu.
+// What the CUDA attention implementations share: the views they read and write, and the entry
+// points attention.cu picks between. Included only by tensor/cuda/attention*.
+#include <cuda_runtime.h>
+
 #include <cstdint>
+#include <initializer_list>
 
 #include "tensor/kernel_layout.h"
 
@@ -39,6 +42,16 @@ inline AttentionGeometry geometry(const AttentionSizes& n, double scale, bool ca
 // True when the tensor-core kernels take these operands: bf16/f16, head dim 32, 64 or 128, and
 // every row 16-byte aligned (they move rows in 16-byte pieces).
 bool attention_mma_supports(std::initializer_list<const Tensor*> operands);
+
+// cuDNN's fused attention (attention_cudnn.cpp, built with the cuDNN frontend): whether it
+// takes these operands, and the two passes. Same lse as pipit's kernels (f32, natural log).
+bool attention_cudnn_supports(const Tensor& q, const Tensor& k, const AttentionGeometry& g);
+void attention_forward_cudnn(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionGeometry& g, const Tensor& out, const Tensor& lse);
+void attention_backward_cudnn(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& lse,
+                              const AttentionGeometry& g, const Tensor& grad_q,
+                              const Tensor& grad_k, const Tensor& grad_v);
 
 // Tensor-core kernels (attention_mma.cu). lse and row_dots are f32 [B * H * Tq].
 void attention_forward_mma(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -15,31 +15,11 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/cudnn_check.h"
+#include "tensor/cuda/cudnn_handle.h"
 #include "tensor/kernel_layout.h"
 
 namespace pipit {
 namespace {
-
-// One cuDNN handle per device, created on first use and never destroyed (the driver may be
-// gone by static teardown). A handle must not be used from two threads at once.
-struct Dnn {
-  std::mutex mutex;
-  cudnnHandle_t handle = nullptr;
-};
-
-Dnn& dnn(const char* op, int device) {
-  static std::mutex mutex;
-  static std::vector<Dnn*> handles;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (handles.empty()) handles.resize(static_cast<size_t>(cuda::device_count()), nullptr);
-  Dnn*& slot = handles.at(static_cast<size_t>(device));
-  if (!slot) {
-    auto fresh = std::make_unique<Dnn>();
-    PIPIT_CUDNN_CHECK(op, cudnnCreate(&fresh->handle));
-    slot = fresh.release();
-  }
-  return *slot;
-}
 
 template <typename Handle, cudnnStatus_t (*destroy)(Handle)>
 struct Destroy {
@@ -178,9 +158,9 @@ void convolve(Pass pass, const char* op, int device, const Tensor& x, const Tens
   // alpha = 1, beta = 0 in the data's type: out is overwritten, never read.
   const void* alpha = f32 ? static_cast<const void*>(&one_f) : &one_d;
   const void* beta = f32 ? static_cast<const void*>(&zero_f) : &zero_d;
-  Dnn& dnn_handle = dnn(op, device);
-  std::lock_guard<std::mutex> lock(dnn_handle.mutex);
-  cudnnHandle_t h = dnn_handle.handle;
+  cuda::DnnHandle& dnn = cuda::dnn_handle(op, device);
+  std::lock_guard<std::mutex> lock(dnn.mutex);
+  cudnnHandle_t h = dnn.handle;
   PIPIT_CUDNN_CHECK(
       op, cudnnSetStream(h, static_cast<cudaStream_t>(cuda::current_stream_handle(device))));
   PIPIT_CUDNN_CHECK(
