@@ -3,11 +3,12 @@
 // {"mode", "tokens", "parameters", "ms": [per step], "loss", "peak_bytes"}.
 // modes: f32, tf32 (set_float32_matmul_precision("high")), bf16 (AutocastGuard(bf16) around
 // forward and backward). With --profile, one more step per mode runs under cuda::OpTimer and
-// its top ops are printed as a table before the JSON line.
+// its top ops are printed as a table before the JSON line. --attention picks the bf16
+// attention provider (tensor/cuda/attention_provider.h; automatic by default).
 //
 // usage: gpu_gpt2 [--modes f32,tf32,bf16] [--layers 12] [--heads 12] [--width 768]
 //                 [--context 1024] [--vocab 50257] [--batch 8] [--warmup 3] [--steps 10]
-//                 [--profile] [--top 25]
+//                 [--attention automatic|pipit|cudnn] [--profile] [--top 25]
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -20,6 +21,7 @@
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
+#include "tensor/cuda/attention_provider.h"
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/op_timer.h"
 #include "tensor/precision.h"
@@ -132,8 +134,14 @@ int main(int argc, char** argv) {
     o.steps = flags.take_int("steps", 10);
     o.top = flags.take_int("top", 25);
     o.profile = flags.take_switch("profile");
+    const std::string attention = flags.take("attention", "automatic");
+    PIPIT_CHECK(attention == "automatic" || attention == "pipit" || attention == "cudnn",
+                "unknown --attention '", attention, "' (automatic, pipit, cudnn)");
     flags.finish();
     if (!bench::has_cuda_device("gpu_gpt2")) return 0;
+    cuda::set_attention_provider(attention == "cudnn"   ? cuda::AttentionProvider::cudnn
+                                 : attention == "pipit" ? cuda::AttentionProvider::pipit
+                                                        : cuda::AttentionProvider::automatic);
     for (const auto& mode : modes) {
       std::printf("%s\n", run_mode(mode, o).dump().c_str());
       std::fflush(stdout);

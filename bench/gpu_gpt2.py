@@ -23,7 +23,7 @@ mode. Without a GPU it says so and exits 0.
 usage: python3 bench/gpu_gpt2.py [--build build] [--modes f32,tf32,bf16] [--layers 12]
            [--heads 12] [--width 768] [--context 1024] [--vocab 50257] [--batch 8]
            [--warmup 3] [--steps 10] [--profile] [--top 25] [--compile] [--written-out]
-           [--peak-tflops X] [--no-append]
+           [--attention automatic|pipit|cudnn] [--peak-tflops X] [--no-append]
 """
 import argparse
 import os
@@ -118,6 +118,9 @@ def main():
                         help="also time PyTorch under torch.compile (with SDPA)")
     parser.add_argument("--written-out", action="store_true",
                         help="also time PyTorch eager with attention written out")
+    parser.add_argument("--attention", default="automatic",
+                        choices=("automatic", "pipit", "cudnn"),
+                        help="pipit's bf16 attention provider")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense bf16 peak for the MFU column")
     parser.add_argument("--no-append", action="store_true")
@@ -127,6 +130,7 @@ def main():
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
     passed = [arg for name, _ in INT_FLAGS for arg in (f"--{name}", str(getattr(args, name)))]
+    passed += ["--attention", args.attention]
     if args.profile:
         passed.append("--profile")
     gib = 1024.0 ** 3
@@ -174,7 +178,7 @@ def main():
         return
     config = (f"{args.layers} layers, {args.heads} heads, width {args.width}, context "
               f"{args.context}, vocab {args.vocab}, batch {args.batch}, {row['parameters']} "
-              f"parameters; MFU against {peak} TFLOP/s")
+              f"parameters; MFU against {peak} TFLOP/s; pipit's attention {args.attention}")
     print(f"\n{config}\n\n" + "\n".join(table))
     if not args.no_append:
         gpu_common.append_results(f"gpu_gpt2 ({config})", torch, table)
