@@ -230,6 +230,9 @@ TEST_CASE("a BiLSTM tagger over sentences of different lengths trains batched as
     for (Handle& h : batched(s, zero_state)) losses.push_back(std::move(h));
   }
   graph.run();
+  // Ten sentences of 1 to 11 words, batched by position (measured: 244 nodes in 29 batches);
+  // one sentence at a time would take a batch per node.
+  CHECK(graph.stats().batches_run < graph.stats().nodes_run / 4);
   const Tensor total = sum(stack_values(losses));
   CHECK(max_difference(reshape(total, {1}), reshape(eager_total, {1})) < 1e-5);
   total.backward();

@@ -1,8 +1,12 @@
 // What stages measure for rebalancing: per-layer times and bytes on profiled steps, busy time
-// per stage on every step; profiling and slowdowns do not change what is computed.
+// per stage on every step; profiling and slowdowns do not change what is computed, and a
+// slowdown shows in the slowed stage's busy time.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <limits>
 
 #include "autograd/backward_hook.h"
+#include "bench/sleep_layer.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
@@ -94,6 +98,33 @@ TEST_CASE("profiling and slowed stages train exactly as plain stages", "[rebalan
     CHECK(timed.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
   }
   CHECK(timed.forward(b.input).to_vector<float>() == plain.forward(b.input).to_vector<float>());
+}
+
+TEST_CASE("a slowed stage is busy for about its slowdown times as long", "[rebalance]") {
+  // Layers that sleep rather than compute (bench/sleep_layer.h): on a loaded machine a
+  // computing stage's busy time is mostly its wait for a core, which no slowdown stretches.
+  auto make_sleeping_net = [] {
+    auto net = std::make_shared<Sequential>();
+    for (int i = 0; i < 4; ++i) net->push_back(std::make_shared<bench::SleepLayer>(500));
+    return net;
+  };
+  const Batch b = make_batch();
+  PipelineConfig slowed = config();
+  slowed.slowdown = {1.0, 4.0};
+  Pipeline plain(make_sleeping_net(), config()), timed(make_sleeping_net(), slowed);
+  // Stage 1's least busy step in each: the first warms up, and other threads may delay any.
+  double plain_busy = std::numeric_limits<double>::infinity(), timed_busy = plain_busy;
+  for (int step = 0; step < 3; ++step) {
+    plain.train_step(b.input, b.target);
+    timed.train_step(b.input, b.target);
+    plain_busy = std::min(plain_busy, plain.coordinator().last_step().busy_us[1]);
+    timed_busy = std::min(timed_busy, timed.coordinator().last_step().busy_us[1]);
+  }
+  INFO("stage 1 busy " << plain_busy << " us plain, " << timed_busy << " us slowed 4x");
+  // Stage 1's two layers sleep 6 ms a step (2 microbatches, 0.5 ms forward, 1 ms backward),
+  // 24 ms slowed (measured, idle or beside three busy loops on two cores: 6.1 to 6.9 ms plain,
+  // 24.6 to 32 ms slowed). At least half the factor, for what a task does besides its layers.
+  CHECK(timed_busy >= 2 * plain_busy);
 }
 
 TEST_CASE("bad slowdowns and profile intervals are refused by name", "[rebalance]") {

@@ -79,7 +79,8 @@ cases["attention"] = {"width": C, "heads": H, "x": t(x), "qkv.weight": t(qkv.wei
                       "qkv.bias": t(qkv.bias), "proj.weight": t(proj.weight),
                       "proj.bias": t(proj.bias), "upstream": t(up), "out": t(out),
                       "grad_x": t(x.grad), "grad_qkv.weight": t(qkv.weight.grad),
-                      "grad_qkv.bias": t(qkv.bias.grad), "grad_proj.weight": t(proj.weight.grad)}
+                      "grad_qkv.bias": t(qkv.bias.grad), "grad_proj.weight": t(proj.weight.grad),
+                      "grad_proj.bias": t(proj.bias.grad)}
 
 # Two AdamW steps (the second exercises bias correction past step 1).
 p = torch.randn(3, 4, requires_grad=True)

@@ -140,10 +140,14 @@ TEST_CASE("a GPT trains under bf16 autocast about as it does in f32", "[autocast
     return losses;
   };
   const std::vector<double> full = train(DType::f32), mixed = train(DType::bf16);
+  // Measured (oneDNN and OpenBLAS GEMM alike): 5.3e-5 apart on the first step, 1.6e-4 to 2e-4
+  // after 30 steps, from a loss of 2.59 down to 0.118. The bounds allow four to six times that,
+  // for other kernels' summation orders; bf16 conversions that truncate, or keep two bits
+  // fewer, go past them (2.1e-3 after 30 steps, 2.2e-4 on the first).
   CHECK(mixed.front() != full.front());
-  CHECK(std::abs(mixed.front() - full.front()) < 0.02);
+  CHECK(std::abs(mixed.front() - full.front()) < 2e-4);
   CHECK(mixed.back() < 0.5 * mixed.front());
-  CHECK(std::abs(mixed.back() - full.back()) < 0.1 * full.front());
+  CHECK(std::abs(mixed.back() - full.back()) < 1e-3);
 }
 
 TEST_CASE("the grad scaler unscales, skips overflowing steps and adapts its scale", "[autocast]") {
@@ -158,15 +162,28 @@ TEST_CASE("the grad scaler unscales, skips overflowing steps and adapts its scal
   SGD scaled(scaled_model->named_parameters(), {.lr = 0.1});
   GradScaler scaler({.init_scale = 1024, .growth_interval = 2});
 
-  mse_loss(plain_model->forward(x), y).backward();
+  // A power of two scales without rounding (far from overflow and underflow): the scaled loss
+  // and every gradient are exactly 1024 times the plain ones, and the update exactly the plain
+  // one.
+  const Tensor plain_loss = mse_loss(plain_model->forward(x), y);
+  const Tensor scaled_loss = scaler.scale(mse_loss(scaled_model->forward(x), y));
+  CHECK(scaled_loss.item<double>() == 1024 * plain_loss.item<double>());
+  plain_loss.backward();
+  scaled_loss.backward();
+  const auto plain_parameters = plain_model->named_parameters();
+  const auto scaled_parameters = scaled_model->named_parameters();
+  for (size_t i = 0; i < plain_parameters.size(); ++i) {
+    INFO(plain_parameters[i].first);
+    CHECK(max_abs_diff(scaled_parameters[i].second.grad(),
+                       plain_parameters[i].second.grad() * 1024.0) == 0);
+  }
   plain.step();
-  scaler.scale(mse_loss(scaled_model->forward(x), y)).backward();
   CHECK(scaler.step(scaled));
   scaler.update();
   const auto want = plain_model->state_dict();
   for (const auto& [name, value] : scaled_model->state_dict()) {
     INFO(name);
-    CHECK(max_abs_diff(value, want.at(name)) <= 1e-6);
+    CHECK(max_abs_diff(value, want.at(name)) == 0);
   }
 
   // An overflowed gradient: no update, the scale backs off.
@@ -235,8 +252,23 @@ TEST_CASE("a bf16 pipeline equals bf16 autocast accumulation on one thread", "[a
 }
 
 TEST_CASE("an f16 pipeline scales the loss, skips overflowing steps and backs off", "[autocast]") {
-  const auto [model, input, target, config] =
-      testing::f16_overflow({{"type", "SGD"}, {"lr", 1e-6}});
+  const nlohmann::json sgd = {{"type", "SGD"}, {"lr", 1e-6}};
+  const auto [model, input, target, config] = testing::f16_overflow(sgd);
+  // The first update that is not skipped, from plain gradients: the same model's f16 autocast
+  // backward on one thread, each microbatch's loss gradient weighted 1/2 and never scaled.
+  // The pipeline scales it by 64 and unscales the gradients: powers of two, so exactly.
+  const auto reference = testing::f16_overflow(sgd).model;
+  {
+    auto optimizer = make_optimizer(sgd, reference->named_parameters());
+    const auto loss = make_loss(config.loss);
+    AutocastGuard autocast(DType::f16);
+    for (int i = 0; i < 2; ++i) {
+      Tensor out = reference->forward(narrow(input, 0, i * 4, 4));
+      out.backward(loss->compute_gradient(out, narrow(target, 0, i * 4, 4)) * 0.5);
+    }
+    optimizer->step();
+  }
+
   Pipeline pipeline(model, config);
   StateDict initial;  // copies: a state dict shares the parameters' storage
   for (const auto& [name, value] : model->state_dict()) initial[name] = value.clone();
@@ -257,8 +289,12 @@ TEST_CASE("an f16 pipeline scales the loss, skips overflowing steps and backs of
     CHECK(unchanged());
     scale /= 2;
   }
-  CHECK(step >= 1);  // the first step overflowed
-  CHECK(step < 30);  // and the scale came down far enough to train
+  CHECK(step == 10);  // ten skipped, 65536 halved down to 64, as tests/f16_overflow.h works out
+  const auto want = reference->state_dict();
+  for (const auto& [name, value] : model->state_dict()) {
+    INFO(name);
+    CHECK(max_abs_diff(value, want.at(name)) == 0);
+  }
   CHECK_FALSE(unchanged());
 }
 

@@ -39,7 +39,18 @@ TEST_CASE("load_state_dict checks names and shapes", "[nn]") {
   StateDict missing = state;
   missing.erase("2.bias");
   CHECK_THROWS_WITH(model->load_state_dict(missing), Catch::Contains("missing parameter '2.bias'"));
-  CHECK_NOTHROW(model->load_state_dict(missing, false));
+  // Non-strict, into a model of other weights: what the state dict has is loaded, what it lacks
+  // keeps its value.
+  Generator other(2);
+  auto partial = mlp({3, 4, 2}, "relu", &other);
+  const std::vector<float> kept = partial->state_dict()["2.bias"].to_vector<float>();
+  partial->load_state_dict(missing, false);
+  const StateDict loaded = partial->state_dict();
+  for (const auto& [name, value] : missing) {
+    INFO(name);
+    CHECK(loaded.at(name).to_vector<float>() == value.to_vector<float>());
+  }
+  CHECK(loaded.at("2.bias").to_vector<float>() == kept);
   StateDict extra = state;
   extra["9.weight"] = zeros({1});
   CHECK_THROWS_WITH(model->load_state_dict(extra),

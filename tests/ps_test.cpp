@@ -1,7 +1,7 @@
 // Parameter server in one process: sync equals sequential gradient accumulation bit for bit
 // (SGD and AdamW, one and two shards); async and bounded account for every gradient, learn as
-// well as sync, and bounded keeps every gradient within its staleness bound with a slowed
-// worker; bf16 compression against a reference rounding; bad pushes and lost workers.
+// well as sync, and bounded takes gradients up to its staleness bound and no further with a
+// slowed worker; bf16 compression against a reference rounding; bad pushes and lost workers.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -127,7 +127,7 @@ TEST_CASE("async and bounded modes count every gradient and learn as well as syn
   }
 }
 
-TEST_CASE("bounded staleness holds with one worker slowed 4x", "[ps]") {
+TEST_CASE("bounded staleness is reached and never exceeded with one worker slowed 4x", "[ps]") {
   const Task task(1024);
   constexpr int kWorkers = 4, kSteps = 24;
   for (int bound : {0, 1, 3}) {
@@ -143,7 +143,11 @@ TEST_CASE("bounded staleness holds with one worker slowed 4x", "[ps]") {
       const PsRunReport report = train_ps_locally(*make_ps_mlp(128), config, options);
       for (const PsServerStats& s : report.servers) {
         CHECK(s.gradients == kWorkers * kSteps);
-        CHECK(s.staleness.rbegin()->first <= bound);
+        // Reached, not only kept: while the slowed worker computes, the others push enough to
+        // age its gradient to the bound (measured: three quarters of the gradients at bound 1,
+        // half at bound 3). A gate stricter than the bound, or one serializing the workers, stops
+        // short.
+        CHECK(s.staleness.rbegin()->first == bound);
       }
     }
   }

@@ -112,6 +112,7 @@ TEST_CASE("CausalSelfAttention matches PyTorch", "[torch]") {
   check_close(attention.qkv->weight.grad(), c["grad_qkv.weight"], "grad qkv.weight");
   check_close(attention.qkv->bias.grad(), c["grad_qkv.bias"], "grad qkv.bias");
   check_close(attention.proj->weight.grad(), c["grad_proj.weight"], "grad proj.weight");
+  check_close(attention.proj->bias.grad(), c["grad_proj.bias"], "grad proj.bias");
 }
 
 TEST_CASE("two AdamW steps match PyTorch", "[torch]") {
