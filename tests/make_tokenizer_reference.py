@@ -13,7 +13,7 @@ Writes:
   small/tokenizer.json    a 1000-token one trained on train.txt, saved as one file
   train.txt, heldout.txt  the start of the text, and the part after it
   reference.json          texts with the ids both models give them, and the small model's
-                          compression (bytes per token) of heldout.txt
+                          compression (bytes per token) of heldout.txt and its ids' hash
 """
 import json
 import os
@@ -36,6 +36,8 @@ TEXTS = [
     "a" + " " * 777 + "b",
     "\n" * 300 + "x",
     "x" * 5000,
+    # Long odd runs of letters that merge with themselves: which pair merges first matters.
+    "e" * 99 + " " + "l" * 75 + " " + "s" * 61 + " " + "see" * 40,
     "word " * 400,
     "0123456789" * 40 + " 3.14159 1,000,000 42nd",
     "Ελληνικά κείμενα, русский текст, עברית, العربية, हिन्दी में लिखा",
@@ -44,7 +46,8 @@ TEXTS = [
     "def f(x):\n    return {'a': [x ** 2, x // 3]}  # comment\n\tif x != 0: pass\r\n",
     "numbers of other scripts: ٣٤٥ ४२ Ⅻ ² ¾ ①",
     "spaces of other kinds:\u00a0nbsp\u3000ideographic\u2028line\u2029para\u0085nel\x0bvt\x0cff",
-    "separators that are not spaces:\x1cfs\x1dgs\x1ers\x1fus",
+    # Contractions after them tell a separator (other) from whitespace.
+    "separators that are not spaces:\x1cfs\x1dgs\x1ers\x1fus\x1c's\x1d'll\x1e've",
     "Hello<|endoftext|>World",
     "<|endoftext|><|endoftext|> two in a row, and a near miss: <|endoftext| <|endoftext",
     "combining: cafe\u0301 na\u00efve \u0915\u094d\u0937",
@@ -76,6 +79,14 @@ def ids(tok, text):
     return encoded
 
 
+def fnv1a64(ids):
+    """FNV-1a over the ids: 30 KB of text's ids checked without storing them."""
+    h = 0xCBF29CE484222325
+    for i in ids:
+        h = ((h ^ i) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
 def main():
     source = sys.argv[1]
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tokenizer")
@@ -96,13 +107,14 @@ def main():
     small = train(os.path.join(out, "train.txt"), 1000)
     small.save(os.path.join(out, "small", "tokenizer.json"))
 
-    heldout_tokens = len(small.encode(heldout).ids)
+    heldout_ids = small.encode(heldout).ids
+    heldout_tokens = len(heldout_ids)
     reference = {
         "tokenizers_version": __import__("tokenizers").__version__,
         "special_tokens": [SPECIAL],
         "texts": [{"text": t, "ids": ids(big, t), "small_ids": ids(small, t)} for t in TEXTS],
         "heldout": {"vocab_size": 1000, "bytes": len(heldout.encode("utf-8")),
-                    "tokens": heldout_tokens,
+                    "tokens": heldout_tokens, "ids_fnv1a64": fnv1a64(heldout_ids),
                     "bytes_per_token": len(heldout.encode("utf-8")) / heldout_tokens},
     }
     with open(os.path.join(out, "reference.json"), "w", encoding="utf-8") as f:

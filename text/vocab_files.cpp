@@ -111,6 +111,14 @@ void add_merge(Vocabulary& vocab, const std::string& left, const std::string& ri
     fail(where, "the merge '" + left + " " + right + "' makes '" + left + right +
                     "', which is not in the vocabulary (vocab and merges disagree)");
   }
+  // A special token's bytes are its spelling, not the byte map's reading of it: one inside a
+  // merge would decode to other bytes than the merge's parts.
+  const auto& specials = vocab.model.specials;
+  for (const uint32_t id : {l, r, it->second}) {
+    if (std::find(specials.begin(), specials.end(), id) != specials.end()) {
+      fail(where, "the merge '" + left + " " + right + "' names or makes a special token");
+    }
+  }
   vocab.model.merges.push_back({l, r, it->second});
 }
 
@@ -216,27 +224,40 @@ BpeModel load_tokenizer_json(const std::string& path) {
   return parse_tokenizer_json(read_text_file(path), path);
 }
 
+namespace {
+
+std::string spelling(const BpeModel& model, uint32_t id) {
+  const bool special =
+      std::find(model.specials.begin(), model.specials.end(), id) != model.specials.end();
+  return special ? model.tokens[id] : bytes_to_spelling(model.tokens[id]);
+}
+
+}  // namespace
+
+std::string format_vocab_json(const BpeModel& model) {
+  // nlohmann's object sorts its keys; vocab.json lists tokens in id order, as HF writes it.
+  std::string out = "{";
+  for (uint32_t id = 0; id < model.tokens.size(); ++id) {
+    // append, not operator+: GCC 12 misreports the latter here (-Wrestrict).
+    if (id) out.append(",");
+    out.append(json(spelling(model, id)).dump()).append(":").append(std::to_string(id));
+  }
+  return out + "}";
+}
+
+std::string format_merges_txt(const BpeModel& model) {
+  std::string out = "#version: 0.2\n";
+  for (const BpeMerge& merge : model.merges) {
+    out.append(spelling(model, merge.left)).append(" ").append(spelling(model, merge.right));
+    out.append("\n");
+  }
+  return out;
+}
+
 void save_vocab_merges(const BpeModel& model, const std::string& dir) {
   std::filesystem::create_directories(dir);
-  const auto spelling = [&](uint32_t id) {
-    const bool special =
-        std::find(model.specials.begin(), model.specials.end(), id) != model.specials.end();
-    return special ? model.tokens[id] : bytes_to_spelling(model.tokens[id]);
-  };
-  // nlohmann's object sorts its keys; vocab.json lists tokens in id order, as HF writes it.
-  std::ostringstream vocab;
-  vocab << "{";
-  for (uint32_t id = 0; id < model.tokens.size(); ++id) {
-    vocab << (id ? "," : "") << json(spelling(id)).dump() << ":" << id;
-  }
-  vocab << "}";
-  std::ostringstream merges;
-  merges << "#version: 0.2\n";
-  for (const BpeMerge& merge : model.merges) {
-    merges << spelling(merge.left) << " " << spelling(merge.right) << "\n";
-  }
-  write_whole(std::filesystem::path(dir) / "vocab.json", vocab.str());
-  write_whole(std::filesystem::path(dir) / "merges.txt", merges.str());
+  write_whole(std::filesystem::path(dir) / "vocab.json", format_vocab_json(model));
+  write_whole(std::filesystem::path(dir) / "merges.txt", format_merges_txt(model));
 }
 
 std::string read_text_file(const std::string& path) {

@@ -33,6 +33,9 @@ BpeModel load_tokenizer_json(const std::string& path);
 // Writes DIR/vocab.json and DIR/merges.txt as Hugging Face's save_model does (vocabulary in
 // id order, "#version: 0.2" first); each file is written whole under a temporary name first.
 void save_vocab_merges(const BpeModel& model, const std::string& dir);
+// The two files' contents, as save_vocab_merges writes them.
+std::string format_vocab_json(const BpeModel& model);
+std::string format_merges_txt(const BpeModel& model);
 
 // A file's bytes; throws TextError naming it when it cannot be read.
 std::string read_text_file(const std::string& path);
