@@ -135,40 +135,7 @@ void write_whole(const std::filesystem::path& path, const std::string& bytes) {
   if (error) fail(path.string(), "could not be replaced: " + error.message());
 }
 
-}  // namespace
-
-BpeModel parse_vocab_merges(std::string_view vocab_json, std::string_view merges_txt,
-                            const std::vector<std::string>& specials, std::string_view vocab_name,
-                            std::string_view merges_name) {
-  Vocabulary vocab = read_vocabulary(parse_json(vocab_json, vocab_name), specials, vocab_name);
-  size_t line_number = 0;
-  for (size_t begin = 0; begin < merges_txt.size();) {
-    const size_t newline = std::min(merges_txt.find('\n', begin), merges_txt.size());
-    std::string_view line = merges_txt.substr(begin, newline - begin);
-    begin = newline + 1;
-    ++line_number;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || (line_number == 1 && line.starts_with("#version"))) continue;
-    const std::string where = std::string(merges_name) + ":" + std::to_string(line_number);
-    const size_t space = line.find(' ');
-    if (space == std::string_view::npos || space == 0 || space + 1 == line.size() ||
-        line.find(' ', space + 1) != std::string_view::npos) {
-      fail(where, "expected two tokens separated by one space, got '" + std::string(line) + "'");
-    }
-    add_merge(vocab, std::string(line.substr(0, space)), std::string(line.substr(space + 1)),
-              where);
-  }
-  return std::move(vocab.model);
-}
-
-BpeModel load_vocab_merges(const std::string& vocab_path, const std::string& merges_path,
-                           const std::vector<std::string>& specials) {
-  return parse_vocab_merges(read_text_file(vocab_path), read_text_file(merges_path), specials,
-                            vocab_path, merges_path);
-}
-
-BpeModel parse_tokenizer_json(std::string_view text, std::string_view name) {
-  const json root = parse_json(text, name);
+BpeModel read_tokenizer_json(const json& root, std::string_view name) {
   const auto field = [&](const json& object, const char* key,
                          std::string_view path) -> const json& {
     if (!object.is_object() || !object.contains(key)) fail(name, "has no " + std::string(path));
@@ -220,12 +187,6 @@ BpeModel parse_tokenizer_json(std::string_view text, std::string_view name) {
   return std::move(vocab.model);
 }
 
-BpeModel load_tokenizer_json(const std::string& path) {
-  return parse_tokenizer_json(read_text_file(path), path);
-}
-
-namespace {
-
 std::string spelling(const BpeModel& model, uint32_t id) {
   const bool special =
       std::find(model.specials.begin(), model.specials.end(), id) != model.specials.end();
@@ -233,6 +194,49 @@ std::string spelling(const BpeModel& model, uint32_t id) {
 }
 
 }  // namespace
+
+BpeModel parse_vocab_merges(std::string_view vocab_json, std::string_view merges_txt,
+                            const std::vector<std::string>& specials, std::string_view vocab_name,
+                            std::string_view merges_name) {
+  Vocabulary vocab = read_vocabulary(parse_json(vocab_json, vocab_name), specials, vocab_name);
+  size_t line_number = 0;
+  for (size_t begin = 0; begin < merges_txt.size();) {
+    const size_t newline = std::min(merges_txt.find('\n', begin), merges_txt.size());
+    std::string_view line = merges_txt.substr(begin, newline - begin);
+    begin = newline + 1;
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || (line_number == 1 && line.starts_with("#version"))) continue;
+    const std::string where = std::string(merges_name) + ":" + std::to_string(line_number);
+    const size_t space = line.find(' ');
+    if (space == std::string_view::npos || space == 0 || space + 1 == line.size() ||
+        line.find(' ', space + 1) != std::string_view::npos) {
+      fail(where, "expected two tokens separated by one space, got '" + std::string(line) + "'");
+    }
+    add_merge(vocab, std::string(line.substr(0, space)), std::string(line.substr(space + 1)),
+              where);
+  }
+  return std::move(vocab.model);
+}
+
+BpeModel load_vocab_merges(const std::string& vocab_path, const std::string& merges_path,
+                           const std::vector<std::string>& specials) {
+  return parse_vocab_merges(read_text_file(vocab_path), read_text_file(merges_path), specials,
+                            vocab_path, merges_path);
+}
+
+BpeModel parse_tokenizer_json(std::string_view text, std::string_view name) {
+  // A field of the wrong JSON type (a number where a bool belongs) is a bad file too.
+  try {
+    return read_tokenizer_json(parse_json(text, name), name);
+  } catch (const json::exception& e) {
+    fail(name, std::string("unexpected JSON: ") + e.what());
+  }
+}
+
+BpeModel load_tokenizer_json(const std::string& path) {
+  return parse_tokenizer_json(read_text_file(path), path);
+}
 
 std::string format_vocab_json(const BpeModel& model) {
   // nlohmann's object sorts its keys; vocab.json lists tokens in id order, as HF writes it.
