@@ -27,8 +27,12 @@ class Flags {
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
       if (arg == "--help" || arg == "-h") usage(0);
-      if (arg.rfind("--", 0) != 0 || !values_.count(arg.substr(2)))
-        fail("unknown flag '" + arg + "'");
+      if (arg.rfind("--", 0) != 0 && positional_values_.size() < positional_names_.size()) {
+        positional_values_.push_back(arg);
+        continue;
+      }
+      if (arg.rfind("--", 0) != 0) fail("unexpected argument '" + arg + "'");
+      if (!values_.count(arg.substr(2))) fail("unknown flag '" + arg + "'");
       if (switches_.count(arg.substr(2))) {
         values_[arg.substr(2)] = "true";
         continue;
@@ -40,6 +44,19 @@ class Flags {
       }
       values_[arg.substr(2)] = argv[++i];
     }
+    if (positional_values_.size() < positional_names_.size()) {
+      fail("missing " + positional_names_[positional_values_.size()]);
+    }
+  }
+
+  // An argument that is not a flag, required; they are taken in the order added.
+  void add_positional(const std::string& name, const std::string& help) {
+    positional_names_.push_back(name);
+    help_[name] = help;
+  }
+  const std::string& positional(const std::string& name) const {
+    const auto it = std::find(positional_names_.begin(), positional_names_.end(), name);
+    return positional_values_.at(static_cast<size_t>(it - positional_names_.begin()));
   }
 
   // A flag without a value: present means true.
@@ -98,7 +115,11 @@ class Flags {
 
   [[noreturn]] void usage(int status) const {
     std::ostream& out = status == 0 ? std::cout : std::cerr;
-    out << "usage: " << program_ << " [--flag value ...]\n" << summary_ << "\n\nflags:\n";
+    out << "usage: " << program_ << " [--flag value ...]";
+    for (const auto& name : positional_names_) out << " " << name;
+    out << "\n" << summary_ << "\n\n";
+    for (const auto& name : positional_names_) out << name << ": " << help_.at(name) << "\n";
+    out << "flags:\n";
     for (const auto& name : order_) {
       out << "  --" << name << " (default "
           << (values_.at(name).empty() ? "none" : values_.at(name)) << ")\n      " << help_.at(name)
@@ -109,7 +130,7 @@ class Flags {
 
  private:
   std::string program_, summary_;
-  std::vector<std::string> order_;
+  std::vector<std::string> order_, positional_names_, positional_values_;
   std::map<std::string, std::string> values_, help_;
   std::set<std::string> switches_, repeatable_;
   std::map<std::string, std::vector<std::string>> lists_;

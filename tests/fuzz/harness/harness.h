@@ -46,6 +46,9 @@ bool fuzz_stage_package_message(const uint8_t* data, size_t size);
 bool fuzz_module_config(const uint8_t* data, size_t size);
 bool fuzz_training_config(const uint8_t* data, size_t size);
 bool fuzz_handshake(const uint8_t* data, size_t size);
+bool fuzz_tokenizer_files(const uint8_t* data, size_t size);
+bool fuzz_tokenizer_json(const uint8_t* data, size_t size);
+bool fuzz_token_file(const uint8_t* data, size_t size);
 
 std::vector<std::string> frame_seeds();
 std::vector<std::string> safetensors_seeds();
@@ -55,5 +58,8 @@ std::vector<std::string> stage_package_message_seeds();
 std::vector<std::string> module_config_seeds();
 std::vector<std::string> training_config_seeds();
 std::vector<std::string> handshake_seeds();
+std::vector<std::string> tokenizer_files_seeds();
+std::vector<std::string> tokenizer_json_seeds();
+std::vector<std::string> token_file_seeds();
 
 }  // namespace pipit::fuzz

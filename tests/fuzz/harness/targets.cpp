@@ -17,6 +17,9 @@ const std::vector<Target>& targets() {
       {"module_config", fuzz_module_config, 4096, module_config_seeds},
       {"training_config", fuzz_training_config, 4096, training_config_seeds},
       {"handshake", fuzz_handshake, 4096, handshake_seeds},
+      {"tokenizer_files", fuzz_tokenizer_files, 16384, tokenizer_files_seeds},
+      {"tokenizer_json", fuzz_tokenizer_json, 16384, tokenizer_json_seeds},
+      {"token_file", fuzz_token_file, 4096, token_file_seeds},
   };
   return all;
 }

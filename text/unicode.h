@@ -1,0 +1,31 @@
+#pragma once
+// The character classes GPT-2's pre-tokenizer pattern names (\p{L}, \p{N}, \s), and a
+// decoder that reads UTF-8 one unit at a time, an invalid byte being a unit of its own.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace pipit::text {
+
+enum class CharClass : uint8_t { letter, number, space, other };
+
+// Unicode's General_Category L* and N*, from the tables in unicode_tables.cpp (generated).
+bool is_letter_slow(char32_t cp);
+bool is_number_slow(char32_t cp);
+// Unicode's White_Space property, which is what the pattern's \s matches (Oniguruma, as used
+// by Hugging Face tokenizers, and Python's regex module agree); unlike str.isspace(), it
+// leaves out U+001C..U+001F.
+bool is_space(char32_t cp);
+CharClass classify(char32_t cp);
+
+struct Unit {
+  CharClass cls;
+  uint8_t size;  // bytes, 1..4
+};
+
+// The unit at text[pos] (pos < text.size()): a well-formed UTF-8 sequence (no overlongs,
+// surrogates or values past U+10FFFF) is one character; any other byte is a unit of class
+// `other` by itself, so that every byte string pre-tokenizes and round-trips.
+Unit unit_at(std::string_view text, size_t pos);
+
+}  // namespace pipit::text
