@@ -20,14 +20,6 @@
 namespace pipit {
 namespace {
 
-// y = e^(x - shift) over n elements, vectorised for float.
-void exp_shifted(const float* x, float shift, float* y, int64_t n) {
-  cpu::exp_shifted_row(x, shift, y, n);
-}
-void exp_shifted(const double* x, double shift, double* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - shift);
-}
-
 // One [B, H, T, D] operand as the kernels read it: data and strides in elements (unit in D),
 // so the heads of a packed projection are read in place.
 template <typename T>
@@ -84,7 +76,7 @@ void block_weights(const T* q, int64_t ldq, const T* k, int64_t ldk, int64_t i0,
     const int64_t visible = visible_keys(i0 + r, n, causal);
     for (int64_t j = 0; j < visible; ++j) row[j] *= scale;
     const T mx = cpu::lane_max(row, visible);
-    exp_shifted(row, mx, row, visible);
+    cpu::exp_shifted(row, mx, row, visible);
     const T sum = cpu::lane_sum<T>(visible, [&](int64_t j) { return row[j]; });
     const T inv = T(1) / sum;
     for (int64_t j = 0; j < visible; ++j) row[j] *= inv;

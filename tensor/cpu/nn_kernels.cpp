@@ -12,14 +12,6 @@
 namespace pipit {
 namespace {
 
-// y = e^(x - shift) over n elements.
-void exp_shifted(const float* x, float shift, float* y, int64_t n) {
-  cpu::exp_shifted_row(x, shift, y, n);
-}
-void exp_shifted(const double* x, double shift, double* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - shift);
-}
-
 // Runs rows(begin, end) over `rows` rows of `cols` elements each, in parallel when large.
 template <typename Body>
 void for_rows(int64_t rows, int64_t cols, Body&& body) {
@@ -33,7 +25,7 @@ void softmax_rows(const T* x, T* y, int64_t rows, int64_t C, bool log) {
       const T* xr = x + r * C;
       T* yr = y + r * C;
       const T mx = cpu::lane_max(xr, C);
-      exp_shifted(xr, mx, yr, C);
+      cpu::exp_shifted(xr, mx, yr, C);
       const T sum = cpu::lane_sum<T>(C, [&](int64_t c) { return yr[c]; });
       if (log) {
         T lse = mx + std::log(sum);
@@ -74,7 +66,7 @@ void causal_softmax_rows(const T* x, T* y, int64_t rows, int64_t C, T scale) {
       T* yr = y + r * C;
       for (int64_t c = 0; c < visible; ++c) yr[c] = xr[c] * scale;
       const T mx = cpu::lane_max(yr, visible);
-      exp_shifted(yr, mx, yr, visible);
+      cpu::exp_shifted(yr, mx, yr, visible);
       const T sum = cpu::lane_sum<T>(visible, [&](int64_t c) { return yr[c]; });
       const T inv = T(1) / sum;
       for (int64_t c = 0; c < visible; ++c) yr[c] *= inv;
@@ -342,7 +334,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
         const T* row = x + i * C;
         T mx = row[0];
         for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
-        exp_shifted(row, mx, gr, C);
+        cpu::exp_shifted(row, mx, gr, C);
         T sum = 0;
         for (int64_t c = 0; c < C; ++c) sum += gr[c];
         T inv = scale / sum;

@@ -122,6 +122,14 @@ void gelu_backward_row(const float* grad, const float* x, float* y, int64_t n);
 void sigmoid_row(const float* x, float* y, int64_t n);
 void tanh_row(const float* x, float* y, int64_t n);
 
+// y = e^(x - shift) over n elements: the vectorised row above for float, libm for double.
+inline void exp_shifted(const float* x, float shift, float* y, int64_t n) {
+  exp_shifted_row(x, shift, y, n);
+}
+inline void exp_shifted(const double* x, double shift, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - shift);
+}
+
 // sum of term(i) over [0, n) in kLanes interleaved partial sums added in a fixed tree. It
 // vectorizes, where one running sum cannot, and like a running sum its rounding depends only
 // on n, never on how work is split across threads.

@@ -43,6 +43,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return bits;
 }
 
+// Two C tiles side by side (columns 16 kk to 16 kk + 15), rounded to T, as the A fragment of
+// the next product: the layouts line up, so the values never leave their registers.
+template <typename T, int N>
+__device__ __forceinline__ void as_a_fragment(const float (&c)[N][4], int kk, uint32_t (&a)[4]) {
+  a[0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
 template <typename T>
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                     uint32_t b1) {
@@ -232,10 +242,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
-                             pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t a[4];
+      as_a_fragment<T>(s, kk, a);
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
         uint32_t b0, b1;
@@ -331,14 +339,10 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
 #pragma unroll
     for (int kk = 0; kk < kQueries / 16; ++kk) {
-      const uint32_t pa[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]),
-                              pack2<T>(p[2 * kk][2], p[2 * kk][3]),
-                              pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                              pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-      const uint32_t da[4] = {pack2<T>(ds[2 * kk][0], ds[2 * kk][1]),
-                              pack2<T>(ds[2 * kk][2], ds[2 * kk][3]),
-                              pack2<T>(ds[2 * kk + 1][0], ds[2 * kk + 1][1]),
-                              pack2<T>(ds[2 * kk + 1][2], ds[2 * kk + 1][3])};
+      uint32_t pa[4];
+      as_a_fragment<T>(p, kk, pa);
+      uint32_t da[4];
+      as_a_fragment<T>(ds, kk, da);
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
         uint32_t b0, b1;
@@ -425,10 +429,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t da[4] = {pack2<T>(ds[2 * kk][0], ds[2 * kk][1]),
-                              pack2<T>(ds[2 * kk][2], ds[2 * kk][3]),
-                              pack2<T>(ds[2 * kk + 1][0], ds[2 * kk + 1][1]),
-                              pack2<T>(ds[2 * kk + 1][2], ds[2 * kk + 1][3])};
+      uint32_t da[4];
+      as_a_fragment<T>(ds, kk, da);
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
         uint32_t b0, b1;
