@@ -19,6 +19,8 @@ using testing::kCpu;
 using testing::kCuda;
 using testing::poisoned;
 
+// Without CUDA every case skips before it needs these.
+#ifdef PIPIT_WITH_CUDA
 namespace {
 
 struct Case {
@@ -74,7 +76,6 @@ double tolerance(DType dt) {
   }
 }
 
-#ifdef PIPIT_WITH_CUDA
 using cuda::AttentionProvider;
 
 // The providers this build has, each set for the scope of one loop turn.
@@ -98,7 +99,6 @@ bool cudnn_takes(const Case& c, DType dt) {
   return (dt == DType::bf16 || dt == DType::f16) && c.queries == c.keys && c.head_dim % 8 == 0 &&
          c.head_dim <= 128;
 }
-#endif
 
 std::vector<Tensor> random_inputs(const Case& c, DType dt, Generator& g) {
   const Shape qs{c.batch, c.heads, c.queries, c.head_dim}, ks{c.batch, c.heads, c.keys, c.head_dim};
@@ -107,9 +107,11 @@ std::vector<Tensor> random_inputs(const Case& c, DType dt, Generator& g) {
 }
 
 }  // namespace
+#endif
 
 TEST_CASE("cuda: attention and its backward match the CPU", "[cuda]") {
   if (!cuda_ready()) return;
+#ifdef PIPIT_WITH_CUDA
   Generator g(51);
   const std::vector<Case> cases = {
       {1, 1, 1, 1, 64, true},      // batch 1, one token
@@ -119,7 +121,6 @@ TEST_CASE("cuda: attention and its backward match the CPU", "[cuda]") {
       {1, 2, 5, 90, 64, true},   // fewer queries than keys (a cache's step)
       {1, 3, 40, 40, 40, true},  // a head dim the tensor cores do not take
   };
-#ifdef PIPIT_WITH_CUDA
   for (AttentionProvider provider : providers()) {
     ProviderScope scope(provider);
     INFO(name(provider));
@@ -152,8 +153,8 @@ TEST_CASE("cuda: attention and its backward match the CPU", "[cuda]") {
 
 TEST_CASE("cuda: attention reads strided views and repeats its bits", "[cuda]") {
   if (!cuda_ready()) return;
-  Generator g(52);
 #ifdef PIPIT_WITH_CUDA
+  Generator g(52);
   for (AttentionProvider provider : providers()) {
     ProviderScope scope(provider);
     for (DType dt : {DType::bf16, DType::f32}) {
