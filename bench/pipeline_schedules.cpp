@@ -5,14 +5,20 @@
 //     gradients per stage;
 //  2. overhead per task through the event loop and communicator, with zero-cost layers;
 //  3. peak memory of every schedule on a GPT, with and without activation recomputation, from
-//     the allocator's peak.
+//     the allocator's peak;
+//  4. the efficiency and per-task overhead of 1 and 2 again with the stages in 4 worker
+//     processes over TCP (this binary in its worker role), beside the same in threads: torch's
+//     pipelining runs as processes (bench/pipeline_schedules_torch.py).
 // usage: pipeline_schedules [--layer-ms 4] [--no-append]
+// (pipeline_schedules --worker PORT_FILE SLOWDOWN is the worker role the benchmark starts.)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -21,7 +27,9 @@
 
 #include "autograd/function.h"
 #include "bench/sleep_layer.h"
+#include "bench/worker_process.h"
 #include "nn/builders.h"
+#include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schedule.h"
 #include "pipit.h"
@@ -61,7 +69,8 @@ std::string joined(const std::vector<int>& values) {
 }
 
 // Median wall time of `steps` train steps after one warm-up step, in microseconds.
-double step_time_us(Pipeline& pipeline, const Tensor& x, const Tensor& y, int steps) {
+template <typename AnyPipeline>
+double step_time_us(AnyPipeline& pipeline, const Tensor& x, const Tensor& y, int steps) {
   pipeline.train_step(x, y);
   std::vector<double> times;
   for (int i = 0; i < steps; ++i) {
@@ -233,9 +242,76 @@ std::string memory_table() {
   return out.str();
 }
 
+// Step time of `model` under `config` with its 4 stages in threads, or in 4 fresh worker
+// processes (each serves one run).
+double step_time_us(const std::shared_ptr<Sequential>& model, const PipelineConfig& config,
+                    bool processes, int m, int steps) {
+  Tensor x = zeros({m, 1}), y = zeros({m, 1});
+  if (!processes) {
+    Pipeline pipeline(model, config);
+    return step_time_us(pipeline, x, y, steps);
+  }
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("pipit-schedules-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<std::unique_ptr<bench::Worker>> workers;
+  std::vector<std::string> endpoints;
+  for (int s = 0; s < config.stages; ++s) {
+    workers.push_back(std::make_unique<bench::Worker>(dir, s, 1.0, true));
+    endpoints.push_back(workers.back()->endpoint());
+  }
+  DistributedPipeline pipeline(*model, config, endpoints);
+  return step_time_us(pipeline, x, y, steps);
+}
+
+// Threads against worker processes: efficiency with sleeping layers, and overhead per task
+// with zero-cost ones, for the schedules torch's pipelining also has.
+std::string processes_table(int64_t layer_us) {
+  const int p = 4, layers = 8;
+  std::ostringstream out;
+  out << "\nStages in threads of one process and in 4 worker processes over TCP (loopback): "
+         "efficiency with the sleeping layers above (median of 3 steps), and us per task "
+         "with zero-cost layers at m = 32 (median of 20 steps)\n\n"
+      << "| schedule | m | v | theoretical ms | threads ms (efficiency) | processes ms "
+         "(efficiency) | threads us/task | processes us/task |\n"
+      << "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zbv"}) {
+    const int v = chunks_per_stage(schedule);
+    PipelineConfig zero = mse_config(p, 32, v, schedule);
+    const double path =
+        validate_schedule(make_schedule(schedule, p, 32, v), p, 32, v, placement_of(schedule), v, v)
+            .makespan;
+    const double threads_task = step_time_us(sleep_model(layers, 0), zero, false, 32, 20) / path;
+    const double processes_task = step_time_us(sleep_model(layers, 0), zero, true, 32, 20) / path;
+    for (int m : {8, 16, 32}) {
+      PipelineConfig config = mse_config(p, m, v, schedule);
+      config.layer_counts.assign(static_cast<size_t>(p * v), layers / (p * v));
+      config.layer_counts[0] += 1;
+      const double theory =
+          theoretical_step_time(schedule, p, m, v, 2.0 * layer_us, 4.0 * layer_us);
+      const double threads =
+          step_time_us(sleep_model_with_free_head(layers, layer_us), config, false, m, 3);
+      const double processes =
+          step_time_us(sleep_model_with_free_head(layers, layer_us), config, true, m, 3);
+      char row[320];
+      std::snprintf(row, sizeof row,
+                    "| %s | %d | %d | %.1f | %.1f (%.3f) | %.1f (%.3f) | %.2f | %.2f |\n",
+                    schedule.c_str(), m, v, theory / 1000, threads / 1000, theory / threads,
+                    processes / 1000, theory / processes, threads_task, processes_task);
+      out << row;
+      std::fputs(row, stdout);
+      std::fflush(stdout);
+    }
+  }
+  return out.str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "--worker") == 0) {
+    return bench::worker_role(argv[2], std::atof(argv[3]));
+  }
   int64_t layer_us = 4000;
   bool append = true;
   std::string timeline_schedule;
@@ -264,6 +340,7 @@ int main(int argc, char** argv) {
   std::string tables = efficiency_table(layer_us);
   tables += overhead_table();
   tables += memory_table();
+  tables += processes_table(layer_us);
   if (append) {
     std::time_t now = std::time(nullptr);
     char date[32];

@@ -34,14 +34,13 @@
 
 #include "bench/results.h"
 #include "bench/sleep_layer.h"
+#include "bench/worker_process.h"
 #include "nn/builders.h"
 #include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/worker.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
-
-extern char** environ;
 
 using namespace pipit;
 namespace fs = std::filesystem;
@@ -62,59 +61,6 @@ struct Scenario {
   nlohmann::json loss;
   std::vector<double> slowdown;  // per stage
   bool sleep_cost = false;       // its workers must know SleepLayer: this program's worker role
-};
-
-// A worker process serving one run, stopped when the object goes: pipit-worker from beside
-// this program, or this program in its worker role for sleep-cost models.
-class Worker {
- public:
-  Worker(const fs::path& dir, int index, double slowdown, bool sleep_cost) {
-    const fs::path self = fs::read_symlink("/proc/self/exe");
-    const std::string binary =
-        sleep_cost ? self.string() : (self.parent_path() / "pipit-worker").string();
-    const std::string port_file = (dir / ("port" + std::to_string(index))).string();
-    std::vector<std::string> args =
-        sleep_cost
-            ? std::vector<std::string>{binary, "--worker", port_file, std::to_string(slowdown)}
-            : std::vector<std::string>{binary,
-                                       "--listen",
-                                       "127.0.0.1:0",
-                                       "--runs",
-                                       "1",
-                                       "--port-file",
-                                       port_file,
-                                       "--threads",
-                                       "1",
-                                       "--slowdown",
-                                       std::to_string(slowdown)};
-    fs::remove(port_file);  // an earlier worker's
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    const std::string log = (dir / ("worker" + std::to_string(index) + ".log")).string();
-    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    PIPIT_CHECK(posix_spawn(&pid_, binary.c_str(), &actions, nullptr, argv.data(), environ) == 0,
-                "cannot start ", binary);
-    posix_spawn_file_actions_destroy(&actions);
-    for (int i = 0; i < 500 && !fs::exists(port_file); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    PIPIT_CHECK(fs::exists(port_file), binary, " wrote no port within 5 s (log: ", log, ")");
-    std::string port = read_file(port_file);
-    while (!port.empty() && (port.back() == '\n' || port.back() == ' ')) port.pop_back();
-    endpoint_ = "127.0.0.1:" + port;
-  }
-  ~Worker() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
-  const std::string& endpoint() const { return endpoint_; }
-
- private:
-  pid_t pid_ = 0;
-  std::string endpoint_;
 };
 
 Batch gpt_batch(const GptConfig& model) {
@@ -219,25 +165,11 @@ PipelineConfig config_for(const Scenario& scenario, bool rebalance) {
   return c;
 }
 
-// The worker role: pipit-worker's defaults, serving one run, with SleepLayer known.
-int worker_role(const std::string& port_file, double slowdown) {
-  set_num_threads(1);
-  bench::register_sleep_layer();
-  WorkerOptions options;
-  options.listen = "127.0.0.1:0";
-  options.runs = 1;
-  options.port_file = port_file;
-  options.slowdown = slowdown;
-  options.threads = 1;
-  run_worker(options);
-  return 0;
-}
-
 }  // namespace
 
 int run(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "--worker") == 0) {
-    return worker_role(argv[2], std::atof(argv[3]));
+    return bench::worker_role(argv[2], std::atof(argv[3]));
   }
   int steps = 40;
   bool append = true;
@@ -360,12 +292,12 @@ int run(int argc, char** argv) {
       } else {
         r = measure(scenario, steps, [&](bool rebalance) {
           // Fresh workers per run: each serves one run.
-          static std::vector<std::unique_ptr<Worker>> pool;
+          static std::vector<std::unique_ptr<bench::Worker>> pool;
           pool.clear();
           std::vector<std::string> endpoints;
           for (int s = 0; s < kStages; ++s) {
             pool.push_back(
-                std::make_unique<Worker>(dir, s, scenario.slowdown[s], scenario.sleep_cost));
+                std::make_unique<bench::Worker>(dir, s, scenario.slowdown[s], scenario.sleep_cost));
             endpoints.push_back(pool.back()->endpoint());
           }
           return std::make_unique<DistributedPipeline>(*scenario.model(),
