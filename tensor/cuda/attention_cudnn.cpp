@@ -16,8 +16,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tensor/cuda/cuda_device.h"
-#include "tensor/cuda/cudnn_check.h"
 #include "tensor/cuda/cudnn_handle.h"
 #endif
 
@@ -152,8 +150,7 @@ void attention_forward_cudnn(const Tensor& q, const Tensor& k, const Tensor& v,
   const int device = q.device().index;
   DnnHandle& dnn = dnn_handle(op, device);
   std::lock_guard<std::mutex> lock(dnn.mutex);
-  PIPIT_CUDNN_CHECK(
-      op, cudnnSetStream(dnn.handle, static_cast<cudaStream_t>(current_stream_handle(device))));
+  use_current_stream(op, dnn, device);
   const GraphKey key{
       device,
       g.causal,
@@ -190,8 +187,7 @@ void attention_backward_cudnn(const Tensor& grad_out, const Tensor& q, const Ten
   const int device = q.device().index;
   DnnHandle& dnn = dnn_handle(op, device);
   std::lock_guard<std::mutex> lock(dnn.mutex);
-  PIPIT_CUDNN_CHECK(
-      op, cudnnSetStream(dnn.handle, static_cast<cudaStream_t>(current_stream_handle(device))));
+  use_current_stream(op, dnn, device);
   const GraphKey key{device,
                      g.causal,
                      q.dtype(),

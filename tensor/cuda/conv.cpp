@@ -160,9 +160,8 @@ void convolve(Pass pass, const char* op, int device, const Tensor& x, const Tens
   const void* beta = f32 ? static_cast<const void*>(&zero_f) : &zero_d;
   cuda::DnnHandle& dnn = cuda::dnn_handle(op, device);
   std::lock_guard<std::mutex> lock(dnn.mutex);
+  cuda::use_current_stream(op, dnn, device);
   cudnnHandle_t h = dnn.handle;
-  PIPIT_CUDNN_CHECK(
-      op, cudnnSetStream(h, static_cast<cudaStream_t>(cuda::current_stream_handle(device))));
   PIPIT_CUDNN_CHECK(
       op, cudnnSetConvolutionMathType(d.conv.get(), f32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
   int max_count = 0, count = 0;

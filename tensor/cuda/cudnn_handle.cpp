@@ -22,4 +22,9 @@ DnnHandle& dnn_handle(const char* op, int device) {
   return *slot;
 }
 
+void use_current_stream(const char* op, DnnHandle& dnn, int device) {
+  PIPIT_CUDNN_CHECK(
+      op, cudnnSetStream(dnn.handle, static_cast<cudaStream_t>(current_stream_handle(device))));
+}
+
 }  // namespace pipit::cuda

@@ -16,4 +16,8 @@ struct DnnHandle {
 // `op` names the caller in the error if creating the handle fails.
 DnnHandle& dnn_handle(const char* op, int device);
 
+// Points the handle at the calling thread's current stream on `device`; call with its mutex
+// held, before every use (another thread may have pointed it elsewhere).
+void use_current_stream(const char* op, DnnHandle& dnn, int device);
+
 }  // namespace pipit::cuda
