@@ -46,11 +46,15 @@ std::shared_ptr<Sequential> gpt(const GptConfig& c, Generator* generator) {
   auto model = std::make_shared<Sequential>();
   model->push_back(
       std::make_shared<TokenPosEmbedding>(c.vocab_size, c.context, c.width, generator));
+  if (c.embedding_dropout > 0) {
+    model->push_back(std::make_shared<Dropout>(c.embedding_dropout, generator));
+  }
   // GPT-2 initialisation: N(0, 0.02) weights, zero biases, and residual projections scaled by
   // 1/sqrt(2 * layers) so the residual stream's variance does not grow with depth.
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
   for (int64_t i = 0; i < c.layers; ++i) {
-    auto block = std::make_shared<TransformerBlock>(c.width, c.heads, c.dropout, generator);
+    auto block = std::make_shared<TransformerBlock>(c.width, c.heads, c.dropout, generator,
+                                                    c.layer_norm_eps);
     for (const auto& linear : {block->attn->qkv, block->fc}) {
       fill_normal(linear->weight, 0.02, generator);
       fill_zero(linear->bias);
@@ -61,11 +65,16 @@ std::shared_ptr<Sequential> gpt(const GptConfig& c, Generator* generator) {
     }
     model->push_back(block);
   }
-  model->push_back(std::make_shared<LayerNorm>(c.width));
-  auto head = std::make_shared<Linear>(c.width, c.vocab_size, true, generator);
-  fill_normal(head->weight, 0.02, generator);
-  fill_zero(head->bias);
-  model->push_back(head);
+  model->push_back(std::make_shared<LayerNorm>(c.width, c.layer_norm_eps));
+  auto head = std::make_shared<Linear>(c.width, c.vocab_size, c.head_bias, generator);
+  if (c.tie_embeddings) {
+    model->push_back(head);
+    model->tie(std::to_string(model->size() - 1) + ".weight", "0.tokens.weight");
+  } else {
+    fill_normal(head->weight, 0.02, generator);
+    if (c.head_bias) fill_zero(head->bias);
+    model->push_back(head);
+  }
   return model;
 }
 

@@ -22,10 +22,17 @@ struct GptConfig {
   int64_t heads = 4;
   int64_t width = 128;
   double dropout = 0.0;
+  double embedding_dropout = 0.0;  // > 0: a Dropout layer after the embedding (GPT-2's embd_pdrop)
+  double layer_norm_eps = 1e-5;
+  // GPT-2's head: tied to the token embedding (one tensor, Sequential::tie) and without bias.
+  bool tie_embeddings = false;
+  bool head_bias = true;
 };
 
-// Sequential{TokenPosEmbedding, TransformerBlock x layers, LayerNorm, Linear(width, vocab)}:
-// i64 tokens [B, T] in, logits [B, T, vocab] out. GPT-2 initialisation.
+// Sequential{TokenPosEmbedding, [Dropout,] TransformerBlock x layers, LayerNorm,
+// Linear(width, vocab)}:
+// i64 tokens [B, T] in, logits [B, T, vocab] out. GPT-2 initialisation. With tie_embeddings
+// the head's weight is layer 0's "tokens.weight".
 std::shared_ptr<Sequential> gpt(const GptConfig& config, Generator* generator = nullptr);
 
 }  // namespace pipit

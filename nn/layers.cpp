@@ -20,6 +20,10 @@ Tensor Linear::forward(const Tensor& x) {
   return linear(x, weight, bias);
 }
 
+void Linear::parameter_tied(const std::string& name, const Tensor& value) {
+  (name == "weight" ? weight : bias) = value;
+}
+
 json Linear::config() const {
   return {{"type", "Linear"}, {"in", in_}, {"out", out_}, {"bias", bias.defined()}};
 }
@@ -33,6 +37,10 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* generator)
 
 Tensor Embedding::forward(const Tensor& indices) {
   return embedding(weight, indices);
+}
+
+void Embedding::parameter_tied(const std::string&, const Tensor& value) {
+  weight = value;
 }
 
 json Embedding::config() const {
@@ -55,6 +63,16 @@ Tensor TokenPosEmbedding::forward(const Tensor& tokens) {
   PIPIT_CHECK(T <= context_, "TokenPosEmbedding: sequence length ", T, " exceeds the context ",
               context_);
   Tensor positions = arange(0, static_cast<double>(T), 1.0, {DType::i64, tokens.device()});
+  return tokens_->forward(tokens) + positions_->forward(positions);
+}
+
+Tensor TokenPosEmbedding::forward(const Tensor& tokens, const Tensor& positions) {
+  PIPIT_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::i64 &&
+                  positions.shape() == tokens.shape() && positions.dtype() == DType::i64,
+              "TokenPosEmbedding: expects I64 tokens and positions [B, T], got ", tokens.dtype(),
+              " ", shape_str(tokens.shape()), " and ", positions.dtype(), " ",
+              shape_str(positions.shape()));
+  // Embedding checks each position against the context (a position past it is out of range).
   return tokens_->forward(tokens) + positions_->forward(positions);
 }
 

@@ -15,6 +15,9 @@ class Linear final : public Module {
   json config() const override;
   Tensor weight, bias;  // bias undefined when disabled
 
+ protected:
+  void parameter_tied(const std::string& name, const Tensor& value) override;
+
  private:
   int64_t in_, out_;
 };
@@ -27,6 +30,9 @@ class Embedding final : public Module {
   json config() const override;
   Tensor weight;
 
+ protected:
+  void parameter_tied(const std::string& name, const Tensor& value) override;
+
  private:
   int64_t num_, dim_;
 };
@@ -37,7 +43,12 @@ class TokenPosEmbedding final : public Module {
   TokenPosEmbedding(int64_t vocab_size, int64_t context, int64_t width,
                     Generator* generator = nullptr);
   Tensor forward(const Tensor& tokens) override;
+  // Tokens at the given positions (i64 [B, T], each below the context): generation with a KV
+  // cache embeds one new token per row, and left-padded rows count positions from their start.
+  Tensor forward(const Tensor& tokens, const Tensor& positions);
   json config() const override;
+  int64_t vocab_size() const { return vocab_; }
+  int64_t context() const { return context_; }
 
  private:
   int64_t vocab_, context_, width_;
@@ -49,6 +60,7 @@ class LayerNorm final : public Module {
   explicit LayerNorm(int64_t dim, double eps = 1e-5);
   Tensor forward(const Tensor& x) override;
   json config() const override;
+  double eps() const { return eps_; }
   Tensor weight, bias;
 
  private:

@@ -36,11 +36,44 @@ void Module::replace_child(const std::string& name, std::shared_ptr<Module> modu
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
-  std::vector<std::pair<std::string, Tensor>> out = parameters_;
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::set<const TensorImpl*> seen;
+  auto add = [&](std::string name, const Tensor& p) {
+    if (seen.insert(&p.impl()).second) out.emplace_back(std::move(name), p);
+  };
+  for (const auto& [name, p] : parameters_) add(name, p);
   for (const auto& [child_name, child] : children_) {
-    for (auto& [name, p] : child->named_parameters()) out.emplace_back(child_name + "." + name, p);
+    for (auto& [name, p] : child->named_parameters()) add(child_name + "." + name, p);
   }
   return out;
+}
+
+void Module::tie_parameter(const std::string& name, const Tensor& source) {
+  const size_t dot = name.find('.');
+  if (dot != std::string::npos) {
+    const std::string child_name = name.substr(0, dot);
+    for (const auto& [existing, child] : children_) {
+      if (existing == child_name) return child->tie_parameter(name.substr(dot + 1), source);
+    }
+    throw Error("tie_parameter: no child module '" + child_name + "' (in '" + name + "')");
+  }
+  for (auto& [existing, p] : parameters_) {
+    if (existing != name) continue;
+    PIPIT_CHECK(source.defined() && source.shape() == p.shape() && source.dtype() == p.dtype() &&
+                    source.device() == p.device(),
+                "tie_parameter: '", name, "' is ", p.dtype(), " ", shape_str(p.shape()),
+                " but the tensor tied to it is ",
+                source.defined() ? shape_str(source.shape()) : std::string("undefined"));
+    parameter_tied(name, source);  // first: a layer that cannot tie throws with nothing changed
+    p = source;
+    return;
+  }
+  throw Error("tie_parameter: no parameter '" + name + "'");
+}
+
+void Module::parameter_tied(const std::string& name, const Tensor&) {
+  throw Error("tie_parameter: this module (" + config().value("type", std::string("?")) +
+              ") cannot tie its parameter '" + name + "'");
 }
 
 std::vector<Tensor> Module::parameters() const {

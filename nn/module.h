@@ -2,7 +2,8 @@
 // Module: the base of every layer, named as in PyTorch's C++ frontend.
 // A module owns parameters and child modules, registered in order; named_parameters() walks
 // them depth first with dotted names ("3.attn.qkv.weight"). config() returns the JSON the
-// registry (nn/registry.h) rebuilds the module from.
+// registry (nn/registry.h) rebuilds the module from. A parameter tied to another
+// (tie_parameter) is one tensor: it is listed once, under the name met first.
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -41,6 +42,10 @@ class Module {
   // Copies values in. Every name must exist with the same shape and dtype; with strict, every
   // parameter must be given. Errors name the parameter and both shapes.
   void load_state_dict(const StateDict& state, bool strict = true);
+  // Makes the parameter `name` (dotted, below this module) the tensor `source`, as PyTorch's
+  // `head.weight = embedding.weight`: one tensor, whose gradient sums both uses. Shapes and
+  // dtypes must match; the owning layer must support it (Linear and Embedding do).
+  void tie_parameter(const std::string& name, const Tensor& source);
   // Moves every parameter (and its gradient) to `device` in place: handles held elsewhere,
   // an optimizer's included, see the moved tensors.
   void to(Device device);
@@ -53,6 +58,9 @@ class Module {
   Tensor& register_parameter(const std::string& name, Tensor value);
   // A generator forward draws from; it must live as long as the module.
   void register_generator(Generator& generator) { generators_.push_back(&generator); }
+  // Called by tie_parameter after the registered tensor `name` became `value`: a layer that
+  // keeps its parameters in fields too (Linear::weight) updates the field.
+  virtual void parameter_tied(const std::string& name, const Tensor& value);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     register_child(name, module);

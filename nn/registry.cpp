@@ -79,8 +79,9 @@ std::map<std::string, ModuleFactory> builtin_factories() {
                                                  config_number(c, "dropout"));
   };
   f["TransformerBlock"] = [](const json& c) {
+    const double eps = c.contains("layer_norm_eps") ? config_number(c, "layer_norm_eps") : 1e-5;
     return std::make_shared<TransformerBlock>(config_int(c, "width"), config_int(c, "heads"),
-                                              config_number(c, "dropout"));
+                                              config_number(c, "dropout"), nullptr, eps);
   };
   f["Sequential"] = [](const json& c) {
     const json& layers = field(c, "layers");
@@ -89,7 +90,18 @@ std::map<std::string, ModuleFactory> builtin_factories() {
     for (const json& layer : layers) built.push_back(build_module(layer));
     const int64_t first = c.contains("first_index") ? config_int(c, "first_index") : 0;
     PIPIT_CHECK(first >= 0, "build_module: Sequential field \"first_index\" must be >= 0");
-    return std::make_shared<Sequential>(std::move(built), static_cast<size_t>(first));
+    auto sequential = std::make_shared<Sequential>(std::move(built), static_cast<size_t>(first));
+    if (c.contains("ties")) {
+      const json& ties = c["ties"];
+      PIPIT_CHECK(ties.is_array(), "build_module: Sequential field \"ties\" must be an array");
+      for (const json& tie : ties) {
+        PIPIT_CHECK(tie.is_array() && tie.size() == 2 && tie[0].is_string() && tie[1].is_string(),
+                    "build_module: each Sequential tie must be [parameter, tied_to] names, got ",
+                    tie.dump());
+        sequential->tie(tie[0].get<std::string>(), tie[1].get<std::string>());
+      }
+    }
+    return sequential;
   };
   return f;
 }

@@ -5,8 +5,24 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops.h"
+#include "tensor/backend.h"
 
 namespace pipit {
+namespace {
+
+struct Heads {
+  Tensor q, k, v;
+};
+
+// [B, T, 3C] laid out q | k | v -> three [B, H, T, D] views (GEMM reads them in place).
+Heads split_heads(const Tensor& qkv, int64_t heads) {
+  const int64_t B = qkv.shape()[0], T = qkv.shape()[1], D = qkv.shape()[2] / (3 * heads);
+  Tensor qkv_heads = permute(reshape(qkv, {B, T, 3, heads, D}), {2, 0, 3, 1, 4});
+  return {squeeze(narrow(qkv_heads, 0, 0, 1), 0), squeeze(narrow(qkv_heads, 0, 1, 1), 0),
+          squeeze(narrow(qkv_heads, 0, 2, 1), 0)};
+}
+
+}  // namespace
 
 CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, double dropout,
                                          Generator* generator)
@@ -27,10 +43,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
               width_, "], got ", shape_str(x.shape()));
   const int64_t B = x.shape()[0], T = x.shape()[1], D = width_ / heads_;
   // [B, T, 3, H, D] -> [3, B, H, T, D]: q, k and v are views, and GEMM reads them in place.
-  Tensor qkv_heads = permute(reshape(qkv->forward(x), {B, T, 3, heads_, D}), {2, 0, 3, 1, 4});
-  Tensor q = squeeze(narrow(qkv_heads, 0, 0, 1), 0);
-  Tensor k = squeeze(narrow(qkv_heads, 0, 1, 1), 0);
-  Tensor v = squeeze(narrow(qkv_heads, 0, 2, 1), 0);
+  const auto [q, k, v] = split_heads(qkv->forward(x), heads_);
   // Dropout on the weights needs them in memory. So, for now, does f32 on CUDA: there the
   // fused kernel runs on CUDA cores while the written-out products are cuBLAS GEMMs (on TF32
   // tensor cores where allowed), and no GPU run has yet measured which is faster.
@@ -51,21 +64,48 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   return out_dropout_->forward(proj->forward(y));
 }
 
+Tensor CausalSelfAttention::forward_step(const Tensor& x, KvCacheLayer& cache, int64_t start,
+                                         const Tensor& mask) {
+  PIPIT_CHECK(x.dim() == 3 && x.shape()[2] == width_, "CausalSelfAttention: expects [B, T, ",
+              width_, "], got ", shape_str(x.shape()));
+  const int64_t B = x.shape()[0], T = x.shape()[1], D = width_ / heads_;
+  const Shape cache_shape = cache.keys.defined() ? cache.keys.shape() : Shape{};
+  PIPIT_CHECK(cache_shape.size() == 4 && cache_shape[0] == B && cache_shape[1] == heads_ &&
+                  cache_shape[3] == D && start >= 0 && start + T <= cache_shape[2],
+              "CausalSelfAttention: positions [", start, ", ", start + T,
+              ") do not fit a KV cache of shape ", shape_str(cache_shape), " for ", B, " rows of ",
+              heads_, " heads of ", D);
+  const auto [q, k, v] = split_heads(qkv->forward(x), heads_);
+  backend(k).copy(k, narrow(cache.keys, 2, start, T));
+  backend(v).copy(v, narrow(cache.values, 2, start, T));
+  const Tensor keys = narrow(cache.keys, 2, 0, start + T);
+  const Tensor values = narrow(cache.values, 2, 0, start + T);
+  Tensor heads_out;
+  if (!mask.defined()) {
+    heads_out = scaled_dot_product_attention(q, keys, values, /*is_causal=*/true);
+  } else {
+    const Tensor scores =
+        matmul(q, transpose(keys, -1, -2)) * (1.0 / std::sqrt(static_cast<double>(D)));
+    heads_out = matmul(softmax(scores + mask, -1), values);
+  }
+  return proj->forward(reshape(permute(heads_out, {0, 2, 1, 3}), {B, T, width_}));
+}
+
 json CausalSelfAttention::config() const {
   return {
       {"type", "CausalSelfAttention"}, {"width", width_}, {"heads", heads_}, {"dropout", dropout_}};
 }
 
 TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout,
-                                   Generator* generator)
-    : width_(width), heads_(heads), dropout_(dropout) {
+                                   Generator* generator, double layer_norm_eps)
+    : width_(width), heads_(heads), dropout_(dropout), layer_norm_eps_(layer_norm_eps) {
   // Before 4 * width is computed (a width from a config can be anything).
   PIPIT_CHECK(width > 0 && width <= std::numeric_limits<int64_t>::max() / 4,
               "TransformerBlock: width must be positive and not too large, got ", width);
-  ln1 = register_module("ln1", std::make_shared<LayerNorm>(width));
+  ln1 = register_module("ln1", std::make_shared<LayerNorm>(width, layer_norm_eps));
   attn = register_module("attn",
                          std::make_shared<CausalSelfAttention>(width, heads, dropout, generator));
-  ln2 = register_module("ln2", std::make_shared<LayerNorm>(width));
+  ln2 = register_module("ln2", std::make_shared<LayerNorm>(width, layer_norm_eps));
   fc = register_module("fc", std::make_shared<Linear>(width, 4 * width, true, generator));
   proj = register_module("proj", std::make_shared<Linear>(4 * width, width, true, generator));
   mlp_dropout_ = register_module("mlp_dropout", std::make_shared<Dropout>(dropout, generator));
@@ -76,9 +116,18 @@ Tensor TransformerBlock::forward(const Tensor& x) {
   return h + mlp_dropout_->forward(proj->forward(gelu(fc->forward(ln2->forward(h)))));
 }
 
+Tensor TransformerBlock::forward_step(const Tensor& x, KvCacheLayer& cache, int64_t start,
+                                      const Tensor& mask) {
+  Tensor h = x + attn->forward_step(ln1->forward(x), cache, start, mask);
+  return h + proj->forward(gelu(fc->forward(ln2->forward(h))));
+}
+
 json TransformerBlock::config() const {
-  return {
+  json out = {
       {"type", "TransformerBlock"}, {"width", width_}, {"heads", heads_}, {"dropout", dropout_}};
+  // Written only when it differs from the default, so earlier configs stay as they were.
+  if (layer_norm_eps_ != 1e-5) out["layer_norm_eps"] = layer_norm_eps_;
+  return out;
 }
 
 }  // namespace pipit

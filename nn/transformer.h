@@ -4,6 +4,12 @@
 
 namespace pipit {
 
+// A layer's keys and values for the tokens generated so far, [B, H, capacity, D] each, so
+// generating a token runs the model on that token alone. Allocated once per generation.
+struct KvCacheLayer {
+  Tensor keys, values;
+};
+
 // Multi-head causal self-attention: one Linear "qkv" (C -> 3C, laid out q | k | v, each split
 // into heads of C / heads), scaled dot products masked so position t sees positions <= t,
 // softmax, and a Linear "proj" (C -> C). Input and output [B, T, C]. It runs
@@ -14,7 +20,13 @@ class CausalSelfAttention final : public Module {
   CausalSelfAttention(int64_t width, int64_t heads, double dropout = 0.0,
                       Generator* generator = nullptr);
   Tensor forward(const Tensor& x) override;
+  // x [B, T, C] holds the tokens at positions [start, start + T): their keys and values are
+  // written into `cache` there, and each query attends to the cached positions up to its own.
+  // `mask`, when defined, is added to the scores ([B, 1, T, start + T], 0 or -inf) and takes
+  // the place of the causal rule (left-padded rows mask their padding).
+  Tensor forward_step(const Tensor& x, KvCacheLayer& cache, int64_t start, const Tensor& mask);
   json config() const override;
+  int64_t heads() const { return heads_; }
   std::shared_ptr<Linear> qkv, proj;
 
  private:
@@ -28,8 +40,10 @@ class CausalSelfAttention final : public Module {
 class TransformerBlock final : public Module {
  public:
   TransformerBlock(int64_t width, int64_t heads, double dropout = 0.0,
-                   Generator* generator = nullptr);
+                   Generator* generator = nullptr, double layer_norm_eps = 1e-5);
   Tensor forward(const Tensor& x) override;
+  // forward with the attention's keys and values cached (CausalSelfAttention::forward_step).
+  Tensor forward_step(const Tensor& x, KvCacheLayer& cache, int64_t start, const Tensor& mask);
   json config() const override;
   std::shared_ptr<LayerNorm> ln1, ln2;
   std::shared_ptr<CausalSelfAttention> attn;
@@ -37,7 +51,7 @@ class TransformerBlock final : public Module {
 
  private:
   int64_t width_, heads_;
-  double dropout_;
+  double dropout_, layer_norm_eps_;
   std::shared_ptr<Dropout> mlp_dropout_;
 };
 

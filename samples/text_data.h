@@ -1,12 +1,14 @@
 #pragma once
-// Text for the character-level samples (train_gpt, train_ps): a generated corpus, its
-// vocabulary, and random training windows.
+// Text for the GPT samples (train_gpt, train_ps): a generated corpus, its character
+// vocabulary, token files, and random training windows.
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "pipit.h"
+#include "text/token_file.h"
 
 namespace samples {
 
@@ -72,6 +74,17 @@ inline std::pair<Tensor, Tensor> sample_batch(const std::vector<int64_t>& tokens
     }
   }
   return {from_vector(x, {batch, context}), from_vector(y, {batch, context})};
+}
+
+// The ids of a token file (pipit-tokenizer encode), checked against the vocabulary.
+inline std::vector<int64_t> read_token_ids(const std::string& path, size_t vocab_size) {
+  pipit::text::TokenFileReader reader(path, vocab_size);
+  std::vector<int64_t> ids;
+  ids.reserve(reader.header().count);
+  std::vector<uint32_t> piece(1 << 16);
+  while (const size_t n = reader.read(piece))
+    ids.insert(ids.end(), piece.begin(), piece.begin() + n);
+  return ids;
 }
 
 }  // namespace samples

@@ -27,12 +27,13 @@ scratch=$(mktemp -d "${TMPDIR:-/tmp}/pipit-fuzz.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 
 echo "=== fuzz build ($build: clang, libFuzzer, ASan + UBSan; -O1, asserts on) ==="
+# The same options as tools/test.sh's sanitizer build, which this build folder can share.
 # The build's output is shown only when it fails.
 # OpenBLAS for GEMM: clang's OpenMP runtime (libomp) and the GNU one oneDNN is built against
 # should not share a process.
-if ! { cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DPIPIT_FUZZ=ON -DPIPIT_CUDA=OFF \
-         -DPIPIT_GEMM=OPENBLAS \
-         -DPIPIT_BUILD_TESTS=OFF -DPIPIT_BUILD_SAMPLES=OFF -DCMAKE_BUILD_TYPE=Debug \
+if ! { cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DPIPIT_SANITIZE=ON \
+         -DPIPIT_FUZZ=ON -DPIPIT_CUDA=OFF -DPIPIT_GEMM=OPENBLAS -DPIPIT_BUILD_SAMPLES=OFF \
+         -DCMAKE_BUILD_TYPE=Debug \
          -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" &&
        cmake --build "$build" -j"$jobs" --target "${harnesses[@]/#/fuzz_}"; } >"$scratch/build.log" 2>&1; then
   cat "$scratch/build.log"

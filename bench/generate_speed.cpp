@@ -1,0 +1,125 @@
+// Generation speed with a KV cache: pipit's generate() against Hugging Face transformers'
+// generate (bench/generate_speed.py) on the same GPT-2 checkpoint, prompts and greedy decoding,
+// f32 on the CPU, each with all cores. Prints new tokens per second for each batch size, and
+// whether both produced the same ids; appends the table to bench/RESULTS.md.
+//   generate_speed [--model DIR] [--new 256] [--reps 2] [--python PYTHON]
+// Without --model, bench/generate_speed.py makes a random GPT-2 small (124M) in a temporary folder.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "bench/results.h"
+#include "nn/generate.h"
+#include "pipit.h"
+#include "samples/flags.h"
+#include "serialize/hf_gpt2.h"
+
+using namespace pipit;
+using nlohmann::json;
+
+namespace {
+
+std::vector<std::vector<int64_t>> prompts(int64_t batch, int64_t length, int64_t vocab) {
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < length; ++t)
+      out[size_t(b)].push_back((b * 7919 + t * 104729 + 13) % vocab);
+  }
+  return out;
+}
+
+uint64_t fnv(const std::vector<std::vector<int64_t>>& rows) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (const auto& row : rows) {
+    for (const int64_t id : row) h = (h ^ static_cast<uint64_t>(id)) * 0x100000001B3ull;
+  }
+  return h;
+}
+
+std::vector<json> run_python(const std::string& arguments) {
+  std::vector<json> rows;
+  FILE* pipe = popen(arguments.c_str(), "r");
+  if (!pipe) return rows;
+  char line[4096];
+  while (std::fgets(line, sizeof line, pipe)) {
+    if (line[0] == '{') rows.push_back(json::parse(line));
+  }
+  if (pclose(pipe) != 0) std::fprintf(stderr, "generate_speed: '%s' failed\n", arguments.c_str());
+  return rows;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  samples::Flags flags("generate_speed", "pipit's KV-cache generation vs transformers' generate");
+  flags.add("model", "", "a Hugging Face GPT-2 directory (default: a random GPT-2 small)");
+  flags.add("new", "256", "new tokens per prompt");
+  flags.add("prompt", "16", "tokens per prompt");
+  flags.add("reps", "2", "runs per measurement; the best is reported");
+  flags.add("python", "python3", "the Python with torch and transformers installed");
+  flags.parse(argc, argv);
+  try {
+    const std::string script = std::string(PIPIT_SOURCE_DIR) + "/bench/generate_speed.py";
+    std::string dir = flags.str("model");
+    if (dir.empty()) {
+      dir = (std::filesystem::temp_directory_path() / "pipit_bench_gpt2_small").string();
+      if (!std::filesystem::exists(dir + "/model.safetensors")) {
+        run_python(flags.str("python") + " " + script + " --make " + dir);
+      }
+    }
+    auto model = load_hf_gpt2(dir);
+    const int64_t vocab = read_hf_gpt2_config(dir).gpt.vocab_size;
+    GenerationOptions options;
+    options.max_new_tokens = flags.integer("new");
+    const int64_t prompt_length = flags.integer("prompt");
+    const int reps = static_cast<int>(flags.integer("reps"));
+    const std::vector<json> peers =
+        run_python(flags.str("python") + " " + script + " --model " + dir + " --batch 1 8 --new " +
+                   std::to_string(options.max_new_tokens) + " --prompt " +
+                   std::to_string(prompt_length) + " --reps " + std::to_string(reps));
+    std::ostringstream table;
+    table
+        << "GPT-2 shape of " << dir << " (" << model->parameter_count()
+        << " parameters), f32, greedy, " << prompt_length << "-token prompts, "
+        << options.max_new_tokens << " new tokens, KV cache on both sides; pipit "
+        << get_num_threads() << " threads.\n\n"
+        << "| batch | pipit tokens/s | transformers tokens/s | pipit / transformers | same ids |\n"
+        << "|---|---|---|---|---|\n";
+    for (const int64_t batch : {1, 8}) {
+      const auto input = prompts(batch, prompt_length, vocab);
+      double best = 1e300;
+      std::vector<std::vector<int64_t>> out;
+      for (int rep = 0; rep < reps; ++rep) {
+        const auto start = std::chrono::steady_clock::now();
+        out = generate(*model, input, options);
+        best = std::min(
+            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      const double ours = double(batch * options.max_new_tokens) / best;
+      json peer;
+      for (const json& row : peers) {
+        if (row.value("batch", 0) == batch) peer = row;
+      }
+      const double theirs = peer.is_null() ? 0.0 : peer.value("tokens_per_s", 0.0);
+      char line[256];
+      std::snprintf(line, sizeof line, "| %lld | %.1f | %.1f | %.2fx | %s |\n",
+                    static_cast<long long>(batch), ours, theirs, theirs > 0 ? ours / theirs : 0.0,
+                    peer.is_null()                               ? "-"
+                    : peer.value("fnv", uint64_t{0}) == fnv(out) ? "yes"
+                                                                 : "no");
+      table << line;
+      std::printf("%s", line);
+      std::fflush(stdout);
+    }
+    if (!peers.empty())
+      table << "\nPeer: " << peers[0].value("tool", "?") << ", " << peers[0].value("threads", 0)
+            << " threads.\n";
+    std::printf("%s", table.str().c_str());
+    bench::append_results("generate (KV cache) vs transformers", table.str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "generate_speed: %s\n", e.what());
+    return 1;
+  }
+}

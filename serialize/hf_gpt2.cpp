@@ -1,0 +1,305 @@
+#include "serialize/hf_gpt2.h"
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "autograd/grad_mode.h"
+#include "autograd/shape_ops.h"
+#include "serialize/atomic_file.h"
+#include "serialize/json_depth.h"
+#include "serialize/safetensors.h"
+
+namespace pipit {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kConfig = "config.json";
+constexpr const char* kWeights = "model.safetensors";
+constexpr const char* kIndex = "model.safetensors.index.json";
+
+// One parameter under both names. Conv1D keeps its weight as [in, out], Linear as [out, in].
+struct WeightName {
+  std::string pipit, hf;
+  bool transposed = false;
+};
+
+int64_t first_block(const GptConfig& c) {
+  return c.embedding_dropout > 0 ? 2 : 1;
+}
+
+std::vector<WeightName> weight_names(const GptConfig& c) {
+  std::vector<WeightName> names = {{"0.tokens.weight", "wte.weight"},
+                                   {"0.positions.weight", "wpe.weight"}};
+  const std::vector<std::pair<std::string, std::string>> norms = {{"ln1", "ln_1"}, {"ln2", "ln_2"}};
+  const std::vector<std::pair<std::string, std::string>> linears = {{"attn.qkv", "attn.c_attn"},
+                                                                    {"attn.proj", "attn.c_proj"},
+                                                                    {"fc", "mlp.c_fc"},
+                                                                    {"proj", "mlp.c_proj"}};
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string p = std::to_string(first_block(c) + i) + ".",
+                      h = "h." + std::to_string(i) + ".";
+    for (const auto& [ours, theirs] : norms) {
+      names.push_back({p + ours + ".weight", h + theirs + ".weight"});
+      names.push_back({p + ours + ".bias", h + theirs + ".bias"});
+    }
+    for (const auto& [ours, theirs] : linears) {
+      names.push_back({p + ours + ".weight", h + theirs + ".weight", true});
+      names.push_back({p + ours + ".bias", h + theirs + ".bias"});
+    }
+  }
+  const std::string ln_f = std::to_string(first_block(c) + c.layers);
+  names.push_back({ln_f + ".weight", "ln_f.weight"});
+  names.push_back({ln_f + ".bias", "ln_f.bias"});
+  if (!c.tie_embeddings) {
+    names.push_back({std::to_string(first_block(c) + c.layers + 1) + ".weight", "lm_head.weight"});
+  }
+  return names;
+}
+
+json parse_json_file(const std::string& path) {
+  const std::string text = read_file(path);
+  check_json_nesting(text, path);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+}
+
+int64_t positive_int(const json& config, const char* name, const std::string& source) {
+  PIPIT_CHECK(config.contains(name), source, ": GPT-2 config lacks \"", name, "\"");
+  const json& value = config[name];
+  PIPIT_CHECK(value.is_number_integer() && value.get<int64_t>() > 0, source, ": \"", name,
+              "\" must be a positive integer, got ", value.dump());
+  return value.get<int64_t>();
+}
+
+double number_or(const json& config, const char* name, double fallback, const std::string& source) {
+  if (!config.contains(name) || config[name].is_null()) return fallback;
+  PIPIT_CHECK(config[name].is_number(), source, ": \"", name, "\" must be a number, got ",
+              config[name].dump());
+  return config[name].get<double>();
+}
+
+bool bool_or(const json& config, const char* name, bool fallback, const std::string& source) {
+  if (!config.contains(name) || config[name].is_null()) return fallback;
+  PIPIT_CHECK(config[name].is_boolean(), source, ": \"", name, "\" must be true or false, got ",
+              config[name].dump());
+  return config[name].get<bool>();
+}
+
+// Every tensor of the checkpoint by name (the "transformer." prefix that GPT2LMHeadModel puts
+// before the body's names removed), with the file it came from.
+struct CheckpointTensors {
+  std::map<std::string, std::pair<Tensor, std::string>> tensors;
+
+  void add_file(const std::string& path) {
+    for (auto& [name, tensor] : load_safetensors(path)) {
+      const std::string key = name.starts_with("transformer.") ? name.substr(12) : name;
+      PIPIT_CHECK(!tensors.count(key), path, ": tensor '", name,
+                  "' appears twice in the checkpoint");
+      tensors[key] = {tensor, path};
+    }
+  }
+};
+
+CheckpointTensors read_checkpoint(const std::string& dir) {
+  CheckpointTensors out;
+  const fs::path root(dir);
+  if (fs::exists(root / kWeights)) {
+    out.add_file((root / kWeights).string());
+    return out;
+  }
+  const std::string index_path = (root / kIndex).string();
+  PIPIT_CHECK(fs::exists(index_path), dir, " has neither ", kWeights, " nor ", kIndex,
+              " (pipit reads safetensors checkpoints; pytorch_model.bin is not read)");
+  const json index = parse_json_file(index_path);
+  PIPIT_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+              index_path, ": \"weight_map\" must be an object of tensor name -> shard file");
+  std::set<std::string> shards;
+  for (const auto& [name, shard] : index["weight_map"].items()) {
+    PIPIT_CHECK(shard.is_string(), index_path, ": the shard of '", name, "' must be a file name");
+    const std::string file = shard.get<std::string>();
+    PIPIT_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..",
+                index_path, ": shard '", file, "' of '", name, "' is not a file name in ", dir);
+    shards.insert(file);
+  }
+  for (const std::string& file : shards) out.add_file((root / file).string());
+  return out;
+}
+
+}  // namespace
+
+HfGpt2Config hf_gpt2_config(const json& config, const std::string& source) {
+  PIPIT_CHECK(config.is_object(), source, ": a config must be a JSON object");
+  const std::string model_type = config.value("model_type", std::string("gpt2"));
+  PIPIT_CHECK(model_type == "gpt2", source, ": model_type '", model_type,
+              "' is not GPT-2 (pipit reads GPT2LMHeadModel checkpoints)");
+  if (config.contains("architectures") && config["architectures"].is_array()) {
+    for (const json& architecture : config["architectures"]) {
+      PIPIT_CHECK(architecture == "GPT2LMHeadModel" || architecture == "GPT2Model", source,
+                  ": architecture ", architecture.dump(),
+                  " is not GPT2LMHeadModel (its head differs from a language model's)");
+    }
+  }
+  HfGpt2Config out;
+  GptConfig& c = out.gpt;
+  c.vocab_size = positive_int(config, "vocab_size", source);
+  c.context = positive_int(config, "n_positions", source);
+  c.width = positive_int(config, "n_embd", source);
+  c.layers = positive_int(config, "n_layer", source);
+  c.heads = positive_int(config, "n_head", source);
+  PIPIT_CHECK(c.width % c.heads == 0, source, ": n_embd ", c.width, " is not a multiple of n_head ",
+              c.heads);
+  c.layer_norm_eps = number_or(config, "layer_norm_epsilon", 1e-5, source);
+  PIPIT_CHECK(c.layer_norm_eps > 0, source, ": layer_norm_epsilon must be positive");
+  const std::string activation = config.value("activation_function", std::string("gelu_new"));
+  PIPIT_CHECK(activation == "gelu_new" || activation == "gelu_pytorch_tanh", source,
+              ": activation_function '", activation,
+              "' is not supported (pipit's GELU is the tanh approximation, gelu_new)");
+  if (config.contains("n_inner") && !config["n_inner"].is_null()) {
+    PIPIT_CHECK(config["n_inner"] == 4 * c.width, source, ": n_inner ", config["n_inner"].dump(),
+                " is not supported (pipit's MLP is 4 x n_embd = ", 4 * c.width, ")");
+  }
+  PIPIT_CHECK(bool_or(config, "scale_attn_weights", true, source), source,
+              ": scale_attn_weights false is not supported");
+  PIPIT_CHECK(!bool_or(config, "scale_attn_by_inverse_layer_idx", false, source), source,
+              ": scale_attn_by_inverse_layer_idx is not supported");
+  PIPIT_CHECK(!bool_or(config, "add_cross_attention", false, source), source,
+              ": add_cross_attention is not supported");
+  const double attention_dropout = number_or(config, "attn_pdrop", 0.1, source);
+  c.dropout = number_or(config, "resid_pdrop", 0.1, source);
+  PIPIT_CHECK(attention_dropout == c.dropout, source, ": attn_pdrop ", attention_dropout,
+              " differs from resid_pdrop ", c.dropout, " (pipit's blocks take one dropout)");
+  c.embedding_dropout = number_or(config, "embd_pdrop", 0.1, source);
+  for (const double p : {c.dropout, c.embedding_dropout}) {
+    PIPIT_CHECK(p >= 0 && p < 1, source, ": a dropout probability must be in [0, 1), got ", p);
+  }
+  c.tie_embeddings = bool_or(config, "tie_word_embeddings", true, source);
+  c.head_bias = false;
+  if (config.contains("eos_token_id") && config["eos_token_id"].is_number_integer()) {
+    out.eos_token_id = config["eos_token_id"].get<int64_t>();
+  }
+  return out;
+}
+
+HfGpt2Config read_hf_gpt2_config(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kConfig).string();
+  return hf_gpt2_config(parse_json_file(path), path);
+}
+
+std::shared_ptr<Sequential> load_hf_gpt2(const std::string& dir) {
+  const GptConfig c = read_hf_gpt2_config(dir).gpt;
+  CheckpointTensors checkpoint = read_checkpoint(dir);
+  const std::vector<WeightName> names = weight_names(c);
+  std::set<std::string> expected;
+  for (const WeightName& name : names) expected.insert(name.hf);
+  if (c.tie_embeddings) expected.insert("lm_head.weight");  // older files store the tie twice
+  for (const auto& [name, entry] : checkpoint.tensors) {
+    // The causal mask buffers that older transformers versions saved are not weights.
+    const bool mask_buffer = name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+    PIPIT_CHECK(expected.count(name) || mask_buffer, entry.second, ": unexpected tensor '", name,
+                "' for a GPT-2 of ", c.layers, " layers");
+  }
+  // Shapes and presence are checked before the model is built, so a bad file leaves nothing.
+  auto model = gpt(c);
+  const StateDict ours = model->state_dict();
+  StateDict state;
+  for (const WeightName& name : names) {
+    auto it = checkpoint.tensors.find(name.hf);
+    PIPIT_CHECK(it != checkpoint.tensors.end(), dir, ": the checkpoint lacks tensor '", name.hf,
+                "'");
+    const auto& [tensor, file] = it->second;
+    Tensor value = name.transposed && tensor.dim() == 2 ? transpose(tensor, 0, 1) : tensor;
+    const Tensor& target = ours.at(name.pipit);
+    PIPIT_CHECK(
+        value.shape() == target.shape(), file, ": tensor '", name.hf, "' has shape ",
+        shape_str(tensor.shape()), " but the config needs ",
+        shape_str(name.transposed ? Shape{target.shape()[1], target.shape()[0]} : target.shape()));
+    state[name.pipit] = value.to(target.dtype()).contiguous();
+  }
+  model->load_state_dict(state);
+  return model;
+}
+
+void save_hf_gpt2(const Sequential& model, const std::string& dir) {
+  const json config = model.config();
+  const json& layers = config["layers"];
+  auto type_at = [&](size_t i) {
+    return i < layers.size() ? layers[i].value("type", std::string()) : std::string();
+  };
+  PIPIT_CHECK(model.first_index() == 0 && type_at(0) == "TokenPosEmbedding",
+              "save_hf_gpt2: the model must be a whole GPT starting with a TokenPosEmbedding");
+  GptConfig c;
+  c.vocab_size = layers[0]["vocab"].get<int64_t>();
+  c.context = layers[0]["context"].get<int64_t>();
+  c.width = layers[0]["width"].get<int64_t>();
+  size_t i = 1;
+  if (type_at(i) == "Dropout") c.embedding_dropout = layers[i++]["p"].get<double>();
+  c.layers = 0;
+  for (; type_at(i) == "TransformerBlock"; ++i, ++c.layers) {
+    const json& block = layers[i];
+    c.heads = block["heads"].get<int64_t>();
+    c.dropout = block["dropout"].get<double>();
+    c.layer_norm_eps = block.value("layer_norm_eps", 1e-5);
+  }
+  PIPIT_CHECK(type_at(i) != "LayerNorm" || layers[i]["eps"].get<double>() == c.layer_norm_eps,
+              "save_hf_gpt2: the final LayerNorm's eps differs from the blocks' (GPT-2 has one)");
+  PIPIT_CHECK(c.layers > 0 && type_at(i) == "LayerNorm" && type_at(i + 1) == "Linear" &&
+                  i + 2 == layers.size(),
+              "save_hf_gpt2: the model must be gpt()'s shape (TokenPosEmbedding, [Dropout,] ",
+              "TransformerBlocks, LayerNorm, Linear), got layer ", i, " as '", type_at(i), "'");
+  PIPIT_CHECK(!layers[i + 1]["bias"].get<bool>(), "save_hf_gpt2: the head (layer ", i + 1,
+              ") has a bias, which GPT2LMHeadModel lacks");
+  const std::string head_weight = std::to_string(i + 1) + ".weight";
+  for (const auto& tie : model.ties()) {
+    PIPIT_CHECK(tie == std::make_pair(head_weight, std::string("0.tokens.weight")),
+                "save_hf_gpt2: tie of '", tie.first, "' to '", tie.second,
+                "' has no GPT-2 counterpart (only the head to the token embedding)");
+  }
+  c.tie_embeddings = !model.ties().empty();
+  c.head_bias = false;
+
+  // The model must have exactly the parameters of gpt(c), with their shapes.
+  std::map<std::string, Tensor> params;
+  for (const auto& [name, p] : model.named_parameters()) params[name] = p;
+  const std::vector<WeightName> names = weight_names(c);
+  PIPIT_CHECK(params.size() == names.size(), "save_hf_gpt2: the model has ", params.size(),
+              " parameters where GPT-2 of this config has ", names.size());
+  StateDict tensors;
+  NoGradGuard no_grad;
+  for (const WeightName& name : names) {
+    auto it = params.find(name.pipit);
+    PIPIT_CHECK(it != params.end(), "save_hf_gpt2: the model lacks '", name.pipit, "'");
+    Tensor value = it->second.detach().to(Device::cpu()).to(DType::f32);
+    if (name.transposed) value = transpose(value, 0, 1);
+    const std::string key = name.hf == "lm_head.weight" ? name.hf : "transformer." + name.hf;
+    tensors[key] = value.contiguous();
+  }
+  const json hf = {{"architectures", {"GPT2LMHeadModel"}},
+                   {"model_type", "gpt2"},
+                   {"vocab_size", c.vocab_size},
+                   {"n_positions", c.context},
+                   {"n_embd", c.width},
+                   {"n_layer", c.layers},
+                   {"n_head", c.heads},
+                   {"n_inner", nullptr},
+                   {"activation_function", "gelu_new"},
+                   {"layer_norm_epsilon", c.layer_norm_eps},
+                   {"resid_pdrop", c.dropout},
+                   {"attn_pdrop", c.dropout},
+                   {"embd_pdrop", c.embedding_dropout},
+                   {"scale_attn_weights", true},
+                   {"tie_word_embeddings", c.tie_embeddings},
+                   {"torch_dtype", "float32"}};
+  fs::create_directories(dir);
+  save_safetensors((fs::path(dir) / kWeights).string(), tensors, {{"format", "pt"}});
+  write_file_atomic((fs::path(dir) / kConfig).string(), hf.dump(2) + "\n");
+}
+
+}  // namespace pipit

@@ -1,0 +1,315 @@
+// Hugging Face GPT-2 checkpoints, tied weights and generation with a KV cache, checked against
+// what `transformers` computed (tests/data/hf_gpt2, made by tests/make_hf_gpt2_reference.py):
+// logits within 1e-5 on f32 CPU, greedy generations token for token.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "bitwise.h"
+#include "file_faults.h"
+#include "loss/loss.h"
+#include "nn/builders.h"
+#include "nn/generate.h"
+#include "nn/layers.h"
+#include "optim/optimizer.h"
+#include "serialize/atomic_file.h"
+#include "serialize/hf_gpt2.h"
+#include "serialize/model_io.h"
+#include "serialize/safetensors.h"
+#include "tensor/factory.h"
+
+using namespace pipit;
+using namespace pipit::testing;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string kDir = std::string(PIPIT_TEST_DATA) + "/hf_gpt2";
+
+const StateDict& reference() {
+  static const StateDict data = load_safetensors(kDir + "/reference.safetensors");
+  return data;
+}
+
+double max_abs_difference(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const auto x = a.contiguous().to_vector<float>(), y = b.contiguous().to_vector<float>();
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(double(x[i]) - y[i]));
+  return worst;
+}
+
+Tensor logits_of(Module& model) {
+  NoGradGuard no_grad;
+  model.eval();
+  return model.forward(reference().at("tokens"));
+}
+
+std::vector<int64_t> ids(const Tensor& t) {
+  return t.contiguous().to_vector<int64_t>();
+}
+
+// A copy of a fixture checkpoint in a scratch directory, to break on purpose.
+void copy_checkpoint(const std::string& name, const fs::path& to) {
+  fs::copy(kDir + "/" + name, to, fs::copy_options::recursive);
+}
+
+std::string error_of(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("a GPT-2 checkpoint saved by transformers gives transformers' logits", "[hf_gpt2]") {
+  for (const std::string name : {"tied", "sharded", "untied"}) {
+    INFO(name);
+    auto model = load_hf_gpt2(kDir + "/" + name);
+    const std::string key = name == "untied" ? "untied_logits" : "tied_logits";
+    CHECK(max_abs_difference(logits_of(*model), reference().at(key)) <= 1e-5);
+  }
+}
+
+TEST_CASE("a tied head is the token embedding: one tensor, listed and saved once", "[hf_gpt2]") {
+  auto model = load_hf_gpt2(kDir + "/tied");
+  const size_t head = model->size() - 1;
+  const auto named = model->named_parameters();
+  // wte, wpe, 2 x 12 block tensors, ln_f's 2: the head adds none.
+  CHECK(named.size() == 28);
+  for (const auto& [name, p] : named) CHECK(name != std::to_string(head) + ".weight");
+  auto* linear = dynamic_cast<Linear*>((*model)[head].get());
+  REQUIRE(linear != nullptr);
+  CHECK(&linear->weight.impl() == &model->state_dict().at("0.tokens.weight").impl());
+
+  // The untied checkpoint keeps its own head.
+  auto untied = load_hf_gpt2(kDir + "/untied");
+  CHECK(untied->named_parameters().size() == 2 + 12 + 2 + 1);
+  CHECK(untied->ties().empty());
+}
+
+TEST_CASE("a tied weight's gradient sums the embedding's and the head's, and one update moves both",
+          "[hf_gpt2]") {
+  GptConfig c;
+  c.vocab_size = 40;
+  c.context = 8;
+  c.layers = 1;
+  c.heads = 2;
+  c.width = 16;
+  c.tie_embeddings = true;
+  c.head_bias = false;
+  Generator generator(3);
+  auto tied = gpt(c, &generator);
+  // The same model untied: its head holds a copy of the embedding.
+  c.tie_embeddings = false;
+  auto untied = gpt(c);
+  StateDict state = tied->state_dict();
+  state["3.weight"] = state.at("0.tokens.weight").clone();
+  untied->load_state_dict(state);
+
+  const Tensor tokens = from_vector<int64_t>({1, 5, 9, 30, 2, 2, 7, 39}, {2, 4});
+  const Tensor targets = from_vector<int64_t>({5, 9, 30, 2, 2, 7, 39, 0}, {2, 4});
+  for (auto* m : {tied.get(), untied.get()}) {
+    cross_entropy(m->forward(tokens), targets).backward();
+  }
+  const Tensor summed = untied->state_dict().at("0.tokens.weight").grad() +
+                        untied->state_dict().at("3.weight").grad();
+  CHECK(max_abs_difference(tied->state_dict().at("0.tokens.weight").grad(), summed) <= 1e-6);
+  CHECK(max_abs_difference(summed, untied->state_dict().at("0.tokens.weight").grad()) > 1e-4);
+
+  AdamW optimizer(tied->named_parameters(), AdamWOptions{});
+  CHECK(optimizer.parameters().size() == tied->named_parameters().size());
+  const Tensor before = tied->state_dict().at("0.tokens.weight").clone();
+  optimizer.step();
+  auto* head = dynamic_cast<Linear*>((*tied)[3].get());
+  CHECK_FALSE(bitwise_equal(head->weight, before));
+  CHECK(bitwise_equal(head->weight, tied->state_dict().at("0.tokens.weight")));
+
+  // save_model / load_model keep the tie.
+  TempDir dir("tied_model");
+  save_model(*tied, (dir / "model").string());
+  auto loaded = std::dynamic_pointer_cast<Sequential>(load_model((dir / "model").string()));
+  REQUIRE(loaded != nullptr);
+  CHECK(loaded->ties() == tied->ties());
+  auto* loaded_head = dynamic_cast<Linear*>((*loaded)[3].get());
+  CHECK(&loaded_head->weight.impl() == &loaded->state_dict().at("0.tokens.weight").impl());
+}
+
+TEST_CASE("a pipeline cut or a layer swap that would split a tie is refused by name", "[hf_gpt2]") {
+  auto model = load_hf_gpt2(kDir + "/tied");
+  const std::string cut = error_of([&] { model->slice(0, 2); });
+  CHECK(cut.find("separate '5.weight' from '0.tokens.weight'") != std::string::npos);
+  CHECK(model->slice(1, 3)->ties().empty());
+  CHECK(model->slice(0, model->size())->ties() == model->ties());
+  const std::string swap = error_of([&] { model->replace(5, std::make_shared<Linear>(64, 512)); });
+  CHECK(swap.find("tied") != std::string::npos);
+}
+
+TEST_CASE("pipit saves a GPT-2 checkpoint as transformers does", "[hf_gpt2]") {
+  TempDir dir("hf_save");
+  for (const std::string name : {"tied", "untied"}) {
+    INFO(name);
+    auto model = load_hf_gpt2(kDir + "/" + name);
+    const fs::path out = dir / name;
+    save_hf_gpt2(*model, out.string());
+    // The same tensors under the same names, bit for bit, as the file transformers wrote.
+    json metadata;
+    const StateDict theirs = load_safetensors(kDir + "/" + name + "/model.safetensors");
+    const StateDict ours = load_safetensors((out / "model.safetensors").string(), &metadata);
+    CHECK(metadata.value("format", "") == "pt");
+    REQUIRE(ours.size() == theirs.size());
+    for (const auto& [key, tensor] : theirs) {
+      INFO(key);
+      REQUIRE(ours.count(key));
+      CHECK(bitwise_equal(ours.at(key), tensor));
+    }
+    const json config = json::parse(read_file((out / "config.json").string()));
+    const json original = json::parse(read_file(kDir + "/" + name + "/config.json"));
+    for (const char* field : {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head",
+                              "tie_word_embeddings", "resid_pdrop", "embd_pdrop"}) {
+      CHECK(config[field] == original.value(field, json(true)));
+    }
+    auto again = load_hf_gpt2(out.string());
+    CHECK(bitwise_equal(logits_of(*again), logits_of(*model)));
+  }
+  // A head with a bias (gpt()'s default) has no place in GPT2LMHeadModel.
+  const std::string refused =
+      error_of([&] { save_hf_gpt2(*gpt(GptConfig{}), (dir / "x").string()); });
+  CHECK(refused.find("has a bias") != std::string::npos);
+}
+
+TEST_CASE("greedy generation with the KV cache equals transformers' generate", "[hf_gpt2]") {
+  auto model = load_hf_gpt2(kDir + "/tied");
+  GenerationOptions options;
+  options.max_new_tokens = 20;
+  options.stop_token = read_hf_gpt2_config(kDir + "/tied").eos_token_id;
+  REQUIRE(options.stop_token == 511);
+  for (int i = 0; i < 3; ++i) {
+    INFO("prompt " << i);
+    const auto prompt = ids(reference().at("prompt_" + std::to_string(i)));
+    const auto out = generate(*model, {prompt}, options);
+    CHECK(out.at(0) == ids(reference().at("greedy_" + std::to_string(i))));
+  }
+  CHECK(model->is_training());  // restored after
+}
+
+TEST_CASE("generation with the KV cache equals running the whole sequence each step", "[hf_gpt2]") {
+  auto model = load_hf_gpt2(kDir + "/untied");
+  std::vector<int64_t> sequence = {3, 77, 12, 90, 5};
+  GenerationOptions options;
+  options.max_new_tokens = 12;
+  const auto cached = generate(*model, {sequence}, options).at(0);
+  model->eval();
+  NoGradGuard no_grad;
+  for (int64_t n = 0; n < options.max_new_tokens; ++n) {
+    const int64_t T = static_cast<int64_t>(sequence.size());
+    const Tensor logits = model->forward(from_vector(sequence, {1, T}));
+    const auto last = squeeze(narrow(logits, 1, T - 1, 1), 1).contiguous().to_vector<float>();
+    sequence.push_back(std::max_element(last.begin(), last.end()) - last.begin());
+  }
+  CHECK(cached == std::vector<int64_t>(sequence.begin() + 5, sequence.end()));
+}
+
+TEST_CASE("prompts of different lengths in one batch get what each gets alone", "[hf_gpt2]") {
+  auto model = load_hf_gpt2(kDir + "/tied");
+  std::vector<std::vector<int64_t>> prompts;
+  for (int i = 0; i < 3; ++i) prompts.push_back(ids(reference().at("prompt_" + std::to_string(i))));
+  GenerationOptions options;
+  options.max_new_tokens = 15;
+  const auto batched = generate(*model, prompts, options);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("prompt " << i);
+    CHECK(batched[i] == generate(*model, {prompts[i]}, options).at(0));
+  }
+}
+
+TEST_CASE("sampling is seeded, and top-k 1 or a tiny top-p is greedy", "[hf_gpt2]") {
+  auto model = load_hf_gpt2(kDir + "/untied");
+  const std::vector<std::vector<int64_t>> prompt = {{5, 6, 7}};
+  GenerationOptions greedy;
+  greedy.max_new_tokens = 16;
+  GenerationOptions sample = greedy;
+  sample.sample = true;
+  sample.temperature = 2.0;
+  sample.seed = 11;
+  const auto a = generate(*model, prompt, sample), b = generate(*model, prompt, sample);
+  CHECK(a == b);
+  sample.seed = 12;
+  CHECK(generate(*model, prompt, sample) != a);
+  CHECK(a != generate(*model, prompt, greedy));
+  GenerationOptions top_k = sample;
+  top_k.top_k = 1;
+  CHECK(generate(*model, prompt, top_k) == generate(*model, prompt, greedy));
+  GenerationOptions top_p = sample;
+  top_p.top_p = 1e-6;
+  CHECK(generate(*model, prompt, top_p) == generate(*model, prompt, greedy));
+  // Generation stops where the context is full: prompt 3 + 29 new = context 32.
+  greedy.max_new_tokens = 100;
+  CHECK(generate(*model, prompt, greedy).at(0).size() == 29);
+}
+
+TEST_CASE("bad checkpoints and prompts are refused by name, with nothing half-loaded",
+          "[hf_gpt2]") {
+  TempDir dir("hf_bad");
+  auto expect_error = [](const std::function<void()>& run, const std::string& fragment) {
+    const std::string message = error_of(run);
+    INFO(message);
+    CHECK(message.find(fragment) != std::string::npos);
+  };
+  auto rewrite_config = [&](const fs::path& at, const std::function<void(json&)>& change) {
+    json config = json::parse(read_file((at / "config.json").string()));
+    change(config);
+    write_file_atomic((at / "config.json").string(), config.dump());
+  };
+  auto rewrite_weights = [&](const fs::path& at, const std::function<void(StateDict&)>& change) {
+    StateDict weights = load_safetensors((at / "model.safetensors").string());
+    change(weights);
+    save_safetensors((at / "model.safetensors").string(), weights, {{"format", "pt"}});
+  };
+  const fs::path missing = dir / "missing", shape = dir / "shape", arch = dir / "arch",
+                 truncated = dir / "truncated", act = dir / "act", extra = dir / "extra";
+  for (const auto& at : {missing, shape, arch, truncated, act, extra}) copy_checkpoint("tied", at);
+  rewrite_weights(missing, [](StateDict& w) { w.erase("transformer.h.1.mlp.c_fc.bias"); });
+  expect_error([&] { load_hf_gpt2(missing.string()); }, "lacks tensor 'h.1.mlp.c_fc.bias'");
+  rewrite_weights(shape, [](StateDict& w) {
+    w["transformer.h.0.attn.c_attn.weight"] = zeros({192, 64});
+  });
+  expect_error([&] { load_hf_gpt2(shape.string()); },
+               "'h.0.attn.c_attn.weight' has shape [192, 64] but the config needs [64, 192]");
+  rewrite_weights(extra, [](StateDict& w) { w["transformer.h.2.ln_1.weight"] = zeros({64}); });
+  expect_error([&] { load_hf_gpt2(extra.string()); }, "unexpected tensor 'h.2.ln_1.weight'");
+  rewrite_config(arch, [](json& c) { c["model_type"] = "llama"; });
+  expect_error([&] { load_hf_gpt2(arch.string()); }, "model_type 'llama' is not GPT-2");
+  rewrite_config(act, [](json& c) { c["activation_function"] = "relu"; });
+  expect_error([&] { load_hf_gpt2(act.string()); }, "activation_function 'relu'");
+  fs::resize_file(truncated / "model.safetensors",
+                  fs::file_size(truncated / "model.safetensors") / 2);
+  expect_error([&] { load_hf_gpt2(truncated.string()); }, "model.safetensors");
+  expect_error([&] { load_hf_gpt2((dir / "nothing").string()); }, "config.json");
+
+  const fs::path sharded = dir / "sharded";
+  copy_checkpoint("sharded", sharded);
+  {
+    json index = json::parse(read_file((sharded / "model.safetensors.index.json").string()));
+    index["weight_map"]["transformer.wte.weight"] = "../elsewhere.safetensors";
+    write_file_atomic((sharded / "model.safetensors.index.json").string(), index.dump());
+  }
+  expect_error([&] { load_hf_gpt2(sharded.string()); }, "is not a file name");
+
+  auto model = load_hf_gpt2(kDir + "/tied");
+  expect_error([&] { generate(*model, {{1, 2, 512}}); }, "prompt 0 token 2 is id 512");
+  expect_error(
+      [&] {
+        generate(*model, {{1}, std::vector<int64_t>(65, 3)});
+      },
+      "prompt 1 has 65 tokens, more than the model's context of 64");
+}
