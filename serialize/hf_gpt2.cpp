@@ -227,6 +227,26 @@ std::shared_ptr<Sequential> load_hf_gpt2(const std::string& dir) {
   return model;
 }
 
+json to_hf_gpt2_config(const GptConfig& c) {
+  PIPIT_CHECK(!c.head_bias, "save_hf_gpt2: a head with a bias has no place in GPT2LMHeadModel");
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", c.vocab_size},
+          {"n_positions", c.context},
+          {"n_embd", c.width},
+          {"n_layer", c.layers},
+          {"n_head", c.heads},
+          {"n_inner", nullptr},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", c.layer_norm_eps},
+          {"resid_pdrop", c.dropout},
+          {"attn_pdrop", c.dropout},
+          {"embd_pdrop", c.embedding_dropout},
+          {"scale_attn_weights", true},
+          {"tie_word_embeddings", c.tie_embeddings},
+          {"torch_dtype", "float32"}};
+}
+
 void save_hf_gpt2(const Sequential& model, const std::string& dir) {
   const json config = model.config();
   const json& layers = config["layers"];
@@ -281,25 +301,9 @@ void save_hf_gpt2(const Sequential& model, const std::string& dir) {
     const std::string key = name.hf == "lm_head.weight" ? name.hf : "transformer." + name.hf;
     tensors[key] = value.contiguous();
   }
-  const json hf = {{"architectures", {"GPT2LMHeadModel"}},
-                   {"model_type", "gpt2"},
-                   {"vocab_size", c.vocab_size},
-                   {"n_positions", c.context},
-                   {"n_embd", c.width},
-                   {"n_layer", c.layers},
-                   {"n_head", c.heads},
-                   {"n_inner", nullptr},
-                   {"activation_function", "gelu_new"},
-                   {"layer_norm_epsilon", c.layer_norm_eps},
-                   {"resid_pdrop", c.dropout},
-                   {"attn_pdrop", c.dropout},
-                   {"embd_pdrop", c.embedding_dropout},
-                   {"scale_attn_weights", true},
-                   {"tie_word_embeddings", c.tie_embeddings},
-                   {"torch_dtype", "float32"}};
   fs::create_directories(dir);
   save_safetensors((fs::path(dir) / kWeights).string(), tensors, {{"format", "pt"}});
-  write_file_atomic((fs::path(dir) / kConfig).string(), hf.dump(2) + "\n");
+  write_file_atomic((fs::path(dir) / kConfig).string(), to_hf_gpt2_config(c).dump(2) + "\n");
 }
 
 }  // namespace pipit

@@ -24,6 +24,9 @@ struct HfGpt2Config {
 // does not implement (another activation, cross-attention, unscaled attention, an MLP width
 // other than 4 x n_embd, ...) are refused by name; `source` names the file in errors.
 HfGpt2Config hf_gpt2_config(const nlohmann::json& config, const std::string& source);
+// The config.json of a GPT-2 of config `c` (which must have no head bias): hf_gpt2_config
+// reads it back as `c`.
+nlohmann::json to_hf_gpt2_config(const GptConfig& c);
 
 // Reads config.json and every weight, checking each tensor's presence and shape before the
 // model is built: an error names the file and the tensor, and nothing is half-loaded.

@@ -49,6 +49,7 @@ bool fuzz_handshake(const uint8_t* data, size_t size);
 bool fuzz_tokenizer_files(const uint8_t* data, size_t size);
 bool fuzz_tokenizer_json(const uint8_t* data, size_t size);
 bool fuzz_token_file(const uint8_t* data, size_t size);
+bool fuzz_hf_gpt2_config(const uint8_t* data, size_t size);
 
 std::vector<std::string> frame_seeds();
 std::vector<std::string> safetensors_seeds();
@@ -58,6 +59,7 @@ std::vector<std::string> stage_package_message_seeds();
 std::vector<std::string> module_config_seeds();
 std::vector<std::string> training_config_seeds();
 std::vector<std::string> handshake_seeds();
+std::vector<std::string> hf_gpt2_config_seeds();
 std::vector<std::string> tokenizer_files_seeds();
 std::vector<std::string> tokenizer_json_seeds();
 std::vector<std::string> token_file_seeds();

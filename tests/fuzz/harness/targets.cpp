@@ -20,6 +20,7 @@ const std::vector<Target>& targets() {
       {"tokenizer_files", fuzz_tokenizer_files, 16384, tokenizer_files_seeds},
       {"tokenizer_json", fuzz_tokenizer_json, 16384, tokenizer_json_seeds},
       {"token_file", fuzz_token_file, 4096, token_file_seeds},
+      {"hf_gpt2_config", fuzz_hf_gpt2_config, 4096, hf_gpt2_config_seeds},
   };
   return all;
 }
