@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/grad_mode.h"
+#include "nn/module.h"
 #include "pipit.h"
 #include "text/token_file.h"
 
@@ -85,6 +87,37 @@ inline std::vector<int64_t> read_token_ids(const std::string& path, size_t vocab
   while (const size_t n = reader.read(piece))
     ids.insert(ids.end(), piece.begin(), piece.begin() + n);
   return ids;
+}
+
+// `length` characters sampled from the model after `first_token`, each from the softmax of the
+// logits over the last `context` characters.
+inline std::string sample_text(pipit::Module& model, const Vocabulary& vocab, int64_t first_token,
+                               int64_t context, int64_t length, Generator& generator) {
+  pipit::NoGradGuard no_grad;
+  model.eval();
+  std::vector<int64_t> tokens = {first_token};
+  for (int64_t i = 0; i < length; ++i) {
+    size_t begin = tokens.size() > static_cast<size_t>(context) ? tokens.size() - context : 0;
+    std::vector<int64_t> window(tokens.begin() + static_cast<int64_t>(begin), tokens.end());
+    const int64_t T = static_cast<int64_t>(window.size());
+    Tensor logits = model(from_vector(window, {1, T}));
+    Tensor last = narrow(logits, 1, T - 1, 1);
+    std::vector<float> probs = softmax(reshape(last, {-1}), 0).to_vector<float>();
+    double u = generator.uniform(generator.reserve(1)), cumulative = 0;
+    int64_t next = static_cast<int64_t>(probs.size()) - 1;
+    for (size_t c = 0; c < probs.size(); ++c) {
+      cumulative += probs[c];
+      if (u < cumulative) {
+        next = static_cast<int64_t>(c);
+        break;
+      }
+    }
+    tokens.push_back(next);
+  }
+  model.train();
+  std::string text;
+  for (int64_t t : tokens) text += vocab.chars[static_cast<size_t>(t)];
+  return text;
 }
 
 }  // namespace samples

@@ -40,36 +40,8 @@ namespace {
 using samples::generated_text;
 using samples::read_token_ids;
 using samples::sample_batch;
+using samples::sample_text;
 using samples::Vocabulary;
-
-std::string sample_text(Module& model, const Vocabulary& vocab, int64_t first_token,
-                        int64_t context, int64_t length, Generator& generator) {
-  NoGradGuard no_grad;
-  model.eval();
-  std::vector<int64_t> tokens = {first_token};
-  for (int64_t i = 0; i < length; ++i) {
-    size_t begin = tokens.size() > static_cast<size_t>(context) ? tokens.size() - context : 0;
-    std::vector<int64_t> window(tokens.begin() + static_cast<int64_t>(begin), tokens.end());
-    const int64_t T = static_cast<int64_t>(window.size());
-    Tensor logits = model(from_vector(window, {1, T}));
-    Tensor last = narrow(logits, 1, T - 1, 1);
-    std::vector<float> probs = softmax(reshape(last, {-1}), 0).to_vector<float>();
-    double u = generator.uniform(generator.reserve(1)), cumulative = 0;
-    int64_t next = static_cast<int64_t>(probs.size()) - 1;
-    for (size_t c = 0; c < probs.size(); ++c) {
-      cumulative += probs[c];
-      if (u < cumulative) {
-        next = static_cast<int64_t>(c);
-        break;
-      }
-    }
-    tokens.push_back(next);
-  }
-  model.train();
-  std::string text;
-  for (int64_t t : tokens) text += vocab.chars[static_cast<size_t>(t)];
-  return text;
-}
 
 // Every weight's name and bytes, in name order: two runs that print the same value trained
 // the same weights bit for bit.
@@ -479,6 +451,14 @@ int main(int argc, char** argv) {
     }
     if (!flags.str("save-hf").empty()) {
       save_hf_gpt2(*model, flags.str("save-hf"));
+      // With its tokenizer beside it, the directory is what from_pretrained and generate read.
+      for (const char* file : {"vocab.json", "merges.txt", "tokenizer.json"}) {
+        const std::filesystem::path from = std::filesystem::path(tokenizer_dir) / file;
+        if (!tokenizer_dir.empty() && std::filesystem::exists(from)) {
+          std::filesystem::copy_file(from, std::filesystem::path(flags.str("save-hf")) / file,
+                                     std::filesystem::copy_options::overwrite_existing);
+        }
+      }
       std::printf("Hugging Face checkpoint written to %s\n", flags.str("save-hf").c_str());
     }
     if (sample_length > 0 && chars) {
