@@ -60,6 +60,8 @@ const char* message_kind_name(MessageKind kind) {
       return "PsError";
     case MessageKind::PsPackage:
       return "PsPackage";
+    case MessageKind::TiedGradient:
+      return "TiedGradient";
   }
   return "unknown";
 }

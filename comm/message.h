@@ -47,6 +47,8 @@ enum class MessageKind : uint8_t {
   PsLeave,       // worker -> server: no more pushes from me
   PsError,       // server -> worker: the run cannot go on, or a push was refused
   PsPackage,     // launcher -> pipit-worker: serve a shard or worker role (ps/ps_package.h)
+  // Tied parameters (pipeline/tied_parameters.h), stage -> stage after a step's backward.
+  TiedGradient,  // microbatch: the tie's index; tensors: {this stage's gradient of its side}
 };
 
 const char* message_kind_name(MessageKind kind);

@@ -68,6 +68,7 @@ const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {
 void Sequential::replace(size_t i, std::shared_ptr<Module> layer) {
   PIPIT_CHECK(i < layers_.size(), "Sequential::replace: layer ", i, " out of range for ",
               layers_.size(), " layers");
+  if (layer == layers_[i]) return;
   for (const auto& [parameter, tied_to] : ties_) {
     PIPIT_CHECK(layer_of(parameter) != i && layer_of(tied_to) != i, "Sequential::replace: layer ",
                 first_index_ + i, " holds '", layer_of(parameter) == i ? parameter : tied_to,
@@ -93,6 +94,29 @@ std::shared_ptr<Sequential> Sequential::slice(size_t begin, size_t end) const {
     // The modules are shared, so their parameters are tied already: only the record is copied.
     if (first_in) out->ties_.push_back(tie);
   }
+  out->train(is_training());
+  return out;
+}
+
+std::shared_ptr<Sequential> Sequential::untied_slice(size_t begin, size_t end) const {
+  PIPIT_CHECK(begin <= end && end <= layers_.size(), "Sequential::untied_slice: [", begin, ", ",
+              end, ") is not a range of ", layers_.size(), " layers");
+  std::vector<std::shared_ptr<Module>> part(layers_.begin() + static_cast<ptrdiff_t>(begin),
+                                            layers_.begin() + static_cast<ptrdiff_t>(end));
+  for (const auto& tie : ties_) {
+    const size_t i = layer_of(tie.first);
+    if (i < begin || i >= end || part[i - begin] != layers_[i]) continue;
+    auto copy = build_module(layers_[i]->config());
+    const std::vector<Tensor> originals = layers_[i]->parameters();
+    if (!originals.empty()) copy->to(originals.front().device());
+    StateDict values;
+    for (const auto& [name, value] : layers_[i]->state_dict())
+      values[name] = value.detach().clone();
+    copy->load_state_dict(values);
+    copy->train(is_training());
+    part[i - begin] = copy;
+  }
+  auto out = std::make_shared<Sequential>(std::move(part), first_index_ + begin);
   out->train(is_training());
   return out;
 }

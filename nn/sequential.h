@@ -37,6 +37,10 @@ class Sequential final : public Module {
   // Layers [begin, end) as a Sequential sharing the same modules and parameters, with the ties
   // inside the range. A range that separates tied parameters is refused.
   std::shared_ptr<Sequential> slice(size_t begin, size_t end) const;
+  // Layers [begin, end) with every tie broken, as a pipeline cuts the model: a layer holding a
+  // tie's parameter is rebuilt from its config with its own copy of the values; the other
+  // layers are shared. (pipeline/tied_parameters.h keeps the copies equal.)
+  std::shared_ptr<Sequential> untied_slice(size_t begin, size_t end) const;
 
  private:
   // The layer (index into layers_) a full-model parameter name belongs to.

@@ -368,6 +368,7 @@ void Coordinator::remap_now(const std::vector<LayerRange>& ranges, const std::st
   require_consistent();
   const size_t chunks = ranges_.size(), layers = ranges_.back().end;
   const std::string what = "remap " + ranges_str(ranges_) + " -> " + ranges_str(ranges);
+  PIPIT_CHECK(remap_refusal_.empty(), what, ": ", remap_refusal_);
   PIPIT_CHECK(ranges.size() == chunks, what, ": ", ranges.size(), " ranges given for ", chunks,
               " chunks (", config_.stages, " stages x ", config_.chunks_per_stage, ")");
   PIPIT_CHECK(placement_of(config_.schedule) == Placement::loop, what, ": schedule \"",

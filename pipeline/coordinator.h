@@ -74,6 +74,8 @@ class Coordinator {
   // Turns on config().rebalance: `layer_kinds[l]` says which layers cost the same on the same
   // stage (their configs, as Pipeline and DistributedPipeline give them).
   void enable_rebalancing(std::vector<std::string> layer_kinds);
+  // Makes every later remap (and rebalancing) throw an Error saying `why`.
+  void refuse_remaps(std::string why) { remap_refusal_ = std::move(why); }
   // Called after every committed remap, manual or automatic.
   void on_remap(std::function<void()> listener) { on_remap_ = std::move(listener); }
 
@@ -134,6 +136,7 @@ class Coordinator {
   std::optional<RemapTrial> trial_;     // the last automatic remap, until judged
   int64_t trained_ = 0;                 // training steps so far: the policy's clock
   std::function<void()> on_remap_;
+  std::string remap_refusal_;
   std::atomic<bool> busy_{false};
 };
 

@@ -40,6 +40,7 @@ DistributedPipeline::DistributedPipeline(const Sequential& model, PipelineConfig
   }
   const bool rebalance = config.rebalance.enabled;
   coordinator_ = std::make_unique<Coordinator>(comm_, std::move(config), ranges);
+  coordinator_->refuse_remaps(remap_refusal(model));
   if (rebalance) coordinator_->enable_rebalancing(layer_kinds(model));
 }
 

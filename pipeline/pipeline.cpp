@@ -6,6 +6,8 @@ namespace pipit {
 
 std::vector<LayerRange> partition_model(const Sequential& model, const PipelineConfig& config) {
   validate(config);
+  PIPIT_CHECK(!config.rebalance.enabled || model.ties().empty(),
+              "rebalancing: ", remap_refusal(model));
   if (!config.layer_counts.empty()) {
     return ranges_from_counts(config.layer_counts, model.size(),
                               static_cast<size_t>(config.stages) * config.chunks_per_stage);
@@ -37,7 +39,10 @@ StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>
   for (int local = 0; local < config.chunks_per_stage; ++local) {
     const int global = global_chunk(stage, local, config.stages, placement_of(config.schedule));
     const LayerRange& range = ranges.at(static_cast<size_t>(global));
-    spec.chunks.push_back(model.slice(range.begin, range.end));
+    spec.chunks.push_back(model.untied_slice(range.begin, range.end));
+  }
+  for (const TiedParameter& tie : tied_parameters(model, ranges, config)) {
+    if (tie.source_stage == stage || tie.copy_stage == stage) spec.ties.push_back(tie);
   }
   spec.optimizer_state = optimizer_state;
   if (!config.devices.empty()) {
@@ -65,6 +70,7 @@ Pipeline::Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config,
   coordinator_ = std::make_unique<Coordinator>(hub_->endpoint(kCoordinator), std::move(config),
                                                std::move(ranges));
   coordinator_->on_remap([this] { adopt_stage_modules(); });
+  coordinator_->refuse_remaps(remap_refusal(*model_));
   if (rebalance) coordinator_->enable_rebalancing(layer_kinds(*model_));
   for (const auto& stage : stages_) {
     auto stopped = std::make_shared<std::promise<void>>();

@@ -1,6 +1,7 @@
 #include "pipeline/stage.h"
 
 #include <cmath>
+#include <set>
 #include <sstream>
 
 #include "autograd/grad_mode.h"
@@ -32,19 +33,24 @@ Stage::Stage(StageSpec spec, std::shared_ptr<Communicator> communicator)
 void Stage::adopt(std::vector<std::shared_ptr<Sequential>> chunks, const nlohmann::json& optimizer,
                   const StateDict& optimizer_state) {
   NamedParameters parameters;
-  std::vector<Tensor> tensors;
+  std::vector<Tensor> tensors, counted;
+  std::set<std::string> copies;
+  for (const TiedParameter& tie : spec_.ties) copies.insert(tie.copy);
   for (const auto& c : chunks) {
     for (auto& named : c->named_parameters()) {
       tensors.push_back(named.second);
+      if (!copies.count(named.first)) counted.push_back(named.second);
       parameters.push_back(std::move(named));
     }
   }
   auto made = make_optimizer(optimizer, std::move(parameters));
   if (!optimizer_state.empty()) {
-    made->load_state_dict(optimizer_state_for(optimizer_state, made->parameters()));
+    made->load_state_dict(
+        optimizer_state_for(with_tied_copies(optimizer_state, spec_.ties), made->parameters()));
   }
   spec_.chunks = std::move(chunks);
   parameters_ = std::move(tensors);
+  norm_parameters_ = std::move(counted);
   optimizer_ = std::move(made);
 }
 
@@ -135,6 +141,15 @@ bool Stage::accepts(const Message& message) const {
     const bool from_coordinator = forward ? c == 0 : c == chunks - 1;
     return message.from == (from_coordinator ? kCoordinator : stage_of(forward ? c - 1 : c + 1));
   }
+  if (message.kind == MessageKind::TiedGradient) {
+    // Only from the stage holding the tie's other side.
+    if (message.microbatch < 0 || static_cast<size_t>(message.microbatch) >= spec_.ties.size()) {
+      return false;
+    }
+    const TiedParameter& tie = spec_.ties[static_cast<size_t>(message.microbatch)];
+    const int peer = tie.source_stage == spec_.stage ? tie.copy_stage : tie.source_stage;
+    return peer != spec_.stage && message.from == peer;
+  }
   if (message.kind == MessageKind::LayerTransfer) {
     // Layers come only from the stage of a neighbouring chunk (LayerMigration checks which).
     if (c < 0 || c >= chunks || stage_of(c) != spec_.stage) return false;
@@ -190,6 +205,16 @@ bool Stage::dispatch(Message message) {
       inputs_[{phase, message.microbatch, message.chunk}] = std::move(message.tensors[0]);
       break;
     }
+    case MessageKind::TiedGradient:
+      PIPIT_CHECK(message.tensors.size() == 1, "TiedGradient message carries ",
+                  message.tensors.size(), " tensors, expected 1");
+      if (message.step > step_) {
+        keep_early(std::move(message));
+        return true;
+      }
+      if (!active_ || message.step != step_) return true;
+      peer_tied_[message.microbatch] = std::move(message.tensors[0]);
+      break;
     case MessageKind::OptimizerStep:
       if (message.step == step_) apply_optimizer(message);
       return true;
@@ -252,6 +277,9 @@ void Stage::begin_step(const Message& message) {
                 : forward_only_schedule(p, microbatches_, v, placement_of(spec_.schedule));
   tasks_ = std::move(schedule[static_cast<size_t>(spec_.stage)]);
   for (Task& task : tasks_) task.step = step_;
+  for (Message& m : take_early(MessageKind::TiedGradient)) {
+    peer_tied_[m.microbatch] = std::move(m.tensors[0]);
+  }
   for (MessageKind kind : {MessageKind::Activation, MessageKind::Gradient}) {
     for (Message& m : take_early(kind)) {
       if (m.microbatch < 0 || m.microbatch >= microbatches_) continue;
@@ -308,7 +336,54 @@ void Stage::run_ready_tasks() {
     recomputed_.reset();
     ++next_task_;
   }
-  if (active_ && next_task_ == tasks_.size()) finish_step();
+  if (active_ && next_task_ == tasks_.size()) exchange_tied_gradients();
+}
+
+void Stage::exchange_tied_gradients() {
+  if (!training_ || spec_.ties.empty()) return finish_step();
+  size_t remote = 0;
+  for (size_t i = 0; i < spec_.ties.size(); ++i) {
+    const TiedParameter& tie = spec_.ties[i];
+    if (tie.source_stage == tie.copy_stage) continue;
+    ++remote;
+    if (tied_sent_) continue;
+    const bool source = tie.source_stage == spec_.stage;
+    const Tensor p = parameter(source ? tie.source : tie.copy);
+    const Tensor grad = p.grad().defined() ? p.grad() : zeros_like(p);
+    send(source ? tie.copy_stage : tie.source_stage,
+         Message{MessageKind::TiedGradient, step_, static_cast<int>(i), 0, {grad}});
+  }
+  tied_sent_ = true;
+  if (peer_tied_.size() < remote) return;  // the rest arrive as TiedGradient messages
+  sum_tied_gradients();
+  finish_step();
+}
+
+void Stage::sum_tied_gradients() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < spec_.ties.size(); ++i) {
+    const TiedParameter& tie = spec_.ties[i];
+    const bool has_source = tie.source_stage == spec_.stage;
+    const bool has_copy = tie.copy_stage == spec_.stage;
+    auto side = [&](bool here, const std::string& name) {
+      if (!here) return on_device(peer_tied_.at(static_cast<int>(i)));
+      const Tensor p = parameter(name);
+      return p.grad().defined() ? p.grad() : zeros_like(p);
+    };
+    // Source's + copy's: the same two operands in the same order on both stages.
+    const Tensor sum = side(has_source, tie.source) + side(has_copy, tie.copy);
+    if (has_source) parameter(tie.source).set_grad(sum);
+    if (has_copy) parameter(tie.copy).set_grad(has_source ? sum.clone() : sum);
+  }
+}
+
+Tensor Stage::parameter(const std::string& name) const {
+  for (const auto& c : spec_.chunks) {
+    for (const auto& [n, p] : c->named_parameters()) {
+      if (n == name) return p;
+    }
+  }
+  throw Error(detail::concat("stage ", spec_.stage, " holds no parameter '", name, "'"));
 }
 
 void Stage::forward(const Task& task, const Tensor& input) {
@@ -417,7 +492,7 @@ void Stage::finish_step() {
   StageDone done;
   done.peak_stashed = static_cast<int64_t>(peak_stashed_);
   done.peak_deferred = static_cast<int64_t>(peak_deferred_);
-  if (report_grad_norm_) done.grad_norm_sq = grad_norm_squared(parameters_);
+  if (report_grad_norm_) done.grad_norm_sq = grad_norm_squared(norm_parameters_);
   if (record_trace_) {
     for (const TraceEvent& e : trace_.events()) {
       done.trace.push_back(
@@ -451,13 +526,19 @@ void Stage::apply_optimizer(const Message& message) {
 void Stage::send_state(int64_t step) {
   StateReply reply;
   std::vector<Tensor> tensors;
+  // A tied parameter's copy is the source's twin: the source's stage reports it.
+  std::set<std::string> copies;
+  for (const TiedParameter& tie : spec_.ties) copies.insert(tie.copy);
   for (const auto& c : spec_.chunks) {
     for (const auto& [name, value] : c->named_parameters()) {
+      if (copies.count(name)) continue;
       reply.weights.push_back(name);
       tensors.push_back(value.detach().to(Device::cpu()));
     }
   }
   for (const auto& [name, value] : optimizer_->state_dict()) {
+    const size_t dot = name.rfind('.');
+    if (dot != std::string::npos && copies.count(name.substr(0, dot))) continue;
     reply.optimizer.push_back(name);
     tensors.push_back(value.detach().to(Device::cpu()));
   }
@@ -526,6 +607,8 @@ void Stage::reset() {
   active_ = false;
   tasks_.clear();
   next_task_ = 0;
+  tied_sent_ = false;
+  peer_tied_.clear();
   inputs_.clear();
   stash_.clear();
   recomputed_.reset();

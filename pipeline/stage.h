@@ -17,6 +17,7 @@
 #include "pipeline/layer_migration.h"
 #include "pipeline/layer_timer.h"
 #include "pipeline/task.h"
+#include "pipeline/tied_parameters.h"
 #include "pipeline/trace.h"
 #include "tensor/split_backward.h"
 #include "tensor/stream.h"
@@ -48,6 +49,8 @@ struct StageSpec {
   // > 1: every layer takes this many times as long (pipeline/layer_timer.h), as on a slower
   // machine.
   double slowdown = 1.0;
+  // The model's ties that this stage holds a side of (pipeline/tied_parameters.h).
+  std::vector<TiedParameter> ties;
 };
 
 class Stage {
@@ -85,6 +88,11 @@ class Stage {
   // The chunk's forward on a leaf made from `input`, building the graph its backward needs.
   void forward_with_grad(const Task& task, const Tensor& input, Stashed& stashed);
   void send_input_grad(const Task& task, const Tensor& leaf);
+  // After the step's last task: sends this stage's side of each remote tie to its peer, sums
+  // what is here, and finishes the step once every peer's side has arrived.
+  void exchange_tied_gradients();
+  void sum_tied_gradients();
+  Tensor parameter(const std::string& name) const;
   void finish_step();
   void apply_optimizer(const Message& message);
   void send_state(int64_t step);
@@ -114,6 +122,8 @@ class Stage {
   Stream stream_;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<Tensor> parameters_;
+  // parameters_ without the copies of tied parameters, which the source's stage counts.
+  std::vector<Tensor> norm_parameters_;
 
   // The step in progress.
   int64_t step_ = -1;
@@ -124,6 +134,9 @@ class Stage {
   int microbatches_ = 0;
   std::vector<Task> tasks_;
   size_t next_task_ = 0;
+  // Tied gradients: sent to the peers this step, and the peers' sides that arrived, by tie.
+  bool tied_sent_ = false;
+  std::map<int, Tensor> peer_tied_;
   // Inputs that arrived, by (phase, microbatch, chunk).
   std::map<std::tuple<Phase, int, int>, Tensor> inputs_;
   // Data of a later step that arrived before that step's StepBegin.

@@ -14,7 +14,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kFormat = "pipit-stage-package";
-constexpr int kVersion = 4;
+constexpr int kVersion = 5;
 
 // The package's place in the pipeline, checked before anything indexes by it.
 void check_layout(const StagePackage& package, const char* operation) {
@@ -53,12 +53,14 @@ StagePackage make_stage_package(const Sequential& model, const std::vector<Layer
   package.optimizer_config = config.optimizer;
   package.device = spec.device.str();
   package.compute_dtype = spec.compute_dtype;
+  package.ties = spec.ties;
   for (const auto& chunk : spec.chunks) {
     package.chunk_configs.push_back(chunk->config());
     package.weights.merge(chunk->state_dict());
   }
-  package.optimizer_state = optimizer_state_for(
-      optimizer_state, NamedParameters(package.weights.begin(), package.weights.end()));
+  package.optimizer_state =
+      optimizer_state_for(with_tied_copies(optimizer_state, spec.ties),
+                          NamedParameters(package.weights.begin(), package.weights.end()));
   return package;
 }
 
@@ -77,6 +79,14 @@ std::string encode_stage_package(const StagePackage& package) {
   metadata["peers"] = package.peers.dump();
   metadata["device"] = package.device;
   metadata["compute_dtype"] = dtype_name(package.compute_dtype);
+  json ties = json::array();
+  for (const TiedParameter& tie : package.ties) {
+    ties.push_back({{"source", tie.source},
+                    {"copy", tie.copy},
+                    {"source_stage", tie.source_stage},
+                    {"copy_stage", tie.copy_stage}});
+  }
+  metadata["ties"] = ties.dump();
   StateDict tensors;
   add_prefixed(tensors, "model.", package.weights);
   add_prefixed(tensors, "optim.", package.optimizer_state);
@@ -121,6 +131,35 @@ StagePackage decode_stage_package(const std::string& bytes, const std::string& s
   } catch (const Error& e) {
     reader.fail("compute_dtype", e.what());
   }
+  const json ties = reader.parse("ties");
+  if (!ties.is_array()) reader.fail("ties", "must be an array, got " + reader.text("ties"));
+  for (const json& tie : ties) {
+    const bool valid = tie.is_object() && tie.size() == 4 && tie.contains("source") &&
+                       tie["source"].is_string() && tie.contains("copy") &&
+                       tie["copy"].is_string() && tie.contains("source_stage") &&
+                       tie["source_stage"].is_number_integer() && tie.contains("copy_stage") &&
+                       tie["copy_stage"].is_number_integer();
+    if (!valid) {
+      reader.fail("ties",
+                  "each tie must be {source, copy, source_stage, copy_stage}, got " + tie.dump());
+    }
+    TiedParameter parsed{tie["source"], tie["copy"], 0, 0};
+    for (const char* key : {"source_stage", "copy_stage"}) {
+      const json& stage = tie[key];
+      if (stage.is_number_unsigned()
+              ? stage.get<uint64_t>() >= uint64_t(package.stages)
+              : (stage.get<int64_t>() < 0 || stage.get<int64_t>() >= package.stages)) {
+        reader.fail("ties", std::string(key) + " " + stage.dump() + " is outside the pipeline");
+      }
+      (std::string(key) == "source_stage" ? parsed.source_stage : parsed.copy_stage) =
+          stage.get<int>();
+    }
+    if (parsed.source_stage != package.stage && parsed.copy_stage != package.stage) {
+      reader.fail("ties", "a tie of stages " + std::to_string(parsed.source_stage) + " and " +
+                              std::to_string(parsed.copy_stage) + " is not this stage's");
+    }
+    package.ties.push_back(parsed);
+  }
   std::vector<StateDict> groups = reader.split(tensors, {"model.", "optim."});
   package.weights = std::move(groups[0]);
   package.optimizer_state = std::move(groups[1]);
@@ -141,6 +180,7 @@ StageSpec build_stage_spec(const StagePackage& package) {
   spec.optimizer_state = package.optimizer_state;
   spec.device = Device::parse(package.device);
   spec.compute_dtype = package.compute_dtype;
+  spec.ties = package.ties;
   StateDict unclaimed = package.weights;
   for (int local = 0; local < package.chunks_per_stage; ++local) {
     const int global =

@@ -2,7 +2,7 @@
 // Stage packages: everything a worker process needs to build its Stage, sent as one
 // safetensors blob in the checkpoint layout (serialize/checkpoint.h): tensors "model.<name>"
 // and "optim.<name>", the rest as JSON text in "__metadata__", tagged
-// {"format": "pipit-stage-package", "version": "4"}.
+// {"format": "pipit-stage-package", "version": "5"}.
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -29,6 +29,7 @@ struct StagePackage {
   nlohmann::json peers = nlohmann::json::object();  // e.g. {"0": "127.0.0.1:7001"}: opaque here
   std::string device = "cpu";  // where the worker runs the stage: Device::parse form
   DType compute_dtype = DType::f32;
+  std::vector<TiedParameter> ties;  // this stage's sides of the model's ties
 };
 
 // The package of stage `stage`: its chunks as make_stage_spec cuts them (local chunk l is

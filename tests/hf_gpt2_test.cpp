@@ -144,7 +144,8 @@ TEST_CASE("a tied weight's gradient sums the embedding's and the head's, and one
   CHECK(&loaded_head->weight.impl() == &loaded->state_dict().at("0.tokens.weight").impl());
 }
 
-TEST_CASE("a pipeline cut or a layer swap that would split a tie is refused by name", "[hf_gpt2]") {
+TEST_CASE("a slice or a layer swap that would split a tie is refused by name (pipelines untie)",
+          "[hf_gpt2]") {
   auto model = load_hf_gpt2(kDir + "/tied");
   const std::string cut = error_of([&] { model->slice(0, 2); });
   CHECK(cut.find("separate '5.weight' from '0.tokens.weight'") != std::string::npos);

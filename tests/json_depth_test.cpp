@@ -52,7 +52,7 @@ TEST_CASE("check_json_nesting counts brackets outside strings", "[serialize]") {
 
 TEST_CASE("deeply nested JSON in a stage package is an Error, not a stack overflow",
           "[serialize]") {
-  json metadata = tagged_metadata("pipit-stage-package", 4);
+  json metadata = tagged_metadata("pipit-stage-package", 5);
   metadata["stage"] = "0";
   metadata["stages"] = "1";
   metadata["chunks_per_stage"] = "1";

@@ -123,7 +123,9 @@ TEST_CASE("autocast leaves f64 alone, nests and rejects other dtypes", "[autocas
 
 TEST_CASE("a GPT trains under bf16 autocast about as it does in f32", "[autocast]") {
   GptConfig config{13, 8, 2, 2, 16, 0.0};
-  const auto [input, target] = token_batch(13, 8, 8);
+  // Named variables, not structured bindings: clang 14 cannot capture those in a lambda.
+  const auto batch = token_batch(13, 8, 8);
+  const Tensor input = batch.first, target = batch.second;
   auto train = [&](DType dtype) {
     Generator g(14);
     auto model = gpt(config, &g);
@@ -253,7 +255,12 @@ TEST_CASE("a bf16 pipeline equals bf16 autocast accumulation on one thread", "[a
 
 TEST_CASE("an f16 pipeline scales the loss, skips overflowing steps and backs off", "[autocast]") {
   const nlohmann::json sgd = {{"type", "SGD"}, {"lr", 1e-6}};
-  const auto [model, input, target, config] = testing::f16_overflow(sgd);
+  // Named variables, not structured bindings: clang 14 cannot capture those in a lambda.
+  const testing::F16Overflow overflow = testing::f16_overflow(sgd);
+  const auto& model = overflow.model;
+  const Tensor& input = overflow.input;
+  const Tensor& target = overflow.target;
+  const PipelineConfig& config = overflow.config;
   // The first update that is not skipped, from plain gradients: the same model's f16 autocast
   // backward on one thread, each microbatch's loss gradient weighted 1/2 and never scaled.
   // The pipeline scales it by 64 and unscales the gradients: powers of two, so exactly.

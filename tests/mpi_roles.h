@@ -49,14 +49,21 @@ inline Tensor mpi_payload(int from, int to, int thread, int index) {
 // compares every weight with an in-process Pipeline of the same config, bit for bit, and
 // prints "pipeline ok". `seed_of_rank_1` other than 5 makes rank 1 build another model, which
 // start-up must catch.
-inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_1) {
+// tied: a GPT whose head is tied to its embedding (pipeline/tied_parameters.h) instead of
+// an MLP.
+inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_1,
+                             bool tied = false) {
   const char* rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
   const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
   if (!rank_text || !size_text) return 2;
   const int rank = std::atoi(rank_text), size = std::atoi(size_text);
   auto make_model = [&](uint64_t seed) {
     Generator generator(seed);
-    return mlp({6, 8, 8, 8, 8, 3}, "relu", &generator);
+    if (!tied) return mlp({6, 8, 8, 8, 8, 3}, "relu", &generator);
+    GptConfig c{11, 6, 6, 2, 16, 0.0};
+    c.tie_embeddings = true;
+    c.head_bias = false;
+    return gpt(c, &generator);
   };
   PipelineConfig config;
   config.stages = size;
@@ -65,8 +72,17 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   config.chunks_per_stage = schedule == "interleaved" || schedule == "zbv" ? 2 : 1;
   config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
   Generator data(9);
-  const Tensor x = randn({8, 6}, &data);
-  const Tensor y = from_vector<int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+  Tensor x = randn({8, 6}, &data);
+  Tensor y = from_vector<int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+  if (tied) {
+    std::vector<int64_t> tokens, targets;
+    for (int64_t i = 0; i < 8 * 6; ++i) {
+      tokens.push_back((i * 7) % 11);
+      targets.push_back((i * 7 + 3) % 11);
+    }
+    x = from_vector(tokens, {8, 6});
+    y = from_vector(targets, {8, 6});
+  }
   auto model = make_model(rank == 1 ? seed_of_rank_1 : 5);
   MpiPipeline pipeline(*model, config);
   if (!pipeline.is_coordinator()) {
@@ -246,13 +262,14 @@ inline int mpi_doorbells_role() {
   return ok ? 0 : 1;
 }
 
-//   --mpi-role exchange | pipeline SCHEDULE | mismatch | ps OPTIMIZER | killed |
-//   failing-worker | malformed | doorbells
+//   --mpi-role exchange | pipeline SCHEDULE | tied-pipeline SCHEDULE | mismatch | ps OPTIMIZER |
+//   killed | failing-worker | malformed | doorbells
 inline int mpi_role_main(int argc, char** argv) {
   const std::string role = argc >= 3 ? argv[2] : "";
   try {
     if (role == "exchange") return mpi_exchange_role();
     if (role == "pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5);
+    if (role == "tied-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, true);
     if (role == "mismatch") return mpi_pipeline_role("1f1b", 6);
     if (role == "ps" && argc == 4) return mpi_ps_role(argv[3]);
     if (role == "killed") return mpi_killed_role();

@@ -71,6 +71,24 @@ TEST_CASE("MPI: an SPMD pipeline equals the in-process one bit for bit, every sc
 #endif
 }
 
+TEST_CASE("MPI: a pipeline with tied parameters equals the in-process one bit for bit", "[mpi]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  for (const std::string schedule : {"1f1b", "interleaved", "zbv"}) {
+    for (int ranks : {2, 4}) {
+      DYNAMIC_SECTION(schedule << ", " << ranks << " ranks") {
+        const Run run = mpirun(ranks, "tied-pipeline " + schedule);
+        INFO(run.output);
+        CHECK(run.status == 0);
+        CHECK(run.output.find("pipeline ok") != std::string::npos);
+      }
+    }
+  }
+#endif
+}
+
 TEST_CASE("MPI: ranks that built different models are named at start-up", "[mpi]") {
 #ifndef PIPIT_WITH_MPI
   WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");

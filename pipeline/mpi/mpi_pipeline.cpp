@@ -41,6 +41,7 @@ MpiPipeline::MpiPipeline(const Sequential& model, PipelineConfig config,
     stage_thread_ = std::thread([stage = stage_] { stage->run(); });
     coordinator_ = std::make_unique<Coordinator>(transport_->endpoint(kCoordinator),
                                                  std::move(config), ranges);
+    coordinator_->refuse_remaps(remap_refusal(model));
   }
 }
 
