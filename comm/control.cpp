@@ -269,6 +269,8 @@ bool is_coordinator_command(MessageKind kind) {
     case MessageKind::Start:
     case MessageKind::RemapPrepare:
     case MessageKind::RemapCommit:
+    case MessageKind::GenerateBegin:
+    case MessageKind::GenerateEnd:
       return true;
     default:
       return false;

@@ -62,6 +62,12 @@ const char* message_kind_name(MessageKind kind) {
       return "PsPackage";
     case MessageKind::TiedGradient:
       return "TiedGradient";
+    case MessageKind::GenerateBegin:
+      return "GenerateBegin";
+    case MessageKind::GenerateStep:
+      return "GenerateStep";
+    case MessageKind::GenerateEnd:
+      return "GenerateEnd";
   }
   return "unknown";
 }

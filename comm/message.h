@@ -49,6 +49,10 @@ enum class MessageKind : uint8_t {
   PsPackage,     // launcher -> pipit-worker: serve a shard or worker role (ps/ps_package.h)
   // Tied parameters (pipeline/tied_parameters.h), stage -> stage after a step's backward.
   TiedGradient,  // microbatch: the tie's index; tensors: {this stage's gradient of its side}
+  // Generation with KV caches on the stages (pipeline/pipelined_generation.h).
+  GenerateBegin,  // coordinator -> stage: meta {"batch", "capacity", "padding": [per row]}
+  GenerateStep,   // along the chunks like Activation: meta {"start"}; tensors: {tokens or hidden}
+  GenerateEnd,    // coordinator -> stage: drop the caches
 };
 
 const char* message_kind_name(MessageKind kind);

@@ -16,38 +16,10 @@
 namespace pipit {
 namespace {
 
-// The model's layers as generation runs them: the embedding, then each layer either a
-// TransformerBlock (with a KV cache) or a layer that treats every position alone.
-struct GptLayers {
-  TokenPosEmbedding* embedding = nullptr;
-  std::vector<Module*> layers;
-  std::vector<TransformerBlock*> blocks;  // nullptr where the layer is position-wise
-};
-
 bool position_wise(const Module& layer) {
   return dynamic_cast<const LayerNorm*>(&layer) || dynamic_cast<const Linear*>(&layer) ||
          dynamic_cast<const Dropout*>(&layer) || dynamic_cast<const GELU*>(&layer) ||
          dynamic_cast<const ReLU*>(&layer) || dynamic_cast<const Tanh*>(&layer);
-}
-
-GptLayers gpt_layers(const Sequential& model) {
-  GptLayers out;
-  PIPIT_CHECK(model.size() >= 2 && model.first_index() == 0, "generate: needs a whole GPT model ",
-              "(TokenPosEmbedding, TransformerBlocks, LayerNorm, Linear head)");
-  out.embedding = dynamic_cast<TokenPosEmbedding*>(model[0].get());
-  PIPIT_CHECK(out.embedding != nullptr, "generate: layer 0 is a ",
-              model[0]->config().value("type", "?"),
-              ", not the TokenPosEmbedding a GPT starts with");
-  for (size_t i = 1; i < model.size(); ++i) {
-    Module* layer = model[i].get();
-    auto* block = dynamic_cast<TransformerBlock*>(layer);
-    PIPIT_CHECK(block != nullptr || position_wise(*layer), "generate: layer ", i, " is a ",
-                layer->config().value("type", "?"),
-                ", which generation cannot run one position at a time");
-    out.layers.push_back(layer);
-    out.blocks.push_back(block);
-  }
-  return out;
 }
 
 class EvalGuard {
@@ -138,15 +110,105 @@ Tensor padding_mask(const std::vector<int64_t>& padding, int64_t start, int64_t 
 
 }  // namespace
 
-std::vector<std::vector<int64_t>> generate(Sequential& model,
+CachedLayers::CachedLayers(const Sequential& layers, int64_t batch, int64_t capacity,
+                           std::vector<int64_t> padding)
+    : padding_(std::move(padding)) {
+  PIPIT_CHECK(static_cast<int64_t>(padding_.size()) == batch, "generate: ", padding_.size(),
+              " paddings for ", batch, " rows");
+  for (const int64_t pad : padding_) padded_ = padded_ || pad > 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Module* layer = layers[i].get();
+    auto* block = dynamic_cast<TransformerBlock*>(layer);
+    const bool embedding = i == 0 && dynamic_cast<TokenPosEmbedding*>(layer) != nullptr;
+    PIPIT_CHECK(block != nullptr || embedding || position_wise(*layer), "generate: layer ",
+                layers.first_index() + i, " is a ", layer->config().value("type", "?"),
+                ", which generation cannot run one position at a time");
+    layers_.push_back(layer);
+    blocks_.push_back(block);
+    KvCacheLayer cache;
+    if (block) {
+      const Tensor weight = block->attn->qkv->weight;
+      const int64_t heads = block->attn->heads(), head_dim = weight.shape()[1] / heads;
+      const TensorOptions options{weight.dtype(), weight.device()};
+      cache = {empty({batch, heads, capacity, head_dim}, options),
+               empty({batch, heads, capacity, head_dim}, options)};
+    }
+    caches_.push_back(std::move(cache));
+  }
+}
+
+Tensor CachedLayers::forward(const Tensor& x, int64_t start) {
+  PIPIT_CHECK(x.dim() >= 2 && x.shape()[0] == static_cast<int64_t>(padding_.size()),
+              "generate: a step's input is ", shape_str(x.shape()), " for ", padding_.size(),
+              " rows");
+  const int64_t B = x.shape()[0], T = x.shape()[1];
+  Tensor h = x;
+  size_t first = 0;
+  if (auto* embedding = layers_.empty() ? nullptr : dynamic_cast<TokenPosEmbedding*>(layers_[0])) {
+    // Each row counts positions from its first real token, as Hugging Face's left padding does.
+    std::vector<int64_t> positions(static_cast<size_t>(B * T));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        positions[size_t(b * T + t)] = std::max<int64_t>(0, start + t - padding_[size_t(b)]);
+      }
+    }
+    const Device device = embedding->parameters().at(0).device();
+    h = embedding->forward(x.to(device), from_vector(positions, {B, T}).to(device));
+    first = 1;
+  }
+  const Tensor mask = padded_ ? padding_mask(padding_, start, T, h) : Tensor();
+  for (size_t i = first; i < layers_.size(); ++i) {
+    h = blocks_[i] ? blocks_[i]->forward_step(h, caches_[i], start, mask) : layers_[i]->forward(h);
+  }
+  return h;
+}
+
+namespace {
+
+// A whole model on this thread, where its parameters are.
+class LocalStepper final : public TokenStepper {
+ public:
+  explicit LocalStepper(Sequential& model) : model_(model) {
+    PIPIT_CHECK(model.size() >= 2 && model.first_index() == 0, "generate: needs a whole GPT ",
+                "(TokenPosEmbedding, TransformerBlocks, LayerNorm, Linear head)");
+    embedding_ = dynamic_cast<TokenPosEmbedding*>(model[0].get());
+    PIPIT_CHECK(embedding_ != nullptr, "generate: layer 0 is a ",
+                model[0]->config().value("type", "?"),
+                ", not the TokenPosEmbedding a GPT starts with");
+  }
+  int64_t vocab_size() const override { return embedding_->vocab_size(); }
+  int64_t context() const override { return embedding_->context(); }
+  void begin(int64_t batch, int64_t capacity, const std::vector<int64_t>& padding) override {
+    layers_.emplace(model_, batch, capacity, padding);
+  }
+  Tensor step(const Tensor& tokens, int64_t start) override {
+    return last_logits(layers_->forward(tokens, start), vocab_size());
+  }
+  void end() override { layers_.reset(); }
+
+ private:
+  Sequential& model_;
+  TokenPosEmbedding* embedding_ = nullptr;
+  std::optional<CachedLayers> layers_;
+};
+
+}  // namespace
+
+Tensor last_logits(const Tensor& output, int64_t vocab) {
+  PIPIT_CHECK(output.dim() == 3 && output.shape()[2] == vocab, "generate: the model's output is ",
+              shape_str(output.shape()), ", not logits [B, T, ", vocab, "]");
+  const int64_t T = output.shape()[1];
+  return squeeze(narrow(output, 1, T - 1, 1), 1).to(Device::cpu()).to(DType::f32).contiguous();
+}
+
+std::vector<std::vector<int64_t>> generate(TokenStepper& model,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options) {
-  const GptLayers gpt = gpt_layers(model);
   Sampler sampler(options);
   PIPIT_CHECK(!prompts.empty(), "generate: no prompts");
   PIPIT_CHECK(options.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ",
               options.max_new_tokens);
-  const int64_t vocab = gpt.embedding->vocab_size(), context = gpt.embedding->context();
+  const int64_t vocab = model.vocab_size(), context = model.context();
   const int64_t B = static_cast<int64_t>(prompts.size());
   int64_t longest = 0;
   for (size_t b = 0; b < prompts.size(); ++b) {
@@ -167,70 +229,48 @@ std::vector<std::vector<int64_t>> generate(Sequential& model,
   const int64_t capacity = std::min(context, longest + options.max_new_tokens);
   const int64_t new_tokens = capacity - longest;
 
-  NoGradGuard no_grad;
-  EvalGuard eval(model);
-  const Tensor reference = model[0]->parameters().at(0);
-  const Device device = reference.device();
-
   std::vector<int64_t> padding(static_cast<size_t>(B));
-  bool padded = false;
   std::vector<int64_t> tokens(static_cast<size_t>(B * longest), 0);
-  std::vector<int64_t> positions(static_cast<size_t>(B * longest), 0);
   for (int64_t b = 0; b < B; ++b) {
     const auto& prompt = prompts[size_t(b)];
-    const int64_t pad = longest - static_cast<int64_t>(prompt.size());
-    padding[size_t(b)] = pad;
-    padded = padded || pad > 0;
-    for (int64_t t = pad; t < longest; ++t) {
-      tokens[size_t(b * longest + t)] = prompt[size_t(t - pad)];
-      positions[size_t(b * longest + t)] = t - pad;
-    }
+    padding[size_t(b)] = longest - static_cast<int64_t>(prompt.size());
+    std::copy(prompt.begin(), prompt.end(), tokens.begin() + (b + 1) * longest - prompt.size());
   }
-
-  std::vector<KvCacheLayer> caches(gpt.blocks.size());
-  for (size_t i = 0; i < gpt.blocks.size(); ++i) {
-    if (gpt.blocks[i] == nullptr) continue;
-    const int64_t heads = gpt.blocks[i]->attn->heads();
-    const int64_t head_dim = gpt.blocks[i]->attn->qkv->weight.shape()[1] / heads;
-    const TensorOptions cache_options{reference.dtype(), device};
-    caches[i] = {empty({B, heads, capacity, head_dim}, cache_options),
-                 empty({B, heads, capacity, head_dim}, cache_options)};
-  }
-
-  // Runs tokens [B, T] at positions [start, start + T) and returns the last position's logits.
-  auto step = [&](const std::vector<int64_t>& ids, const std::vector<int64_t>& at, int64_t start,
-                  int64_t T) {
-    Tensor h = gpt.embedding->forward(from_vector(ids, {B, T}).to(device),
-                                      from_vector(at, {B, T}).to(device));
-    const Tensor mask = padded ? padding_mask(padding, start, T, h) : Tensor();
-    for (size_t i = 0; i < gpt.layers.size(); ++i) {
-      h = gpt.blocks[i] ? gpt.blocks[i]->forward_step(h, caches[i], start, mask)
-                        : gpt.layers[i]->forward(h);
-    }
-    PIPIT_CHECK(h.dim() == 3 && h.shape()[2] == vocab, "generate: the model's output is ",
-                shape_str(h.shape()), ", not logits [B, T, ", vocab, "]");
-    return squeeze(narrow(h, 1, T - 1, 1), 1).to(Device::cpu()).to(DType::f32).contiguous();
-  };
+  model.begin(B, capacity, padding);
+  struct End {
+    TokenStepper& model;
+    ~End() { model.end(); }
+  } end{model};
 
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(B));
   std::vector<bool> finished(static_cast<size_t>(B), false);
-  Tensor logits = step(tokens, positions, 0, longest);
+  Tensor logits = model.step(from_vector(tokens, {B, longest}), 0);
   for (int64_t n = 0; n < new_tokens; ++n) {
-    std::vector<int64_t> next(static_cast<size_t>(B), 0), at(static_cast<size_t>(B));
+    PIPIT_CHECK(logits.shape() == Shape({B, vocab}), "generate: a step returned ",
+                shape_str(logits.shape()), ", not logits [", B, ", ", vocab, "]");
+    std::vector<int64_t> next(static_cast<size_t>(B), 0);
     bool running = false;
     const float* rows = logits.data<float>();
     for (int64_t b = 0; b < B; ++b) {
       next[size_t(b)] = sampler.next(rows + b * vocab, vocab);
-      at[size_t(b)] = longest + n - padding[size_t(b)];
       if (finished[size_t(b)]) continue;
       out[size_t(b)].push_back(next[size_t(b)]);
       finished[size_t(b)] = options.stop_token && next[size_t(b)] == *options.stop_token;
       running = running || !finished[size_t(b)];
     }
     if (!running || n + 1 == new_tokens) break;
-    logits = step(next, at, longest + n, 1);
+    logits = model.step(from_vector(next, {B, 1}), longest + n);
   }
   return out;
+}
+
+std::vector<std::vector<int64_t>> generate(Sequential& model,
+                                           const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerationOptions& options) {
+  LocalStepper stepper(model);
+  NoGradGuard no_grad;
+  EvalGuard eval(model);
+  return generate(stepper, prompts, options);
 }
 
 }  // namespace pipit

@@ -321,6 +321,33 @@ Tensor Coordinator::forward(const Tensor& input) {
   return cat(outputs, 0);
 }
 
+void Coordinator::generate_begin(const GenerateBegin& begin) {
+  Busy busy(busy_, "generate_begin");
+  require_consistent();
+  ++step_;
+  send_to_all(to_message(begin, step_));
+}
+
+Tensor Coordinator::generate_step(const Tensor& tokens, int64_t start) {
+  Busy busy(busy_, "generate_step");
+  Message message(MessageKind::GenerateStep, step_, 0, 0, {tokens});
+  message.meta = {{"start", start}};
+  comm_->send(0, std::move(message));
+  const int chunks = config_.stages * config_.chunks_per_stage;
+  while (true) {
+    Message reply =
+        receive_step_message("the logits of generation step at position " + std::to_string(start));
+    if (reply.kind == MessageKind::GenerateStep && reply.chunk == chunks &&
+        reply.tensors.size() == 1) {
+      return reply.tensors[0];
+    }
+  }
+}
+
+void Coordinator::generate_end() {
+  send_to_all(Message(MessageKind::GenerateEnd, step_));
+}
+
 std::pair<StateDict, StateDict> Coordinator::fetch_state() {
   Busy busy(busy_, "fetch_state");
   require_consistent();

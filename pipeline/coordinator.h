@@ -14,6 +14,7 @@
 #include "comm/control.h"
 #include "loss/loss.h"
 #include "optim/grad_scaler.h"
+#include "pipeline/generate_messages.h"
 #include "pipeline/partition.h"
 #include "pipeline/pipeline_config.h"
 #include "pipeline/remap_trial.h"
@@ -62,6 +63,15 @@ class Coordinator {
   // Pipelined inference (no gradients, layers in eval mode): the outputs of the m
   // microbatches concatenated in order.
   Tensor forward(const Tensor& input);
+
+  // Generation with KV caches on the stages (pipeline/pipelined_generation.h, through
+  // generate()): the stages allocate caches for their chunks' blocks; each generate_step runs
+  // tokens [B, T] at positions [start, start + T) through every chunk and returns the last
+  // position's logits, f32 [B, vocab] on the CPU; generate_end drops the caches. Failures
+  // throw as train_step's do.
+  void generate_begin(const GenerateBegin& begin);
+  Tensor generate_step(const Tensor& tokens, int64_t start);
+  void generate_end();
 
   // Moves layers between the stages' chunks, between steps, so that chunk c holds ranges[c]
   // (p * v contiguous non-empty ranges covering the model): weights, optimizer state and

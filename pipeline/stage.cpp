@@ -6,6 +6,7 @@
 
 #include "autograd/grad_mode.h"
 #include "comm/control.h"
+#include "pipeline/generate_messages.h"
 #include "pipeline/schedule.h"
 #include "pipit.h"
 
@@ -141,6 +142,11 @@ bool Stage::accepts(const Message& message) const {
     const bool from_coordinator = forward ? c == 0 : c == chunks - 1;
     return message.from == (from_coordinator ? kCoordinator : stage_of(forward ? c - 1 : c + 1));
   }
+  if (message.kind == MessageKind::GenerateStep) {
+    // Like an activation: into chunk c from the coordinator (c = 0) or chunk c - 1's stage.
+    if (c < 0 || c >= chunks || stage_of(c) != spec_.stage) return false;
+    return message.from == (c == 0 ? kCoordinator : stage_of(c - 1));
+  }
   if (message.kind == MessageKind::TiedGradient) {
     // Only from the stage holding the tie's other side.
     if (message.microbatch < 0 || static_cast<size_t>(message.microbatch) >= spec_.ties.size()) {
@@ -218,6 +224,20 @@ bool Stage::dispatch(Message message) {
     case MessageKind::OptimizerStep:
       if (message.step == step_) apply_optimizer(message);
       return true;
+    case MessageKind::GenerateBegin:
+      begin_generation(message);
+      return true;
+    case MessageKind::GenerateStep:
+      // Over TCP a neighbour's step can overtake the coordinator's GenerateBegin.
+      if (message.step > step_) {
+        keep_early(std::move(message));
+      } else if (message.step == step_ && !generation_.empty()) {
+        generation_step(message);
+      }
+      return true;
+    case MessageKind::GenerateEnd:
+      if (message.step == step_) reset();
+      return true;
     case MessageKind::FetchState:
       send_state(message.step);
       return true;
@@ -249,9 +269,10 @@ void Stage::keep_early(Message message) {
 std::vector<Message> Stage::take_early(MessageKind kind) {
   std::vector<Message> now, later;
   for (Message& m : early_) {
-    if (m.step > step_) {
+    // Another kind of this step stays for its own take; earlier steps' messages go.
+    if (m.step > step_ || (m.step == step_ && m.kind != kind)) {
       later.push_back(std::move(m));
-    } else if (m.step == step_ && m.kind == kind) {
+    } else if (m.step == step_) {
       now.push_back(std::move(m));
     }
   }
@@ -523,6 +544,40 @@ void Stage::apply_optimizer(const Message& message) {
   comm_->send(kCoordinator, Message{MessageKind::OptimizerDone, step_});
 }
 
+void Stage::begin_generation(const Message& message) {
+  const GenerateBegin begin = read_generate_begin(message);
+  reset();
+  step_ = message.step;
+  for (const auto& c : spec_.chunks) {
+    c->eval();
+    generation_.push_back(
+        std::make_unique<CachedLayers>(*c, begin.batch, begin.capacity, begin.padding));
+  }
+  for (const Message& early : take_early(MessageKind::GenerateStep)) generation_step(early);
+}
+
+void Stage::generation_step(const Message& message) {
+  PIPIT_CHECK(message.tensors.size() == 1, "GenerateStep message carries ", message.tensors.size(),
+              " tensors, expected 1");
+  const int64_t start = read_generate_start(message);
+  NoGradGuard no_grad;
+  Tensor x = on_device(message.tensors[0]);
+  // Through this stage's chunks while the next one is here too (a V's turn), then onwards.
+  for (int c = message.chunk;; ++c) {
+    const int local = local_chunk(c, spec_.stages, placement_of(spec_.schedule));
+    x = generation_[static_cast<size_t>(local)]->forward(x, start);
+    if (c == last_chunk()) {
+      x = last_logits(x, x.shape().back());
+    } else if (stage_of(c + 1) == spec_.stage) {
+      continue;
+    }
+    Message out(MessageKind::GenerateStep, step_, 0, c + 1, {x});
+    out.meta = {{"start", start}};
+    send(c == last_chunk() ? kCoordinator : stage_of(c + 1), std::move(out));
+    return;
+  }
+}
+
 void Stage::send_state(int64_t step) {
   StateReply reply;
   std::vector<Tensor> tensors;
@@ -609,6 +664,7 @@ void Stage::reset() {
   next_task_ = 0;
   tied_sent_ = false;
   peer_tied_.clear();
+  generation_.clear();
   inputs_.clear();
   stash_.clear();
   recomputed_.reset();

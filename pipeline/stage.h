@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "nn/generate.h"
 #include "nn/sequential.h"
 #include "optim/optimizer.h"
 #include "pipeline/layer_migration.h"
@@ -95,6 +96,10 @@ class Stage {
   Tensor parameter(const std::string& name) const;
   void finish_step();
   void apply_optimizer(const Message& message);
+  // Pipelined generation (pipeline/pipelined_generation.h): caches for the chunks, then each
+  // GenerateStep runs through this stage's consecutive chunks and goes on to the next stage's.
+  void begin_generation(const Message& message);
+  void generation_step(const Message& message);
   void send_state(int64_t step);
   // The profiled step's layer timings, with their output and state bytes.
   std::vector<LayerTiming> layer_timings() const;
@@ -157,6 +162,8 @@ class Stage {
   // A remap in progress, and its result once every layer is here.
   std::unique_ptr<LayerMigration> migration_;
   std::optional<LayerMigration::Result> staged_;
+  // Per local chunk, while generating.
+  std::vector<std::unique_ptr<CachedLayers>> generation_;
   // Weight gradients (W) awaiting their turn after their I: (microbatch, chunk) -> work.
   std::map<std::pair<int, int>, DeferredGradients> deferred_;
   size_t peak_stashed_ = 0;
