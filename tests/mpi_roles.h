@@ -33,9 +33,11 @@
 #include "nn/builders.h"
 #include "pipeline/mpi/mpi_pipeline.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/pipelined_generation.h"
 #include "pipit.h"
 #include "ps/mpi/mpi_ps.h"
 #include "ps_reference.h"
+#include "serialize/hf_gpt2.h"
 
 namespace pipit::testing {
 
@@ -107,6 +109,33 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   std::printf("pipeline %s (%zu weights, %d mismatches)\n", mismatches == 0 ? "ok" : "FAILED",
               want.size(), mismatches);
   return mismatches == 0 ? 0 : 1;
+}
+
+// Greedy generation from tests/data/hf_gpt2/tied pipelined over the ranks, against the whole
+// model on rank 0.
+inline int mpi_generate_role(const std::string& schedule) {
+  const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (!size_text) return 2;
+  PipelineConfig config;
+  config.stages = std::atoi(size_text);
+  config.microbatches = 2;
+  config.schedule = schedule;
+  config.chunks_per_stage = schedule == "zbv" ? 2 : 1;
+  config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
+  const std::string dir = std::string(PIPIT_TEST_DATA) + "/hf_gpt2/tied";
+  auto model = load_hf_gpt2(dir);
+  MpiPipeline pipeline(*model, config);
+  if (!pipeline.is_coordinator()) {
+    pipeline.serve();
+    return 0;
+  }
+  const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3, 4, 5, 6, 7}, {300, 17}};
+  GenerationOptions options;
+  options.max_new_tokens = 12;
+  const bool same = generate(pipeline.coordinator(), *model, prompts, options) ==
+                    generate(*load_hf_gpt2(dir), prompts, options);
+  std::printf("generate %s\n", same ? "ok" : "FAILED");
+  return same ? 0 : 1;
 }
 
 // Sync-mode parameter-server training over MPI, ranks 0-1 the shards and 2-4 the workers,
@@ -262,7 +291,8 @@ inline int mpi_doorbells_role() {
   return ok ? 0 : 1;
 }
 
-//   --mpi-role exchange | pipeline SCHEDULE | tied-pipeline SCHEDULE | mismatch | ps OPTIMIZER |
+//   --mpi-role exchange | pipeline SCHEDULE | tied-pipeline SCHEDULE | generate SCHEDULE |
+//   mismatch | ps OPTIMIZER |
 //   killed | failing-worker | malformed | doorbells
 inline int mpi_role_main(int argc, char** argv) {
   const std::string role = argc >= 3 ? argv[2] : "";
@@ -270,6 +300,7 @@ inline int mpi_role_main(int argc, char** argv) {
     if (role == "exchange") return mpi_exchange_role();
     if (role == "pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5);
     if (role == "tied-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, true);
+    if (role == "generate" && argc == 4) return mpi_generate_role(argv[3]);
     if (role == "mismatch") return mpi_pipeline_role("1f1b", 6);
     if (role == "ps" && argc == 4) return mpi_ps_role(argv[3]);
     if (role == "killed") return mpi_killed_role();

@@ -89,6 +89,22 @@ TEST_CASE("MPI: a pipeline with tied parameters equals the in-process one bit fo
 #endif
 }
 
+TEST_CASE("MPI: pipelined generation equals the whole model", "[mpi]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  for (const std::string schedule : {"1f1b", "zbv"}) {
+    DYNAMIC_SECTION(schedule) {
+      const Run run = mpirun(3, "generate " + schedule);
+      INFO(run.output);
+      CHECK(run.status == 0);
+      CHECK(run.output.find("generate ok") != std::string::npos);
+    }
+  }
+#endif
+}
+
 TEST_CASE("MPI: ranks that built different models are named at start-up", "[mpi]") {
 #ifndef PIPIT_WITH_MPI
   WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
