@@ -68,6 +68,8 @@ const char* message_kind_name(MessageKind kind) {
       return "GenerateStep";
     case MessageKind::GenerateEnd:
       return "GenerateEnd";
+    case MessageKind::AllReduceSegment:
+      return "AllReduceSegment";
   }
   return "unknown";
 }

@@ -53,6 +53,9 @@ enum class MessageKind : uint8_t {
   GenerateBegin,  // coordinator -> stage: meta {"batch", "capacity", "padding": [per row]}
   GenerateStep,   // along the chunks like Activation: meta {"start"}; tensors: {tokens or hidden}
   GenerateEnd,    // coordinator -> stage: drop the caches
+  // All-reduce (comm/all_reduce.h), member -> member: step: the all-reduce's tag;
+  // microbatch: the segment; chunk: 0 (partial sum) or 1 (result); tensors: {the segment}.
+  AllReduceSegment,
 };
 
 const char* message_kind_name(MessageKind kind);
