@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/all_reduce.h"
 #include "comm/mpi/doorbells.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_frames.h"
@@ -109,6 +110,35 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   std::printf("pipeline %s (%zu weights, %d mismatches)\n", mismatches == 0 ? "ok" : "FAILED",
               want.size(), mismatches);
   return mismatches == 0 ? 0 : 1;
+}
+
+// Every rank one member of an all-reduce (comm/all_reduce.h) of 4099 values in 64-value
+// segments, members listed from the last rank to the first; each rank checks the bits against
+// adding every member's tensor in that order itself.
+inline int mpi_all_reduce_role() {
+  const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (!size_text) return 2;
+  const int size = std::atoi(size_text);
+  std::map<int, int> ranks;
+  std::vector<int> members;
+  for (int r = 0; r < size; ++r) {
+    ranks[r] = r;
+    members.insert(members.begin(), r);  // summed from the last rank to the first
+  }
+  auto transport = MpiTransport::start(ranks, MpiOptions{});
+  const int rank = transport->rank();
+  auto contribution = [](int member) {
+    Generator generator(static_cast<uint64_t>(member) + 40);
+    return randn({4099}, &generator) * std::pow(10.0, member % 4 - 1);
+  };
+  Tensor mine = contribution(rank);
+  Tensor expected = contribution(members[0]).clone();
+  for (size_t i = 1; i < members.size(); ++i) expected = expected + contribution(members[i]);
+  all_reduce(*transport->endpoint(rank), members, mine, 3, 64);
+  const bool same = std::memcmp(mine.raw_data(), expected.raw_data(), mine.nbytes()) == 0;
+  transport->stop();
+  std::printf("all-reduce %s on rank %d\n", same ? "ok" : "FAILED", rank);
+  return same ? 0 : 1;
 }
 
 // Greedy generation from tests/data/hf_gpt2/tied pipelined over the ranks, against the whole
@@ -292,6 +322,7 @@ inline int mpi_doorbells_role() {
 }
 
 //   --mpi-role exchange | pipeline SCHEDULE | tied-pipeline SCHEDULE | generate SCHEDULE |
+//   all-reduce |
 //   mismatch | ps OPTIMIZER |
 //   killed | failing-worker | malformed | doorbells
 inline int mpi_role_main(int argc, char** argv) {
@@ -301,6 +332,7 @@ inline int mpi_role_main(int argc, char** argv) {
     if (role == "pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5);
     if (role == "tied-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, true);
     if (role == "generate" && argc == 4) return mpi_generate_role(argv[3]);
+    if (role == "all-reduce") return mpi_all_reduce_role();
     if (role == "mismatch") return mpi_pipeline_role("1f1b", 6);
     if (role == "ps" && argc == 4) return mpi_ps_role(argv[3]);
     if (role == "killed") return mpi_killed_role();

@@ -89,6 +89,27 @@ TEST_CASE("MPI: a pipeline with tied parameters equals the in-process one bit fo
 #endif
 }
 
+TEST_CASE("MPI: all_reduce over ranks gives every rank the in-order sum, bit for bit", "[mpi]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  for (int ranks : {2, 3, 5}) {
+    DYNAMIC_SECTION(ranks << " ranks") {
+      const Run run = mpirun(ranks, "all-reduce");
+      INFO(run.output);
+      CHECK(run.status == 0);
+      size_t ok = 0;
+      for (size_t at = run.output.find("all-reduce ok"); at != std::string::npos;
+           at = run.output.find("all-reduce ok", at + 1)) {
+        ++ok;
+      }
+      CHECK(ok == static_cast<size_t>(ranks));
+    }
+  }
+#endif
+}
+
 TEST_CASE("MPI: pipelined generation equals the whole model", "[mpi]") {
 #ifndef PIPIT_WITH_MPI
   WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
