@@ -11,6 +11,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "bitwise.h"
+#include "cuda_testing.h"
 #include "file_faults.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
@@ -22,6 +23,7 @@
 #include "serialize/model_io.h"
 #include "serialize/safetensors.h"
 #include "tensor/factory.h"
+#include "tensor/precision.h"
 
 using namespace pipit;
 using namespace pipit::testing;
@@ -313,4 +315,27 @@ TEST_CASE("bad checkpoints and prompts are refused by name, with nothing half-lo
         generate(*model, {{1}, std::vector<int64_t>(65, 3)});
       },
       "prompt 1 has 65 tokens, more than the model's context of 64");
+}
+
+TEST_CASE("CUDA: generation on the GPU gives the CPU's greedy tokens, and transformers'",
+          "[cuda][hf_gpt2]") {
+  if (!::testing::cuda_ready()) return;
+  auto model = load_hf_gpt2(kDir + "/tied");
+  std::vector<std::vector<int64_t>> prompts;
+  for (int i = 0; i < 3; ++i) prompts.push_back(ids(reference().at("prompt_" + std::to_string(i))));
+  GenerationOptions options;
+  options.max_new_tokens = 20;
+  options.stop_token = 511;
+  const auto on_cpu = generate(*model, prompts, options);
+  // Full f32 products, so near ties in the logits break as on the CPU.
+  const std::string precision = float32_matmul_precision();
+  set_float32_matmul_precision("highest");
+  model->to(::testing::kCuda);
+  const auto on_gpu = generate(*model, prompts, options);
+  CHECK(on_gpu == on_cpu);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CHECK(generate(*model, {prompts[i]}, options).at(0) ==
+          ids(reference().at("greedy_" + std::to_string(i))));
+  }
+  set_float32_matmul_precision(precision);
 }
