@@ -17,6 +17,8 @@
 #   time limit (default 420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The suite's fixtures (tests/data) from this checkout, not the build machine's path.
+export PIPIT_TEST_DATA="$(pwd)/tests/data"
 build=$(realpath "${1:-build}")
 out=$(realpath -m "${2:-gpu-logs}")
 steps=",${3:-info,cuda,suite,gemm,attention,gpt2,train},"
