@@ -52,7 +52,7 @@ enum class MessageKind : uint8_t {
   // Generation with KV caches on the stages (pipeline/pipelined_generation.h).
   GenerateBegin,  // coordinator -> stage: meta {"batch", "capacity", "padding": [per row]}
   GenerateStep,   // along the chunks like Activation: meta {"start"}; tensors: {tokens or hidden}
-  GenerateEnd,    // coordinator -> stage: drop the caches
+  GenerateEnd,    // coordinator -> stage: drop the caches; stage -> coordinator: done
   // All-reduce (comm/all_reduce.h), member -> member: step: the all-reduce's tag;
   // microbatch: the segment; chunk: 0 (partial sum) or 1 (result); tensors: {the segment}.
   AllReduceSegment,

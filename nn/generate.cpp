@@ -237,10 +237,18 @@ std::vector<std::vector<int64_t>> generate(TokenStepper& model,
     std::copy(prompt.begin(), prompt.end(), tokens.begin() + (b + 1) * longest - prompt.size());
   }
   model.begin(B, capacity, padding);
-  struct End {
+  // On an error the caches are dropped too, best effort: the error in flight is the one to see.
+  struct EndOnError {
     TokenStepper& model;
-    ~End() { model.end(); }
-  } end{model};
+    bool armed = true;
+    ~EndOnError() {
+      if (!armed) return;
+      try {
+        model.end();
+      } catch (...) {
+      }
+    }
+  } end_on_error{model};
 
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(B));
   std::vector<bool> finished(static_cast<size_t>(B), false);
@@ -261,6 +269,8 @@ std::vector<std::vector<int64_t>> generate(TokenStepper& model,
     if (!running || n + 1 == new_tokens) break;
     logits = model.step(from_vector(next, {B, 1}), longest + n);
   }
+  end_on_error.armed = false;
+  model.end();
   return out;
 }
 

@@ -345,7 +345,11 @@ Tensor Coordinator::generate_step(const Tensor& tokens, int64_t start) {
 }
 
 void Coordinator::generate_end() {
+  Busy busy(busy_, "generate_end");
+  // Acknowledged: in one process the stages share the model's modules, and they must be back
+  // in training mode before the caller touches the model again.
   send_to_all(Message(MessageKind::GenerateEnd, step_));
+  await_all(MessageKind::GenerateEnd, "the end of generation");
 }
 
 std::pair<StateDict, StateDict> Coordinator::fetch_state() {

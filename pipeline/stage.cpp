@@ -237,6 +237,7 @@ bool Stage::dispatch(Message message) {
       return true;
     case MessageKind::GenerateEnd:
       if (message.step == step_) reset();
+      comm_->send(kCoordinator, Message(MessageKind::GenerateEnd, message.step));
       return true;
     case MessageKind::FetchState:
       send_state(message.step);

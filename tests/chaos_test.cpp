@@ -16,7 +16,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// GCC defines __SANITIZE_ADDRESS__; clang answers __has_feature(address_sanitizer).
 #if defined(__SANITIZE_ADDRESS__)
+#define PIPIT_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PIPIT_TEST_ASAN 1
+#endif
+#endif
+#ifdef PIPIT_TEST_ASAN
 constexpr bool kSanitized = true;
 #else
 constexpr bool kSanitized = false;

@@ -107,7 +107,11 @@ std::vector<StagePackage> seed_packages() {
   Generator init(11);
   add(mlp({3, 4, 2}, "relu", &init), ones({2, 3}),
       {.stages = 2, .microbatches = 2, .optimizer = {{"type", "SGD"}, {"lr", 0.1}}}, {0, 1});
-  add(gpt({5, 4, 2, 1, 4, 0.0}, &init), from_vector<int64_t>({1, 2, 3, 4}, {1, 4}),
+  // GPT-2's tied head: stage 1 holds the head's copy of the embedding (the package's ties).
+  GptConfig tied{5, 4, 2, 1, 4, 0.0};
+  tied.tie_embeddings = true;
+  tied.head_bias = false;
+  add(gpt(tied, &init), from_vector<int64_t>({1, 2, 3, 4}, {1, 4}),
       {.stages = 2, .microbatches = 2, .chunks_per_stage = 2, .schedule = "interleaved"}, {1});
   return packages;
 }
