@@ -43,6 +43,15 @@ constexpr int64_t kMaxTiles = 4;
 // Tile edges are multiples of BLAS micro-kernel widths, so that only the matrix's own edge
 // takes the slower edge kernels.
 constexpr int64_t kTileAlign = 16;
+// A product of few rows (generation's one token per row) is bound by reading B, not by its
+// multiply-adds: it is costed as if it had this many rows, so B's columns are split over the
+// threads and their memory bandwidth.
+constexpr int64_t kBandwidthRows = 16;
+
+// The multiply-adds a product is costed at (see kBandwidthRows).
+int64_t gemm_work(int64_t M, int64_t N, int64_t K) {
+  return std::max(M, kBandwidthRows) * N * K;
+}
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -56,7 +65,7 @@ struct Tiling {
 
 Tiling tiling_for(int64_t M, int64_t N, int64_t K) {
   int64_t want = 1;
-  while (want < kMaxTiles && 2 * want * kTileWork <= M * N * K) want *= 2;
+  while (want < kMaxTiles && 2 * want * kTileWork <= gemm_work(M, N, K)) want *= 2;
   const int64_t max_rt = ceil_div(M, kTileAlign), max_ct = ceil_div(N, kTileAlign);
   // The most tiles, then the least packing: each row of tiles packs all of B once more, each
   // column of tiles all of A.
@@ -168,8 +177,9 @@ void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, boo
                  c + task / tiling.count() * M * N + r0 * N + c0, N);
   };
   const int64_t tasks = products * tiling.count();
-  const int threads = static_cast<int>(std::min<int64_t>(
-      {get_num_threads(), tasks, std::max<int64_t>(1, products * rows * N * K / kTileWork)}));
+  const int threads = static_cast<int>(
+      std::min<int64_t>({get_num_threads(), tasks,
+                         std::max<int64_t>(1, products * gemm_work(rows, N, K) / kTileWork)}));
   cpu::parallel_range(tasks, threads, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) run_tile(task);
   });
