@@ -18,11 +18,13 @@ std::shared_ptr<Module> activation_layer(const std::string& name) {
 }
 
 void fill_normal(const Tensor& t, double std, Generator* generator) {
+  if (skip_init()) return;
   NoGradGuard no_grad;
   backend(t).normal(t, generator ? *generator : default_generator(), 0.0, std);
 }
 
 void fill_zero(const Tensor& t) {
+  if (skip_init()) return;
   NoGradGuard no_grad;
   backend(t).fill(t, 0.0);
 }

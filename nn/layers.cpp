@@ -12,8 +12,12 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool use_bias, Generat
   PIPIT_CHECK(in_features > 0 && out_features > 0, "Linear: sizes must be positive, got ",
               in_features, " -> ", out_features);
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
-  weight = register_parameter("weight", uniform({out_, in_}, -bound, bound, generator));
-  if (use_bias) bias = register_parameter("bias", uniform({out_}, -bound, bound, generator));
+  weight = register_parameter(
+      "weight", skip_init() ? empty({out_, in_}) : uniform({out_, in_}, -bound, bound, generator));
+  if (use_bias) {
+    bias = register_parameter(
+        "bias", skip_init() ? empty({out_}) : uniform({out_}, -bound, bound, generator));
+  }
 }
 
 Tensor Linear::forward(const Tensor& x) {
@@ -32,7 +36,8 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator* generator)
     : num_(num_embeddings), dim_(dim) {
   PIPIT_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ",
               num_embeddings, " x ", dim);
-  weight = register_parameter("weight", normal({num_, dim_}, 0.0, 0.02, generator));
+  weight = register_parameter(
+      "weight", skip_init() ? empty({num_, dim_}) : normal({num_, dim_}, 0.0, 0.02, generator));
 }
 
 Tensor Embedding::forward(const Tensor& indices) {

@@ -6,6 +6,23 @@
 #include "tensor/backend.h"
 
 namespace pipit {
+namespace {
+
+thread_local bool skipping_init = false;
+
+}  // namespace
+
+SkipInitGuard::SkipInitGuard() : previous_(skipping_init) {
+  skipping_init = true;
+}
+
+SkipInitGuard::~SkipInitGuard() {
+  skipping_init = previous_;
+}
+
+bool skip_init() {
+  return skipping_init;
+}
 
 Tensor& Module::register_parameter(const std::string& name, Tensor value) {
   for (const auto& [existing, p] : parameters_) {

@@ -207,7 +207,12 @@ std::shared_ptr<Sequential> load_hf_gpt2(const std::string& dir) {
                 "' for a GPT-2 of ", c.layers, " layers");
   }
   // Shapes and presence are checked before the model is built, so a bad file leaves nothing.
-  auto model = gpt(c);
+  // Every weight is loaded below: none is drawn at random first.
+  std::shared_ptr<Sequential> model;
+  {
+    SkipInitGuard skip;
+    model = gpt(c);
+  }
   const StateDict ours = model->state_dict();
   StateDict state;
   for (const WeightName& name : names) {

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <thread>
 
 #include "nn/builders.h"
 #include "nn/layers.h"
@@ -147,4 +148,25 @@ TEST_CASE("train and eval reach nested dropout", "[nn]") {
   CHECK(model->forward(tokens_2x6()).to_vector<float>() == first);
   model->train();
   CHECK(model->forward(tokens_2x6()).to_vector<float>() != first);
+}
+
+TEST_CASE("SkipInitGuard skips weight initialisation on its thread only, and nests", "[nn]") {
+  CHECK_FALSE(skip_init());
+  {
+    SkipInitGuard outer;
+    CHECK(skip_init());
+    {
+      SkipInitGuard inner;
+      CHECK(skip_init());
+    }
+    CHECK(skip_init());
+    bool other_thread = true;
+    std::thread([&] { other_thread = skip_init(); }).join();
+    CHECK_FALSE(other_thread);
+    // Built under the guard, a layer draws nothing from its generator.
+    Generator generator(3);
+    Linear(4, 3, true, &generator);
+    CHECK(generator.offset() == 0);
+  }
+  CHECK_FALSE(skip_init());
 }
