@@ -38,18 +38,6 @@ uint64_t fnv(const std::vector<std::vector<int64_t>>& rows) {
   return h;
 }
 
-std::vector<json> run_python(const std::string& arguments) {
-  std::vector<json> rows;
-  FILE* pipe = popen(arguments.c_str(), "r");
-  if (!pipe) return rows;
-  char line[4096];
-  while (std::fgets(line, sizeof line, pipe)) {
-    if (line[0] == '{') rows.push_back(json::parse(line));
-  }
-  if (pclose(pipe) != 0) std::fprintf(stderr, "generate_speed: '%s' failed\n", arguments.c_str());
-  return rows;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,7 +54,8 @@ int main(int argc, char** argv) {
     if (dir.empty()) {
       dir = (std::filesystem::temp_directory_path() / "pipit_bench_gpt2_small").string();
       if (!std::filesystem::exists(dir + "/model.safetensors")) {
-        run_python(flags.str("python") + " " + script + " --make " + dir);
+        bench::peer_json_lines(flags.str("python") + " " + script + " --make " + dir,
+                               "generate_speed");
       }
     }
     auto model = load_hf_gpt2(dir);
@@ -75,10 +64,11 @@ int main(int argc, char** argv) {
     options.max_new_tokens = flags.integer("new");
     const int64_t prompt_length = flags.integer("prompt");
     const int reps = static_cast<int>(flags.integer("reps"));
-    const std::vector<json> peers =
-        run_python(flags.str("python") + " " + script + " --model " + dir + " --batch 1 8 --new " +
-                   std::to_string(options.max_new_tokens) + " --prompt " +
-                   std::to_string(prompt_length) + " --reps " + std::to_string(reps));
+    const std::vector<json> peers = bench::peer_json_lines(
+        flags.str("python") + " " + script + " --model " + dir + " --batch 1 8 --new " +
+            std::to_string(options.max_new_tokens) + " --prompt " + std::to_string(prompt_length) +
+            " --reps " + std::to_string(reps),
+        "generate_speed");
     std::ostringstream table;
     table
         << "GPT-2 shape of " << dir << " (" << model->parameter_count()

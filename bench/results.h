@@ -1,10 +1,13 @@
 #pragma once
 // Appending a benchmark's results to bench/RESULTS.md under a heading that names the
 // benchmark, the date (UTC), the CPU and its cores.
+#include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace pipit::bench {
 
@@ -26,6 +29,20 @@ inline void append_results(const std::string& benchmark, const std::string& text
   results << "\n## " << benchmark << ", " << date << ", " << cpu_name() << ", "
           << std::thread::hardware_concurrency() << " cores\n\n"
           << text;
+}
+
+// Runs a peer (a Python script) and returns the JSON objects it printed, one per line; other
+// lines (progress bars, warnings) are ignored. A failed command is reported under `who`.
+inline std::vector<nlohmann::json> peer_json_lines(const std::string& command, const char* who) {
+  std::vector<nlohmann::json> rows;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return rows;
+  char line[4096];
+  while (std::fgets(line, sizeof line, pipe)) {
+    if (line[0] == '{') rows.push_back(nlohmann::json::parse(line));
+  }
+  if (pclose(pipe) != 0) std::fprintf(stderr, "%s: '%s' failed\n", who, command.c_str());
+  return rows;
 }
 
 }  // namespace pipit::bench

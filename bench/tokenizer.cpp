@@ -58,15 +58,7 @@ std::vector<json> run_peers(const std::string& python, const std::string& dir,
                             const std::string& text_path, int reps) {
   const std::string command = python + " " + PIPIT_SOURCE_DIR + "/bench/tokenizer.py --text " +
                               text_path + " --tokenizer " + dir + " --reps " + std::to_string(reps);
-  std::vector<json> rows;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return rows;
-  char line[4096];
-  while (std::fgets(line, sizeof line, pipe)) {
-    if (line[0] == '{') rows.push_back(json::parse(line));
-  }
-  if (pclose(pipe) != 0) std::fprintf(stderr, "tokenizer: '%s' failed\n", command.c_str());
-  return rows;
+  return pipit::bench::peer_json_lines(command, "tokenizer");
 }
 
 }  // namespace
