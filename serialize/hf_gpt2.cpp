@@ -86,6 +86,14 @@ double number_or(const json& config, const char* name, double fallback, const st
   return config[name].get<double>();
 }
 
+std::string string_or(const json& config, const char* name, const std::string& fallback,
+                      const std::string& source) {
+  if (!config.contains(name) || config[name].is_null()) return fallback;
+  PIPIT_CHECK(config[name].is_string(), source, ": \"", name, "\" must be a string, got ",
+              config[name].dump());
+  return config[name].get<std::string>();
+}
+
 bool bool_or(const json& config, const char* name, bool fallback, const std::string& source) {
   if (!config.contains(name) || config[name].is_null()) return fallback;
   PIPIT_CHECK(config[name].is_boolean(), source, ": \"", name, "\" must be true or false, got ",
@@ -137,7 +145,7 @@ CheckpointTensors read_checkpoint(const std::string& dir) {
 
 HfGpt2Config hf_gpt2_config(const json& config, const std::string& source) {
   PIPIT_CHECK(config.is_object(), source, ": a config must be a JSON object");
-  const std::string model_type = config.value("model_type", std::string("gpt2"));
+  const std::string model_type = string_or(config, "model_type", "gpt2", source);
   PIPIT_CHECK(model_type == "gpt2", source, ": model_type '", model_type,
               "' is not GPT-2 (pipit reads GPT2LMHeadModel checkpoints)");
   if (config.contains("architectures") && config["architectures"].is_array()) {
@@ -158,7 +166,7 @@ HfGpt2Config hf_gpt2_config(const json& config, const std::string& source) {
               c.heads);
   c.layer_norm_eps = number_or(config, "layer_norm_epsilon", 1e-5, source);
   PIPIT_CHECK(c.layer_norm_eps > 0, source, ": layer_norm_epsilon must be positive");
-  const std::string activation = config.value("activation_function", std::string("gelu_new"));
+  const std::string activation = string_or(config, "activation_function", "gelu_new", source);
   PIPIT_CHECK(activation == "gelu_new" || activation == "gelu_pytorch_tanh", source,
               ": activation_function '", activation,
               "' is not supported (pipit's GELU is the tanh approximation, gelu_new)");

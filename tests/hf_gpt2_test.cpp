@@ -299,6 +299,10 @@ TEST_CASE("bad checkpoints and prompts are refused by name, with nothing half-lo
   expect_error([&] { load_hf_gpt2(arch.string()); }, "model_type 'llama' is not GPT-2");
   rewrite_config(act, [](json& c) { c["activation_function"] = "relu"; });
   expect_error([&] { load_hf_gpt2(act.string()); }, "activation_function 'relu'");
+  rewrite_config(act, [](json& c) { c["activation_function"] = 3; });
+  expect_error([&] { load_hf_gpt2(act.string()); }, "\"activation_function\" must be a string");
+  rewrite_config(arch, [](json& c) { c["model_type"] = 2; });
+  expect_error([&] { load_hf_gpt2(arch.string()); }, "\"model_type\" must be a string, got 2");
   fs::resize_file(truncated / "model.safetensors",
                   fs::file_size(truncated / "model.safetensors") / 2);
   expect_error([&] { load_hf_gpt2(truncated.string()); }, "model.safetensors");
