@@ -17,8 +17,8 @@
 #include "bench/results.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
-#include "samples/autobatch_models.h"
-#include "samples/flags.h"
+#include "support/autobatch_models.h"
+#include "support/flags.h"
 
 using namespace pipit;
 using namespace pipit::batching;

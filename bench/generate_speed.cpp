@@ -13,8 +13,8 @@
 #include "bench/results.h"
 #include "nn/generate.h"
 #include "pipit.h"
-#include "samples/flags.h"
 #include "serialize/hf_gpt2.h"
+#include "support/flags.h"
 
 using namespace pipit;
 using nlohmann::json;

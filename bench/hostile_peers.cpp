@@ -18,10 +18,10 @@
 
 #include "comm/frame.h"
 #include "nn/builders.h"
-#include "pipeline/distributed_pipeline.h"
+#include "pipeline/remote/distributed_pipeline.h"
 #include "pipit.h"
-#include "samples/flags.h"
 #include "serialize/atomic_file.h"
+#include "support/flags.h"
 
 extern char** environ;
 

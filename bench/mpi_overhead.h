@@ -21,7 +21,8 @@
 #include <mpi.h>
 
 #include "comm/mpi/mpi_communicator.h"
-#include "pipeline/mpi/mpi_pipeline.h"
+#include "pipeline/protocol/messages.h"
+#include "pipeline/remote/mpi/mpi_pipeline.h"
 #endif
 
 namespace pipit::bench {
@@ -127,12 +128,12 @@ inline double pipit_mpi_throughput(Communicator& endpoint, size_t size) {
   const auto start = std::chrono::steady_clock::now();
   if (endpoint.id() == 0) {
     for (int i = 0; i < count; ++i) {
-      endpoint.send(1, Message(MessageKind::Activation, 1, i, 0, {payload}));
+      endpoint.send(1, Message(PipelineKind::Activation, 1, i, 0, {payload}));
     }
     endpoint.receive();
   } else {
     for (int i = 0; i < count; ++i) endpoint.receive();
-    endpoint.send(0, Message(MessageKind::Activation, 1));
+    endpoint.send(0, Message(PipelineKind::Activation, 1));
   }
   return static_cast<double>(size) * count / elapsed(start);
 }
@@ -142,7 +143,7 @@ inline double pipit_mpi_round_trip_us(Communicator& endpoint, int count) {
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < count; ++i) {
     if (endpoint.id() == 0) {
-      endpoint.send(1, Message(MessageKind::Activation, 1, i, 0, {payload}));
+      endpoint.send(1, Message(PipelineKind::Activation, 1, i, 0, {payload}));
       endpoint.receive();
     } else {
       endpoint.send(0, endpoint.receive());

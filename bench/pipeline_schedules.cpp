@@ -26,13 +26,13 @@
 #include <sys/prctl.h>
 
 #include "autograd/function.h"
-#include "bench/sleep_layer.h"
 #include "bench/worker_process.h"
 #include "nn/builders.h"
-#include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/schedule.h"
+#include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline/schedules/schedule.h"
 #include "pipit.h"
+#include "support/sleep_layer.h"
 #include "tensor/cpu/cpu_allocator.h"
 
 using namespace pipit;

@@ -52,7 +52,7 @@ SCHEDULES = {
 
 def fine_timer_slack():
     """A 1 ns timer slack for this process, as pipit's sleeping layers set for their threads
-    (bench/sleep_layer.h): with Linux's default 50 us every sleep would overshoot by up to
+    (support/sleep_layer.h): with Linux's default 50 us every sleep would overshoot by up to
     that much, a cost pipit's side would not pay."""
     import ctypes
     PR_SET_TIMERSLACK = 29

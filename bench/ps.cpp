@@ -30,10 +30,10 @@
 #include "nn/builders.h"
 #include "pipit.h"
 #include "ps/local_run.h"
-#include "ps/ps_tcp.h"
 #include "ps/shard_plan.h"
+#include "ps/tcp.h"
 #include "serialize/atomic_file.h"
-#include "tools/chaos/child.h"
+#include "support/child_process.h"
 
 using namespace pipit;
 namespace fs = std::filesystem;

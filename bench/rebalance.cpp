@@ -1,7 +1,7 @@
 // Automatic rebalancing, measured: p = 4 stages, uniform partition at the start, under three
 // imbalances: stage 2 slowed 2x, stage 2 slowed 4x (its layers stretched, as on a slower
 // machine), and a model whose embedding and head outweigh its blocks. Two kinds of model:
-//  - sleep-cost layers shaped like a 16-block GPT (bench/sleep_layer.h), in threads and
+//  - sleep-cost layers shaped like a 16-block GPT (support/sleep_layer.h), in threads and
 //    across worker processes (this program in its worker role, which knows SleepLayer):
 //    layers that wait instead of computing, so 4 stages do not compete for this machine's
 //    cores and the step time is the pipeline's own, as on separate machines;
@@ -33,14 +33,14 @@
 #include <unistd.h>
 
 #include "bench/results.h"
-#include "bench/sleep_layer.h"
 #include "bench/worker_process.h"
 #include "nn/builders.h"
-#include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/worker.h"
+#include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline/remote/worker.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
+#include "support/sleep_layer.h"
 
 using namespace pipit;
 namespace fs = std::filesystem;

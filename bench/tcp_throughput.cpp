@@ -30,8 +30,9 @@
 #include "bench/raw_sockets.h"
 #include "bench/results.h"
 #include "comm/tcp_communicator.h"
-#include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/protocol/messages.h"
+#include "pipeline/remote/distributed_pipeline.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 
@@ -74,7 +75,7 @@ double pipit_throughput(size_t size, int count) {
     for (int i = 0; i < count; ++i) pair.b->receive();
   });
   for (int i = 0; i < count; ++i) {
-    pair.a->send(1, Message(MessageKind::Activation, 1, i, 0, {payload}));
+    pair.a->send(1, Message(PipelineKind::Activation, 1, i, 0, {payload}));
   }
   receiver.join();
   return static_cast<double>(size) * count / seconds_since(start);
@@ -88,7 +89,7 @@ double pipit_round_trip_us(int count) {
   });
   auto start = Clock::now();
   for (int i = 0; i < count; ++i) {
-    pair.a->send(1, Message(MessageKind::Activation, 1, i, 0, {payload}));
+    pair.a->send(1, Message(PipelineKind::Activation, 1, i, 0, {payload}));
     pair.a->receive();
   }
   const double us = seconds_since(start) * 1e6 / count;

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "bench/results.h"
-#include "samples/flags.h"
+#include "support/flags.h"
 #include "text/bpe_trainer.h"
 #include "text/tokenizer.h"
 

@@ -15,10 +15,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "bench/sleep_layer.h"
-#include "pipeline/worker.h"
+#include "pipeline/remote/worker.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
+#include "support/sleep_layer.h"
 
 extern char** environ;
 

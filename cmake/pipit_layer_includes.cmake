@@ -7,7 +7,7 @@
 cmake_minimum_required(VERSION 3.25)
 string(REPLACE "," ";" allowed "${ALLOWED}")
 string(REPLACE "," ";" layers "${LAYERS}")
-set(above samples tools tests bench)
+set(above support samples tools tests bench)
 list(JOIN allowed ", " allowed_text)
 if(NOT allowed_text)
   set(allowed_text "no other layer")

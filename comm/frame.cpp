@@ -8,7 +8,7 @@
 #include <optional>
 #include <sstream>
 
-#include "comm/crc32c.h"
+#include "serialize/crc32c.h"
 #include "serialize/json_depth.h"
 #include "serialize/plain_json.h"
 #include "serialize/safetensors.h"
@@ -277,8 +277,8 @@ FrameHeader decode_frame_header(const uint8_t* bytes, const FrameLimits& limits)
   require(header.version == kProtocolVersion, "frame: unsupported protocol version ",
           header.version, " (this build speaks version ", kProtocolVersion, ")");
   const uint8_t kind = bytes[6];
-  // message_kind_name knows exactly the enumerators, so new kinds are accepted without edits.
-  require(std::string_view(message_kind_name(static_cast<MessageKind>(kind))) != "unknown",
+  // Only kinds some layer of this process registered (comm/message.h).
+  require(find_message_kind(static_cast<MessageKind>(kind)) != nullptr,
           "frame: unknown message kind ", static_cast<int>(kind));
   header.kind = static_cast<MessageKind>(kind);
   header.flags = bytes[7];

@@ -1,77 +1,95 @@
 #include "comm/message.h"
 
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
 namespace pipit {
+namespace {
+
+struct Registry;
+void add(Registry& r, const MessageKindInfo& info);
+
+struct Registry {
+  Registry() {
+    for (const MessageKindInfo& info : {
+             MessageKindInfo{MessageKind::Shutdown, "Shutdown", "comm", true},
+             MessageKindInfo{MessageKind::State, "State", "comm"},
+             MessageKindInfo{MessageKind::StageError, "StageError", "comm"},
+             MessageKindInfo{MessageKind::Hello, "Hello", "comm"},
+             MessageKindInfo{MessageKind::Ready, "Ready", "comm"},
+             MessageKindInfo{MessageKind::Start, "Start", "comm", true},
+             MessageKindInfo{MessageKind::Heartbeat, "Heartbeat", "comm"},
+             MessageKindInfo{MessageKind::PeerLost, "PeerLost", "comm"},
+             MessageKindInfo{MessageKind::AllReduceSegment, "AllReduceSegment", "comm"},
+         }) {
+      add(*this, info);
+    }
+  }
+
+  std::mutex mutex;
+  std::array<MessageKindInfo, 256> kinds{};
+  std::array<bool, 256> known{};
+};
+
+bool same(const MessageKindInfo& a, const MessageKindInfo& b) {
+  return std::strcmp(a.name, b.name) == 0 && std::strcmp(a.owner, b.owner) == 0 &&
+         a.from_coordinator_only == b.from_coordinator_only;
+}
+
+void add(Registry& r, const MessageKindInfo& info) {
+  const size_t value = static_cast<uint8_t>(info.kind);
+  if (r.known[value] && !same(r.kinds[value], info)) {
+    std::fprintf(stderr, "pipit: message kind %zu registered twice: as %s (%s) and as %s (%s)\n",
+                 value, r.kinds[value].name, r.kinds[value].owner, info.name, info.owner);
+    std::abort();
+  }
+  r.kinds[value] = info;
+  r.known[value] = true;
+}
+
+// Built on first use, so registrations from other files' static initializers find it.
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+bool register_message_kinds(std::initializer_list<MessageKindInfo> kinds) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const MessageKindInfo& info : kinds) add(r, info);
+  return true;
+}
+
+const MessageKindInfo* find_message_kind(MessageKind kind) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const size_t value = static_cast<uint8_t>(kind);
+  return r.known[value] ? &r.kinds[value] : nullptr;
+}
+
+std::vector<MessageKindInfo> registered_message_kinds() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<MessageKindInfo> out;
+  for (size_t value = 0; value < r.kinds.size(); ++value) {
+    if (r.known[value]) out.push_back(r.kinds[value]);
+  }
+  return out;
+}
 
 const char* message_kind_name(MessageKind kind) {
-  switch (kind) {
-    case MessageKind::StepBegin:
-      return "StepBegin";
-    case MessageKind::OptimizerStep:
-      return "OptimizerStep";
-    case MessageKind::Abort:
-      return "Abort";
-    case MessageKind::Shutdown:
-      return "Shutdown";
-    case MessageKind::FetchState:
-      return "FetchState";
-    case MessageKind::State:
-      return "State";
-    case MessageKind::Activation:
-      return "Activation";
-    case MessageKind::Gradient:
-      return "Gradient";
-    case MessageKind::StageDone:
-      return "StageDone";
-    case MessageKind::OptimizerDone:
-      return "OptimizerDone";
-    case MessageKind::StageError:
-      return "StageError";
-    case MessageKind::Hello:
-      return "Hello";
-    case MessageKind::StagePackage:
-      return "StagePackage";
-    case MessageKind::Ready:
-      return "Ready";
-    case MessageKind::Start:
-      return "Start";
-    case MessageKind::Heartbeat:
-      return "Heartbeat";
-    case MessageKind::PeerLost:
-      return "PeerLost";
-    case MessageKind::RemapPrepare:
-      return "RemapPrepare";
-    case MessageKind::LayerTransfer:
-      return "LayerTransfer";
-    case MessageKind::RemapReady:
-      return "RemapReady";
-    case MessageKind::RemapCommit:
-      return "RemapCommit";
-    case MessageKind::RemapDone:
-      return "RemapDone";
-    case MessageKind::PsJoin:
-      return "PsJoin";
-    case MessageKind::PsParameters:
-      return "PsParameters";
-    case MessageKind::PsPush:
-      return "PsPush";
-    case MessageKind::PsLeave:
-      return "PsLeave";
-    case MessageKind::PsError:
-      return "PsError";
-    case MessageKind::PsPackage:
-      return "PsPackage";
-    case MessageKind::TiedGradient:
-      return "TiedGradient";
-    case MessageKind::GenerateBegin:
-      return "GenerateBegin";
-    case MessageKind::GenerateStep:
-      return "GenerateStep";
-    case MessageKind::GenerateEnd:
-      return "GenerateEnd";
-    case MessageKind::AllReduceSegment:
-      return "AllReduceSegment";
-  }
-  return "unknown";
+  const MessageKindInfo* info = find_message_kind(kind);
+  return info ? info->name : "unknown";
+}
+
+bool is_coordinator_command(MessageKind kind) {
+  const MessageKindInfo* info = find_message_kind(kind);
+  return info && info->from_coordinator_only;
 }
 
 }  // namespace pipit

@@ -1,8 +1,14 @@
 #pragma once
-// Message: everything stages and the coordinator say to each other. Data messages carry
-// tensors (activations forward, gradients backward); control messages carry JSON in `meta`.
-// The step number lets a receiver drop what is left of an aborted step.
+// Message: what the processes of a run say to each other. Data messages carry tensors;
+// control messages carry JSON in `meta` (comm/control.h). The step number lets a receiver
+// drop what is left of an aborted step.
+//
+// The kinds are an open set. comm/ defines the transport's own and those every role shares
+// (below); each layer above declares its kinds beside its messages (pipeline/protocol/
+// messages.h, ps/messages.h) and registers their names, so comm/ names no upper layer's
+// concept. A frame of a kind nobody in the process registered is refused.
 #include <cstdint>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -11,54 +17,44 @@
 
 namespace pipit {
 
+// The byte on the wire. Values are fixed forever: a peer of another version reads them.
 enum class MessageKind : uint8_t {
-  // Coordinator -> stage.
-  StepBegin = 1,  // meta: {"train": bool, "microbatches": m}
-  OptimizerStep,  // meta: {"lr": number or null, "grad_scale": factor applied first}
-  Abort,          // drop the step's state; the step number says which
-  Shutdown,
-  FetchState,  // reply with a State message
-  State,  // tensors: weights then optimizer state; meta: {"weights": [names], "optimizer": [names]}
-  // Between neighbouring stages, and coordinator <-> first and last stage.
-  Activation,  // tensors: {activation}; to the coordinator: the model's output
-  Gradient,    // tensors: {dL/dactivation}
-  // Stage -> coordinator.
-  StageDone,      // meta: {"grad_norm_sq", "peak_stashed", "trace": [...]}
-  OptimizerDone,  // the stage applied the optimizer step
-  StageError,     // meta: {"message": what went wrong}
-  // Connection management (used by networked communicators).
-  Hello,
-  StagePackage,
-  Ready,
-  Start,
-  Heartbeat,
+  Shutdown = 4,     // whoever started a role -> the role: stop serving
+  State = 6,        // role -> its starter: tensors with comm/control.h's StateReply
+  StageError = 11,  // role -> its starter: its work failed (StageError)
+  // Connection management (networked communicators and launchers).
+  Hello = 12,  // the handshake (comm/handshake.h)
+  Ready = 14,  // a role is built and waits for Start
+  Start = 15,
+  Heartbeat = 16,
   // Made locally by a networked communicator, never sent: a peer's connection failed.
-  PeerLost,  // meta: {"peer": id, "address": "host:port", "reason": text}
-  // Layer remapping (pipeline/layer_migration.h), between steps.
-  RemapPrepare,   // coordinator -> stage: meta {"from": [layer counts], "to": [layer counts]}
-  LayerTransfer,  // stage -> neighbouring stage: layers crossing one chunk boundary
-  RemapReady,     // stage -> coordinator: the stage holds every layer of its new chunks
-  RemapCommit,    // coordinator -> stage: train with the new chunks from now on
-  RemapDone,      // stage -> coordinator: committed
-  // Parameter server (ps/): worker <-> server shard.
-  PsJoin,        // worker -> server: send me the parameters
-  PsParameters,  // server -> worker: tensors: the shard's parameters at a version
-  PsPush,        // worker -> server: tensors: gradients computed from a version
-  PsLeave,       // worker -> server: no more pushes from me
-  PsError,       // server -> worker: the run cannot go on, or a push was refused
-  PsPackage,     // launcher -> pipit-worker: serve a shard or worker role (ps/ps_package.h)
-  // Tied parameters (pipeline/tied_parameters.h), stage -> stage after a step's backward.
-  TiedGradient,  // microbatch: the tie's index; tensors: {this stage's gradient of its side}
-  // Generation with KV caches on the stages (pipeline/pipelined_generation.h).
-  GenerateBegin,  // coordinator -> stage: meta {"batch", "capacity", "padding": [per row]}
-  GenerateStep,   // along the chunks like Activation: meta {"start"}; tensors: {tokens or hidden}
-  GenerateEnd,    // coordinator -> stage: drop the caches; stage -> coordinator: done
+  PeerLost = 17,  // PeerLost
   // All-reduce (comm/all_reduce.h), member -> member: step: the all-reduce's tag;
   // microbatch: the segment; chunk: 0 (partial sum) or 1 (result); tensors: {the segment}.
-  AllReduceSegment,
+  AllReduceSegment = 33,
 };
 
+// One kind as a layer registers it.
+struct MessageKindInfo {
+  MessageKind kind;
+  const char* name;   // as error messages and traces print it
+  const char* owner;  // the layer that defines it: "comm", "pipeline", "ps"
+  // Only a coordinator or launcher sends it: receivers ignore it from anyone else.
+  bool from_coordinator_only = false;
+};
+
+// Adds kinds to the process-wide registry (idempotent for the same entries). Two different
+// entries for one value are a programming error: it prints both and aborts. Returns true, so
+// a header can register its kinds in an inline variable's initializer.
+bool register_message_kinds(std::initializer_list<MessageKindInfo> kinds);
+// The registered entry of a kind, or null.
+const MessageKindInfo* find_message_kind(MessageKind kind);
+// Every registered kind, by value.
+std::vector<MessageKindInfo> registered_message_kinds();
+// The kind's registered name, or "unknown".
 const char* message_kind_name(MessageKind kind);
+// Whether only a coordinator or launcher sends this kind (registered so).
+bool is_coordinator_command(MessageKind kind);
 
 struct Message {
   Message() = default;

@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "autograd/grad_mode.h"
-#include "comm/control.h"
 #include "optim/optimizer.h"
+#include "pipeline/protocol/messages.h"
 #include "pipit.h"
 
 namespace pipit {
@@ -94,7 +94,7 @@ void Coordinator::begin_step(bool train) {
 }
 
 void Coordinator::fail_step(const std::string& message) {
-  send_to_all(Message(MessageKind::Abort, step_));
+  send_to_all(Message(PipelineKind::Abort, step_));
   throw Error("pipeline step " + std::to_string(step_) + ": " + message);
 }
 
@@ -169,7 +169,7 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   std::vector<Tensor> inputs = split_batch(input, "input");
   std::vector<Tensor> targets = split_batch(target, "target");
   begin_step(true);
-  for (int i = 0; i < m; ++i) comm_->send(0, {MessageKind::Activation, step_, i, 0, {inputs[i]}});
+  for (int i = 0; i < m; ++i) comm_->send(0, {PipelineKind::Activation, step_, i, 0, {inputs[i]}});
 
   const int last_stage =
       stage_of_chunk(p * config_.chunks_per_stage - 1, p, placement_of(config_.schedule));
@@ -180,7 +180,7 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
     Message message = receive_step_message(
         outputs < m ? "microbatch outputs from stage " + std::to_string(last_stage)
                     : "stages " + stage_list(stage_done) + " to finish");
-    if (message.kind == MessageKind::Activation) {
+    if (message.kind == PipelineKind::Activation) {
       const int mb = message.microbatch;
       PIPIT_CHECK(mb >= 0 && mb < m && !output_seen[mb] && message.tensors.size() == 1,
                   "pipeline: unexpected output message for microbatch ", mb);
@@ -198,13 +198,13 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
         fail_step(std::string("the loss failed on microbatch ") + std::to_string(mb) + ": " +
                   e.what());
       }
-      comm_->send(last_stage, {MessageKind::Gradient, step_, mb, message.chunk - 1, {grad}});
+      comm_->send(last_stage, {PipelineKind::Gradient, step_, mb, message.chunk - 1, {grad}});
       stats_.loss_ms += (trace_clock_us() - loss_started) / 1000.0 / m;
       if (!comm_->carries_device_tensors()) {
         const double megabytes = static_cast<double>(output.nbytes() + grad.nbytes()) / 1e6;
         stats_.loss_ms += megabytes * config_.rebalance.link_ms_per_mb / m;
       }
-    } else if (message.kind == MessageKind::StageDone) {
+    } else if (message.kind == PipelineKind::StageDone) {
       stage_done[static_cast<size_t>(message.from)] = true;
       ++done;
       record_stage_done(message);
@@ -219,7 +219,7 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
     for (int n = 0; n < p;) {
       Message message =
           receive_step_message("stages " + stage_list(stepped) + " to finish their optimizer step");
-      if (message.kind != MessageKind::OptimizerDone ||
+      if (message.kind != PipelineKind::OptimizerDone ||
           stepped[static_cast<size_t>(message.from)]) {
         continue;
       }
@@ -299,20 +299,20 @@ Tensor Coordinator::forward(const Tensor& input) {
   const int m = config_.microbatches, p = config_.stages;
   std::vector<Tensor> inputs = split_batch(input, "input");
   begin_step(false);
-  for (int i = 0; i < m; ++i) comm_->send(0, {MessageKind::Activation, step_, i, 0, {inputs[i]}});
+  for (int i = 0; i < m; ++i) comm_->send(0, {PipelineKind::Activation, step_, i, 0, {inputs[i]}});
   std::vector<Tensor> outputs(static_cast<size_t>(m));
   std::vector<bool> stage_done(static_cast<size_t>(p));
   int received = 0, done = 0;
   while (received < m || done < p) {
     Message message = receive_step_message(received < m ? "microbatch outputs"
                                                         : "stages " + stage_list(stage_done));
-    if (message.kind == MessageKind::Activation) {
+    if (message.kind == PipelineKind::Activation) {
       const int mb = message.microbatch;
       PIPIT_CHECK(mb >= 0 && mb < m && !outputs[mb].defined() && message.tensors.size() == 1,
                   "pipeline: unexpected output message for microbatch ", mb);
       outputs[mb] = message.tensors[0];
       ++received;
-    } else if (message.kind == MessageKind::StageDone) {
+    } else if (message.kind == PipelineKind::StageDone) {
       stage_done[static_cast<size_t>(message.from)] = true;
       ++done;
       record_stage_done(message);
@@ -330,14 +330,14 @@ void Coordinator::generate_begin(const GenerateBegin& begin) {
 
 Tensor Coordinator::generate_step(const Tensor& tokens, int64_t start) {
   Busy busy(busy_, "generate_step");
-  Message message(MessageKind::GenerateStep, step_, 0, 0, {tokens});
+  Message message(PipelineKind::GenerateStep, step_, 0, 0, {tokens});
   message.meta = {{"start", start}};
   comm_->send(0, std::move(message));
   const int chunks = config_.stages * config_.chunks_per_stage;
   while (true) {
     Message reply =
         receive_step_message("the logits of generation step at position " + std::to_string(start));
-    if (reply.kind == MessageKind::GenerateStep && reply.chunk == chunks &&
+    if (reply.kind == PipelineKind::GenerateStep && reply.chunk == chunks &&
         reply.tensors.size() == 1) {
       return reply.tensors[0];
     }
@@ -348,8 +348,8 @@ void Coordinator::generate_end() {
   Busy busy(busy_, "generate_end");
   // Acknowledged: in one process the stages share the model's modules, and they must be back
   // in training mode before the caller touches the model again.
-  send_to_all(Message(MessageKind::GenerateEnd, step_));
-  await_all(MessageKind::GenerateEnd, "the end of generation");
+  send_to_all(Message(PipelineKind::GenerateEnd, step_));
+  await_all(PipelineKind::GenerateEnd, "the end of generation");
 }
 
 std::pair<StateDict, StateDict> Coordinator::fetch_state() {
@@ -359,7 +359,7 @@ std::pair<StateDict, StateDict> Coordinator::fetch_state() {
   stats_ = StepStats{};
   stats_.peak_stashed.assign(static_cast<size_t>(config_.stages), 0);
   stats_.peak_deferred.assign(static_cast<size_t>(config_.stages), 0);
-  send_to_all(Message(MessageKind::FetchState, step_));
+  send_to_all(Message(PipelineKind::FetchState, step_));
   StateDict weights, optimizer_state;
   std::vector<bool> answered(static_cast<size_t>(config_.stages));
   for (int n = 0; n < config_.stages;) {
@@ -417,14 +417,14 @@ void Coordinator::remap_now(const std::vector<LayerRange>& ranges, const std::st
   ++step_;
   send_to_all(to_message(RemapPrepare{layer_counts(ranges_), layer_counts(ranges)}, step_));
   try {
-    await_all(MessageKind::RemapReady, "the layers");
+    await_all(PipelineKind::RemapReady, "the layers");
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " (during " + what +
                 "; nothing was committed: the stages keep the old partition)");
   }
-  send_to_all(Message(MessageKind::RemapCommit, step_));
+  send_to_all(Message(PipelineKind::RemapCommit, step_));
   try {
-    await_all(MessageKind::RemapDone, "the commit");
+    await_all(PipelineKind::RemapDone, "the commit");
   } catch (const Error& e) {
     inconsistent_ = what + " failed during its commit (" + e.what() + ")";
     require_consistent();

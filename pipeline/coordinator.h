@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/control.h"
 #include "loss/loss.h"
 #include "optim/grad_scaler.h"
-#include "pipeline/generate_messages.h"
 #include "pipeline/partition.h"
 #include "pipeline/pipeline_config.h"
-#include "pipeline/remap_trial.h"
+#include "pipeline/protocol/generate_messages.h"
+#include "pipeline/protocol/messages.h"
+#include "pipeline/rebalancing/remap_trial.h"
 #include "pipeline/trace.h"
 #include "tensor/state_dict.h"
 

@@ -1,6 +1,6 @@
 #include "pipeline/pipeline_config.h"
 
-#include "pipeline/schedule.h"
+#include "pipeline/schedules/schedule.h"
 #include "tensor/device.h"
 #include "tensor/error.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/rebalance.h"
+#include "pipeline/rebalancing/rebalance.h"
 
 namespace pipit {
 
@@ -15,7 +15,7 @@ struct PipelineConfig {
   int microbatches = 4;      // m: each batch splits into m equal parts along dim 0
   int chunks_per_stage = 1;  // v: > 1 interleaves model chunks over the stages
   // "gpipe", "1f1b", "interleaved", "zbh1", "zbh2", or "table": run `schedule_table`, one
-  // line of tasks per stage (pipeline/schedule.h, parse_schedule_table).
+  // line of tasks per stage (pipeline/schedules/schedule.h, parse_schedule_table).
   std::string schedule = "1f1b";
   std::string schedule_table = "";
   std::string partition = "uniform";  // "uniform" (layer count) or "parameters"
@@ -50,9 +50,9 @@ struct PipelineConfig {
   // Every this many training steps, stages time each layer (StepStats::layers); 0: never.
   // Profiling runs a chunk layer by layer with a hook per layer, which costs little.
   int profile_every = 0;
-  // Automatic rebalancing (pipeline/rebalance.h; v = 1): moves layers between stages when
-  // the measured layer times say a partition with a faster slowest stage pays off. Stages
-  // are profiled every profile_every steps, or every step when that is 0.
+  // Automatic rebalancing (pipeline/rebalancing/rebalance.h; v = 1): moves layers between stages
+  // when the measured layer times say a partition with a faster slowest stage pays off. Stages are
+  // profiled every profile_every steps, or every step when that is 0.
   RebalanceConfig rebalance = {};
 };
 

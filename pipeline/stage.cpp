@@ -5,9 +5,9 @@
 #include <sstream>
 
 #include "autograd/grad_mode.h"
-#include "comm/control.h"
-#include "pipeline/generate_messages.h"
-#include "pipeline/schedule.h"
+#include "pipeline/protocol/generate_messages.h"
+#include "pipeline/protocol/messages.h"
+#include "pipeline/schedules/schedule.h"
 #include "pipit.h"
 
 namespace pipit {
@@ -107,9 +107,9 @@ void Stage::send(int to, Message message) {
     }
   }
   if (to == spec_.stage &&
-      (message.kind == MessageKind::Activation || message.kind == MessageKind::Gradient)) {
+      (message.kind == PipelineKind::Activation || message.kind == PipelineKind::Gradient)) {
     // The next chunk is this stage's own (the turn of a V): it is an input at once.
-    const Phase phase = message.kind == MessageKind::Activation ? Phase::Forward : Phase::Backward;
+    const Phase phase = message.kind == PipelineKind::Activation ? Phase::Forward : Phase::Backward;
     inputs_[{phase, message.microbatch, message.chunk}] = std::move(message.tensors[0]);
     return;
   }
@@ -136,18 +136,18 @@ bool Stage::accepts(const Message& message) const {
   if (is_coordinator_command(message.kind)) return message.from == kCoordinator;
   const int chunks = spec_.stages * spec_.chunks_per_stage;
   const int c = message.chunk;
-  if (message.kind == MessageKind::Activation || message.kind == MessageKind::Gradient) {
+  if (message.kind == PipelineKind::Activation || message.kind == PipelineKind::Gradient) {
     if (c < 0 || c >= chunks || stage_of(c) != spec_.stage) return false;
-    const bool forward = message.kind == MessageKind::Activation;
+    const bool forward = message.kind == PipelineKind::Activation;
     const bool from_coordinator = forward ? c == 0 : c == chunks - 1;
     return message.from == (from_coordinator ? kCoordinator : stage_of(forward ? c - 1 : c + 1));
   }
-  if (message.kind == MessageKind::GenerateStep) {
+  if (message.kind == PipelineKind::GenerateStep) {
     // Like an activation: into chunk c from the coordinator (c = 0) or chunk c - 1's stage.
     if (c < 0 || c >= chunks || stage_of(c) != spec_.stage) return false;
     return message.from == (c == 0 ? kCoordinator : stage_of(c - 1));
   }
-  if (message.kind == MessageKind::TiedGradient) {
+  if (message.kind == PipelineKind::TiedGradient) {
     // Only from the stage holding the tie's other side.
     if (message.microbatch < 0 || static_cast<size_t>(message.microbatch) >= spec_.ties.size()) {
       return false;
@@ -156,7 +156,7 @@ bool Stage::accepts(const Message& message) const {
     const int peer = tie.source_stage == spec_.stage ? tie.copy_stage : tie.source_stage;
     return peer != spec_.stage && message.from == peer;
   }
-  if (message.kind == MessageKind::LayerTransfer) {
+  if (message.kind == PipelineKind::LayerTransfer) {
     // Layers come only from the stage of a neighbouring chunk (LayerMigration checks which).
     if (c < 0 || c >= chunks || stage_of(c) != spec_.stage) return false;
     return (c > 0 && message.from == stage_of(c - 1)) ||
@@ -169,90 +169,83 @@ bool Stage::dispatch(Message message) {
   // Commands only from the coordinator, data only from the stage that produces it: anything
   // else (a confused or hostile peer of the same run) is dropped.
   if (!accepts(message)) return true;
-  switch (message.kind) {
-    case MessageKind::Shutdown:
-      return false;
-    case MessageKind::StepBegin:
-      begin_step(message);
-      break;
-    case MessageKind::Abort:
-      if (message.step == step_) reset();
-      return true;
-    case MessageKind::RemapPrepare:
-      prepare_remap(message);
-      return true;
-    case MessageKind::LayerTransfer:
-      if (message.step > step_) {
-        keep_early(std::move(message));
-      } else if (migration_ && message.step == step_) {
-        migration_->receive(message);
-        advance_remap();
-      }
-      return true;
-    case MessageKind::RemapCommit:
-      if (message.step == step_) commit_remap();
-      return true;
-    case MessageKind::Activation:
-    case MessageKind::Gradient: {
-      PIPIT_CHECK(message.tensors.size() == 1, message_kind_name(message.kind), " message carries ",
-                  message.tensors.size(), " tensors, expected 1");
-      // Over TCP a neighbour's data can overtake the coordinator's StepBegin: keep it until
-      // then, at most one schedule's worth. Data from an aborted or finished step is dropped.
-      if (message.step > step_) {
-        keep_early(std::move(message));
-        return true;
-      }
-      if (!active_ || message.step != step_ || message.microbatch < 0 ||
-          message.microbatch >= microbatches_) {
-        return true;
-      }
-      const Phase phase =
-          message.kind == MessageKind::Activation ? Phase::Forward : Phase::Backward;
-      inputs_[{phase, message.microbatch, message.chunk}] = std::move(message.tensors[0]);
-      break;
+  const MessageKind kind = message.kind;
+  if (kind == MessageKind::Shutdown) {
+    return false;
+  } else if (kind == PipelineKind::StepBegin) {
+    begin_step(message);
+  } else if (kind == PipelineKind::Abort) {
+    if (message.step == step_) reset();
+    return true;
+  } else if (kind == PipelineKind::RemapPrepare) {
+    prepare_remap(message);
+    return true;
+  } else if (kind == PipelineKind::LayerTransfer) {
+    if (message.step > step_) {
+      keep_early(std::move(message));
+    } else if (migration_ && message.step == step_) {
+      migration_->receive(message);
+      advance_remap();
     }
-    case MessageKind::TiedGradient:
-      PIPIT_CHECK(message.tensors.size() == 1, "TiedGradient message carries ",
-                  message.tensors.size(), " tensors, expected 1");
-      if (message.step > step_) {
-        keep_early(std::move(message));
-        return true;
-      }
-      if (!active_ || message.step != step_) return true;
-      peer_tied_[message.microbatch] = std::move(message.tensors[0]);
-      break;
-    case MessageKind::OptimizerStep:
-      if (message.step == step_) apply_optimizer(message);
-      return true;
-    case MessageKind::GenerateBegin:
-      begin_generation(message);
-      return true;
-    case MessageKind::GenerateStep:
-      // Over TCP a neighbour's step can overtake the coordinator's GenerateBegin.
-      if (message.step > step_) {
-        keep_early(std::move(message));
-      } else if (message.step == step_ && !generation_.empty()) {
-        generation_step(message);
-      }
-      return true;
-    case MessageKind::GenerateEnd:
-      if (message.step == step_) reset();
-      comm_->send(kCoordinator, Message(MessageKind::GenerateEnd, message.step));
-      return true;
-    case MessageKind::FetchState:
-      send_state(message.step);
-      return true;
-    case MessageKind::PeerLost: {
-      const PeerLost lost = read_peer_lost(message);
-      if (lost.peer == kCoordinator) return false;  // the run is over
-      // A neighbour is gone: this step cannot finish, and the coordinator should know why.
-      reset();
-      report_error("stage " + std::to_string(spec_.stage) + " lost its connection to stage " +
-                   std::to_string(lost.peer) + " at " + lost.address + ": " + lost.reason);
+    return true;
+  } else if (kind == PipelineKind::RemapCommit) {
+    if (message.step == step_) commit_remap();
+    return true;
+  } else if (kind == PipelineKind::Activation || kind == PipelineKind::Gradient) {
+    PIPIT_CHECK(message.tensors.size() == 1, message_kind_name(message.kind), " message carries ",
+                message.tensors.size(), " tensors, expected 1");
+    // Over TCP a neighbour's data can overtake the coordinator's StepBegin: keep it until
+    // then, at most one schedule's worth. Data from an aborted or finished step is dropped.
+    if (message.step > step_) {
+      keep_early(std::move(message));
       return true;
     }
-    default:
+    if (!active_ || message.step != step_ || message.microbatch < 0 ||
+        message.microbatch >= microbatches_) {
       return true;
+    }
+    const Phase phase = message.kind == PipelineKind::Activation ? Phase::Forward : Phase::Backward;
+    inputs_[{phase, message.microbatch, message.chunk}] = std::move(message.tensors[0]);
+  } else if (kind == PipelineKind::TiedGradient) {
+    PIPIT_CHECK(message.tensors.size() == 1, "TiedGradient message carries ",
+                message.tensors.size(), " tensors, expected 1");
+    if (message.step > step_) {
+      keep_early(std::move(message));
+      return true;
+    }
+    if (!active_ || message.step != step_) return true;
+    peer_tied_[message.microbatch] = std::move(message.tensors[0]);
+  } else if (kind == PipelineKind::OptimizerStep) {
+    if (message.step == step_) apply_optimizer(message);
+    return true;
+  } else if (kind == PipelineKind::GenerateBegin) {
+    begin_generation(message);
+    return true;
+  } else if (kind == PipelineKind::GenerateStep) {
+    // Over TCP a neighbour's step can overtake the coordinator's GenerateBegin.
+    if (message.step > step_) {
+      keep_early(std::move(message));
+    } else if (message.step == step_ && !generation_.empty()) {
+      generation_step(message);
+    }
+    return true;
+  } else if (kind == PipelineKind::GenerateEnd) {
+    if (message.step == step_) reset();
+    comm_->send(kCoordinator, Message(PipelineKind::GenerateEnd, message.step));
+    return true;
+  } else if (kind == PipelineKind::FetchState) {
+    send_state(message.step);
+    return true;
+  } else if (kind == MessageKind::PeerLost) {
+    const PeerLost lost = read_peer_lost(message);
+    if (lost.peer == kCoordinator) return false;  // the run is over
+    // A neighbour is gone: this step cannot finish, and the coordinator should know why.
+    reset();
+    report_error("stage " + std::to_string(spec_.stage) + " lost its connection to stage " +
+                 std::to_string(lost.peer) + " at " + lost.address + ": " + lost.reason);
+    return true;
+  } else {
+    return true;
   }
   run_ready_tasks();
   return true;
@@ -299,13 +292,13 @@ void Stage::begin_step(const Message& message) {
                 : forward_only_schedule(p, microbatches_, v, placement_of(spec_.schedule));
   tasks_ = std::move(schedule[static_cast<size_t>(spec_.stage)]);
   for (Task& task : tasks_) task.step = step_;
-  for (Message& m : take_early(MessageKind::TiedGradient)) {
+  for (Message& m : take_early(PipelineKind::TiedGradient)) {
     peer_tied_[m.microbatch] = std::move(m.tensors[0]);
   }
-  for (MessageKind kind : {MessageKind::Activation, MessageKind::Gradient}) {
+  for (MessageKind kind : {PipelineKind::Activation, PipelineKind::Gradient}) {
     for (Message& m : take_early(kind)) {
       if (m.microbatch < 0 || m.microbatch >= microbatches_) continue;
-      const Phase phase = kind == MessageKind::Activation ? Phase::Forward : Phase::Backward;
+      const Phase phase = kind == PipelineKind::Activation ? Phase::Forward : Phase::Backward;
       inputs_[{phase, m.microbatch, m.chunk}] = std::move(m.tensors[0]);
     }
   }
@@ -373,7 +366,7 @@ void Stage::exchange_tied_gradients() {
     const Tensor p = parameter(source ? tie.source : tie.copy);
     const Tensor grad = p.grad().defined() ? p.grad() : zeros_like(p);
     send(source ? tie.copy_stage : tie.source_stage,
-         Message{MessageKind::TiedGradient, step_, static_cast<int>(i), 0, {grad}});
+         Message{PipelineKind::TiedGradient, step_, static_cast<int>(i), 0, {grad}});
   }
   tied_sent_ = true;
   if (peer_tied_.size() < remote) return;  // the rest arrive as TiedGradient messages
@@ -409,7 +402,7 @@ Tensor Stage::parameter(const std::string& name) const {
 }
 
 void Stage::forward(const Task& task, const Tensor& input) {
-  Message out{MessageKind::Activation, step_, task.microbatch, task.chunk + 1};
+  Message out{PipelineKind::Activation, step_, task.microbatch, task.chunk + 1};
   const int to = task.chunk == last_chunk() ? kCoordinator : stage_of(task.chunk + 1);
   const Tensor local = on_device(input);
   if (!training_) {
@@ -478,7 +471,7 @@ void Stage::send_input_grad(const Task& task, const Tensor& leaf) {
   if (task.chunk == 0) return;
   Tensor input_grad = leaf.grad();
   if (!input_grad.defined()) input_grad = zeros_like(leaf);
-  Message out{MessageKind::Gradient, step_, task.microbatch, task.chunk - 1, {input_grad}};
+  Message out{PipelineKind::Gradient, step_, task.microbatch, task.chunk - 1, {input_grad}};
   send(stage_of(task.chunk - 1), std::move(out));
 }
 
@@ -535,14 +528,14 @@ void Stage::apply_optimizer(const Message& message) {
   if (command.skip) {
     // The coordinator found an inf or NaN gradient (f16 loss scaling): drop this step's update.
     optimizer_->zero_grad();
-    comm_->send(kCoordinator, Message{MessageKind::OptimizerDone, step_});
+    comm_->send(kCoordinator, Message{PipelineKind::OptimizerDone, step_});
     return;
   }
   if (command.grad_scale != 1.0) scale_gradients(parameters_, command.grad_scale);
   if (command.lr) optimizer_->set_lr(*command.lr);
   optimizer_->step();
   optimizer_->zero_grad();
-  comm_->send(kCoordinator, Message{MessageKind::OptimizerDone, step_});
+  comm_->send(kCoordinator, Message{PipelineKind::OptimizerDone, step_});
 }
 
 void Stage::begin_generation(const Message& message) {
@@ -554,7 +547,7 @@ void Stage::begin_generation(const Message& message) {
     generation_.push_back(
         std::make_unique<CachedLayers>(*c, begin.batch, begin.capacity, begin.padding));
   }
-  for (const Message& early : take_early(MessageKind::GenerateStep)) generation_step(early);
+  for (const Message& early : take_early(PipelineKind::GenerateStep)) generation_step(early);
 }
 
 void Stage::generation_step(const Message& message) {
@@ -572,7 +565,7 @@ void Stage::generation_step(const Message& message) {
     } else if (stage_of(c + 1) == spec_.stage) {
       continue;
     }
-    Message out(MessageKind::GenerateStep, step_, 0, c + 1, {x});
+    Message out(PipelineKind::GenerateStep, step_, 0, c + 1, {x});
     out.meta = {{"start", start}};
     send(c == last_chunk() ? kCoordinator : stage_of(c + 1), std::move(out));
     return;
@@ -636,7 +629,7 @@ void Stage::prepare_remap(const Message& message) {
       ranges_from_counts(prepare.from, static_cast<size_t>(total), chunks),
       ranges_from_counts(prepare.to, static_cast<size_t>(total), chunks), spec_.chunks,
       *optimizer_);
-  for (Message& m : take_early(MessageKind::LayerTransfer)) migration_->receive(m);
+  for (Message& m : take_early(PipelineKind::LayerTransfer)) migration_->receive(m);
   advance_remap();
 }
 
@@ -646,7 +639,7 @@ void Stage::advance_remap() {
   }
   if (staged_ || !migration_->complete()) return;
   staged_ = migration_->build(spec_.device);
-  comm_->send(kCoordinator, Message(MessageKind::RemapReady, step_));
+  comm_->send(kCoordinator, Message(PipelineKind::RemapReady, step_));
 }
 
 void Stage::commit_remap() {
@@ -654,7 +647,7 @@ void Stage::commit_remap() {
   adopt(std::move(staged_->chunks), optimizer_->config(), staged_->optimizer_state);
   migration_.reset();
   staged_.reset();
-  comm_->send(kCoordinator, Message(MessageKind::RemapDone, step_));
+  comm_->send(kCoordinator, Message(PipelineKind::RemapDone, step_));
 }
 
 void Stage::reset() {

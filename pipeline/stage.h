@@ -15,9 +15,9 @@
 #include "nn/generate.h"
 #include "nn/sequential.h"
 #include "optim/optimizer.h"
-#include "pipeline/layer_migration.h"
-#include "pipeline/layer_timer.h"
-#include "pipeline/task.h"
+#include "pipeline/rebalancing/layer_migration.h"
+#include "pipeline/rebalancing/layer_timer.h"
+#include "pipeline/schedules/task.h"
 #include "pipeline/tied_parameters.h"
 #include "pipeline/trace.h"
 #include "tensor/split_backward.h"
@@ -36,7 +36,7 @@ struct StageSpec {
   bool recompute = false;
   int max_deferred = 0;  // PipelineConfig::max_deferred
   // Local chunk l is global chunk global_chunk(stage, l, p, placement_of(schedule))
-  // (pipeline/task.h): l * p + stage, or with "zbv" stage and then 2p - 1 - stage.
+  // (pipeline/schedules/task.h): l * p + stage, or with "zbv" stage and then 2p - 1 - stage.
   std::vector<std::shared_ptr<Sequential>> chunks;
   nlohmann::json optimizer;
   // Restored into the optimizer when not empty: "step" and the entries of this stage's
@@ -47,8 +47,8 @@ struct StageSpec {
   // stage's thread.
   Device device = Device::cpu();
   DType compute_dtype = DType::f32;
-  // > 1: every layer takes this many times as long (pipeline/layer_timer.h), as on a slower
-  // machine.
+  // > 1: every layer takes this many times as long (pipeline/rebalancing/layer_timer.h), as on a
+  // slower machine.
   double slowdown = 1.0;
   // The model's ties that this stage holds a side of (pipeline/tied_parameters.h).
   std::vector<TiedParameter> ties;

@@ -1,6 +1,6 @@
 #include "pipeline/tied_parameters.h"
 
-#include "pipeline/task.h"
+#include "pipeline/schedules/task.h"
 
 namespace pipit {
 namespace {

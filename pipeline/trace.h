@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/task.h"
+#include "pipeline/schedules/task.h"
 
 namespace pipit {
 

@@ -3,7 +3,7 @@
 // config.workers worker threads, talking through a LocalHub. Each worker gets a replica of
 // the model (rebuilt from its config()) and its batches from `batch`.
 #include "nn/module.h"
-#include "ps/ps_run.h"
+#include "ps/run.h"
 
 namespace pipit {
 

@@ -6,7 +6,7 @@
 
 #include "autograd/ops.h"
 #include "comm/control.h"
-#include "ps/ps_messages.h"
+#include "ps/messages.h"
 #include "tensor/backend.h"
 #include "tensor/grad_mode.h"
 
@@ -98,27 +98,23 @@ void ParameterServer::serve() {
     }
     if (!live_[worker]) continue;  // a dropped worker's late messages
     try {
-      switch (message->kind) {
-        case MessageKind::PsJoin:
-          read_empty(*message);
-          on_join(worker);
-          break;
-        case MessageKind::PsPush:
-          on_push(worker, *message);
-          break;
-        case MessageKind::PsLeave:
-          read_empty(*message);
-          live_[worker] = false;
-          gate_.forget(worker);
-          if (config_.mode == "sync") {
-            try_sync_update();
-          } else {
-            drain();
-          }
-          break;
-        default:
-          say(std::string("ignored a ") + message_kind_name(message->kind) + " from " +
-              who(worker));
+      const MessageKind kind = message->kind;
+      if (kind == PsKind::Join) {
+        read_empty(*message);
+        on_join(worker);
+      } else if (kind == PsKind::Push) {
+        on_push(worker, *message);
+      } else if (kind == PsKind::Leave) {
+        read_empty(*message);
+        live_[worker] = false;
+        gate_.forget(worker);
+        if (config_.mode == "sync") {
+          try_sync_update();
+        } else {
+          drain();
+        }
+      } else {
+        say(std::string("ignored a ") + message_kind_name(kind) + " from " + who(worker));
       }
     } catch (const ControlError& e) {
       refuse(worker, e.what());

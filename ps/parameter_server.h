@@ -1,6 +1,6 @@
 #pragma once
 // ParameterServer: one shard of a data-parallel run's parameters and their optimizer,
-// serving PsWorkers through a Communicator (ps_config.h numbers the endpoints).
+// serving PsWorkers through a Communicator (ps/config.h numbers the endpoints).
 //
 // Every worker joins, then repeatedly pushes a gradient computed from the parameters it
 // last read and waits for this shard's parameters in reply. By mode:
@@ -26,7 +26,7 @@
 
 #include "comm/communicator.h"
 #include "optim/optimizer.h"
-#include "ps/ps_config.h"
+#include "ps/config.h"
 #include "ps/staleness_gate.h"
 
 namespace pipit {

@@ -7,11 +7,11 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "flags.h"
 #include "nn/generate.h"
 #include "serialize/atomic_file.h"
 #include "serialize/hf_gpt2.h"
 #include "serialize/model_io.h"
+#include "support/flags.h"
 #include "text/tokenizer.h"
 
 using namespace pipit;

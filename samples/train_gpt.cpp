@@ -13,18 +13,19 @@
 
 #include <unistd.h>
 
-#include "comm/crc32c.h"
-#include "flags.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "nn/generate.h"
 #include "nn/layers.h"
 #include "nn/registry.h"
 #include "optim/optimizer.h"
-#include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/remote/distributed_pipeline.h"
+#include "serialize/crc32c.h"
+#include "support/flags.h"
+#include "support/tcp_flags.h"
 #ifdef PIPIT_WITH_MPI
-#include "pipeline/mpi/mpi_pipeline.h"
+#include "pipeline/remote/mpi/mpi_pipeline.h"
 #endif
 #include "pipit.h"
 #include "serialize/atomic_file.h"
@@ -140,13 +141,10 @@ int main(int argc, char** argv) {
   flags.add("workers", "",
             "host:port,... of pipit-worker processes, one per stage (default: "
             "stages in threads of this process)");
-  flags.add("token-file", "", "file holding the token the workers expect");
   flags.add("launcher", "none",
             "mpi: every rank of an mpirun/srun job runs this program, rank r trains stage r "
             "and rank 0 also coordinates (stages = the job's size)");
-  flags.add("peer-timeout-ms", "5000", "a worker silent this long is reported lost");
-  flags.add("heartbeat-ms", "500", "heartbeat interval on idle connections to the workers");
-  flags.add("connect-timeout-ms", "10000", "how long to retry connecting to a busy worker");
+  samples::add_tcp_flags(flags, samples::TcpSide::coordinator);
   flags.add("step-timeout-ms", "30000", "a step fails when no stage has answered for this long");
   flags.add("checkpoint-dir", "", "directory for checkpoint.safetensors");
   flags.add("checkpoint-every", "0", "steps between checkpoints (0: only at the end)");
@@ -324,11 +322,7 @@ int main(int argc, char** argv) {
       if (item.empty() || *end != '\0')
         flags.fail("--slowdown expects numbers, got '" + item + "'");
     }
-    TcpOptions tcp;
-    if (!flags.str("token-file").empty()) tcp.token = read_token_file(flags.str("token-file"));
-    tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
-    tcp.heartbeat_interval = std::chrono::milliseconds(flags.integer("heartbeat-ms"));
-    tcp.connect_timeout = std::chrono::milliseconds(flags.integer("connect-timeout-ms"));
+    const TcpOptions tcp = samples::tcp_options(flags, samples::TcpSide::coordinator);
     // Stages in threads of this process, or in worker processes: the same Coordinator.
     std::unique_ptr<Pipeline> local;
     std::unique_ptr<DistributedPipeline> remote;

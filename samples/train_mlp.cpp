@@ -2,11 +2,11 @@
 #include <chrono>
 #include <cstdio>
 
-#include "flags.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
+#include "support/flags.h"
 
 using namespace pipit;
 

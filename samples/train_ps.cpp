@@ -25,22 +25,22 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "flags.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "pipit.h"
 #include "ps/local_run.h"
+#include "support/flags.h"
 #ifdef PIPIT_WITH_MPI
 #include "ps/mpi/mpi_ps.h"
 #endif
-#include "ps/ps_checkpoint.h"
-#include "ps/ps_launch.h"
-#include "ps/ps_tcp.h"
+#include "ps/checkpoint.h"
+#include "ps/launch.h"
 #include "ps/shard_plan.h"
+#include "ps/tcp.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
+#include "support/child_process.h"
 #include "text_data.h"
-#include "tools/chaos/child.h"
 
 using namespace pipit;
 namespace fs = std::filesystem;

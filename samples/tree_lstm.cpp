@@ -10,10 +10,10 @@
 
 #include "batching/bucket.h"
 #include "batching/graph.h"
-#include "flags.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
-#include "samples/autobatch_models.h"
+#include "support/autobatch_models.h"
+#include "support/flags.h"
 
 using namespace pipit;
 using namespace pipit::batching;

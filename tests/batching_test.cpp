@@ -13,7 +13,7 @@
 #include "batching/gather_rows.h"
 #include "batching/graph_queue.h"
 #include "pipit.h"
-#include "samples/autobatch_models.h"
+#include "support/autobatch_models.h"
 
 using namespace pipit;
 using namespace pipit::batching;

@@ -2,8 +2,8 @@
 // ControlError naming the kind and the field, never a silent default.
 #include <catch2/catch.hpp>
 
-#include "comm/control.h"
 #include "comm/frame.h"
+#include "pipeline/protocol/messages.h"
 #include "pipit.h"
 
 using namespace pipit;
@@ -93,7 +93,7 @@ TEST_CASE("malformed control messages are ControlErrors naming kind and field", 
                     Catch::Contains("lacks the field \"trace\""));
   CHECK_THROWS_WITH(read_step_begin(with(begin, "colour", "red")),
                     Catch::Contains("unknown field \"colour\""));
-  CHECK_THROWS_AS(read_step_begin(Message(MessageKind::Abort, 1)), ControlError);
+  CHECK_THROWS_AS(read_step_begin(Message(PipelineKind::Abort, 1)), ControlError);
 
   const Message step = to_message(OptimizerStep{}, 1);
   CHECK_THROWS_WITH(read_optimizer_step(with(step, "lr", "fast")), Catch::Contains("\"lr\""));
@@ -112,18 +112,19 @@ TEST_CASE("malformed control messages are ControlErrors naming kind and field", 
                     Catch::Contains("\"message\""));
   CHECK_THROWS_WITH(read_state_reply(to_message(StateReply{{"a", "b"}, {}}, 1, {zeros({1})})),
                     Catch::Contains("names 2 tensors but carries 1"));
-  CHECK_THROWS_AS(read_empty(with(Message(MessageKind::Abort, 1), "x", 1)), ControlError);
-  CHECK_NOTHROW(read_empty(Message(MessageKind::Abort, 1)));
+  CHECK_THROWS_AS(read_empty(with(Message(PipelineKind::Abort, 1), "x", 1)), ControlError);
+  CHECK_NOTHROW(read_empty(Message(PipelineKind::Abort, 1)));
 }
 
 TEST_CASE("only coordinator commands are marked as such", "[control]") {
-  for (MessageKind kind : {MessageKind::StepBegin, MessageKind::OptimizerStep, MessageKind::Abort,
-                           MessageKind::Shutdown, MessageKind::FetchState,
-                           MessageKind::StagePackage, MessageKind::Start}) {
+  for (MessageKind kind : {PipelineKind::StepBegin, PipelineKind::OptimizerStep,
+                           PipelineKind::Abort, MessageKind::Shutdown, PipelineKind::FetchState,
+                           PipelineKind::StagePackage, MessageKind::Start}) {
     CHECK(is_coordinator_command(kind));
   }
-  for (MessageKind kind : {MessageKind::Activation, MessageKind::Gradient, MessageKind::StageDone,
-                           MessageKind::StageError, MessageKind::State, MessageKind::PeerLost}) {
+  for (MessageKind kind :
+       {PipelineKind::Activation, PipelineKind::Gradient, PipelineKind::StageDone,
+        MessageKind::StageError, MessageKind::State, MessageKind::PeerLost}) {
     CHECK_FALSE(is_coordinator_command(kind));
   }
 }

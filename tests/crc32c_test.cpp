@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/crc32c.h"
+#include "serialize/crc32c.h"
 
 using namespace pipit;
 

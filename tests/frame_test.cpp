@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/frame.h"
+#include "pipeline/protocol/messages.h"
 #include "pipit.h"
 #include "serialize/safetensors.h"
 
@@ -29,7 +30,7 @@ Message decode(const std::string& frame, const FrameLimits& limits = {}) {
 
 Message payload(const std::string& json_header, const std::string& body = "") {
   FrameHeader header;
-  header.kind = MessageKind::Activation;
+  header.kind = PipelineKind::Activation;
   header.header_length = static_cast<uint32_t>(json_header.size());
   header.body_length = body.size();
   header.checksum = frame_checksum(header, json_header, body);
@@ -68,7 +69,7 @@ void check_same(const Message& out, const Message& in) {
 }
 
 Message three_tensors() {
-  Message m(MessageKind::Gradient, 7, 3, 1,
+  Message m(PipelineKind::Gradient, 7, 3, 1,
             {from_vector<float>({1.5f, -2.25f, 3e8f, 0.0f, 1e-30f, -7.0f}, {2, 3}),
              from_vector<int64_t>({int64_t(1) << 50, -3, 0}),
              from_vector<double>({3.141592653589793, -1e-300})});
@@ -82,7 +83,7 @@ std::string valid_frame() {
 }  // namespace
 
 TEST_CASE("frame round trip without tensors keeps the fields and meta", "[frame]") {
-  Message in(MessageKind::StepBegin, int64_t(1) << 40, -2, 5);
+  Message in(PipelineKind::StepBegin, int64_t(1) << 40, -2, 5);
   in.meta = {{"train", true}, {"microbatches", 4}, {"nested", {{"a", {1, 2.5, nullptr}}}}};
   const std::string frame = encode_frame(in);
   const Message out = decode(frame);
@@ -95,9 +96,10 @@ TEST_CASE("frame round trip without tensors keeps the fields and meta", "[frame]
 }
 
 TEST_CASE("frame round trip with one and three tensors of f32, i64 and f64", "[frame]") {
-  check_same(decode(encode_frame(Message(MessageKind::Activation, 1, 0, 0,
-                                         {from_vector<float>({1, 2, 3, 4}, {2, 2})}))),
-             Message(MessageKind::Activation, 1, 0, 0, {from_vector<float>({1, 2, 3, 4}, {2, 2})}));
+  check_same(
+      decode(encode_frame(
+          Message(PipelineKind::Activation, 1, 0, 0, {from_vector<float>({1, 2, 3, 4}, {2, 2})}))),
+      Message(PipelineKind::Activation, 1, 0, 0, {from_vector<float>({1, 2, 3, 4}, {2, 2})}));
   Message in = three_tensors();
   in.meta = {{"note", "gradients"}};
   check_same(decode(encode_frame(in)), in);
@@ -106,7 +108,7 @@ TEST_CASE("frame round trip with one and three tensors of f32, i64 and f64", "[f
 TEST_CASE("frame sends a non-contiguous tensor's values in row-major order", "[frame]") {
   const Tensor strided = transpose(from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}), 0, 1);
   REQUIRE_FALSE(strided.is_contiguous());
-  Message in(MessageKind::Activation, 2, 1, 0, {strided, from_vector<double>({9.0})});
+  Message in(PipelineKind::Activation, 2, 1, 0, {strided, from_vector<double>({9.0})});
   const Message out = decode(encode_frame(in));
   check_same(out, in);
   CHECK(out.tensors[0].to_vector<float>() == std::vector<float>{1, 4, 2, 5, 3, 6});
@@ -114,7 +116,7 @@ TEST_CASE("frame sends a non-contiguous tensor's values in row-major order", "[f
 
 TEST_CASE("frame keeps tensor positions past ten and around empty tensors", "[frame]") {
   // Names "10" and "11" sort before "2": positions must come from the numbers.
-  Message in(MessageKind::Activation, 3);
+  Message in(PipelineKind::Activation, 3);
   for (int i = 0; i < 12; ++i) {
     in.tensors.push_back(i == 4 || i == 5 ? Tensor::empty({0, 3}) : full({i + 1}, i, {DType::i32}));
   }
@@ -138,10 +140,10 @@ TEST_CASE("frame fixed header has the documented little-endian layout", "[frame]
   CHECK(frame.substr(0, 4) == "PIPT");
   CHECK(byte(4) == 2);
   CHECK(byte(5) == 0);
-  CHECK(byte(6) == static_cast<uint8_t>(MessageKind::Gradient));
+  CHECK(byte(6) == static_cast<uint8_t>(PipelineKind::Gradient));
   CHECK(byte(7) == 0);
   const FrameHeader header = decode_frame_header(reinterpret_cast<const uint8_t*>(frame.data()));
-  CHECK(header.kind == MessageKind::Gradient);
+  CHECK(header.kind == PipelineKind::Gradient);
   uint32_t header_length = 0;
   for (size_t i = 0; i < 4; ++i) header_length |= uint32_t{byte(8 + i)} << (8 * i);
   CHECK(header_length == header.header_length);
@@ -182,7 +184,7 @@ TEST_CASE("encode_frame is the concatenation of encode_frame_parts", "[frame]") 
 }
 
 TEST_CASE("encode_frame refuses an undefined tensor and meta that is not UTF-8", "[frame]") {
-  Message in(MessageKind::Activation, 1, 0, 0, {from_vector<float>({1}), Tensor()});
+  Message in(PipelineKind::Activation, 1, 0, 0, {from_vector<float>({1}), Tensor()});
   CHECK_THROWS_WITH(encode_frame(in), Catch::Contains("tensor 1 is undefined"));
   Message bad_meta(MessageKind::StageError, 1);
   bad_meta.meta = {{"message", "\xff"}};
@@ -205,7 +207,7 @@ TEST_CASE("frame header rejects bad magic, version, kind and flags", "[frame]") 
 }
 
 TEST_CASE("a frame with any byte changed fails, most by its checksum", "[frame]") {
-  Message message(MessageKind::Activation, 5, 1, 2, {from_vector<float>({1, 2, 3, 4})});
+  Message message(PipelineKind::Activation, 5, 1, 2, {from_vector<float>({1, 2, 3, 4})});
   message.meta = {{"note", "x"}};
   const std::string frame = encode_frame(message);
   int by_checksum = 0;
@@ -361,7 +363,7 @@ TEST_CASE("a data message's JSON header is the JSON library's, and reads the sam
                                                   {kStepMax, kIntMax, kIntMax},
                                                   {1234567890123, 100, 9}}) {
     INFO("step " << step << ", microbatch " << microbatch << ", chunk " << chunk);
-    const Message in(MessageKind::Activation, step, microbatch, chunk, {ones({2})});
+    const Message in(PipelineKind::Activation, step, microbatch, chunk, {ones({2})});
     const EncodedFrame frame = encode_frame_parts(in);
     const FrameHeader header =
         decode_frame_header(reinterpret_cast<const uint8_t*>(frame.prefix.data()));

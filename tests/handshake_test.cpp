@@ -2,9 +2,9 @@
 // strictly; the state machine connects, refuses and never throws on what a peer sends.
 #include <catch2/catch.hpp>
 
-#include "comm/control.h"
 #include "comm/frame.h"
 #include "comm/handshake.h"
+#include "pipeline/protocol/messages.h"
 
 using namespace pipit;
 
@@ -103,7 +103,7 @@ TEST_CASE("handshake frames are parsed strictly, every fault a ControlError nami
   CHECK_THROWS_AS(read_handshake(with_meta({{"proof", 7}})), ControlError);
   CHECK_THROWS_AS(read_handshake(with_meta({{"refused", nullptr}})), ControlError);
   CHECK_THROWS_AS(read_handshake(with_meta({{"proof", "x"}, {"refused", "y"}})), ControlError);
-  CHECK_THROWS_AS(read_handshake(Message(MessageKind::StepBegin, 0)), ControlError);
+  CHECK_THROWS_AS(read_handshake(Message(PipelineKind::StepBegin, 0)), ControlError);
 }
 
 TEST_CASE("the handshake connects both sides with one token and refuses every other case",

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "comm/inbox.h"
+#include "pipeline/protocol/messages.h"
 
 using namespace pipit;
 using namespace std::chrono_literals;
@@ -24,7 +25,7 @@ class Pending final : public PendingMessage {
   std::optional<Message> take() override {
     *decoded_on_ = std::this_thread::get_id();
     if (!step_) return std::nullopt;
-    return Message(MessageKind::Activation, *step_);
+    return Message(PipelineKind::Activation, *step_);
   }
 
  private:
@@ -39,10 +40,10 @@ TEST_CASE("Inbox: pending messages are decoded by the receiver, in order, droppe
   Inbox inbox("test");
   std::thread::id decoded_b, decoded_c;
   std::thread sender([&] {
-    inbox.push(Message(MessageKind::Activation, 1));
+    inbox.push(Message(PipelineKind::Activation, 1));
     inbox.push(std::make_unique<Pending>(2, &decoded_b));
     inbox.push(std::make_unique<Pending>(std::nullopt, &decoded_c));
-    inbox.push(Message(MessageKind::Activation, 4));
+    inbox.push(Message(PipelineKind::Activation, 4));
   });
   sender.join();
   CHECK(inbox.pop().step == 1);
@@ -61,12 +62,12 @@ TEST_CASE("Inbox: a dropped pending message does not end a wait", "[comm]") {
   std::thread sender([&] {
     inbox.push(std::make_unique<Pending>(std::nullopt, &decoded));
     std::this_thread::sleep_for(20ms);
-    inbox.push(Message(MessageKind::Gradient, 9));
+    inbox.push(Message(PipelineKind::Gradient, 9));
   });
   const std::optional<Message> timed = inbox.pop_for(10s);
   sender.join();
   REQUIRE(timed.has_value());
-  CHECK(timed->kind == MessageKind::Gradient);
+  CHECK(timed->kind == PipelineKind::Gradient);
   CHECK(timed->step == 9);
   inbox.push(std::make_unique<Pending>(std::nullopt, &decoded));
   CHECK_FALSE(inbox.pop_for(5ms).has_value());
@@ -79,7 +80,7 @@ TEST_CASE("Inbox: the polling hook runs on the receiving thread and can deliver"
   Inbox* self = nullptr;
   Inbox inbox("test", [&] {
     hook_thread = std::this_thread::get_id();
-    if (++calls == 1) self->push(Message(MessageKind::Activation, 3));
+    if (++calls == 1) self->push(Message(PipelineKind::Activation, 3));
   });
   self = &inbox;
   // Should the receiver be descheduled past its polling window, it sleeps; this wakes it (and

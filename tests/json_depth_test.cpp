@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "pipeline/stage_package.h"
+#include "pipeline/remote/stage_package.h"
 #include "pipit.h"
 #include "serialize/checkpoint.h"
 #include "serialize/json_depth.h"

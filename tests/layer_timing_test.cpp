@@ -6,10 +6,10 @@
 #include <limits>
 
 #include "autograd/backward_hook.h"
-#include "bench/sleep_layer.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
+#include "support/sleep_layer.h"
 
 using namespace pipit;
 
@@ -101,7 +101,7 @@ TEST_CASE("profiling and slowed stages train exactly as plain stages", "[rebalan
 }
 
 TEST_CASE("a slowed stage is busy for about its slowdown times as long", "[rebalance]") {
-  // Layers that sleep rather than compute (bench/sleep_layer.h): on a loaded machine a
+  // Layers that sleep rather than compute (support/sleep_layer.h): on a loaded machine a
   // computing stage's busy time is mostly its wait for a core, which no slowdown stretches.
   auto make_sleeping_net = [] {
     auto net = std::make_shared<Sequential>();

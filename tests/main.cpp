@@ -13,11 +13,12 @@
 #include <cstring>
 #include <string>
 
-#include "bench/sleep_layer.h"
 #include "mpi_roles.h"
-#include "pipeline/worker.h"
-#include "ps/ps_role.h"
+#include "pipeline/remote/worker.h"
+#include "ps/messages.h"
+#include "ps/role.h"
 #include "ps_task.h"
+#include "support/sleep_layer.h"
 #include "tensor/parallel.h"
 #include "tools/chaos/roles.h"
 
@@ -52,12 +53,12 @@ int main(int argc, char** argv) {
     pipit::set_num_threads(1);
     // Stage packages of tests/rebalance_pipeline_test.cpp hold these.
     pipit::bench::register_sleep_layer();
-    options.serve_other = [](const std::shared_ptr<pipit::TcpCommunicator>& comm,
-                             const pipit::Message& package) {
-      pipit::serve_ps_package(
-          comm, package,
-          [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }, 1);
-    };
+    options.other_packages[pipit::PsKind::Package] =
+        [](const std::shared_ptr<pipit::TcpCommunicator>& comm, const pipit::Message& package) {
+          pipit::serve_ps_package(
+              comm, package,
+              [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }, 1);
+        };
     pipit::run_worker(options);
     return 0;
   }

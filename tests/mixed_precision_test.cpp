@@ -10,7 +10,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/stage_package.h"
+#include "pipeline/remote/stage_package.h"
 #include "pipit.h"
 
 using namespace pipit;

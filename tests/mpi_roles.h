@@ -32,9 +32,10 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_frames.h"
 #include "nn/builders.h"
-#include "pipeline/mpi/mpi_pipeline.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/pipelined_generation.h"
+#include "pipeline/protocol/messages.h"
+#include "pipeline/remote/mpi/mpi_pipeline.h"
 #include "pipit.h"
 #include "ps/mpi/mpi_ps.h"
 #include "ps_reference.h"
@@ -261,7 +262,7 @@ inline int mpi_malformed_role() {
     std::memcpy(route.data(), endpoints, 8);
     std::memcpy(route.data() + 8, &inlined, 8);
     std::string changed =
-        encode_frame_parts(Message(MessageKind::Activation, 9, 0, 0, {arange(0, 300, 1)}),
+        encode_frame_parts(Message(PipelineKind::Activation, 9, 0, 0, {arange(0, 300, 1)}),
                            /*checksum_tensor_bytes=*/true)
             .joined(route);
     changed.back() = static_cast<char>(changed.back() ^ 1);
@@ -277,7 +278,7 @@ inline int mpi_malformed_role() {
   const Tensor payload = arange(0, 300, 1);
   bool ok = true;
   if (rank == 1) {
-    comm->send(0, Message(MessageKind::Activation, 4, 0, 0, {payload}));
+    comm->send(0, Message(PipelineKind::Activation, 4, 0, 0, {payload}));
   } else {
     const std::optional<Message> m = comm->try_receive(std::chrono::seconds(30));
     ok = m && m->step == 4 && m->from == 1 && m->tensors.size() == 1 &&
@@ -369,7 +370,7 @@ inline int mpi_exchange_role() {
         for (int index = 0; index < kMessages; ++index) {
           for (int to : all) {
             if (to == me) continue;
-            comm->send(to, Message(MessageKind::Activation, index, thread, 0,
+            comm->send(to, Message(PipelineKind::Activation, index, thread, 0,
                                    {mpi_payload(me, to, thread, index)}));
           }
         }

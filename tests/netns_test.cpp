@@ -19,7 +19,7 @@
 #include "delayed_link.h"
 #include "distributed_reference.h"
 #include "mpirun.h"
-#include "pipeline/distributed_pipeline.h"
+#include "pipeline/remote/distributed_pipeline.h"
 
 using namespace pipit;
 using namespace pipit::testing;

@@ -10,6 +10,7 @@
 #include "comm/local_communicator.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/protocol/messages.h"
 #include "pipit.h"
 
 using namespace pipit;
@@ -124,7 +125,7 @@ TEST_CASE("stages ignore commands and data from anyone but their sender", "[pipe
   stage0->send(1, Message(MessageKind::Shutdown, 0));
   stage0->send(2, Message(MessageKind::Shutdown, 0));
   pipeline.hub->endpoint(kCoordinator)
-      ->send(1, Message(MessageKind::Activation, 1, 0, 1, {zeros({4, 12})}));
+      ->send(1, Message(PipelineKind::Activation, 1, 0, 1, {zeros({4, 12})}));
   std::vector<double> losses;
   for (int step = 0; step < 2; ++step) {
     losses.push_back(pipeline.coordinator->train_step(batch.input, batch.target));
@@ -139,7 +140,7 @@ TEST_CASE("a failure during the optimizer step leaves a pipeline that refuses to
   auto net = make_net();
   // Stage 1 loses the OptimizerStep of step 2: stages 0 and 2 apply it, stage 1 does not.
   HandBuiltPipeline pipeline(*net, config(500ms), 1, [](Message m) -> std::optional<Message> {
-    if (m.kind == MessageKind::OptimizerStep && m.step == 2) return std::nullopt;
+    if (m.kind == PipelineKind::OptimizerStep && m.step == 2) return std::nullopt;
     return m;
   });
   Coordinator& coordinator = *pipeline.coordinator;
@@ -210,7 +211,7 @@ TEST_CASE("a remap that fails before its commit leaves the old partition on ever
   Pipeline plain(reference, config());
   // Stage 1 never gets the layers stage 2 hands it.
   HandBuiltPipeline pipeline(*net, config(500ms), 1, [](Message m) -> std::optional<Message> {
-    if (m.kind == MessageKind::LayerTransfer) return std::nullopt;
+    if (m.kind == PipelineKind::LayerTransfer) return std::nullopt;
     return m;
   });
   Coordinator& coordinator = *pipeline.coordinator;

@@ -13,7 +13,7 @@
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/schedule.h"
+#include "pipeline/schedules/schedule.h"
 #include "pipit.h"
 
 using namespace pipit;

@@ -5,8 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include "distributed_reference.h"
-#include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipelined_generation.h"
+#include "pipeline/remote/distributed_pipeline.h"
 #include "pipit.h"
 #include "serialize/hf_gpt2.h"
 

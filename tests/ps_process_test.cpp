@@ -10,13 +10,13 @@
 #include <unistd.h>
 
 #include "pipit.h"
-#include "ps/ps_checkpoint.h"
-#include "ps/ps_launch.h"
+#include "ps/checkpoint.h"
+#include "ps/launch.h"
 #include "ps_reference.h"
 #include "ps_task.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
-#include "tools/chaos/child.h"
+#include "support/child_process.h"
 #include "worker_process.h"
 
 using namespace pipit;

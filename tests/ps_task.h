@@ -14,11 +14,11 @@
 
 #include "nn/builders.h"
 #include "pipit.h"
+#include "ps/checkpoint.h"
 #include "ps/parameter_server.h"
-#include "ps/ps_checkpoint.h"
-#include "ps/ps_tcp.h"
-#include "ps/ps_worker.h"
 #include "ps/shard_plan.h"
+#include "ps/tcp.h"
+#include "ps/worker.h"
 #include "serialize/atomic_file.h"
 
 namespace pipit::testing {

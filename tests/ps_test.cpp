@@ -13,7 +13,7 @@
 #include "nn/registry.h"
 #include "pipit.h"
 #include "ps/local_run.h"
-#include "ps/ps_messages.h"
+#include "ps/messages.h"
 #include "ps/shard_plan.h"
 #include "ps_reference.h"
 #include "ps_task.h"
@@ -341,12 +341,12 @@ TEST_CASE("malformed and mismatched pushes are refused with a reason; nothing is
       PsConfig config = ps_config_of("async", 1, 1, {{"type", "SGD"}, {"lr", 1.0}});
       ServerUnderTest s(config, two_parameters());
       auto worker = s.worker(0);
-      worker->send(0, Message(MessageKind::PsJoin, 0));
+      worker->send(0, Message(PsKind::Join, 0));
       const Message parameters = worker->receive();
-      REQUIRE(parameters.kind == MessageKind::PsParameters);
+      REQUIRE(parameters.kind == PsKind::Parameters);
       worker->send(0, bad.make(read_ps_parameters(parameters).version));
       const Message reply = worker->receive();
-      REQUIRE(reply.kind == MessageKind::PsError);
+      REQUIRE(reply.kind == PsKind::Error);
       CHECK_THAT(read_ps_error(reply).message, Catch::Contains(bad.expect));
       s.finish();  // the refused worker was the last
       CHECK(s.error.empty());
@@ -369,8 +369,8 @@ TEST_CASE("sync: a lost worker fails the step by name, or with min_workers the r
       std::vector<std::shared_ptr<Communicator>> workers;
       for (int w = 0; w < 3; ++w) {
         workers.push_back(s.worker(w));
-        workers[w]->send(0, Message(MessageKind::PsJoin, 0));
-        REQUIRE(workers[w]->receive().kind == MessageKind::PsParameters);
+        workers[w]->send(0, Message(PsKind::Join, 0));
+        REQUIRE(workers[w]->receive().kind == PsKind::Parameters);
       }
       auto gradient = [](float value) {
         return to_message(PsPush{0, {"a", "b"}, false},
@@ -384,19 +384,19 @@ TEST_CASE("sync: a lost worker fails the step by name, or with min_workers the r
       s.hub->inbox(0)->push(lost);
       const Message reply = workers[0]->receive();
       if (min_workers == 0) {
-        REQUIRE(reply.kind == MessageKind::PsError);
+        REQUIRE(reply.kind == PsKind::Error);
         CHECK_THAT(read_ps_error(reply).message,
                    Catch::Contains("lost worker 2") && Catch::Contains("10.0.0.3:7001"));
         s.finish();
         CHECK_THAT(s.error, Catch::Contains("lost worker 2"));
         CHECK(s.server->stats().version == 0);
       } else {
-        REQUIRE(reply.kind == MessageKind::PsParameters);
+        REQUIRE(reply.kind == PsKind::Parameters);
         // (0.5 + 0.25) * 3 / 2 with lr 1: a = {1, 2, 3} - 1.125.
         CHECK(s.server->weights().at("a").to_vector<float>() ==
               std::vector<float>{-0.125f, 0.875f, 1.875f});
-        workers[0]->send(0, Message(MessageKind::PsLeave, 0));
-        workers[1]->send(0, Message(MessageKind::PsLeave, 0));
+        workers[0]->send(0, Message(PsKind::Leave, 0));
+        workers[1]->send(0, Message(PsKind::Leave, 0));
         s.finish();
         CHECK(s.error.empty());
         CHECK(s.server->stats().lost == std::vector<int>{2});

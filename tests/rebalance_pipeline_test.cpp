@@ -1,17 +1,17 @@
 // Automatic rebalancing in a running pipeline: a stage slowed on purpose loses layers until
 // the fitted cost model finds nothing clearly better, then the partition stays; training is the
 // same bit for bit as without rebalancing. In threads and over worker processes. The layers cost
-// sleeps (bench/sleep_layer.h), not computation, so a loaded machine (ctest -j) barely moves
+// sleeps (support/sleep_layer.h), not computation, so a loaded machine (ctest -j) barely moves
 // their times and the optimum is known: 12 layers of 1 ms forward and 2 ms backward, stage 1
 // slowed 3x, are best cut 9 + 3 (27 ms per microbatch on each stage; 6 + 6 gives 54 ms on
 // stage 1, 8 + 4 gives 36 and 10 + 2 gives 30).
 #include <algorithm>
 #include <catch2/catch.hpp>
 
-#include "bench/sleep_layer.h"
-#include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/remote/distributed_pipeline.h"
 #include "pipit.h"
+#include "support/sleep_layer.h"
 #include "worker_process.h"
 
 using namespace pipit;

@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "pipeline/cost_model.h"
 #include "pipeline/partition.h"
-#include "pipeline/rebalance.h"
+#include "pipeline/rebalancing/cost_model.h"
+#include "pipeline/rebalancing/rebalance.h"
 #include "tensor/error.h"
 
 using namespace pipit;

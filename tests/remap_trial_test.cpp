@@ -1,7 +1,7 @@
 // RemapTrial: an automatic remap is judged on measured step times after its cooldown.
 #include <catch2/catch.hpp>
 
-#include "pipeline/remap_trial.h"
+#include "pipeline/rebalancing/remap_trial.h"
 
 using namespace pipit;
 

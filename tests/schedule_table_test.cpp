@@ -1,12 +1,12 @@
-// Schedules written by hand as tables (pipeline/schedule.h, parse_schedule_table): parsed,
-// validated before use with the first bad token or task named, and run bit for bit like the
+// Schedules written by hand as tables (pipeline/schedules/schedule.h, parse_schedule_table):
+// parsed, validated before use with the first bad token or task named, and run bit for bit like the
 // built-in schedule they spell out.
 #include <catch2/catch.hpp>
 
 #include "bitwise.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/schedule.h"
+#include "pipeline/schedules/schedule.h"
 #include "pipit.h"
 #include "schedule_text.h"
 

@@ -2,7 +2,7 @@
 #include <sstream>
 #include <string>
 
-#include "pipeline/schedule.h"
+#include "pipeline/schedules/schedule.h"
 #include "schedule_text.h"
 #include "tensor/error.h"
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/task.h"
+#include "pipeline/schedules/task.h"
 
 namespace pipit::testing {
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "comm/frame.h"
+#include "pipeline/protocol/messages.h"
 #include "pipit.h"
 #include "serialize/safetensors.h"
 
@@ -105,7 +106,7 @@ TEST_CASE("frames whose tensors have overflowing shapes are refused", "[comm][sh
     INFO(shape);
     const std::string body = empty_tensor_blob(shape);
     FrameHeader header;
-    header.kind = MessageKind::Activation;
+    header.kind = PipelineKind::Activation;
     header.header_length = static_cast<uint32_t>(json_header.size());
     header.body_length = body.size();
     header.checksum = frame_checksum(header, json_header, body);

@@ -10,7 +10,7 @@
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/stage_package.h"
+#include "pipeline/remote/stage_package.h"
 #include "pipit.h"
 #include "serialize/safetensors.h"
 

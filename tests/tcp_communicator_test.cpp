@@ -17,7 +17,8 @@
 #include "comm/frame.h"
 #include "comm/handshake.h"
 #include "comm/tcp_communicator.h"
-#include "pipeline/worker.h"
+#include "pipeline/protocol/messages.h"
+#include "pipeline/remote/worker.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 
@@ -267,12 +268,12 @@ TEST_CASE("a large frame arriving slowly but steadily is not cut off by the peer
 
   Tensor big = arange(0, 512 * 1024, 1);  // 2 MiB
   const auto start = std::chrono::steady_clock::now();
-  client.send(0, Message(MessageKind::Activation, 3, 0, 0, {big}));
+  client.send(0, Message(PipelineKind::Activation, 3, 0, 0, {big}));
   std::optional<Message> got = server.try_receive(20000ms);
   const auto took = std::chrono::steady_clock::now() - start;
   INFO(server_log.all());
   REQUIRE(got.has_value());
-  REQUIRE(got->kind == MessageKind::Activation);
+  REQUIRE(got->kind == PipelineKind::Activation);
   REQUIRE(got->tensors.size() == 1);
   CHECK(std::memcmp(got->tensors[0].raw_data(), big.raw_data(), big.nbytes()) == 0);
   CHECK(took > 600ms);  // the throttle really stretched the frame over several timeouts

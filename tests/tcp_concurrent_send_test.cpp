@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/tcp_communicator.h"
+#include "pipeline/protocol/messages.h"
 #include "pipit.h"
 
 using namespace pipit;
@@ -54,7 +55,7 @@ TEST_CASE("frames sent by several threads at once arrive whole and, per thread, 
     senders.emplace_back([&, t] {
       for (int i = 0; i < kMessages; ++i) {
         Tensor payload = full({elements_for(t, i)}, value_for(t, i));
-        pair.a->send(1, Message(MessageKind::Activation, t, i, 0, {payload}));
+        pair.a->send(1, Message(PipelineKind::Activation, t, i, 0, {payload}));
       }
     });
   }
@@ -63,7 +64,7 @@ TEST_CASE("frames sent by several threads at once arrive whole and, per thread, 
   for (int received = 0; received < kThreads * kMessages; ++received) {
     std::optional<Message> message = pair.b->try_receive(20000ms);
     REQUIRE(message.has_value());
-    REQUIRE(message->kind == MessageKind::Activation);
+    REQUIRE(message->kind == PipelineKind::Activation);
     const int t = static_cast<int>(message->step);
     REQUIRE((t >= 0 && t < kThreads));
     CHECK(message->microbatch == next[t]);
@@ -88,7 +89,7 @@ TEST_CASE("closing a communicator while threads are sending on it ends cleanly",
     for (int t = 0; t < 3; ++t) {
       senders.emplace_back([&, t] {
         for (int i = 0; !stop; ++i) {
-          pair.a->send(1, Message(MessageKind::Activation, t, i, 0,
+          pair.a->send(1, Message(PipelineKind::Activation, t, i, 0,
                                   {full({elements_for(t, i)}, value_for(t, i))}));
         }
       });

@@ -14,8 +14,8 @@
 #include "nn/builders.h"
 #include "nn/layers.h"
 #include "optim/optimizer.h"
-#include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/remote/distributed_pipeline.h"
 #include "pipit.h"
 
 using namespace pipit;

@@ -14,9 +14,10 @@
 #include "comm/frame.h"
 #include "comm/handshake.h"
 #include "nn/builders.h"
-#include "pipeline/distributed_pipeline.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/stage_package.h"
+#include "pipeline/protocol/messages.h"
+#include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline/remote/stage_package.h"
 #include "pipit.h"
 #include "worker_process.h"
 
@@ -63,8 +64,8 @@ std::vector<std::string> seed_frames() {
       to_message(Hello{-1, random_nonce(), "fuzz"}),
       to_message(Proof{std::string(64, 'a')}),
       to_message(Refusal{"busy"}),
-      Message(MessageKind::StepBegin, 1),
-      Message(MessageKind::Activation, 1, 0, 0, {zeros({2, 6}).to(DType::i64)}),
+      Message(PipelineKind::StepBegin, 1),
+      Message(PipelineKind::Activation, 1, 0, 0, {zeros({2, 6}).to(DType::i64)}),
       Message(MessageKind::Heartbeat, 0),
       stage_package_message(package)};
   messages[3].meta = {{"train", true}, {"microbatches", 2}, {"trace", false}, {"grad_norm", false}};

@@ -13,7 +13,7 @@
 #include <fstream>
 #include <memory>
 
-#include "samples/flags.h"
+#include "support/flags.h"
 #include "tools/chaos/driver.h"
 #include "tools/chaos/roles.h"
 #include "tools/chaos/soak.h"

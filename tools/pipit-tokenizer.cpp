@@ -10,7 +10,7 @@
 #include <fstream>
 #include <iostream>
 
-#include "samples/flags.h"
+#include "support/flags.h"
 #include "text/bpe_trainer.h"
 #include "text/error.h"
 #include "text/token_file.h"

@@ -1,11 +1,13 @@
 // pipit-worker: serves pipeline stages to coordinators over TCP, one run after another, and
-// parameter-server shard and worker roles to launchers (ps/ps_launch.h).
+// parameter-server shard and worker roles to launchers (ps/launch.h).
 //   pipit-worker --listen 127.0.0.1:7001 [--token-file FILE]
 #include <cstdio>
 
-#include "pipeline/worker.h"
-#include "ps/ps_role.h"
-#include "samples/flags.h"
+#include "pipeline/remote/worker.h"
+#include "ps/messages.h"
+#include "ps/role.h"
+#include "support/flags.h"
+#include "support/tcp_flags.h"
 #include "tensor/parallel.h"
 
 int main(int argc, char** argv) {
@@ -13,16 +15,9 @@ int main(int argc, char** argv) {
                        "Serves one pipeline stage per run to a coordinator (train_gpt --workers).");
   flags.add("listen", "127.0.0.1:7001",
             "address to accept coordinators and stages on (port 0: any)");
-  flags.add("token-file", "", "file holding the shared token peers must prove (default: none)");
   flags.add("port-file", "", "write the bound port to this file");
   flags.add("runs", "-1", "serve this many runs, then exit (-1: forever)");
-  flags.add("heartbeat-ms", "500", "heartbeat interval on idle connections");
-  flags.add("peer-timeout-ms", "5000", "a peer silent this long is reported lost");
-  flags.add("connect-timeout-ms", "10000",
-            "how long to wait for a neighbouring stage to connect, or to connect to it");
-  flags.add("max-frame-mb", "2048", "largest frame body accepted, in MiB");
-  flags.add("handshake-timeout-ms", "10000", "a connection must prove the token within this");
-  flags.add("max-pending", "64", "connections allowed in their handshake at once");
+  samples::add_tcp_flags(flags, samples::TcpSide::worker);
   flags.add("package-timeout-ms", "30000",
             "a coordinator that claims this worker must send its stage within this");
   flags.add("threads", "0",
@@ -36,13 +31,7 @@ int main(int argc, char** argv) {
     options.listen = flags.str("listen");
     options.port_file = flags.str("port-file");
     options.runs = static_cast<int>(flags.integer("runs", -1));
-    options.tcp.heartbeat_interval = std::chrono::milliseconds(flags.integer("heartbeat-ms"));
-    options.tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
-    options.tcp.connect_timeout = std::chrono::milliseconds(flags.integer("connect-timeout-ms"));
-    options.tcp.limits.max_body_bytes = static_cast<size_t>(flags.integer("max-frame-mb")) << 20;
-    options.tcp.handshake_timeout =
-        std::chrono::milliseconds(flags.integer("handshake-timeout-ms"));
-    options.tcp.max_pending_connections = static_cast<size_t>(flags.integer("max-pending"));
+    options.tcp = samples::tcp_options(flags, samples::TcpSide::worker);
     options.package_timeout = std::chrono::milliseconds(flags.integer("package-timeout-ms"));
     options.slowdown = flags.number("slowdown");
     options.threads = static_cast<int>(flags.integer("threads", 0));
@@ -50,16 +39,14 @@ int main(int argc, char** argv) {
     if (!(options.slowdown >= 1 && options.slowdown <= 1000)) {
       flags.fail("--slowdown must be in [1, 1000], got " + flags.str("slowdown"));
     }
-    if (!flags.str("token-file").empty()) {
-      options.tcp.token = pipit::read_token_file(flags.str("token-file"));
-    }
-    options.serve_other = [log = options.tcp.log](
-                              const std::shared_ptr<pipit::TcpCommunicator>& comm,
-                              const pipit::Message& package) {
-      pipit::serve_ps_package(
-          comm, package,
-          log ? log : [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
-    };
+    options.other_packages[pipit::PsKind::Package] =
+        [log = options.tcp.log](const std::shared_ptr<pipit::TcpCommunicator>& comm,
+                                const pipit::Message& package) {
+          pipit::serve_ps_package(
+              comm, package, log ? log : [](const std::string& line) {
+                std::fprintf(stderr, "%s\n", line.c_str());
+              });
+        };
     pipit::run_worker(options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipit-worker: %s\n", e.what());

@@ -2,9 +2,9 @@
 
 #include <chrono>
 
-#include "comm/fingerprint.h"
 #include "nn/registry.h"
 #include "ps/shard_plan.h"
+#include "serialize/module_fingerprint.h"
 
 namespace pipit {
 

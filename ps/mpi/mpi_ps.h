@@ -8,7 +8,7 @@
 //   mpirun -np 6 build/train_ps --launcher mpi --servers 2 --workers 4
 #include "comm/mpi/mpi_communicator.h"
 #include "nn/module.h"
-#include "ps/ps_run.h"
+#include "ps/run.h"
 
 namespace pipit {
 

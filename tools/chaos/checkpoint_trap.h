@@ -8,8 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "support/child_process.h"
 #include "tools/chaos/checkpoint_dir.h"
-#include "tools/chaos/child.h"
 #include "tools/chaos/dir_watch.h"
 
 namespace pipit::chaos {

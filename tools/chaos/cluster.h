@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "serialize/atomic_file.h"
-#include "tools/chaos/child.h"
+#include "support/child_process.h"
 #include "tools/chaos/log_tail.h"
 #include "tools/chaos/proxy.h"
 

@@ -27,8 +27,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "support/child_process.h"
 #include "tensor/error.h"
-#include "tools/chaos/child.h"
 #include "tools/chaos/frame_tracker.h"
 
 namespace pipit::chaos {

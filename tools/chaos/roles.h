@@ -15,11 +15,12 @@
 
 #include "nn/builders.h"
 #include "nn/registry.h"
-#include "pipeline/distributed_pipeline.h"
-#include "pipeline/worker.h"
+#include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline/remote/worker.h"
 #include "pipit.h"
-#include "samples/flags.h"
 #include "serialize/checkpoint.h"
+#include "support/flags.h"
+#include "support/tcp_flags.h"
 #include "tensor/parallel.h"
 
 namespace pipit::chaos {
@@ -27,12 +28,9 @@ namespace pipit::chaos {
 inline int worker_role(int argc, char** argv) {
   samples::Flags flags("chaos-worker", "pipit-worker's flags, in the chaos driver's roles.");
   flags.add("listen", "127.0.0.1:0", "address to accept coordinators and stages on");
-  flags.add("token-file", "", "file holding the shared token");
   flags.add("port-file", "", "write the bound port to this file");
-  flags.add("heartbeat-ms", "500", "heartbeat interval on idle connections");
-  flags.add("peer-timeout-ms", "5000", "a peer silent this long is reported lost");
+  samples::add_tcp_flags(flags, samples::TcpSide::worker);
   flags.add("package-timeout-ms", "30000", "a claiming coordinator must send its stage in this");
-  flags.add("connect-timeout-ms", "10000", "how long to wait for a neighbouring stage");
   flags.add("threads", "1", "CPU threads per kernel");
   flags.parse(argc, argv);
   try {
@@ -40,12 +38,8 @@ inline int worker_role(int argc, char** argv) {
     WorkerOptions options;
     options.listen = flags.str("listen");
     options.port_file = flags.str("port-file");
-    options.tcp.heartbeat_interval = std::chrono::milliseconds(flags.integer("heartbeat-ms"));
-    options.tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
+    options.tcp = samples::tcp_options(flags, samples::TcpSide::worker);
     options.package_timeout = std::chrono::milliseconds(flags.integer("package-timeout-ms"));
-    options.tcp.connect_timeout = std::chrono::milliseconds(flags.integer("connect-timeout-ms"));
-    if (!flags.str("token-file").empty())
-      options.tcp.token = read_token_file(flags.str("token-file"));
     run_worker(options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chaos-worker: %s\n", e.what());
@@ -71,9 +65,7 @@ inline int trainer_role(int argc, char** argv) {
   flags.add("threads", "1", "CPU threads per kernel");
   flags.add("print-every", "1", "steps between progress lines");
   flags.add("sample", "0", "ignored (train_gpt's)");
-  flags.add("peer-timeout-ms", "5000", "a worker silent this long is reported lost");
-  flags.add("heartbeat-ms", "500", "heartbeat interval");
-  flags.add("connect-timeout-ms", "10000", "how long to retry connecting to a busy worker");
+  samples::add_tcp_flags(flags, samples::TcpSide::coordinator);
   flags.add("step-timeout-ms", "30000", "a step fails when no stage has answered for this long");
   flags.parse(argc, argv);
   try {
@@ -117,11 +109,7 @@ inline int trainer_role(int argc, char** argv) {
     config.optimizer = {{"type", "AdamW"}, {"lr", flags.number("lr")}};
     config.max_grad_norm = 1.0;
     config.timeout = std::chrono::milliseconds(flags.integer("step-timeout-ms"));
-    TcpOptions tcp;
-    if (!flags.str("token-file").empty()) tcp.token = read_token_file(flags.str("token-file"));
-    tcp.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));
-    tcp.heartbeat_interval = std::chrono::milliseconds(flags.integer("heartbeat-ms"));
-    tcp.connect_timeout = std::chrono::milliseconds(flags.integer("connect-timeout-ms"));
+    const TcpOptions tcp = samples::tcp_options(flags, samples::TcpSide::coordinator);
     DistributedPipeline pipeline(*model, config, workers, tcp, optimizer_state);
     std::printf("chaos-trainer: %lld parameters, %zu stages\n",
                 static_cast<long long>(model->parameter_count()), workers.size());

@@ -7,12 +7,12 @@
 #include <cstring>
 #include <optional>
 
-#include "comm/control.h"
 #include "comm/frame.h"
 #include "comm/handshake.h"
+#include "pipeline/protocol/messages.h"
 #include "pipit.h"
-#include "ps/ps_messages.h"
-#include "ps/ps_package.h"
+#include "ps/messages.h"
+#include "ps/package.h"
 #include "tests/fuzz/harness/check.h"
 #include "tests/fuzz/harness/frame_input.h"
 
@@ -54,67 +54,45 @@ std::optional<Message> read_in_steps(const FrameHeader& header, std::string_view
 // exactly what writing the typed value back produces.
 void read_typed(const Message& message) {
   std::optional<Message> rewritten;
+  // Data and stage packages have harnesses of their own.
   const auto typed = [&] {
-    switch (message.kind) {
-      case MessageKind::StepBegin:
-        rewritten = to_message(read_step_begin(message), message.step);
-        break;
-      case MessageKind::OptimizerStep:
-        rewritten = to_message(read_optimizer_step(message), message.step);
-        break;
-      case MessageKind::StageDone:
-        rewritten = to_message(read_stage_done(message), message.step);
-        break;
-      case MessageKind::StageError:
-        rewritten = to_message(read_stage_error(message), message.step);
-        break;
-      case MessageKind::State:
-        rewritten = to_message(read_state_reply(message), message.step, message.tensors);
-        break;
-      case MessageKind::PeerLost:
-        rewritten = to_message(read_peer_lost(message));
-        break;
-      case MessageKind::RemapPrepare:
-        rewritten = to_message(read_remap_prepare(message), message.step);
-        break;
-      case MessageKind::LayerTransfer:
-        rewritten =
-            to_message(read_layer_transfer(message), message.step, message.chunk, message.tensors);
-        break;
-      case MessageKind::PsParameters:
-        rewritten = to_message(read_ps_parameters(message), message.tensors);
-        break;
-      case MessageKind::PsPush:
-        rewritten = to_message(read_ps_push(message), message.tensors);
-        break;
-      case MessageKind::PsError:
-        rewritten = to_message(read_ps_error(message));
-        break;
-      case MessageKind::PsPackage:  // its tensors come back in name order: read only
-        read_ps_package(message);
-        rewritten = message;
-        break;
-      case MessageKind::Hello:
-        rewritten =
-            std::visit([](const auto& m) { return to_message(m); }, read_handshake(message));
-        break;
-      case MessageKind::Abort:
-      case MessageKind::Shutdown:
-      case MessageKind::FetchState:
-      case MessageKind::OptimizerDone:
-      case MessageKind::Ready:
-      case MessageKind::Start:
-      case MessageKind::Heartbeat:
-      case MessageKind::RemapReady:
-      case MessageKind::RemapCommit:
-      case MessageKind::RemapDone:
-      case MessageKind::PsJoin:
-      case MessageKind::PsLeave:
-        read_empty(message);
-        rewritten = message;
-        break;
-      default:  // data and stage packages have harnesses of their own
-        break;
+    const MessageKind kind = message.kind;
+    if (kind == PipelineKind::StepBegin) {
+      rewritten = to_message(read_step_begin(message), message.step);
+    } else if (kind == PipelineKind::OptimizerStep) {
+      rewritten = to_message(read_optimizer_step(message), message.step);
+    } else if (kind == PipelineKind::StageDone) {
+      rewritten = to_message(read_stage_done(message), message.step);
+    } else if (kind == MessageKind::StageError) {
+      rewritten = to_message(read_stage_error(message), message.step);
+    } else if (kind == MessageKind::State) {
+      rewritten = to_message(read_state_reply(message), message.step, message.tensors);
+    } else if (kind == MessageKind::PeerLost) {
+      rewritten = to_message(read_peer_lost(message));
+    } else if (kind == PipelineKind::RemapPrepare) {
+      rewritten = to_message(read_remap_prepare(message), message.step);
+    } else if (kind == PipelineKind::LayerTransfer) {
+      rewritten =
+          to_message(read_layer_transfer(message), message.step, message.chunk, message.tensors);
+    } else if (kind == PsKind::Parameters) {
+      rewritten = to_message(read_ps_parameters(message), message.tensors);
+    } else if (kind == PsKind::Push) {
+      rewritten = to_message(read_ps_push(message), message.tensors);
+    } else if (kind == PsKind::Error) {
+      rewritten = to_message(read_ps_error(message));
+    } else if (kind == PsKind::Package) {  // its tensors come back in name order: read only
+      read_ps_package(message);
+      rewritten = message;
+    } else if (kind == MessageKind::Hello) {
+      rewritten = std::visit([](const auto& m) { return to_message(m); }, read_handshake(message));
+    } else if (kind == PipelineKind::Abort || kind == MessageKind::Shutdown ||
+               kind == PipelineKind::FetchState || kind == PipelineKind::OptimizerDone ||
+               kind == MessageKind::Ready || kind == MessageKind::Start ||
+               kind == MessageKind::Heartbeat || kind == PipelineKind::RemapReady ||
+               kind == PipelineKind::RemapCommit || kind == PipelineKind::RemapDone ||
+               kind == PsKind::Join || kind == PsKind::Leave) {
+      read_empty(message);
+      rewritten = message;
     }
   };
   if (!refuses_only_with<ControlError>("the typed control reader", typed) || !rewritten) return;
@@ -184,7 +162,7 @@ std::vector<std::string> frame_seeds() {
       {ones({2, 2})})));
   seeds.push_back(encode_frame(to_message(Hello{1, "a1b2", "session-7"})));
   // Data frames: activations of several dtypes, an empty tensor, and a weights reply.
-  Message activation(MessageKind::Activation, 3, 1, 2,
+  Message activation(PipelineKind::Activation, 3, 1, 2,
                      {from_vector<float>({1, -2, 3.5f, 0, 1e-30f, -0.0f}, {2, 3}),
                       from_vector<int64_t>({5, -7}, {2}), zeros({0, 4}),
                       from_vector<float>({0.25f, 8}, {2}).to(DType::bf16)});

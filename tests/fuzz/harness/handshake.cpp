@@ -3,7 +3,7 @@
 // a token). Bad metas must be ControlErrors and end the handshake with a reason; nothing may
 // escape the state machine. Kept small: the handshake's types may still change.
 #include "comm/handshake.h"
-#include "comm/control.h"
+#include "pipeline/protocol/messages.h"
 #include "pipit.h"
 #include "tests/fuzz/harness/check.h"
 

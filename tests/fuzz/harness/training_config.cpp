@@ -9,7 +9,7 @@
 #include "loss/loss.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline_config.h"
-#include "pipeline/schedule.h"
+#include "pipeline/schedules/schedule.h"
 #include "pipit.h"
 #include "tests/fuzz/harness/check.h"
 
