@@ -6,7 +6,7 @@
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
 #include "tensor/kernel_layout.h"
-#include "tensor/node.h"
+#include "autograd/node.h"
 
 namespace pipit {
 namespace {

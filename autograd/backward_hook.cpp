@@ -1,6 +1,6 @@
 #include "autograd/backward_hook.h"
 
-#include "tensor/node.h"
+#include "autograd/node.h"
 
 namespace pipit {
 namespace {

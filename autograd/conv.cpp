@@ -4,7 +4,7 @@
 #include "autograd/reduce.h"
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
-#include "tensor/node.h"
+#include "autograd/node.h"
 
 namespace pipit {
 namespace {

@@ -3,7 +3,7 @@
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
 #include "tensor/factory.h"
-#include "tensor/node.h"
+#include "autograd/node.h"
 
 namespace pipit {
 namespace {

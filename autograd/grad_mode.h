@@ -1,4 +1,21 @@
 #pragma once
-// Grad mode lives in tensor/grad_mode.h, beside the engine behind Tensor::backward; this
-// header keeps the autograd/ include that nn/, optim/ and users write.
-#include "tensor/grad_mode.h"
+
+namespace pipit {
+
+// Whether differentiable ops record the graph on this thread (each pipeline stage has its own).
+bool is_grad_enabled();
+void set_grad_enabled(bool enabled);
+
+// Disables graph recording on this thread for its lifetime.
+class NoGradGuard {
+ public:
+  NoGradGuard() : previous_(is_grad_enabled()) { set_grad_enabled(false); }
+  ~NoGradGuard() { set_grad_enabled(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+}  // namespace pipit

@@ -5,7 +5,7 @@
 #include "autograd/elementwise.h"
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
-#include "tensor/node.h"
+#include "autograd/node.h"
 
 namespace pipit {
 namespace {

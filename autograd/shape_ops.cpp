@@ -6,7 +6,7 @@
 #include "autograd/reduce.h"
 #include "tensor/backend.h"
 #include "tensor/factory.h"
-#include "tensor/node.h"
+#include "autograd/node.h"
 
 namespace pipit {
 namespace {

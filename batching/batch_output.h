@@ -5,7 +5,7 @@
 // reader. The autograd engine applies the node even when no edge brought it a gradient.
 #include <memory>
 
-#include "autograd/function.h"
+#include "autograd/node.h"
 
 namespace pipit::batching {
 

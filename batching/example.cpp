@@ -7,7 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "tensor/grad_mode.h"
+#include "autograd/grad_mode.h"
 
 namespace pipit::batching {
 namespace {

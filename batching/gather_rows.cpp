@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "autograd/function.h"
+#include "autograd/node.h"
 #include "batching/batch_output.h"
 #include "tensor/factory.h"
 

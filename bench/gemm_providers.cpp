@@ -31,6 +31,7 @@
 
 #include "bench/peak_flops.h"
 #include "bench/results.h"
+#include "support/flags.h"
 
 namespace {
 
@@ -149,18 +150,14 @@ double time_gemm(const Provider& p, const Shape& s, const float* a, const float*
 }  // namespace
 
 int main(int argc, char** argv) {
-  int rounds = 5;
-  bool append = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
-    } else if (!std::strcmp(argv[i], "--append")) {
-      append = true;
-    } else {
-      std::fprintf(stderr, "usage: %s [--rounds N] [--append]\n", argv[0]);
-      return 2;
-    }
-  }
+  samples::Flags flags("gemm_providers",
+                       "Times f32 GEMM per provider (OpenBLAS, oneDNN, BLIS) against one core's "
+                       "measured peak, on the shapes pipit's models run.");
+  flags.add("rounds", "5", "timed rounds per shape (the median is kept)");
+  flags.add_switch("append", "append the table to bench/RESULTS.md");
+  flags.parse(argc, argv);
+  const int rounds = static_cast<int>(flags.integer("rounds"));
+  const bool append = flags.on("append");
   // One thread everywhere: OpenBLAS's own pool, BLIS's, and the OpenMP one oneDNN uses.
   openblas_set_num_threads(1);
   omp_set_num_threads(1);

@@ -15,6 +15,7 @@
 
 #include "bench/gpu_bench.h"
 #include "pipit.h"
+#include "support/flags.h"
 #include "tensor/cuda/attention_provider.h"
 #include "tensor/kernel_layout.h"
 #include "tensor/stream.h"
@@ -72,14 +73,21 @@ nlohmann::json time_attention(const std::string& dtype_name, const std::string& 
 
 int main(int argc, char** argv) {
   try {
-    bench::Flags flags(argc, argv, {});
-    const auto dtypes = bench::split(flags.take("dtypes", "bf16,f16,f32"));
-    const auto shapes = bench::split(flags.take("shapes", "8x12x1024x64,2x12x4096x64"));
-    const std::string provider = flags.take("provider", "pipit");
-    PIPIT_CHECK(provider == "pipit" || provider == "cudnn", "unknown provider '", provider,
-                "' (pipit, cudnn)");
-    const int64_t warmup = flags.take_int("warmup", 3), repeats = flags.take_int("repeats", 10);
-    flags.finish();
+    samples::Flags flags("gpu_attention",
+                         "Fused causal attention on one GPU, forward and backward.");
+    flags.add("dtypes", "bf16,f16,f32", "dtypes to time");
+    flags.add("shapes", "8x12x1024x64,2x12x4096x64", "BxHxTxD shapes");
+    flags.add("provider", "pipit", "pipit or cudnn");
+    flags.add("warmup", "3", "untimed calls first");
+    flags.add("repeats", "10", "timed calls");
+    flags.parse(argc, argv);
+    const auto dtypes = flags.items("dtypes");
+    const auto shapes = flags.items("shapes");
+    const std::string provider = flags.str("provider");
+    if (provider != "pipit" && provider != "cudnn") {
+      flags.fail("--provider takes pipit or cudnn, got '" + provider + "'");
+    }
+    const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
     if (!bench::has_cuda_device("gpu_attention")) return 0;
     cuda::set_attention_provider(provider == "cudnn" ? cuda::AttentionProvider::cudnn
                                                      : cuda::AttentionProvider::pipit);

@@ -1,10 +1,9 @@
 #pragma once
-// What the gpu_* benchmarks share: `--name value` flags with defaults, the CUDA device check
+// What the gpu_* benchmarks share (their flags are support/flags.h's): the CUDA device check
 // (a machine without a GPU is not an error: the benchmark says so and exits 0), and timing.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -12,51 +11,6 @@
 #include "tensor/error.h"
 
 namespace pipit::bench {
-
-class Flags {
- public:
-  // `switches` take no value; every other flag takes one.
-  Flags(int argc, char** argv, const std::vector<std::string>& switches) {
-    for (int i = 1; i < argc; ++i) {
-      const std::string arg = argv[i];
-      PIPIT_CHECK(arg.starts_with("--"), "expected a --flag, got '", arg, "'");
-      const std::string name = arg.substr(2);
-      if (std::find(switches.begin(), switches.end(), name) != switches.end()) {
-        values_.insert_or_assign(name, std::string("1"));
-      } else {
-        PIPIT_CHECK(i + 1 < argc, "flag ", arg, " needs a value");
-        values_.insert_or_assign(name, std::string(argv[++i]));
-      }
-    }
-  }
-  // Each flag is read once; finish() then rejects the ones nobody read.
-  std::string take(const std::string& name, const std::string& fallback) {
-    auto it = values_.find(name);
-    if (it == values_.end()) return fallback;
-    std::string value = it->second;
-    values_.erase(it);
-    return value;
-  }
-  int64_t take_int(const std::string& name, int64_t fallback) {
-    return std::stoll(take(name, std::to_string(fallback)));
-  }
-  bool take_switch(const std::string& name) { return take(name, "") == "1"; }
-  void finish() const { PIPIT_CHECK(values_.empty(), "unknown flag --", values_.begin()->first); }
-
- private:
-  std::map<std::string, std::string> values_;
-};
-
-inline std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> items;
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t end = std::min(list.find(',', start), list.size());
-    if (end > start) items.push_back(list.substr(start, end - start));
-    start = end + 1;
-  }
-  return items;
-}
 
 // False, after saying why, when there is no CUDA device to run on.
 inline bool has_cuda_device(const char* program) {

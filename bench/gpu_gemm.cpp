@@ -12,6 +12,7 @@
 
 #include "bench/gpu_bench.h"
 #include "pipit.h"
+#include "support/flags.h"
 #include "tensor/precision.h"
 #include "tensor/stream.h"
 
@@ -50,11 +51,15 @@ std::vector<double> time_gemm(const std::string& kind, int64_t n, int64_t iters,
 
 int main(int argc, char** argv) {
   try {
-    bench::Flags flags(argc, argv, {});
-    const auto kinds = bench::split(flags.take("dtypes", "f32,tf32,bf16,bf16-f32"));
-    const auto sizes = bench::split(flags.take("sizes", "1024,2048,4096,8192"));
-    const int64_t warmup = flags.take_int("warmup", 3), repeats = flags.take_int("repeats", 10);
-    flags.finish();
+    samples::Flags flags("gpu_gemm", "Square GEMMs on one GPU, per dtype and size.");
+    flags.add("dtypes", "f32,tf32,bf16,bf16-f32", "kinds of product to time");
+    flags.add("sizes", "1024,2048,4096,8192", "matrix sizes");
+    flags.add("warmup", "3", "untimed products first");
+    flags.add("repeats", "10", "timed products");
+    flags.parse(argc, argv);
+    const auto kinds = flags.items("dtypes");
+    const auto sizes = flags.items("sizes");
+    const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
     if (!bench::has_cuda_device("gpu_gemm")) return 0;
     for (const auto& kind : kinds) {
       for (const auto& size : sizes) {

@@ -21,6 +21,7 @@
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
+#include "support/flags.h"
 #include "tensor/cuda/attention_provider.h"
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/op_timer.h"
@@ -120,24 +121,37 @@ nlohmann::json run_mode(const std::string& mode, const Options& o) {
 
 int main(int argc, char** argv) {
   try {
-    bench::Flags flags(argc, argv, {"profile"});
-    const auto modes = bench::split(flags.take("modes", "f32,tf32,bf16"));
+    samples::Flags flags("gpu_gpt2", "GPT-2 training steps on one GPU, per precision mode.");
+    flags.add("modes", "f32,tf32,bf16", "precision modes to time (f32, tf32, bf16)");
+    flags.add("layers", "12", "transformer blocks");
+    flags.add("heads", "12", "attention heads");
+    flags.add("width", "768", "model width");
+    flags.add("context", "1024", "tokens per sequence");
+    flags.add("vocab", "50257", "vocabulary size");
+    flags.add("batch", "8", "sequences per step");
+    flags.add("warmup", "3", "untimed steps first");
+    flags.add("steps", "10", "timed steps");
+    flags.add("top", "25", "ops listed by --profile");
+    flags.add_switch("profile", "time every backend op (cuda::OpTimer) in one more step");
+    flags.add("attention", "automatic", "fused attention provider: automatic, pipit or cudnn");
+    flags.parse(argc, argv);
+    const auto modes = flags.items("modes");
     Options o;
-    o.model.layers = flags.take_int("layers", 12);
-    o.model.heads = flags.take_int("heads", 12);
-    o.model.width = flags.take_int("width", 768);
-    o.model.context = flags.take_int("context", 1024);
-    o.model.vocab_size = flags.take_int("vocab", 50257);
+    o.model.layers = flags.integer("layers");
+    o.model.heads = flags.integer("heads");
+    o.model.width = flags.integer("width");
+    o.model.context = flags.integer("context");
+    o.model.vocab_size = flags.integer("vocab");
     o.model.dropout = 0.0;
-    o.batch = flags.take_int("batch", 8);
-    o.warmup = flags.take_int("warmup", 3);
-    o.steps = flags.take_int("steps", 10);
-    o.top = flags.take_int("top", 25);
-    o.profile = flags.take_switch("profile");
-    const std::string attention = flags.take("attention", "automatic");
-    PIPIT_CHECK(attention == "automatic" || attention == "pipit" || attention == "cudnn",
-                "unknown --attention '", attention, "' (automatic, pipit, cudnn)");
-    flags.finish();
+    o.batch = flags.integer("batch");
+    o.warmup = flags.integer("warmup", 0);
+    o.steps = flags.integer("steps");
+    o.top = flags.integer("top", 0);
+    o.profile = flags.on("profile");
+    const std::string attention = flags.str("attention");
+    if (attention != "automatic" && attention != "pipit" && attention != "cudnn") {
+      flags.fail("--attention takes automatic, pipit or cudnn, got '" + attention + "'");
+    }
     if (!bench::has_cuda_device("gpu_gpt2")) return 0;
     cuda::set_attention_provider(attention == "cudnn"   ? cuda::AttentionProvider::cudnn
                                  : attention == "pipit" ? cuda::AttentionProvider::pipit

@@ -25,13 +25,14 @@
 
 #include <sys/prctl.h>
 
-#include "autograd/function.h"
+#include "autograd/node.h"
 #include "bench/worker_process.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/remote/distributed_pipeline.h"
 #include "pipeline/schedules/schedule.h"
 #include "pipit.h"
+#include "support/flags.h"
 #include "support/sleep_layer.h"
 #include "tensor/cpu/cpu_allocator.h"
 
@@ -309,28 +310,19 @@ std::string processes_table(int64_t layer_us) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 4 && std::strcmp(argv[1], "--worker") == 0) {
-    return bench::worker_role(argv[2], std::atof(argv[3]));
-  }
-  int64_t layer_us = 4000;
-  bool append = true;
-  std::string timeline_schedule;
-  int timeline_m = 0;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--no-append") == 0) {
-      append = false;
-    } else if (std::strcmp(argv[i], "--layer-ms") == 0 && i + 1 < argc) {
-      layer_us = static_cast<int64_t>(std::stod(argv[++i]) * 1000);
-    } else if (std::strcmp(argv[i], "--timeline") == 0 && i + 2 < argc) {
-      timeline_schedule = argv[++i];
-      timeline_m = std::stoi(argv[++i]);
-    } else {
-      std::fprintf(stderr,
-                   "usage: pipeline_schedules [--layer-ms MS] [--no-append] [--timeline "
-                   "SCHEDULE M]\n");
-      return 2;
-    }
-  }
+  if (int status = 0; bench::worker_role(argc, argv, status)) return status;
+  samples::Flags flags("pipeline_schedules",
+                       "Every schedule's efficiency against theory, per-task overhead and memory, "
+                       "with sleeping layers (in-process and as worker processes).");
+  flags.add("layer-ms", "4", "a sleeping layer's forward time in ms (backward: twice that)");
+  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  flags.add("timeline", "", "print one step's timeline of this schedule instead");
+  flags.add("timeline-m", "8", "microbatches of --timeline's step");
+  flags.parse(argc, argv);
+  const int64_t layer_us = static_cast<int64_t>(flags.number("layer-ms") * 1000);
+  const bool append = !flags.on("no-append");
+  const std::string timeline_schedule = flags.str("timeline");
+  const int timeline_m = static_cast<int>(flags.integer("timeline-m"));
   set_num_threads(1);
   if (!timeline_schedule.empty()) {
     // Only the timeline of one step of the efficiency experiment, one column per layer cost.

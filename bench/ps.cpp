@@ -34,6 +34,7 @@
 #include "ps/tcp.h"
 #include "serialize/atomic_file.h"
 #include "support/child_process.h"
+#include "support/flags.h"
 
 using namespace pipit;
 namespace fs = std::filesystem;
@@ -278,18 +279,12 @@ std::string format(const char* pattern, auto... values) {
 }
 
 int run(int argc, char** argv) {
-  int64_t steps = 40;
-  bool append = true;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--no-append") == 0) {
-      append = false;
-    } else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
-      steps = std::max<int64_t>(10, std::atoll(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: ps [--steps N] [--no-append]\n");
-      return 2;
-    }
-  }
+  samples::Flags flags("ps", "The parameter server's modes against PyTorch DDP, like for like.");
+  flags.add("steps", "40", "training steps per row (>= 10)");
+  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  flags.parse(argc, argv);
+  const int64_t steps = flags.integer("steps", 10);
+  const bool append = !flags.on("no-append");
   const fs::path dir = fs::temp_directory_path() / ("pipit_bench_ps_" + std::to_string(getpid()));
   fs::create_directories(dir);
   std::ostringstream out;

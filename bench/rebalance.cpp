@@ -40,6 +40,7 @@
 #include "pipeline/remote/worker.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
+#include "support/flags.h"
 #include "support/sleep_layer.h"
 
 using namespace pipit;
@@ -168,24 +169,15 @@ PipelineConfig config_for(const Scenario& scenario, bool rebalance) {
 }  // namespace
 
 int run(int argc, char** argv) {
-  if (argc == 4 && std::strcmp(argv[1], "--worker") == 0) {
-    return bench::worker_role(argv[2], std::atof(argv[3]));
-  }
-  int steps = 40;
-  bool append = true;
-  std::string only;  // run only the rows whose "imbalance | model | stages in" contains this
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--no-append") == 0) {
-      append = false;
-    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
-      only = argv[++i];
-    } else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
-      steps = std::max(20, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: rebalance [--steps N] [--no-append] [--only TEXT]\n");
-      return 2;
-    }
-  }
+  if (int status = 0; bench::worker_role(argc, argv, status)) return status;
+  samples::Flags flags("rebalance", "Automatic layer rebalancing against the fitted optimum.");
+  flags.add("steps", "40", "training steps per row (>= 20)");
+  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  flags.add("only", "", "run only the rows whose \"imbalance | model | stages in\" contains this");
+  flags.parse(argc, argv);
+  const int steps = static_cast<int>(flags.integer("steps", 20));
+  const bool append = !flags.on("no-append");
+  const std::string only = flags.str("only");
   set_num_threads(1);
   bench::register_sleep_layer();
   const GptConfig blocks{65, 32, 16, 4, 64, 0.0};

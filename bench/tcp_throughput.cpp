@@ -35,6 +35,7 @@
 #include "pipeline/remote/distributed_pipeline.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
+#include "support/flags.h"
 
 using namespace pipit;
 using namespace pipit::bench;
@@ -308,24 +309,19 @@ int main(int argc, char** argv) {
     return 2;
 #endif
   }
-  bool append = true;
-  int rounds = 7;
-  std::string only;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--no-append") == 0) {
-      append = false;
-    } else if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
-    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc &&
-               (!std::strcmp(argv[i + 1], "tcp") || !std::strcmp(argv[i + 1], "mpi") ||
-                !std::strcmp(argv[i + 1], "gpt"))) {
-      only = argv[++i];
-      append = false;
-    } else {
-      std::fprintf(stderr, "usage: %s [--rounds N] [--no-append] [--only tcp|mpi|gpt]\n", argv[0]);
-      return 2;
-    }
+  samples::Flags flags("tcp_throughput",
+                       "TCP and MPI transports against raw sockets and raw MPI, and a GPT step "
+                       "across worker processes.");
+  flags.add("rounds", "7", "timed rounds per size (the median is kept)");
+  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  flags.add("only", "", "run one part: tcp, mpi or gpt (printed only, never appended)");
+  flags.parse(argc, argv);
+  const int rounds = static_cast<int>(flags.integer("rounds"));
+  const std::string only = flags.str("only");
+  if (!only.empty() && only != "tcp" && only != "mpi" && only != "gpt") {
+    flags.fail("--only takes tcp, mpi or gpt, got '" + only + "'");
   }
+  const bool append = !flags.on("no-append") && only.empty();
   set_num_threads(1);
   signal(SIGPIPE, SIG_IGN);
   Tables tables;

@@ -2,7 +2,8 @@
 // Worker processes for the benchmarks that run a pipeline across processes (bench/rebalance,
 // bench/pipeline_schedules): a worker serving one run, started by the benchmark itself and
 // stopped when the object goes. Sleep-cost models need workers that know SleepLayer: the
-// benchmark's own binary in its worker role (worker_role); others use pipit-worker.
+// benchmark's own binary in its worker role (worker_role: pipit-worker's flags after
+// --worker); others use pipit-worker.
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -19,6 +20,7 @@
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 #include "support/sleep_layer.h"
+#include "support/worker_main.h"
 
 extern char** environ;
 
@@ -33,20 +35,18 @@ class Worker {
     const std::string binary =
         sleep_cost ? self.string() : (self.parent_path() / "pipit-worker").string();
     const std::string port_file = (dir / ("port" + std::to_string(index))).string();
-    std::vector<std::string> args =
-        sleep_cost
-            ? std::vector<std::string>{binary, "--worker", port_file, std::to_string(slowdown)}
-            : std::vector<std::string>{binary,
-                                       "--listen",
-                                       "127.0.0.1:0",
-                                       "--runs",
-                                       "1",
-                                       "--port-file",
-                                       port_file,
-                                       "--threads",
-                                       "1",
-                                       "--slowdown",
-                                       std::to_string(slowdown)};
+    std::vector<std::string> args = {binary,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--runs",
+                                     "1",
+                                     "--port-file",
+                                     port_file,
+                                     "--threads",
+                                     "1",
+                                     "--slowdown",
+                                     std::to_string(slowdown)};
+    if (sleep_cost) args.insert(args.begin() + 1, "--worker");
     fs::remove(port_file);  // an earlier worker's
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -79,19 +79,13 @@ class Worker {
   std::string endpoint_;
 };
 
-// The worker role of a benchmark binary: pipit-worker's defaults, serving one run, with
-// SleepLayer known.
-inline int worker_role(const std::string& port_file, double slowdown) {
-  set_num_threads(1);
+// The worker role of a benchmark binary (`BINARY --worker FLAGS`): pipit-worker, with
+// SleepLayer known. True when argv asks for it; then `status` is the worker's exit status.
+inline bool worker_role(int argc, char** argv, int& status) {
+  if (argc < 2 || std::string(argv[1]) != "--worker") return false;
   register_sleep_layer();
-  WorkerOptions options;
-  options.listen = "127.0.0.1:0";
-  options.runs = 1;
-  options.port_file = port_file;
-  options.slowdown = slowdown;
-  options.threads = 1;
-  run_worker(options);
-  return 0;
+  status = samples::worker_main(argc - 1, argv + 1, std::string(argv[0]) + " --worker");
+  return true;
 }
 
 }  // namespace pipit::bench

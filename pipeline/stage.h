@@ -20,7 +20,7 @@
 #include "pipeline/schedules/task.h"
 #include "pipeline/tied_parameters.h"
 #include "pipeline/trace.h"
-#include "tensor/split_backward.h"
+#include "autograd/split_backward.h"
 #include "tensor/stream.h"
 
 namespace pipit {

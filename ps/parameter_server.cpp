@@ -8,7 +8,7 @@
 #include "comm/control.h"
 #include "ps/messages.h"
 #include "tensor/backend.h"
-#include "tensor/grad_mode.h"
+#include "autograd/grad_mode.h"
 
 namespace pipit {
 

@@ -6,7 +6,7 @@
 #include "autograd/ops.h"
 #include "comm/control.h"
 #include "ps/messages.h"
-#include "tensor/grad_mode.h"
+#include "autograd/grad_mode.h"
 
 namespace pipit {
 namespace {

@@ -150,7 +150,10 @@ int64_t first_step(const Setup& s, const PsWorker& worker) {
 void print_stats(const PsServerStats& stats, int shard) {
   std::string histogram;
   for (const auto& [staleness, count] : stats.staleness) {
-    histogram += " " + std::to_string(staleness) + ":" + std::to_string(count);
+    histogram.append(" ")
+        .append(std::to_string(staleness))
+        .append(":")
+        .append(std::to_string(count));
   }
   std::printf(
       "shard %d: %lld updates, %lld gradients, %lld refused, %.2f MB pushed, "

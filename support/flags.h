@@ -32,6 +32,17 @@ class Flags {
         continue;
       }
       if (arg.rfind("--", 0) != 0) fail("unexpected argument '" + arg + "'");
+      // --name=value is --name value.
+      if (const size_t equals = arg.find('='); equals != std::string::npos) {
+        const std::string name = arg.substr(2, equals - 2);
+        if (!values_.count(name) || switches_.count(name)) fail("unknown flag '--" + name + "'");
+        if (repeatable_.count(name)) {
+          lists_[name].push_back(arg.substr(equals + 1));
+        } else {
+          values_[name] = arg.substr(equals + 1);
+        }
+        continue;
+      }
       if (!values_.count(arg.substr(2))) fail("unknown flag '" + arg + "'");
       if (switches_.count(arg.substr(2))) {
         values_[arg.substr(2)] = "true";

@@ -11,7 +11,7 @@
 
 #include <sys/prctl.h>
 
-#include "autograd/function.h"
+#include "autograd/node.h"
 #include "nn/registry.h"
 #include "pipit.h"
 

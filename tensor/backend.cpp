@@ -1,8 +1,10 @@
 // backend(device): the one place that maps a device to its kernels.
 #include "tensor/backend.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <string_view>
 
 #include "tensor/cpu/cpu_backend.h"
 #ifdef PIPIT_WITH_CUDA
@@ -23,6 +25,56 @@ std::atomic<Backend*>* override_slot(Device device) {
   const size_t slot = device.is_cpu() ? 0 : 1 + static_cast<size_t>(device.index);
   return device.index >= 0 && slot < overrides.size() ? &overrides[slot] : nullptr;
 }
+
+// PIPIT_BACKEND_OPS's entries spell each op's arguments beside its parameters, for code that
+// forwards a call (cuda::OpTimer, compiled only with CUDA); a misspelt or reordered name must
+// not wait for such a build, nor pass it when the swapped parameters share a type.
+constexpr bool is_identifier_char(char c) {
+  return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+constexpr std::string_view trim(std::string_view s) {
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  return s;
+}
+
+// Whether `args`, as "(a, dims)", names the parameters of `params`, as
+// "(const Tensor& a, std::span<const int64_t> dims)", in order.
+constexpr bool arguments_name_parameters(std::string_view params, std::string_view args) {
+  params = trim(params);
+  args = trim(args);
+  if (params.size() < 2 || params.front() != '(' || params.back() != ')' || args.size() < 2 ||
+      args.front() != '(' || args.back() != ')')
+    return false;
+  params = params.substr(1, params.size() - 2);
+  args = args.substr(1, args.size() - 2);
+  while (true) {
+    size_t comma = 0;  // the next comma outside <>, () and []
+    for (int depth = 0; comma < params.size(); ++comma) {
+      const char c = params[comma];
+      if (c == '<' || c == '(' || c == '[') ++depth;
+      if (c == '>' || c == ')' || c == ']') --depth;
+      if (c == ',' && depth == 0) break;
+    }
+    const size_t arg_comma = std::min(args.find(','), args.size());
+    const std::string_view param = trim(params.substr(0, comma));
+    size_t name = param.size();
+    while (name > 0 && is_identifier_char(param[name - 1])) --name;
+    if (param.substr(name) != trim(args.substr(0, arg_comma))) return false;
+    if (comma == params.size() || arg_comma == args.size())
+      return comma == params.size() && arg_comma == args.size();
+    params.remove_prefix(comma + 1);
+    args.remove_prefix(arg_comma + 1);
+  }
+}
+
+#define PIPIT_CHECK_ARGUMENTS(name, params, args)            \
+  static_assert(arguments_name_parameters(#params, #args),   \
+                "PIPIT_BACKEND_OPS: the arguments of " #name \
+                " must be its parameters' names, in order");
+PIPIT_BACKEND_OPS(PIPIT_CHECK_ARGUMENTS)
+#undef PIPIT_CHECK_ARGUMENTS
 
 }  // namespace
 

@@ -57,106 +57,156 @@ struct AdamWParams {
   int64_t step;  // 1-based, for bias correction
 };
 
+// The ops every backend provides, written once: each entry X(name, (parameters), (arguments))
+// is a method `void name(parameters)`; the arguments are the parameters' names, in order, for
+// code that forwards a call (cuda::OpTimer), and backend.cpp checks at compile time that they
+// match. Backend declares each op pure virtual, and CpuBackend, CudaBackend and cuda::OpTimer
+// declare their overrides from this list with PIPIT_BACKEND_OVERRIDE.
+//
+// Adding an op is one entry here, with its comment, plus its kernels: a definition
+// `void CpuBackend::name(...)` in tensor/cpu/*.cpp and `void CudaBackend::name(...)` in
+// tensor/cuda/* (OpTimer forwards it by itself). A backend without its definition fails to
+// link, naming the method. Comments in the list are /* */: a // comment would swallow the
+// lines after it.
+#define PIPIT_BACKEND_OPS(X)                                                                       \
+  /* dst = src, element by element over any strides, converting dtype. */                          \
+  X(copy, (const Tensor& src, const Tensor& dst), (src, dst))                                      \
+  X(fill, (const Tensor& out, double value), (out, value))                                         \
+  X(arange, (const Tensor& out, double start, double step), (out, start, step))                    \
+  /* Uniform in [low, high) and normal(mean, std) from `generator`'s counters. */                  \
+  X(uniform, (const Tensor& out, Generator& generator, double low, double high),                   \
+    (out, generator, low, high))                                                                   \
+  X(normal, (const Tensor& out, Generator& generator, double mean, double std),                    \
+    (out, generator, mean, std))                                                                   \
+  /* Inverted dropout on contiguous tensors in one pass: element i is kept when the uniform        \
+     draw uniform(out) would make for it is >= p; mask = kept / (1 - p), out = in * mask. */       \
+  X(dropout,                                                                                       \
+    (const Tensor& in, Generator& generator, double p, const Tensor& out, const Tensor& mask),     \
+    (in, generator, p, out, mask))                                                                 \
+                                                                                                   \
+  /* Elementwise. Inputs have out's shape (broadcast inputs arrive as expanded views). */          \
+  X(unary, (UnaryOp op, const Tensor& in, const Tensor& out), (op, in, out))                       \
+  X(binary, (BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out), (op, a, b, out))   \
+  X(where, (const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out),              \
+    (mask, a, b, out))                                                                             \
+                                                                                                   \
+  /* Reduces `in` over `dims` into out, which has in's rank with those dims of size 1. */          \
+  X(reduce, (ReduceOp op, const Tensor& in, std::span<const int64_t> dims, const Tensor& out),     \
+    (op, in, dims, out))                                                                           \
+  X(argmax, (const Tensor& in, int64_t dim, const Tensor& out), (in, dim, out))                    \
+                                                                                                   \
+  /* out[..., M, N] = a[..., M, K] @ b[..., K, N] (+ out when accumulate); batch dims are          \
+     already broadcast. a and b share a dtype; out has it too, or is f32 for f16/bf16 inputs       \
+     (products accumulate in f32 either way). */                                                   \
+  X(matmul, (const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate),                \
+    (a, b, out, accumulate))                                                                       \
+                                                                                                   \
+  X(softmax, (const Tensor& in, int64_t dim, bool log, const Tensor& out), (in, dim, log, out))    \
+  X(softmax_backward,                                                                              \
+    (const Tensor& grad, const Tensor& out, int64_t dim, bool log, const Tensor& grad_in),         \
+    (grad, out, dim, log, grad_in))                                                                \
+  /* Causal attention weights in one pass: softmax over the last dim of scale * scores, scores     \
+     [..., T, T], where query row i sees keys 0..i and the later keys get weight 0. The            \
+     backward is grad_scores = scale * out * (grad - sum(grad * out)) over the row. */             \
+  X(causal_softmax, (const Tensor& scores, double scale, const Tensor& out), (scores, scale, out)) \
+  X(causal_softmax_backward,                                                                       \
+    (const Tensor& grad, const Tensor& out, double scale, const Tensor& grad_scores),              \
+    (grad, out, scale, grad_scores))                                                               \
+  /* Fused attention of q [B, H, Tq, D] over k and v [B, H, Tk, D] (any strides with unit          \
+     stride in D): out = softmax(scale * q k^T) v, where with `causal` query i sees keys           \
+     0..i + Tk - Tq (the last query sees every key, as a KV cache needs). The [Tq, Tk] weights     \
+     are never held: lse [B, H, Tq] (contiguous; f64 for f64 inputs, else f32) gets each           \
+     query's log-sum-exp of its scaled scores, all the backward needs to rebuild them. q, k, v     \
+     and out share a dtype. */                                                                     \
+  X(attention,                                                                                     \
+    (const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,                 \
+     const Tensor& out, const Tensor& lse),                                                        \
+    (q, k, v, scale, causal, out, lse))                                                            \
+  /* Overwrites grad_q, grad_k and grad_v (q's, k's and v's shapes; any strides, unit in D).       \
+     Each gradient element is summed in one fixed order: the bits do not depend on timing. */      \
+  X(attention_backward,                                                                            \
+    (const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, \
+     const Tensor& lse, double scale, bool causal, const Tensor& grad_q, const Tensor& grad_k,     \
+     const Tensor& grad_v),                                                                        \
+    (grad_out, q, k, v, out, lse, scale, causal, grad_q, grad_k, grad_v))                          \
+  /* Normalises over the last dim; mean and rstd have the leading dims' numel. */                  \
+  X(layer_norm,                                                                                    \
+    (const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,     \
+     const Tensor& mean, const Tensor& rstd),                                                      \
+    (x, weight, bias, eps, out, mean, rstd))                                                       \
+  X(layer_norm_backward,                                                                           \
+    (const Tensor& grad, const Tensor& x, const Tensor& weight, const Tensor& mean,                \
+     const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,                          \
+     const Tensor& grad_bias),                                                                     \
+    (grad, x, weight, mean, rstd, grad_x, grad_weight, grad_bias))                                 \
+  /* out[i, :] = weight[indices[i], :]; the backward adds rows of grad into grad_weight. */        \
+  X(embedding, (const Tensor& weight, const Tensor& indices, const Tensor& out),                   \
+    (weight, indices, out))                                                                        \
+  X(embedding_backward, (const Tensor& grad, const Tensor& indices, const Tensor& grad_weight),    \
+    (grad, indices, grad_weight))                                                                  \
+  /* Per-row -log softmax(logits)[target] for logits [N, C]; ignored rows give 0. */               \
+  X(cross_entropy,                                                                                 \
+    (const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& losses),     \
+    (logits, targets, ignore_index, losses))                                                       \
+  /* grad_logits = (softmax(logits) - onehot(target)) * scale, zero on ignored rows. scale is a    \
+     one-element tensor of the logits' dtype on their device (the loss's gradient over the row     \
+     count, computed there: reading it on the host would wait for the device). */                  \
+  X(cross_entropy_backward,                                                                        \
+    (const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& scale,       \
+     const Tensor& grad_logits),                                                                   \
+    (logits, targets, ignore_index, scale, grad_logits))                                           \
+                                                                                                   \
+  /* Convolution (groups = 1, no bias: autograd adds it) and pooling over [N, C, H, W], as         \
+     PyTorch computes them. x [N, C, H, W] * weight [O, C, kh, kw] -> out [N, O, OH, OW]; the      \
+     backward ops overwrite grad_x and grad_weight. Max pooling treats padding as -inf and         \
+     records in argmax (i64, out's shape) the in-plane offset h * W + w of each window's first     \
+     maximum, where its gradient goes; average pooling counts padding in the mean. */              \
+  X(conv2d,                                                                                        \
+    (const Tensor& x, const Tensor& weight, const Conv2dGeometry& geometry, const Tensor& out),    \
+    (x, weight, geometry, out))                                                                    \
+  X(conv2d_backward_input,                                                                         \
+    (const Tensor& grad_out, const Tensor& weight, const Conv2dGeometry& geometry,                 \
+     const Tensor& grad_x),                                                                        \
+    (grad_out, weight, geometry, grad_x))                                                          \
+  X(conv2d_backward_weight,                                                                        \
+    (const Tensor& grad_out, const Tensor& x, const Conv2dGeometry& geometry,                      \
+     const Tensor& grad_weight),                                                                   \
+    (grad_out, x, geometry, grad_weight))                                                          \
+  X(max_pool2d,                                                                                    \
+    (const Tensor& x, const Pool2dGeometry& window, const Tensor& out, const Tensor& argmax),      \
+    (x, window, out, argmax))                                                                      \
+  X(max_pool2d_backward,                                                                           \
+    (const Tensor& grad_out, const Tensor& argmax, const Pool2dGeometry& window,                   \
+     const Tensor& grad_x),                                                                        \
+    (grad_out, argmax, window, grad_x))                                                            \
+  X(avg_pool2d, (const Tensor& x, const Pool2dGeometry& window, const Tensor& out),                \
+    (x, window, out))                                                                              \
+  X(avg_pool2d_backward,                                                                           \
+    (const Tensor& grad_out, const Pool2dGeometry& window, const Tensor& grad_x),                  \
+    (grad_out, window, grad_x))                                                                    \
+                                                                                                   \
+  /* Optimizer updates, in place on contiguous tensors. */                                         \
+  X(sgd_step,                                                                                      \
+    (const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr,            \
+     double momentum, double weight_decay, bool first_step),                                       \
+    (param, grad, momentum_buffer, lr, momentum, weight_decay, first_step))                        \
+  /* Updates every slot in one pass: one kernel launch on CUDA however many parameters. */         \
+  X(adamw_step, (std::span<const AdamWSlot> slots, const AdamWParams& params), (slots, params))
+
+// Declares one op of PIPIT_BACKEND_OPS as an override, in a backend's class:
+//   PIPIT_BACKEND_OPS(PIPIT_BACKEND_OVERRIDE)
+#define PIPIT_BACKEND_OVERRIDE(name, params, args) void name params override;
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
   virtual std::shared_ptr<Storage> allocate(size_t nbytes) = 0;
 
-  // dst = src, element by element over any strides, converting dtype.
-  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
-  virtual void fill(const Tensor& out, double value) = 0;
-  virtual void arange(const Tensor& out, double start, double step) = 0;
-  // Uniform in [low, high) and normal(mean, std) from `generator`'s counters.
-  virtual void uniform(const Tensor& out, Generator& generator, double low, double high) = 0;
-  virtual void normal(const Tensor& out, Generator& generator, double mean, double std) = 0;
-  // Inverted dropout on contiguous tensors in one pass: element i is kept when the uniform
-  // draw uniform(out) would make for it is >= p; mask = kept / (1 - p), out = in * mask.
-  virtual void dropout(const Tensor& in, Generator& generator, double p, const Tensor& out,
-                       const Tensor& mask) = 0;
-
-  // Elementwise. Inputs have out's shape (broadcast inputs arrive as expanded views).
-  virtual void unary(UnaryOp op, const Tensor& in, const Tensor& out) = 0;
-  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
-  virtual void where(const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
-
-  // Reduces `in` over `dims` into out, which has in's rank with those dims of size 1.
-  virtual void reduce(ReduceOp op, const Tensor& in, std::span<const int64_t> dims,
-                      const Tensor& out) = 0;
-  virtual void argmax(const Tensor& in, int64_t dim, const Tensor& out) = 0;
-
-  // out[..., M, N] = a[..., M, K] @ b[..., K, N] (+ out when accumulate); batch dims are
-  // already broadcast. a and b share a dtype; out has it too, or is f32 for f16/bf16 inputs
-  // (products accumulate in f32 either way).
-  virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) = 0;
-
-  virtual void softmax(const Tensor& in, int64_t dim, bool log, const Tensor& out) = 0;
-  virtual void softmax_backward(const Tensor& grad, const Tensor& out, int64_t dim, bool log,
-                                const Tensor& grad_in) = 0;
-  // Causal attention weights in one pass: softmax over the last dim of scale * scores, scores
-  // [..., T, T], where query row i sees keys 0..i and the later keys get weight 0. The backward
-  // is grad_scores = scale * out * (grad - sum(grad * out)) over the row.
-  virtual void causal_softmax(const Tensor& scores, double scale, const Tensor& out) = 0;
-  virtual void causal_softmax_backward(const Tensor& grad, const Tensor& out, double scale,
-                                       const Tensor& grad_scores) = 0;
-  // Fused attention of q [B, H, Tq, D] over k and v [B, H, Tk, D] (any strides with unit stride
-  // in D): out = softmax(scale * q k^T) v, where with `causal` query i sees keys 0..i + Tk - Tq
-  // (the last query sees every key, as a KV cache needs). The [Tq, Tk] weights are never held:
-  // lse [B, H, Tq] (contiguous; f64 for f64 inputs, else f32) gets each query's log-sum-exp of
-  // its scaled scores, all the backward needs to rebuild them. q, k, v and out share a dtype.
-  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                         bool causal, const Tensor& out, const Tensor& lse) = 0;
-  // Overwrites grad_q, grad_k and grad_v (q's, k's and v's shapes; any strides, unit in D).
-  // Each gradient element is summed in one fixed order: the bits do not depend on timing.
-  virtual void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
-                                  const Tensor& v, const Tensor& out, const Tensor& lse,
-                                  double scale, bool causal, const Tensor& grad_q,
-                                  const Tensor& grad_k, const Tensor& grad_v) = 0;
-  // Normalises over the last dim; mean and rstd have the leading dims' numel.
-  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                          const Tensor& out, const Tensor& mean, const Tensor& rstd) = 0;
-  virtual void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
-                                   const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
-                                   const Tensor& grad_weight, const Tensor& grad_bias) = 0;
-  // out[i, :] = weight[indices[i], :]; the backward adds rows of grad into grad_weight.
-  virtual void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) = 0;
-  virtual void embedding_backward(const Tensor& grad, const Tensor& indices,
-                                  const Tensor& grad_weight) = 0;
-  // Per-row -log softmax(logits)[target] for logits [N, C]; ignored rows give 0.
-  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                             const Tensor& losses) = 0;
-  // grad_logits = (softmax(logits) - onehot(target)) * scale, zero on ignored rows. scale is a
-  // one-element tensor of the logits' dtype on their device (the loss's gradient over the row
-  // count, computed there: reading it on the host would wait for the device).
-  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
-                                      int64_t ignore_index, const Tensor& scale,
-                                      const Tensor& grad_logits) = 0;
-
-  // Convolution (groups = 1, no bias: autograd adds it) and pooling over [N, C, H, W], as
-  // PyTorch computes them. x [N, C, H, W] * weight [O, C, kh, kw] -> out [N, O, OH, OW]; the
-  // backward ops overwrite grad_x and grad_weight. Max pooling treats padding as -inf and
-  // records in argmax (i64, out's shape) the in-plane offset h * W + w of each window's first
-  // maximum, where its gradient goes; average pooling counts padding in the mean.
-  virtual void conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& geometry,
-                      const Tensor& out) = 0;
-  virtual void conv2d_backward_input(const Tensor& grad_out, const Tensor& weight,
-                                     const Conv2dGeometry& geometry, const Tensor& grad_x) = 0;
-  virtual void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x,
-                                      const Conv2dGeometry& geometry,
-                                      const Tensor& grad_weight) = 0;
-  virtual void max_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out,
-                          const Tensor& argmax) = 0;
-  virtual void max_pool2d_backward(const Tensor& grad_out, const Tensor& argmax,
-                                   const Pool2dGeometry& window, const Tensor& grad_x) = 0;
-  virtual void avg_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out) = 0;
-  virtual void avg_pool2d_backward(const Tensor& grad_out, const Pool2dGeometry& window,
-                                   const Tensor& grad_x) = 0;
-
-  // Optimizer updates, in place on contiguous tensors.
-  virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
-                        double lr, double momentum, double weight_decay, bool first_step) = 0;
-  // Updates every slot in one pass: one kernel launch on CUDA however many parameters.
-  virtual void adamw_step(std::span<const AdamWSlot> slots, const AdamWParams& params) = 0;
+  // Every op of PIPIT_BACKEND_OPS, pure virtual.
+#define PIPIT_BACKEND_PURE(name, params, args) virtual void name params = 0;
+  PIPIT_BACKEND_OPS(PIPIT_BACKEND_PURE)
+#undef PIPIT_BACKEND_PURE
 };
 
 Backend& backend(Device device);

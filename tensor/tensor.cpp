@@ -55,7 +55,12 @@ void* Tensor::raw_data() const {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor host = device().is_cpu() ? *this : to(Device::cpu());
+  // As to(Device::cpu()) would copy, without recording a graph (that is autograd/'s).
+  Tensor host = *this;
+  if (!device().is_cpu()) {
+    host = Tensor::empty(shape(), dtype(), Device::cpu());
+    backend(device()).copy(*this, host);
+  }
   Tensor converted = Tensor::empty(shape(), DTypeOf<T>::value);
   backend(Device::cpu()).copy(host, converted);
   const T* p = static_cast<const T*>(converted.raw_data());

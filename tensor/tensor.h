@@ -77,7 +77,7 @@ class Tensor {
   std::vector<T> to_vector() const;
 
   // Copies: a contiguous copy when needed (contiguous), always (clone), to another dtype or
-  // device (to). All are differentiable for floating dtypes (tensor/copy.cpp).
+  // device (to). All are differentiable for floating dtypes (autograd/copy.cpp).
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(DType dtype) const;
@@ -95,7 +95,7 @@ class Tensor {
   bool is_leaf() const { return grad_fn() == nullptr; }
   // Backpropagates from this tensor: backward() needs a one-element tensor; backward(grad)
   // takes dL/dthis of this tensor's shape. Gradients accumulate into leaves' grad(). The
-  // engine is tensor/engine.cpp; the graph's nodes, tensor/node.h.
+  // engine is autograd/engine.cpp; the graph's nodes, autograd/node.h.
   void backward() const;
   void backward(const Tensor& grad) const;
 

@@ -10,7 +10,7 @@
 #include "nn/builders.h"
 #include "nn/transformer.h"
 #include "pipit.h"
-#include "tensor/node.h"
+#include "autograd/node.h"
 
 using namespace pipit;
 

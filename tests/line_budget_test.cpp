@@ -11,9 +11,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Measured 2026-11-26 at 10,990 lines (tensor 7,630, autograd 1,461, nn 1,323, loss 102,
-// optim 474).
-constexpr int64_t kCoreBudget = 11250;
+// Measured 2026-11-26 at 10,840 lines (tensor 7,128, autograd 1,813, nn 1,323, loss 102,
+// optim 474), after the backend's op list was written once (it was 10,990).
+constexpr int64_t kCoreBudget = 11100;
 const char* const kCoreFolders[] = {"tensor", "autograd", "nn", "loss", "optim"};
 
 bool is_source(const fs::path& path) {

@@ -1,7 +1,8 @@
 // Catch2's main, plus extra roles:
-//   pipit_tests --worker LISTEN PORT_FILE [--token=T] [--package-timeout-ms=N] [--slowdown=F]
-// runs a pipeline worker, so the distributed tests start real worker processes from this
-// same executable in every build configuration (sanitizers included);
+//   pipit_tests --worker FLAGS
+// is a worker with pipit-worker's flags (support/worker_main.h), so the distributed tests start
+// real worker processes from this same executable in every build configuration (sanitizers
+// included);
 //   pipit_tests --chaos-role worker|trainer FLAGS
 // are the chaos test's worker and trainer (tools/chaos/roles.h);
 //   pipit_tests --ps-role server|worker ...
@@ -14,12 +15,9 @@
 #include <string>
 
 #include "mpi_roles.h"
-#include "pipeline/remote/worker.h"
-#include "ps/messages.h"
-#include "ps/role.h"
 #include "ps_task.h"
 #include "support/sleep_layer.h"
-#include "tensor/parallel.h"
+#include "support/worker_main.h"
 #include "tools/chaos/roles.h"
 
 int main(int argc, char** argv) {
@@ -34,33 +32,10 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--ps-role") == 0) {
     return pipit::testing::ps_role_main(argc, argv);
   }
-  if (argc >= 4 && std::strcmp(argv[1], "--worker") == 0) {
-    pipit::WorkerOptions options;
-    options.listen = argv[2];
-    options.port_file = argv[3];
-    for (int i = 4; i < argc; ++i) {
-      const std::string arg = argv[i];
-      if (arg.rfind("--token=", 0) == 0) options.tcp.token = arg.substr(8);
-      if (arg.rfind("--package-timeout-ms=", 0) == 0) {
-        options.package_timeout = std::chrono::milliseconds(std::stoll(arg.substr(21)));
-      }
-      if (arg.rfind("--slowdown=", 0) == 0) options.slowdown = std::stod(arg.substr(11));
-    }
-    options.tcp.peer_timeout = std::chrono::milliseconds(3000);
-    // Several workers share the machine's cores; one thread each keeps them from spinning
-    // against each other.
-    options.threads = 1;
-    pipit::set_num_threads(1);
+  if (argc >= 2 && std::strcmp(argv[1], "--worker") == 0) {
     // Stage packages of tests/rebalance_pipeline_test.cpp hold these.
     pipit::bench::register_sleep_layer();
-    options.other_packages[pipit::PsKind::Package] =
-        [](const std::shared_ptr<pipit::TcpCommunicator>& comm, const pipit::Message& package) {
-          pipit::serve_ps_package(
-              comm, package,
-              [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }, 1);
-        };
-    pipit::run_worker(options);
-    return 0;
+    return samples::worker_main(argc - 1, argv + 1, "pipit_tests --worker");
   }
   return Catch::Session().run(argc, argv);
 }

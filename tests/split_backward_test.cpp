@@ -1,11 +1,11 @@
-// Split backward (tensor/split_backward.h): the input-gradient part now and the weight-gradient
+// Split backward (autograd/split_backward.h): the input-gradient part now and the weight-gradient
 // part later add up to exactly what one backward gives, bit for bit.
 #include <catch2/catch.hpp>
 
 #include "bitwise.h"
 #include "nn/builders.h"
 #include "pipit.h"
-#include "tensor/split_backward.h"
+#include "autograd/split_backward.h"
 
 using namespace pipit;
 using pipit::testing::bitwise_equal;

@@ -35,9 +35,18 @@ class WorkerProcess {
     fs::create_directories(dir_);
     const std::string exe = fs::read_symlink("/proc/self/exe").string();
     const std::string port_file = (dir_ / "port").string(), log = (dir_ / "log").string();
-    std::vector<std::string> args = {exe, "--worker", host + ":0", port_file};
+    // Several workers share the machine's cores: one thread each keeps them from spinning
+    // against each other.
+    std::vector<std::string> args = {
+        exe,       "--worker",  "--listen", host + ":0",         "--port-file",
+        port_file, "--threads", "1",        "--peer-timeout-ms", "3000"};
     if (!netns.empty()) args.insert(args.begin(), {"ip", "netns", "exec", netns});
-    if (!token.empty()) args.push_back("--token=" + token);
+    if (!token.empty()) {
+      const std::string token_file = (dir_ / "token").string();
+      write_file_atomic(token_file, token);
+      fs::permissions(token_file, fs::perms::owner_read | fs::perms::owner_write);
+      args.insert(args.end(), {"--token-file", token_file});
+    }
     for (auto& arg : extra) args.push_back(std::move(arg));
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

@@ -15,7 +15,7 @@
 
 #include "nn/sequential.h"
 #include "pipeline/protocol/messages.h"
-#include "tensor/split_backward.h"
+#include "autograd/split_backward.h"
 
 namespace pipit {
 
@@ -33,7 +33,7 @@ class LayerTimer {
   Tensor forward(Sequential& chunk, const Tensor& x, Tensor* first_output = nullptr);
   // output.backward(grad) for an output of forward(), its layers timed by their hooks.
   void backward(Sequential& chunk, const Tensor& output, const Tensor& grad);
-  // The same split (tensor/split_backward.h): the part that reaches `input` now, timed like
+  // The same split (autograd/split_backward.h): the part that reaches `input` now, timed like
   // backward; the weight gradients later. A slowdown stretches both.
   DeferredGradients backward_inputs(Sequential& chunk, const Tensor& output, const Tensor& grad,
                                     const Tensor& input);

@@ -1,6 +1,6 @@
 #pragma once
 // Task: one unit of pipeline work, the forward or backward pass of one microbatch through one
-// model chunk. Zero-bubble schedules split a backward in two (tensor/split_backward.h): the
+// model chunk. Zero-bubble schedules split a backward in two (autograd/split_backward.h): the
 // input gradient (I), which the previous chunk waits for, and the weight gradients (W), which
 // nobody waits for. Chunks are numbered along the model: chunk c holds the c-th of p * v
 // consecutive layer ranges. Where it lives is its Placement.

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <string_view>
 
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
@@ -19,6 +20,33 @@ struct DepthScope {
   DepthScope() { ++timed_depth; }
   ~DepthScope() { --timed_depth; }
 };
+
+// The name a call is recorded under (OpTime::name), from its method and arguments: the method,
+// with its op where it takes one ("binary.mul").
+struct Label {
+  const char* method;
+  const char* op = nullptr;
+};
+Label label_of(const char* method, const auto&...) {
+  return {method};
+}
+Label label_of(const char* method, UnaryOp op, const auto&...) {
+  return {method, op_name(op)};
+}
+Label label_of(const char* method, BinaryOp op, const auto&...) {
+  return {method, op_name(op)};
+}
+Label label_of(const char* method, ReduceOp op, const auto&...) {
+  return {method, op_name(op)};
+}
+// softmax(in, dim, log, out) and softmax_backward(grad, out, dim, log, grad_in) with log set
+// are recorded as log_softmax and log_softmax_backward.
+Label label_of(const char* method, const Tensor&, int64_t, bool log, const Tensor&) {
+  return {log && std::string_view(method) == "softmax" ? "log_softmax" : method};
+}
+Label label_of(const char* method, const Tensor&, const Tensor&, int64_t, bool log, const Tensor&) {
+  return {log && std::string_view(method) == "softmax_backward" ? "log_softmax_backward" : method};
+}
 
 }  // namespace
 
@@ -123,173 +151,15 @@ std::shared_ptr<Storage> OpTimer::allocate(size_t nbytes) {
   return storage;
 }
 
-void OpTimer::copy(const Tensor& src, const Tensor& dst) {
-  timed("copy", nullptr, [&] { inner_.copy(src, dst); });
-}
-
-void OpTimer::fill(const Tensor& out, double value) {
-  timed("fill", nullptr, [&] { inner_.fill(out, value); });
-}
-
-void OpTimer::arange(const Tensor& out, double start, double step) {
-  timed("arange", nullptr, [&] { inner_.arange(out, start, step); });
-}
-
-void OpTimer::uniform(const Tensor& out, Generator& generator, double low, double high) {
-  timed("uniform", nullptr, [&] { inner_.uniform(out, generator, low, high); });
-}
-
-void OpTimer::normal(const Tensor& out, Generator& generator, double mean, double std) {
-  timed("normal", nullptr, [&] { inner_.normal(out, generator, mean, std); });
-}
-
-void OpTimer::unary(UnaryOp op, const Tensor& in, const Tensor& out) {
-  timed("unary", op_name(op), [&] { inner_.unary(op, in, out); });
-}
-
-void OpTimer::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  timed("binary", op_name(op), [&] { inner_.binary(op, a, b, out); });
-}
-
-void OpTimer::where(const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out) {
-  timed("where", nullptr, [&] { inner_.where(mask, a, b, out); });
-}
-
-void OpTimer::reduce(ReduceOp op, const Tensor& in, std::span<const int64_t> dims,
-                     const Tensor& out) {
-  timed("reduce", op_name(op), [&] { inner_.reduce(op, in, dims, out); });
-}
-
-void OpTimer::argmax(const Tensor& in, int64_t dim, const Tensor& out) {
-  timed("argmax", nullptr, [&] { inner_.argmax(in, dim, out); });
-}
-
-void OpTimer::matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
-  timed("matmul", nullptr, [&] { inner_.matmul(a, b, out, accumulate); });
-}
-
-void OpTimer::softmax(const Tensor& in, int64_t dim, bool log, const Tensor& out) {
-  timed(log ? "log_softmax" : "softmax", nullptr, [&] { inner_.softmax(in, dim, log, out); });
-}
-
-void OpTimer::causal_softmax(const Tensor& scores, double scale, const Tensor& out) {
-  timed("causal_softmax", nullptr, [&] { inner_.causal_softmax(scores, scale, out); });
-}
-
-void OpTimer::causal_softmax_backward(const Tensor& grad, const Tensor& out, double scale,
-                                      const Tensor& grad_scores) {
-  timed("causal_softmax_backward", nullptr,
-        [&] { inner_.causal_softmax_backward(grad, out, scale, grad_scores); });
-}
-
-void OpTimer::attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                        bool causal, const Tensor& out, const Tensor& lse) {
-  timed("attention", nullptr, [&] { inner_.attention(q, k, v, scale, causal, out, lse); });
-}
-
-void OpTimer::attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
-                                 const Tensor& v, const Tensor& out, const Tensor& lse,
-                                 double scale, bool causal, const Tensor& grad_q,
-                                 const Tensor& grad_k, const Tensor& grad_v) {
-  timed("attention_backward", nullptr, [&] {
-    inner_.attention_backward(grad_out, q, k, v, out, lse, scale, causal, grad_q, grad_k, grad_v);
-  });
-}
-
-void OpTimer::softmax_backward(const Tensor& grad, const Tensor& out, int64_t dim, bool log,
-                               const Tensor& grad_in) {
-  timed(log ? "log_softmax_backward" : "softmax_backward", nullptr,
-        [&] { inner_.softmax_backward(grad, out, dim, log, grad_in); });
-}
-
-void OpTimer::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                         const Tensor& out, const Tensor& mean, const Tensor& rstd) {
-  timed("layer_norm", nullptr, [&] { inner_.layer_norm(x, weight, bias, eps, out, mean, rstd); });
-}
-
-void OpTimer::layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
-                                  const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
-                                  const Tensor& grad_weight, const Tensor& grad_bias) {
-  timed("layer_norm_backward", nullptr, [&] {
-    inner_.layer_norm_backward(grad, x, weight, mean, rstd, grad_x, grad_weight, grad_bias);
-  });
-}
-
-void OpTimer::embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
-  timed("embedding", nullptr, [&] { inner_.embedding(weight, indices, out); });
-}
-
-void OpTimer::embedding_backward(const Tensor& grad, const Tensor& indices,
-                                 const Tensor& grad_weight) {
-  timed("embedding_backward", nullptr,
-        [&] { inner_.embedding_backward(grad, indices, grad_weight); });
-}
-
-void OpTimer::cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                            const Tensor& losses) {
-  timed("cross_entropy", nullptr,
-        [&] { inner_.cross_entropy(logits, targets, ignore_index, losses); });
-}
-
-void OpTimer::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
-                                     int64_t ignore_index, const Tensor& scale,
-                                     const Tensor& grad_logits) {
-  timed("cross_entropy_backward", nullptr,
-        [&] { inner_.cross_entropy_backward(logits, targets, ignore_index, scale, grad_logits); });
-}
-
-void OpTimer::conv2d(const Tensor& x, const Tensor& weight, const Conv2dGeometry& geometry,
-                     const Tensor& out) {
-  timed("conv2d", nullptr, [&] { inner_.conv2d(x, weight, geometry, out); });
-}
-
-void OpTimer::conv2d_backward_input(const Tensor& grad_out, const Tensor& weight,
-                                    const Conv2dGeometry& geometry, const Tensor& grad_x) {
-  timed("conv2d_backward_input", nullptr,
-        [&] { inner_.conv2d_backward_input(grad_out, weight, geometry, grad_x); });
-}
-
-void OpTimer::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x,
-                                     const Conv2dGeometry& geometry, const Tensor& grad_weight) {
-  timed("conv2d_backward_weight", nullptr,
-        [&] { inner_.conv2d_backward_weight(grad_out, x, geometry, grad_weight); });
-}
-
-void OpTimer::max_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out,
-                         const Tensor& argmax) {
-  timed("max_pool2d", nullptr, [&] { inner_.max_pool2d(x, window, out, argmax); });
-}
-
-void OpTimer::max_pool2d_backward(const Tensor& grad_out, const Tensor& argmax,
-                                  const Pool2dGeometry& window, const Tensor& grad_x) {
-  timed("max_pool2d_backward", nullptr,
-        [&] { inner_.max_pool2d_backward(grad_out, argmax, window, grad_x); });
-}
-
-void OpTimer::avg_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out) {
-  timed("avg_pool2d", nullptr, [&] { inner_.avg_pool2d(x, window, out); });
-}
-
-void OpTimer::avg_pool2d_backward(const Tensor& grad_out, const Pool2dGeometry& window,
-                                  const Tensor& grad_x) {
-  timed("avg_pool2d_backward", nullptr,
-        [&] { inner_.avg_pool2d_backward(grad_out, window, grad_x); });
-}
-
-void OpTimer::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
-                       double lr, double momentum, double weight_decay, bool first_step) {
-  timed("sgd_step", nullptr, [&] {
-    inner_.sgd_step(param, grad, momentum_buffer, lr, momentum, weight_decay, first_step);
-  });
-}
-
-void OpTimer::dropout(const Tensor& in, Generator& generator, double p, const Tensor& out,
-                      const Tensor& mask) {
-  timed("dropout", nullptr, [&] { inner_.dropout(in, generator, p, out, mask); });
-}
-
-void OpTimer::adamw_step(std::span<const AdamWSlot> slots, const AdamWParams& params) {
-  timed("adamw_step", nullptr, [&] { inner_.adamw_step(slots, params); });
-}
+// Every op forwards to inner_ inside timed(), under the name label_of() gives it.
+#define PIPIT_OP_TIMER_THEN(...) __VA_OPT__(, ) __VA_ARGS__
+#define PIPIT_OP_TIMER_FORWARD(name, params, args)                \
+  void OpTimer::name params {                                     \
+    const Label label = label_of(#name PIPIT_OP_TIMER_THEN args); \
+    timed(label.method, label.op, [&] { inner_.name args; });     \
+  }
+PIPIT_BACKEND_OPS(PIPIT_OP_TIMER_FORWARD)
+#undef PIPIT_OP_TIMER_FORWARD
+#undef PIPIT_OP_TIMER_THEN
 
 }  // namespace pipit::cuda

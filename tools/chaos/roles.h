@@ -2,7 +2,7 @@
 // The two processes of a distributed run, built into an executable that is not train_gpt or
 // pipit-worker: the test suite's ASan build has no samples or tools, so tests/chaos_test.cpp
 // starts its own executable in these roles (tests/main.cpp dispatches --chaos-role).
-//   --chaos-role worker  ...  pipit-worker's flags (a subset): serves stages run after run.
+//   --chaos-role worker  ...  pipit-worker's flags (support/worker_main.h): serves stages.
 //   --chaos-role trainer ...  train_gpt's distributed flags (a subset): trains a tiny GPT on
 //                             made-up tokens over --workers, with checkpoints and --resume,
 //                             printing "step N loss L" lines and "chaos-trainer: ERROR" on
@@ -21,31 +21,13 @@
 #include "serialize/checkpoint.h"
 #include "support/flags.h"
 #include "support/tcp_flags.h"
+#include "support/worker_main.h"
 #include "tensor/parallel.h"
 
 namespace pipit::chaos {
 
 inline int worker_role(int argc, char** argv) {
-  samples::Flags flags("chaos-worker", "pipit-worker's flags, in the chaos driver's roles.");
-  flags.add("listen", "127.0.0.1:0", "address to accept coordinators and stages on");
-  flags.add("port-file", "", "write the bound port to this file");
-  samples::add_tcp_flags(flags, samples::TcpSide::worker);
-  flags.add("package-timeout-ms", "30000", "a claiming coordinator must send its stage in this");
-  flags.add("threads", "1", "CPU threads per kernel");
-  flags.parse(argc, argv);
-  try {
-    set_num_threads(static_cast<int>(flags.integer("threads")));
-    WorkerOptions options;
-    options.listen = flags.str("listen");
-    options.port_file = flags.str("port-file");
-    options.tcp = samples::tcp_options(flags, samples::TcpSide::worker);
-    options.package_timeout = std::chrono::milliseconds(flags.integer("package-timeout-ms"));
-    run_worker(options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "chaos-worker: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return samples::worker_main(argc, argv, "chaos-worker");
 }
 
 inline int trainer_role(int argc, char** argv) {

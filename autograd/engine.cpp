@@ -1,15 +1,15 @@
 // The backward engine behind Tensor::backward: runs the graph's nodes in dependency order,
 // summing the gradients each node receives before it runs, and accumulating into leaves
-// through AccumulateGrad. It lives in tensor/, which declares Tensor::backward, and knows
-// nodes only through the Node interface; the differentiable ops are autograd/.
+// through AccumulateGrad. Tensor declares backward(); it is defined here, where the graph is,
+// and knows nodes only through the Node interface.
 #include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "autograd/split_backward.h"
 #include "tensor/backend.h"
-#include "tensor/grad_mode.h"
-#include "tensor/node.h"
-#include "tensor/split_backward.h"
 
 namespace pipit {
 

@@ -1,8 +1,7 @@
-// Tensor's copies (contiguous, clone, to): declared by Tensor, so defined here in tensor/
-// rather than among autograd's ops. They are differentiable: CopyBackward copies the gradient
-// back to the input's dtype and device.
+// Tensor's copies (contiguous, clone, to), declared by Tensor and defined here with the other
+// differentiable ops: CopyBackward copies the gradient back to the input's dtype and device.
+#include "autograd/node.h"
 #include "tensor/backend.h"
-#include "tensor/node.h"
 
 namespace pipit {
 namespace {
