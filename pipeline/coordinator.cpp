@@ -7,6 +7,7 @@
 #include "autograd/grad_mode.h"
 #include "optim/optimizer.h"
 #include "pipeline/protocol/messages.h"
+#include "pipeline/replica_group.h"
 #include "pipit.h"
 
 namespace pipit {
@@ -50,8 +51,7 @@ Coordinator::Coordinator(std::shared_ptr<Communicator> communicator, PipelineCon
               " contiguous ranges from layer 0");
 }
 
-std::vector<Tensor> Coordinator::split_batch(const Tensor& batch, const char* what) const {
-  const int m = config_.microbatches;
+std::vector<Tensor> Coordinator::split_batch(const Tensor& batch, const char* what, int m) const {
   PIPIT_CHECK(batch.defined() && batch.dim() >= 1, "pipeline: the ", what,
               " needs a batch dimension");
   PIPIT_CHECK(batch.size(0) % m == 0, "pipeline: the ", what, " batch of ", batch.size(0),
@@ -64,6 +64,10 @@ std::vector<Tensor> Coordinator::split_batch(const Tensor& batch, const char* wh
 }
 
 void Coordinator::send_to_all(const Message& message) {
+  for (int e = 0; e < endpoints(); ++e) comm_->send(e, message);
+}
+
+void Coordinator::send_to_replica0(const Message& message) {
   for (int s = 0; s < config_.stages; ++s) comm_->send(s, message);
 }
 
@@ -74,7 +78,7 @@ void Coordinator::require_consistent() const {
               "the model from the last checkpoint (train_gpt --resume) and start a new pipeline");
 }
 
-void Coordinator::begin_step(bool train) {
+void Coordinator::begin_step(bool train, int replicas) {
   require_consistent();
   ++step_;
   grad_norm_sq_ = 0;
@@ -90,7 +94,8 @@ void Coordinator::begin_step(bool train) {
   begin.microbatches = config_.microbatches;
   begin.trace = config_.trace;
   begin.grad_norm = train && (config_.max_grad_norm > 0 || config_.dtype == "f16");
-  send_to_all(to_message(begin, step_));
+  const Message message = to_message(begin, step_);
+  for (int e = 0; e < replicas * config_.stages; ++e) comm_->send(e, message);
 }
 
 void Coordinator::fail_step(const std::string& message) {
@@ -110,7 +115,7 @@ Message Coordinator::receive_step_message(const std::string& waiting_for) {
       fail_step("lost the connection to stage " + std::to_string(lost.peer) + " at " +
                 lost.address + ": " + lost.reason);
     }
-    if (message->from < 0 || message->from >= config_.stages) continue;  // not a stage
+    if (message->from < 0 || message->from >= endpoints()) continue;  // not a stage
     if (message->step != step_) continue;  // left over from an aborted step
     if (message->kind == MessageKind::StageError) {
       fail_step(read_stage_error(*message).message);
@@ -121,6 +126,9 @@ Message Coordinator::receive_step_message(const std::string& waiting_for) {
 
 void Coordinator::record_stage_done(const Message& message) {
   const StageDone done = read_stage_done(message);
+  // The replicas' stages hold the same summed gradients as replica 0's: its stages speak for
+  // all (norms, stashes, traces).
+  if (message.from >= config_.stages) return;
   const auto stage = static_cast<size_t>(message.from);
   stats_.peak_stashed[stage] = static_cast<int>(done.peak_stashed);
   stats_.peak_deferred[stage] = static_cast<int>(done.peak_deferred);
@@ -165,25 +173,33 @@ OptimizerStep Coordinator::optimizer_step() {
 double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   Busy busy(busy_, "train_step");
   const double started = trace_clock_us();
-  const int m = config_.microbatches, p = config_.stages;
-  std::vector<Tensor> inputs = split_batch(input, "input");
-  std::vector<Tensor> targets = split_batch(target, "target");
-  begin_step(true);
-  for (int i = 0; i < m; ++i) comm_->send(0, {PipelineKind::Activation, step_, i, 0, {inputs[i]}});
+  // Replica k trains microbatches k*m .. k*m+m-1 of the n = r*m; its stage s is k*p + s.
+  const int m = config_.microbatches, p = config_.stages, n = m * config_.replicas;
+  std::vector<Tensor> inputs = split_batch(input, "input", n);
+  std::vector<Tensor> targets = split_batch(target, "target", n);
+  begin_step(true, config_.replicas);
+  for (int mb = 0; mb < n; ++mb) {
+    comm_->send(replica_endpoint(mb / m, 0, p),
+                {PipelineKind::Activation, step_, mb % m, 0, {inputs[static_cast<size_t>(mb)]}});
+  }
 
   const int last_stage =
       stage_of_chunk(p * config_.chunks_per_stage - 1, p, placement_of(config_.schedule));
-  std::vector<double> losses(static_cast<size_t>(m), 0.0);
-  std::vector<bool> output_seen(static_cast<size_t>(m), false), stage_done(static_cast<size_t>(p));
+  std::vector<double> losses(static_cast<size_t>(n), 0.0);
+  std::vector<bool> output_seen(static_cast<size_t>(n), false);
+  std::vector<bool> stage_done(static_cast<size_t>(endpoints()));
   int outputs = 0, done = 0;
-  while (outputs < m || done < p) {
+  while (outputs < n || done < endpoints()) {
     Message message = receive_step_message(
-        outputs < m ? "microbatch outputs from stage " + std::to_string(last_stage)
+        outputs < n ? "microbatch outputs from stage " + std::to_string(last_stage)
                     : "stages " + stage_list(stage_done) + " to finish");
     if (message.kind == PipelineKind::Activation) {
-      const int mb = message.microbatch;
-      PIPIT_CHECK(mb >= 0 && mb < m && !output_seen[mb] && message.tensors.size() == 1,
-                  "pipeline: unexpected output message for microbatch ", mb);
+      const int mb = message.from / p * m + message.microbatch;
+      PIPIT_CHECK(message.from % p == last_stage && message.microbatch >= 0 &&
+                      message.microbatch < m && !output_seen[static_cast<size_t>(mb)] &&
+                      message.tensors.size() == 1,
+                  "pipeline: unexpected output message for microbatch ", message.microbatch,
+                  " from endpoint ", message.from);
       output_seen[mb] = true;
       ++outputs;
       NoGradGuard no_grad;
@@ -193,16 +209,17 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
       try {
         const Tensor target = targets[mb].to(output.device());
         losses[mb] = loss_->compute_loss(output, target).item<double>();
-        grad = loss_->compute_gradient(output, target) * (stats_.loss_scale / m);
+        grad = loss_->compute_gradient(output, target) * (stats_.loss_scale / n);
       } catch (const Error& e) {
         fail_step(std::string("the loss failed on microbatch ") + std::to_string(mb) + ": " +
                   e.what());
       }
-      comm_->send(last_stage, {PipelineKind::Gradient, step_, mb, message.chunk - 1, {grad}});
-      stats_.loss_ms += (trace_clock_us() - loss_started) / 1000.0 / m;
+      comm_->send(message.from,
+                  {PipelineKind::Gradient, step_, message.microbatch, message.chunk - 1, {grad}});
+      stats_.loss_ms += (trace_clock_us() - loss_started) / 1000.0 / n;
       if (!comm_->carries_device_tensors()) {
         const double megabytes = static_cast<double>(output.nbytes() + grad.nbytes()) / 1e6;
-        stats_.loss_ms += megabytes * config_.rebalance.link_ms_per_mb / m;
+        stats_.loss_ms += megabytes * config_.rebalance.link_ms_per_mb / n;
       }
     } else if (message.kind == PipelineKind::StageDone) {
       stage_done[static_cast<size_t>(message.from)] = true;
@@ -214,9 +231,9 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   // From here on a failure can leave some stages updated and others not: the step either
   // completes on every stage or the pipeline refuses all later work (require_consistent).
   send_to_all(to_message(optimizer_step(), step_));
-  std::vector<bool> stepped(static_cast<size_t>(p));
+  std::vector<bool> stepped(static_cast<size_t>(endpoints()));
   try {
-    for (int n = 0; n < p;) {
+    for (int answered = 0; answered < endpoints();) {
       Message message =
           receive_step_message("stages " + stage_list(stepped) + " to finish their optimizer step");
       if (message.kind != PipelineKind::OptimizerDone ||
@@ -224,7 +241,7 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
         continue;
       }
       stepped[static_cast<size_t>(message.from)] = true;
-      ++n;
+      ++answered;
     }
   } catch (const Error& e) {
     std::vector<bool> not_stepped(stepped.size());
@@ -239,7 +256,7 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   if (policy_ && !stats_.layers.empty()) rebalance((trace_clock_us() - started) / 1000.0);
   double total = 0;
   for (double loss : losses) total += loss;
-  return total / m;
+  return total / n;
 }
 
 LayerCosts layer_costs(const StepStats& stats, int microbatches) {
@@ -297,8 +314,9 @@ void Coordinator::rebalance(double step_ms) {
 Tensor Coordinator::forward(const Tensor& input) {
   Busy busy(busy_, "forward");
   const int m = config_.microbatches, p = config_.stages;
-  std::vector<Tensor> inputs = split_batch(input, "input");
-  begin_step(false);
+  std::vector<Tensor> inputs = split_batch(input, "input", m);
+  // Inference runs on replica 0 alone: the replicas hold the same weights.
+  begin_step(false, 1);
   for (int i = 0; i < m; ++i) comm_->send(0, {PipelineKind::Activation, step_, i, 0, {inputs[i]}});
   std::vector<Tensor> outputs(static_cast<size_t>(m));
   std::vector<bool> stage_done(static_cast<size_t>(p));
@@ -325,7 +343,7 @@ void Coordinator::generate_begin(const GenerateBegin& begin) {
   Busy busy(busy_, "generate_begin");
   require_consistent();
   ++step_;
-  send_to_all(to_message(begin, step_));
+  send_to_replica0(to_message(begin, step_));
 }
 
 Tensor Coordinator::generate_step(const Tensor& tokens, int64_t start) {
@@ -348,7 +366,7 @@ void Coordinator::generate_end() {
   Busy busy(busy_, "generate_end");
   // Acknowledged: in one process the stages share the model's modules, and they must be back
   // in training mode before the caller touches the model again.
-  send_to_all(Message(PipelineKind::GenerateEnd, step_));
+  send_to_replica0(Message(PipelineKind::GenerateEnd, step_));
   await_all(PipelineKind::GenerateEnd, "the end of generation");
 }
 
@@ -359,7 +377,8 @@ std::pair<StateDict, StateDict> Coordinator::fetch_state() {
   stats_ = StepStats{};
   stats_.peak_stashed.assign(static_cast<size_t>(config_.stages), 0);
   stats_.peak_deferred.assign(static_cast<size_t>(config_.stages), 0);
-  send_to_all(Message(PipelineKind::FetchState, step_));
+  // The replicas hold the same weights and optimizer state: replica 0 answers for all.
+  send_to_replica0(Message(PipelineKind::FetchState, step_));
   StateDict weights, optimizer_state;
   std::vector<bool> answered(static_cast<size_t>(config_.stages));
   for (int n = 0; n < config_.stages;) {
@@ -400,6 +419,8 @@ void Coordinator::remap_now(const std::vector<LayerRange>& ranges, const std::st
   const size_t chunks = ranges_.size(), layers = ranges_.back().end;
   const std::string what = "remap " + ranges_str(ranges_) + " -> " + ranges_str(ranges);
   PIPIT_CHECK(remap_refusal_.empty(), what, ": ", remap_refusal_);
+  PIPIT_CHECK(config_.replicas == 1, what, ": layers move within one pipeline; remapping ",
+              config_.replicas, " replicas together is not supported yet");
   PIPIT_CHECK(ranges.size() == chunks, what, ": ", ranges.size(), " ranges given for ", chunks,
               " chunks (", config_.stages, " stages x ", config_.chunks_per_stage, ")");
   PIPIT_CHECK(placement_of(config_.schedule) == Placement::loop, what, ": schedule \"",

@@ -109,21 +109,27 @@ class Coordinator {
   void clear_trace() { trace_.clear(); }
 
  private:
-  std::vector<Tensor> split_batch(const Tensor& batch, const char* what) const;
-  void begin_step(bool train);
+  // The batch in m equal microbatches along dim 0.
+  std::vector<Tensor> split_batch(const Tensor& batch, const char* what, int m) const;
+  // Stage s of replica k is endpoint k * p + s (replica_group.h); endpoints() counts them.
+  int endpoints() const { return config_.stages * config_.replicas; }
+  // StepBegin to every stage of the first `replicas` replicas.
+  void begin_step(bool train, int replicas);
   Message receive_step_message(const std::string& waiting_for);
   [[noreturn]] void fail_step(const std::string& message);
   void record_stage_done(const Message& message);
   double loss_scale() const;
   // The OptimizerStep every stage gets: unscaling, clipping, lr, or skip after an overflow.
   OptimizerStep optimizer_step();
+  // To every stage of every replica, or of replica 0 only.
   void send_to_all(const Message& message);
+  void send_to_replica0(const Message& message);
   void require_consistent() const;
   void remap_now(const std::vector<LayerRange>& ranges, const std::string& why);
   // Feeds a profiled step's layer times to the rebalancing policy, and remaps if it says so;
   // undoes an automatic remap whose steps turned out slower (RemapTrial).
   void rebalance(double step_ms);
-  // Waits for one reply of `kind` from every stage.
+  // Waits for one reply of `kind` from every stage of replica 0.
   void await_all(MessageKind kind, const std::string& waiting_for);
   // Entered by every public call that talks to the stages: a second caller (another thread
   // asking for a remap during a step) gets an error instead of a garbled exchange.

@@ -2,6 +2,9 @@
 
 #include <cstdio>
 
+#include "autograd/grad_mode.h"
+#include "nn/registry.h"
+
 namespace pipit {
 
 std::vector<LayerRange> partition_model(const Sequential& model, const PipelineConfig& config) {
@@ -25,11 +28,13 @@ std::vector<std::string> layer_kinds(const Sequential& model) {
 }
 
 StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>& ranges,
-                          const PipelineConfig& config, int stage,
-                          const StateDict& optimizer_state) {
+                          const PipelineConfig& config, int stage, const StateDict& optimizer_state,
+                          int replica) {
   StageSpec spec;
   spec.stage = stage;
   spec.stages = config.stages;
+  spec.replica = replica;
+  spec.replicas = config.replicas;
   spec.chunks_per_stage = config.chunks_per_stage;
   spec.schedule = config.schedule;
   spec.schedule_table = config.schedule_table;
@@ -57,14 +62,35 @@ StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>
   return spec;
 }
 
+std::shared_ptr<Sequential> copy_model(const Sequential& model) {
+  std::shared_ptr<Module> built;
+  {
+    // Every weight is overwritten below: drawing them first would only cost time.
+    SkipInitGuard skip_init;
+    built = build_module(model.config());
+  }
+  auto copy = std::dynamic_pointer_cast<Sequential>(built);
+  PIPIT_CHECK(copy != nullptr, "copy_model: the config builds no Sequential");
+  NoGradGuard no_grad;
+  StateDict weights;
+  for (const auto& [name, tensor] : model.state_dict()) weights[name] = tensor.clone();
+  copy->load_state_dict(weights);
+  copy->to(model.parameters().empty() ? Device::cpu() : model.parameters().front().device());
+  return copy;
+}
+
 Pipeline::Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config,
                    const StateDict& optimizer_state)
     : model_(std::move(model)), hub_(LocalHub::create()) {
   PIPIT_CHECK(model_ != nullptr, "Pipeline: the model is null");
   std::vector<LayerRange> ranges = partition_model(*model_, config);
-  for (int s = 0; s < config.stages; ++s) {
-    stages_.push_back(std::make_shared<Stage>(
-        make_stage_spec(*model_, ranges, config, s, optimizer_state), hub_->endpoint(s)));
+  for (int k = 0; k < config.replicas; ++k) {
+    const Sequential& model = k == 0 ? *model_ : *replica_models_.emplace_back(copy_model(*model_));
+    for (int s = 0; s < config.stages; ++s) {
+      stages_.push_back(
+          std::make_shared<Stage>(make_stage_spec(model, ranges, config, s, optimizer_state, k),
+                                  hub_->endpoint(replica_endpoint(k, s, config.stages))));
+    }
   }
   const bool rebalance = config.rebalance.enabled;
   coordinator_ = std::make_unique<Coordinator>(hub_->endpoint(kCoordinator), std::move(config),
@@ -88,6 +114,7 @@ void Pipeline::adopt_stage_modules() {
   // still holds the weights being trained. (The stage threads are idle between steps, and
   // each stage's RemapDone came after its new chunks were in place.)
   for (const auto& stage : stages_) {
+    if (stage->spec().replica != 0) continue;
     for (const auto& chunk : stage->spec().chunks) {
       for (size_t i = 0; i < chunk->size(); ++i) {
         model_->replace(chunk->first_index() + i, (*chunk)[i]);

@@ -1,7 +1,9 @@
 #pragma once
 // Pipeline: a Sequential model cut into stages that train concurrently in this process, one
 // thread per stage, talking through a LocalCommunicator. The stages share the model's
-// parameters, so after training the model itself holds the trained weights.
+// parameters, so after training the model itself holds the trained weights. With
+// config.replicas = r > 1 the replicas 1..r-1 train copies of the model (copy_model), which
+// stay equal to it bit for bit.
 //
 //   auto model = gpt(config);
 //   Pipeline pipeline(model, {.stages = 4, .microbatches = 8, .schedule = "1f1b"});
@@ -24,10 +26,13 @@ std::vector<LayerRange> partition_model(const Sequential& model, const PipelineC
 // Each layer's config as text: layers of the same kind cost the same on the same stage
 // (what automatic rebalancing assumes).
 std::vector<std::string> layer_kinds(const Sequential& model);
-// The spec of stage `stage`: its chunks as slices of `model`, the schedule and optimizer.
+// The spec of stage `stage` of replica `replica`: its chunks as slices of `model`, the
+// schedule and optimizer.
 StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>& ranges,
                           const PipelineConfig& config, int stage,
-                          const StateDict& optimizer_state = {});
+                          const StateDict& optimizer_state = {}, int replica = 0);
+// A model of the same config and weights, sharing no tensor with `model` (a replica's).
+std::shared_ptr<Sequential> copy_model(const Sequential& model);
 
 class Pipeline {
  public:
@@ -55,6 +60,7 @@ class Pipeline {
   }
 
   Coordinator& coordinator() { return *coordinator_; }
+  // By endpoint: stage s of replica k is k * p + s.
   Stage& stage(int index) { return *stages_.at(static_cast<size_t>(index)); }
   const std::vector<LayerRange>& chunk_ranges() const { return coordinator_->chunk_ranges(); }
 
@@ -63,6 +69,7 @@ class Pipeline {
   void adopt_stage_modules();
 
   std::shared_ptr<Sequential> model_;
+  std::vector<std::shared_ptr<Sequential>> replica_models_;  // replicas 1..r-1
   std::shared_ptr<LocalHub> hub_;
   std::vector<std::shared_ptr<Stage>> stages_;
   std::vector<std::thread> threads_;

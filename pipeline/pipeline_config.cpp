@@ -10,6 +10,11 @@ void validate(const PipelineConfig& config) {
   PIPIT_CHECK(config.stages >= 1, "PipelineConfig: stages must be >= 1, got ", config.stages);
   PIPIT_CHECK(config.microbatches >= 1, "PipelineConfig: microbatches must be >= 1, got ",
               config.microbatches);
+  PIPIT_CHECK(config.replicas >= 1 && config.replicas <= kMaxReplicas,
+              "PipelineConfig: replicas must be in [1, ", kMaxReplicas, "], got ", config.replicas);
+  PIPIT_CHECK(config.replicas == 1 || !config.rebalance.enabled,
+              "PipelineConfig: rebalancing moves layers within one pipeline; it is not supported "
+              "with replicas > 1 yet");
   PIPIT_CHECK(config.chunks_per_stage >= 1, "PipelineConfig: chunks_per_stage must be >= 1, got ",
               config.chunks_per_stage);
   PIPIT_CHECK(config.partition == "uniform" || config.partition == "parameters",
@@ -44,10 +49,12 @@ void validate(const PipelineConfig& config) {
     }
   }
   // In double: p * m * v can exceed int64, and the bound needs no exact count.
-  const double tasks = 2.0 * config.stages * config.microbatches * config.chunks_per_stage;
+  const double tasks =
+      2.0 * config.stages * config.microbatches * config.chunks_per_stage * config.replicas;
   PIPIT_CHECK(tasks <= static_cast<double>(kMaxScheduleTasks), "PipelineConfig: ", config.stages,
               " stages x ", config.microbatches, " microbatches x ", config.chunks_per_stage,
-              " chunks per stage make ", tasks, " tasks, more than ", kMaxScheduleTasks);
+              " chunks per stage x ", config.replicas, " replicas make ", tasks,
+              " tasks, more than ", kMaxScheduleTasks);
   PIPIT_CHECK(config.recompute == "none" || config.recompute == "full",
               "PipelineConfig: recompute must be \"none\" or \"full\", got \"", config.recompute,
               "\"");

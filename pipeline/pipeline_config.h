@@ -14,6 +14,11 @@ struct PipelineConfig {
   int stages = 2;            // p
   int microbatches = 4;      // m: each batch splits into m equal parts along dim 0
   int chunks_per_stage = 1;  // v: > 1 interleaves model chunks over the stages
+  // r: copies of the pipeline trained side by side (data parallelism across pipelines). Each
+  // step's batch splits into r * m microbatches, replica k taking microbatches k*m .. k*m+m-1;
+  // stage s of every replica sums its gradients with the others' (pipeline/replica_group.h),
+  // so all replicas apply the same update. Replica k's stage s is endpoint k * p + s.
+  int replicas = 1;
   // "gpipe", "1f1b", "interleaved", "zbh1", "zbh2", or "table": run `schedule_table`, one
   // line of tasks per stage (pipeline/schedules/schedule.h, parse_schedule_table).
   std::string schedule = "1f1b";
@@ -60,6 +65,8 @@ struct PipelineConfig {
 // may schedule: the schedule of every stage is built, so p * m * v is bounded before that
 // (and products of them index chunks and microbatches as int).
 constexpr int64_t kMaxScheduleTasks = int64_t{1} << 24;
+// Far more replicas than any run has machines, few enough that p * r endpoints are ints.
+constexpr int kMaxReplicas = 1 << 16;
 
 // Throws an Error naming the first invalid field (p, m, v < 1, unknown schedule or partition,
 // more than kMaxScheduleTasks tasks, a schedule that cannot run with these p, m, v).

@@ -27,6 +27,11 @@ Stage::Stage(StageSpec spec, std::shared_ptr<Communicator> communicator)
     PIPIT_CHECK(c != nullptr, "Stage ", spec_.stage, ": a chunk is null");
     c->to(spec_.device);
   }
+  PIPIT_CHECK(spec_.replicas >= 1 && spec_.replica >= 0 && spec_.replica < spec_.replicas, "Stage ",
+              spec_.stage, ": replica ", spec_.replica, " is outside [0, ", spec_.replicas, ")");
+  if (spec_.replicas > 1) {
+    replica_group_.emplace(spec_.stage, spec_.stages, spec_.replica, spec_.replicas);
+  }
   adopt(std::move(spec_.chunks), spec_.optimizer, spec_.optimizer_state);
   spec_.optimizer_state.clear();
 }
@@ -60,8 +65,8 @@ Sequential& Stage::chunk(int global_chunk) {
   return *spec_.chunks[static_cast<size_t>(local)];
 }
 
-int Stage::stage_of(int chunk) const {
-  return stage_of_chunk(chunk, spec_.stages, placement_of(spec_.schedule));
+int Stage::endpoint_of(int chunk) const {
+  return endpoint(stage_of_chunk(chunk, spec_.stages, placement_of(spec_.schedule)));
 }
 
 void Stage::run() {
@@ -106,7 +111,7 @@ void Stage::send(int to, Message message) {
       for (Tensor& t : message.tensors) t = t.to(Device::cpu());
     }
   }
-  if (to == spec_.stage &&
+  if (to == me() &&
       (message.kind == PipelineKind::Activation || message.kind == PipelineKind::Gradient)) {
     // The next chunk is this stage's own (the turn of a V): it is an input at once.
     const Phase phase = message.kind == PipelineKind::Activation ? Phase::Forward : Phase::Backward;
@@ -137,15 +142,15 @@ bool Stage::accepts(const Message& message) const {
   const int chunks = spec_.stages * spec_.chunks_per_stage;
   const int c = message.chunk;
   if (message.kind == PipelineKind::Activation || message.kind == PipelineKind::Gradient) {
-    if (c < 0 || c >= chunks || stage_of(c) != spec_.stage) return false;
+    if (c < 0 || c >= chunks || endpoint_of(c) != me()) return false;
     const bool forward = message.kind == PipelineKind::Activation;
     const bool from_coordinator = forward ? c == 0 : c == chunks - 1;
-    return message.from == (from_coordinator ? kCoordinator : stage_of(forward ? c - 1 : c + 1));
+    return message.from == (from_coordinator ? kCoordinator : endpoint_of(forward ? c - 1 : c + 1));
   }
   if (message.kind == PipelineKind::GenerateStep) {
     // Like an activation: into chunk c from the coordinator (c = 0) or chunk c - 1's stage.
-    if (c < 0 || c >= chunks || stage_of(c) != spec_.stage) return false;
-    return message.from == (c == 0 ? kCoordinator : stage_of(c - 1));
+    if (c < 0 || c >= chunks || endpoint_of(c) != me()) return false;
+    return message.from == (c == 0 ? kCoordinator : endpoint_of(c - 1));
   }
   if (message.kind == PipelineKind::TiedGradient) {
     // Only from the stage holding the tie's other side.
@@ -154,13 +159,16 @@ bool Stage::accepts(const Message& message) const {
     }
     const TiedParameter& tie = spec_.ties[static_cast<size_t>(message.microbatch)];
     const int peer = tie.source_stage == spec_.stage ? tie.copy_stage : tie.source_stage;
-    return peer != spec_.stage && message.from == peer;
+    return peer != spec_.stage && message.from == endpoint(peer);
+  }
+  if (message.kind == MessageKind::AllReduceSegment) {
+    return replica_group_ && replica_group_->member(message.from);
   }
   if (message.kind == PipelineKind::LayerTransfer) {
     // Layers come only from the stage of a neighbouring chunk (LayerMigration checks which).
-    if (c < 0 || c >= chunks || stage_of(c) != spec_.stage) return false;
-    return (c > 0 && message.from == stage_of(c - 1)) ||
-           (c + 1 < chunks && message.from == stage_of(c + 1));
+    if (c < 0 || c >= chunks || endpoint_of(c) != me()) return false;
+    return (c > 0 && message.from == endpoint_of(c - 1)) ||
+           (c + 1 < chunks && message.from == endpoint_of(c + 1));
   }
   return true;
 }
@@ -215,6 +223,15 @@ bool Stage::dispatch(Message message) {
     }
     if (!active_ || message.step != step_) return true;
     peer_tied_[message.microbatch] = std::move(message.tensors[0]);
+  } else if (kind == MessageKind::AllReduceSegment) {
+    // Another replica's share of this step's gradient sum: kept until this stage's own
+    // gradients are ready when it comes first.
+    if (message.step > step_) {
+      keep_early(std::move(message));
+    } else if (message.step == step_ && active_ && training_) {
+      receive_replica_segment(message);
+    }
+    return true;
   } else if (kind == PipelineKind::OptimizerStep) {
     if (message.step == step_) apply_optimizer(message);
     return true;
@@ -295,6 +312,9 @@ void Stage::begin_step(const Message& message) {
   for (Message& m : take_early(PipelineKind::TiedGradient)) {
     peer_tied_[m.microbatch] = std::move(m.tensors[0]);
   }
+  if (training_ && replica_group_) {
+    for (const Message& m : take_early(MessageKind::AllReduceSegment)) receive_replica_segment(m);
+  }
   for (MessageKind kind : {PipelineKind::Activation, PipelineKind::Gradient}) {
     for (Message& m : take_early(kind)) {
       if (m.microbatch < 0 || m.microbatch >= microbatches_) continue;
@@ -355,7 +375,9 @@ void Stage::run_ready_tasks() {
 }
 
 void Stage::exchange_tied_gradients() {
-  if (!training_ || spec_.ties.empty()) return finish_step();
+  // Summing over the replicas already: the tied sums are in (a stray message ran us again).
+  if (replica_group_ && replica_group_->started()) return;
+  if (!training_ || spec_.ties.empty()) return reduce_over_replicas();
   size_t remote = 0;
   for (size_t i = 0; i < spec_.ties.size(); ++i) {
     const TiedParameter& tie = spec_.ties[i];
@@ -365,13 +387,28 @@ void Stage::exchange_tied_gradients() {
     const bool source = tie.source_stage == spec_.stage;
     const Tensor p = parameter(source ? tie.source : tie.copy);
     const Tensor grad = p.grad().defined() ? p.grad() : zeros_like(p);
-    send(source ? tie.copy_stage : tie.source_stage,
+    send(endpoint(source ? tie.copy_stage : tie.source_stage),
          Message{PipelineKind::TiedGradient, step_, static_cast<int>(i), 0, {grad}});
   }
   tied_sent_ = true;
   if (peer_tied_.size() < remote) return;  // the rest arrive as TiedGradient messages
   sum_tied_gradients();
-  finish_step();
+  reduce_over_replicas();
+}
+
+void Stage::reduce_over_replicas() {
+  if (!training_ || !replica_group_) return finish_step();
+  if (!replica_group_->started()) {
+    for (auto& [to, message] : replica_group_->start(parameters_, step_)) {
+      send(to, std::move(message));
+    }
+  }
+  if (replica_group_->done()) finish_step();
+}
+
+void Stage::receive_replica_segment(const Message& message) {
+  for (auto& [to, out] : replica_group_->receive(message)) send(to, std::move(out));
+  if (active_ && replica_group_->started() && replica_group_->done()) finish_step();
 }
 
 void Stage::sum_tied_gradients() {
@@ -403,7 +440,7 @@ Tensor Stage::parameter(const std::string& name) const {
 
 void Stage::forward(const Task& task, const Tensor& input) {
   Message out{PipelineKind::Activation, step_, task.microbatch, task.chunk + 1};
-  const int to = task.chunk == last_chunk() ? kCoordinator : stage_of(task.chunk + 1);
+  const int to = task.chunk == last_chunk() ? kCoordinator : endpoint_of(task.chunk + 1);
   const Tensor local = on_device(input);
   if (!training_) {
     NoGradGuard no_grad;
@@ -472,7 +509,7 @@ void Stage::send_input_grad(const Task& task, const Tensor& leaf) {
   Tensor input_grad = leaf.grad();
   if (!input_grad.defined()) input_grad = zeros_like(leaf);
   Message out{PipelineKind::Gradient, step_, task.microbatch, task.chunk - 1, {input_grad}};
-  send(stage_of(task.chunk - 1), std::move(out));
+  send(endpoint_of(task.chunk - 1), std::move(out));
 }
 
 void Stage::backward(const Task& task, const Tensor& grad) {
@@ -562,12 +599,12 @@ void Stage::generation_step(const Message& message) {
     x = generation_[static_cast<size_t>(local)]->forward(x, start);
     if (c == last_chunk()) {
       x = last_logits(x, x.shape().back());
-    } else if (stage_of(c + 1) == spec_.stage) {
+    } else if (endpoint_of(c + 1) == me()) {
       continue;
     }
     Message out(PipelineKind::GenerateStep, step_, 0, c + 1, {x});
     out.meta = {{"start", start}};
-    send(c == last_chunk() ? kCoordinator : stage_of(c + 1), std::move(out));
+    send(c == last_chunk() ? kCoordinator : endpoint_of(c + 1), std::move(out));
     return;
   }
 }
@@ -658,6 +695,7 @@ void Stage::reset() {
   next_task_ = 0;
   tied_sent_ = false;
   peer_tied_.clear();
+  if (replica_group_) replica_group_->reset();
   generation_.clear();
   inputs_.clear();
   stash_.clear();

@@ -11,16 +11,17 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/split_backward.h"
 #include "comm/communicator.h"
 #include "nn/generate.h"
 #include "nn/sequential.h"
 #include "optim/optimizer.h"
 #include "pipeline/rebalancing/layer_migration.h"
 #include "pipeline/rebalancing/layer_timer.h"
+#include "pipeline/replica_group.h"
 #include "pipeline/schedules/task.h"
 #include "pipeline/tied_parameters.h"
 #include "pipeline/trace.h"
-#include "autograd/split_backward.h"
 #include "tensor/stream.h"
 
 namespace pipit {
@@ -28,7 +29,12 @@ namespace pipit {
 // Everything a stage needs to run; a networked worker receives it as a stage package.
 struct StageSpec {
   int stage = 0;
-  int stages = 1;            // p
+  int stages = 1;  // p
+  // Which copy of the pipeline this stage belongs to, of how many (PipelineConfig::replicas):
+  // its endpoint is replica * p + stage, and it sums its gradients with the same stage of
+  // every other replica after each step's last backward (replica_group.h).
+  int replica = 0;
+  int replicas = 1;
   int chunks_per_stage = 1;  // v
   std::string schedule = "1f1b";
   std::string schedule_table;  // for schedule "table"
@@ -93,6 +99,10 @@ class Stage {
   // what is here, and finishes the step once every peer's side has arrived.
   void exchange_tied_gradients();
   void sum_tied_gradients();
+  // Then, with replicas, sums the gradients over the replica group, and finishes the step once
+  // the sums are in.
+  void reduce_over_replicas();
+  void receive_replica_segment(const Message& message);
   Tensor parameter(const std::string& name) const;
   void finish_step();
   void apply_optimizer(const Message& message);
@@ -118,8 +128,12 @@ class Stage {
   void reset();
   Sequential& chunk(int global_chunk);
   int last_chunk() const { return spec_.stages * spec_.chunks_per_stage - 1; }
-  // The stage a chunk lives on, under this stage's schedule's placement.
-  int stage_of(int chunk) const;
+  // The endpoint of stage `stage` of this stage's replica, and this stage's own.
+  int endpoint(int stage) const { return replica_endpoint(spec_.replica, stage, spec_.stages); }
+  int me() const { return endpoint(spec_.stage); }
+  // The endpoint of the stage (of this replica) a chunk lives on, under the schedule's
+  // placement.
+  int endpoint_of(int chunk) const;
 
   StageSpec spec_;
   std::shared_ptr<Communicator> comm_;
@@ -142,6 +156,8 @@ class Stage {
   // Tied gradients: sent to the peers this step, and the peers' sides that arrived, by tie.
   bool tied_sent_ = false;
   std::map<int, Tensor> peer_tied_;
+  // With replicas: this stage's group and the step's gradient sum.
+  std::optional<ReplicaGroup> replica_group_;
   // Inputs that arrived, by (phase, microbatch, chunk).
   std::map<std::tuple<Phase, int, int>, Tensor> inputs_;
   // Data of a later step that arrived before that step's StepBegin.

@@ -110,6 +110,10 @@ int main(int argc, char** argv) {
   flags.add("seed", "1", "random seed (weights, batches, sampling)");
   flags.add("threads", "0", "CPU threads per kernel (0: the cores shared out over the stages)");
   flags.add("stages", "2", "pipeline stages");
+  flags.add("replicas", "1",
+            "copies of the pipeline trained side by side, each on its share of every batch, "
+            "their gradients summed (data parallelism); --batch splits into replicas x "
+            "microbatches");
   flags.add("microbatches", "4", "microbatches per batch (must divide --batch)");
   flags.add("schedule", "1f1b", "pipeline schedule: gpipe, 1f1b, interleaved, zbh1, zbh2 or zbv");
   flags.add("max-deferred", "0",
@@ -139,7 +143,8 @@ int main(int argc, char** argv) {
   flags.add("dtype", "f32", "f32, or bf16 / f16 mixed precision (f32 master weights)");
   flags.add("trace", "", "write a Chrome trace of the last steps to this file (Perfetto)");
   flags.add("workers", "",
-            "host:port,... of pipit-worker processes, one per stage (default: "
+            "host:port,... of pipit-worker processes, one per stage of each replica, replica 0's "
+            "stages first (default: "
             "stages in threads of this process)");
   flags.add("launcher", "none",
             "mpi: every rank of an mpirun/srun job runs this program, rank r trains stage r "
@@ -173,8 +178,16 @@ int main(int argc, char** argv) {
     if (launcher == "mpi") flags.fail("--launcher mpi: this pipit was built without MPI");
 #endif
     if (launcher == "mpi" && !workers.empty()) flags.fail("--launcher mpi runs no --workers");
+    const int replicas = static_cast<int>(flags.integer("replicas"));
+    if (replicas > 1 && launcher == "mpi") {
+      flags.fail("--replicas with --launcher mpi is not supported yet: use threads or --workers");
+    }
+    if (!workers.empty() && workers.size() % static_cast<size_t>(replicas) != 0) {
+      flags.fail("--workers lists " + std::to_string(workers.size()) +
+                 " addresses, not a multiple of --replicas " + std::to_string(replicas));
+    }
     int stages = workers.empty() ? static_cast<int>(flags.integer("stages"))
-                                 : static_cast<int>(workers.size());
+                                 : static_cast<int>(workers.size()) / replicas;
     int ranks_on_node = 0;  // MPI: how many ranks share this node's cores
 #ifdef PIPIT_WITH_MPI
     if (launcher == "mpi") {
@@ -195,7 +208,9 @@ int main(int argc, char** argv) {
     const std::string schedule_name = flags.str("schedule");
     const long long vpp_flag = flags.integer("vpp", 0);
     const int vpp = vpp_flag > 0 ? static_cast<int>(vpp_flag) : schedule_name == "zbv" ? 2 : 1;
-    if (batch % microbatches != 0) flags.fail("--microbatches must divide --batch");
+    if (batch % (int64_t{microbatches} * replicas) != 0) {
+      flags.fail("--batch must split into --replicas x --microbatches equal parts");
+    }
     std::vector<int64_t> layer_counts;
     for (const std::string& item : flags.items("layer-counts")) {
       layer_counts.push_back(parse_integer(flags, "--layer-counts", item));
@@ -208,7 +223,7 @@ int main(int argc, char** argv) {
       // Stages compute concurrently; sharing the cores out avoids oversubscribing them (under
       // MPI, among the ranks on this node).
       const int cores = static_cast<int>(std::thread::hardware_concurrency());
-      set_num_threads(std::max(1, cores / (ranks_on_node > 0 ? ranks_on_node : stages)));
+      set_num_threads(std::max(1, cores / (ranks_on_node > 0 ? ranks_on_node : stages * replicas)));
     }
 
     const std::string init = flags.str("init");
@@ -295,6 +310,7 @@ int main(int argc, char** argv) {
     }
     PipelineConfig pipeline_config;
     pipeline_config.stages = stages;
+    pipeline_config.replicas = replicas;
     pipeline_config.microbatches = microbatches;
     pipeline_config.chunks_per_stage = vpp;
     pipeline_config.schedule = schedule_name;
@@ -390,10 +406,10 @@ int main(int argc, char** argv) {
                             std::max<int64_t>(steps, 1));
 
     std::printf(
-        "train_gpt: %zu tokens, vocab %lld, %lld parameters, %d stages x %d chunks, "
-        "%d microbatches, %s, %s, %s, %d threads per kernel\n",
+        "train_gpt: %zu tokens, vocab %lld, %lld parameters, %d stages x %d chunks, %d "
+        "replicas, %d microbatches each, %s, %s, %s, %d threads per kernel\n",
         tokens.size(), static_cast<long long>(vocab_size),
-        static_cast<long long>(model->parameter_count()), stages, vpp, microbatches,
+        static_cast<long long>(model->parameter_count()), stages, vpp, replicas, microbatches,
         schedule_name.c_str(), device.c_str(), pipeline_config.dtype.c_str(), get_num_threads());
     std::printf("partition (layers per chunk): %s\n", ranges_str(ranges()).c_str());
     const auto start = std::chrono::steady_clock::now();
@@ -435,8 +451,10 @@ int main(int argc, char** argv) {
     }
     // Worker processes or ranks trained their own copies of the weights: bring them home.
     if (!local) model->load_state_dict(coordinator.fetch_state().first);
-    std::printf("weights CRC-32C: %08x (equal runs, however partitioned, print the same)\n",
-                weights_checksum(*model));
+    std::printf(
+        "weights CRC-32C: %08x (runs with the same data and --replicas, however partitioned, print "
+        "the same)\n",
+        weights_checksum(*model));
     if (pipeline_config.trace) {
       const Trace& trace = coordinator.trace();
       trace.write_chrome_json(flags.str("trace"));

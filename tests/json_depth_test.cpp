@@ -52,9 +52,11 @@ TEST_CASE("check_json_nesting counts brackets outside strings", "[serialize]") {
 
 TEST_CASE("deeply nested JSON in a stage package is an Error, not a stack overflow",
           "[serialize]") {
-  json metadata = tagged_metadata("pipit-stage-package", 5);
+  json metadata = tagged_metadata("pipit-stage-package", 6);
   metadata["stage"] = "0";
   metadata["stages"] = "1";
+  metadata["replica"] = "0";
+  metadata["replicas"] = "1";
   metadata["chunks_per_stage"] = "1";
   metadata["schedule"] = "1f1b";
   metadata["schedule_table"] = "";

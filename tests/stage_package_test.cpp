@@ -183,6 +183,32 @@ TEST_CASE("bad stage packages are errors naming what is wrong", "[stage_package]
     CHECK_THROWS_WITH(make_stage_package(*f.model, f.ranges, f.config, 3),
                       Catch::Contains("stage 3"));
   }
+  SECTION("a package of an older version, or a replica outside the run") {
+    // Version 6 added the replica: a version 5 package (an older coordinator's) is refused.
+    const std::string old = with_metadata(good, [](json& m) {
+      m["version"] = "5";
+      m.erase("replica");
+      m.erase("replicas");
+    });
+    CHECK_THROWS_WITH(decode_stage_package(old, "old.pkg"),
+                      Catch::Contains("\"version\" is 5, but this build reads only version 6") &&
+                          Catch::Contains("old.pkg"));
+    const std::string outside = with_metadata(good, [](json& m) {
+      m["replicas"] = "2";
+      m["replica"] = "2";
+    });
+    CHECK_THROWS_WITH(decode_stage_package(outside, "replica.pkg"),
+                      Catch::Contains("\"replica\"") && Catch::Contains("replica.pkg"));
+    StagePackage bad = good;
+    bad.replica = 1;
+    CHECK_THROWS_WITH(encode_stage_package(bad), Catch::Contains("replica 1 is outside [0, 1)"));
+    StagePackage second = good;
+    second.replicas = 3;
+    second.replica = 2;
+    const StageSpec spec = build_stage_spec(through_bytes(second));
+    CHECK(spec.replica == 2);
+    CHECK(spec.replicas == 3);
+  }
   SECTION("a chunk count other than chunks_per_stage") {
     StagePackage bad = good;
     bad.chunk_configs.pop_back();
@@ -194,7 +220,7 @@ TEST_CASE("bad stage packages are errors naming what is wrong", "[stage_package]
   }
   SECTION("missing or garbled metadata") {
     for (const char* key : {"schedule", "schedule_table", "recompute", "max_deferred", "stages",
-                            "chunk_configs", "peers", "optimizer_config"}) {
+                            "replica", "replicas", "chunk_configs", "peers", "optimizer_config"}) {
       INFO(key);
       const std::string bytes = with_metadata(good, [&](json& m) { m.erase(key); });
       CHECK_THROWS_WITH(decode_stage_package(bytes, "stage-1.pkg"),

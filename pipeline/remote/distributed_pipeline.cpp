@@ -20,9 +20,12 @@ DistributedPipeline::DistributedPipeline(const Sequential& model, PipelineConfig
                                          std::vector<std::string> workers, TcpOptions tcp,
                                          const StateDict& optimizer_state)
     : workers_(std::move(workers)) {
-  PIPIT_CHECK(static_cast<int>(workers_.size()) == config.stages,
-              "DistributedPipeline: ", config.stages, " stages need as many workers, got ",
-              workers_.size());
+  validate(config);
+  const int endpoints = config.stages * config.replicas;
+  PIPIT_CHECK(static_cast<int>(workers_.size()) == endpoints,
+              "DistributedPipeline: ", config.stages, " stages x ", config.replicas,
+              " replicas need ", endpoints,
+              " workers (replica k's stage s is the (k * stages + s)-th), got ", workers_.size());
   const std::vector<LayerRange> ranges = partition_model(model, config);
   nlohmann::json peers = nlohmann::json::object();
   for (size_t s = 0; s < workers_.size(); ++s) peers[std::to_string(s)] = workers_[s];
@@ -34,7 +37,7 @@ DistributedPipeline::DistributedPipeline(const Sequential& model, PipelineConfig
     start_workers(model, config, ranges, peers, optimizer_state);
   } catch (...) {
     // Release every worker claimed so far, so it serves the next coordinator at once.
-    for (int s = 0; s < config.stages; ++s) comm_->send(s, Message(MessageKind::Shutdown, 0));
+    for (int e = 0; e < endpoints; ++e) comm_->send(e, Message(MessageKind::Shutdown, 0));
     comm_->close();
     throw;
   }
@@ -48,17 +51,19 @@ void DistributedPipeline::start_workers(const Sequential& model, const PipelineC
                                         const std::vector<LayerRange>& ranges,
                                         const nlohmann::json& peers,
                                         const StateDict& optimizer_state) {
-  for (int s = 0; s < config.stages; ++s) {
-    auto [host, port] = parse_endpoint(workers_[static_cast<size_t>(s)]);
-    comm_->connect(s, host, port);
+  const int endpoints = static_cast<int>(workers_.size());
+  for (int e = 0; e < endpoints; ++e) {
+    auto [host, port] = parse_endpoint(workers_[static_cast<size_t>(e)]);
+    comm_->connect(e, host, port);
   }
-  for (int s = 0; s < config.stages; ++s) {
-    StagePackage package = make_stage_package(model, ranges, config, s, optimizer_state);
+  for (int e = 0; e < endpoints; ++e) {
+    StagePackage package = make_stage_package(model, ranges, config, e % config.stages,
+                                              optimizer_state, e / config.stages);
     package.peers = peers;
-    comm_->send(s, stage_package_message(package));
+    comm_->send(e, stage_package_message(package));
   }
   std::vector<bool> ready(workers_.size(), false);
-  for (int n = 0; n < config.stages;) {
+  for (int n = 0; n < endpoints;) {
     std::optional<Message> message = comm_->try_receive(config.timeout);
     if (!message) {
       std::string missing;
@@ -69,7 +74,7 @@ void DistributedPipeline::start_workers(const Sequential& model, const PipelineC
                   " ms from " + missing);
     }
     const int from = message->from;
-    if (from < 0 || from >= config.stages) continue;
+    if (from < 0 || from >= endpoints) continue;
     const std::string where = workers_[static_cast<size_t>(from)];
     if (message->kind == MessageKind::StageError || message->kind == MessageKind::PeerLost) {
       const std::string why = message->kind == MessageKind::StageError
@@ -83,7 +88,7 @@ void DistributedPipeline::start_workers(const Sequential& model, const PipelineC
       ++n;
     }
   }
-  for (int s = 0; s < config.stages; ++s) comm_->send(s, Message(MessageKind::Start, 0));
+  for (int e = 0; e < endpoints; ++e) comm_->send(e, Message(MessageKind::Start, 0));
 }
 
 DistributedPipeline::~DistributedPipeline() {

@@ -1,5 +1,6 @@
 #include "pipeline/remote/stage_package.h"
 
+#include <algorithm>
 #include <climits>
 
 #include "autograd/grad_mode.h"
@@ -16,7 +17,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kFormat = "pipit-stage-package";
-constexpr int kVersion = 5;
+constexpr int kVersion = 6;
 
 // The package's place in the pipeline, checked before anything indexes by it.
 void check_layout(const StagePackage& package, const char* operation) {
@@ -28,6 +29,12 @@ void check_layout(const StagePackage& package, const char* operation) {
               " chunks number their chunks beyond int");
   PIPIT_CHECK(package.stage >= 0 && package.stage < package.stages, operation, ": stage ",
               package.stage, " is outside [0, ", package.stages, ")");
+  PIPIT_CHECK(package.replicas >= 1 && package.replicas <= kMaxReplicas &&
+                  int64_t{package.stages} * package.replicas <= INT_MAX,
+              operation, ": ", package.replicas, " replicas of ", package.stages,
+              " stages are not a run's endpoints");
+  PIPIT_CHECK(package.replica >= 0 && package.replica < package.replicas, operation, ": replica ",
+              package.replica, " is outside [0, ", package.replicas, ")");
   PIPIT_CHECK(package.chunk_configs.size() == static_cast<size_t>(package.chunks_per_stage),
               operation, ": stage ", package.stage, " has ", package.chunk_configs.size(),
               " chunk configs but chunks_per_stage is ", package.chunks_per_stage);
@@ -37,16 +44,18 @@ void check_layout(const StagePackage& package, const char* operation) {
 
 StagePackage make_stage_package(const Sequential& model, const std::vector<LayerRange>& ranges,
                                 const PipelineConfig& config, int stage,
-                                const StateDict& optimizer_state) {
+                                const StateDict& optimizer_state, int replica) {
   PIPIT_CHECK(stage >= 0 && stage < config.stages, "make_stage_package: stage ", stage,
               " is outside [0, ", config.stages, ")");
   PIPIT_CHECK(ranges.size() == static_cast<size_t>(config.stages * config.chunks_per_stage),
               "make_stage_package: ", ranges.size(), " layer ranges for ", config.stages,
               " stages of ", config.chunks_per_stage, " chunks");
-  const StageSpec spec = make_stage_spec(model, ranges, config, stage);
+  const StageSpec spec = make_stage_spec(model, ranges, config, stage, {}, replica);
   StagePackage package;
   package.stage = stage;
   package.stages = config.stages;
+  package.replica = spec.replica;
+  package.replicas = spec.replicas;
   package.chunks_per_stage = config.chunks_per_stage;
   package.schedule = config.schedule;
   package.schedule_table = config.schedule_table;
@@ -81,6 +90,8 @@ PackageParts to_parts(const StagePackage& package, const char* caller) {
   json metadata = tagged_metadata(kFormat, kVersion);
   metadata["stage"] = std::to_string(package.stage);
   metadata["stages"] = std::to_string(package.stages);
+  metadata["replica"] = std::to_string(package.replica);
+  metadata["replicas"] = std::to_string(package.replicas);
   metadata["chunks_per_stage"] = std::to_string(package.chunks_per_stage);
   metadata["schedule"] = package.schedule;
   metadata["schedule_table"] = package.schedule_table;
@@ -111,6 +122,9 @@ StagePackage from_parts(json metadata, const StateDict& tensors, const std::stri
   StagePackage package;
   package.stages = static_cast<int>(reader.integer("stages", 1, INT_MAX));
   package.stage = static_cast<int>(reader.integer("stage", 0, package.stages - 1));
+  package.replicas = static_cast<int>(
+      reader.integer("replicas", 1, std::min<int64_t>(kMaxReplicas, INT_MAX / package.stages)));
+  package.replica = static_cast<int>(reader.integer("replica", 0, package.replicas - 1));
   // Global chunk numbers (at most stages * chunks_per_stage - 1) must be ints.
   package.chunks_per_stage =
       static_cast<int>(reader.integer("chunks_per_stage", 1, INT_MAX / package.stages));
@@ -227,6 +241,8 @@ StageSpec build_stage_spec(const StagePackage& package) {
   StageSpec spec;
   spec.stage = package.stage;
   spec.stages = package.stages;
+  spec.replica = package.replica;
+  spec.replicas = package.replicas;
   spec.chunks_per_stage = package.chunks_per_stage;
   spec.schedule = package.schedule;
   spec.schedule_table = package.schedule_table;

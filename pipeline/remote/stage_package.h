@@ -2,7 +2,8 @@
 // Stage packages: everything a worker process needs to build its Stage, sent as one
 // safetensors blob in the checkpoint layout (serialize/checkpoint.h): tensors "model.<name>"
 // and "optim.<name>", the rest as JSON text in "__metadata__", tagged
-// {"format": "pipit-stage-package", "version": "5"}.
+// {"format": "pipit-stage-package", "version": "6"} (6 added the replica; a worker refuses
+// every other version by number).
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,6 +19,8 @@ namespace pipit {
 
 struct StagePackage {
   int stage = 0, stages = 1, chunks_per_stage = 1;
+  int replica = 0,
+      replicas = 1;  // PipelineConfig::replicas: the worker is endpoint replica*p + stage
   std::string schedule;
   std::string schedule_table;
   bool recompute = false;
@@ -38,7 +41,7 @@ struct StagePackage {
 // weights share storage with `model` until the package is encoded.
 StagePackage make_stage_package(const Sequential& model, const std::vector<LayerRange>& ranges,
                                 const PipelineConfig& config, int stage,
-                                const StateDict& optimizer_state = {});
+                                const StateDict& optimizer_state = {}, int replica = 0);
 
 std::string encode_stage_package(const StagePackage& package);
 // Validates the bytes and every metadata key; errors name `source` (a file or connection).

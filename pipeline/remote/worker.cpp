@@ -69,10 +69,12 @@ int stages_on_this_host(const StagePackage& package) {
       return std::nullopt;
     }
   };
-  const std::optional<std::string> mine = host_of(package.stage);
+  const int p = package.stages;
+  const std::optional<std::string> mine =
+      host_of(replica_endpoint(package.replica, package.stage, p));
   if (!mine) return 1;
   int sharing = 0;
-  for (int s = 0; s < package.stages; ++s) sharing += host_of(s) == mine ? 1 : 0;
+  for (int e = 0; e < p * package.replicas; ++e) sharing += host_of(e) == mine ? 1 : 0;
   return std::max(1, sharing);
 }
 
@@ -80,7 +82,9 @@ std::unique_ptr<Stage> build_stage(const std::shared_ptr<TcpCommunicator>& comm,
                                    const Message& message, const TcpOptions& options,
                                    double slowdown, int threads) {
   StagePackage package = stage_package_from_message(message, "stage package from the coordinator");
-  comm->set_id(package.stage);
+  const int p = package.stages, s = package.stage, r = package.replicas, k = package.replica;
+  const int me = replica_endpoint(k, s, p);
+  comm->set_id(me);
   StageSpec spec = build_stage_spec(package);
   spec.slowdown = slowdown;
   if (threads == 0) {
@@ -91,28 +95,37 @@ std::unique_ptr<Stage> build_stage(const std::shared_ptr<TcpCommunicator>& comm,
                 std::to_string(get_num_threads()) + " threads per kernel");
   }
   auto stage = std::make_unique<Stage>(std::move(spec), comm);
-  const int p = package.stages, s = package.stage;
   // A coordinator that goes away while this stage waits for its neighbours ends the wait at
   // once: the worker must not stay claimed by a run that is over. (A failing
   // DistributedPipeline closes its connections after its Shutdown.)
   auto run_over = [&comm] { return !comm->is_connected(kCoordinator); };
+  // The neighbouring stages of this replica (a ring, which ties between the first and the
+  // last stage use too), and this stage in the neighbouring replicas (the gradient sum's
+  // chain runs around them: replica_group.h).
   std::set<int> neighbours;
-  if (p > 1) neighbours = {(s + 1) % p, (s + p - 1) % p};
+  if (p > 1)
+    neighbours = {replica_endpoint(k, (s + 1) % p, p), replica_endpoint(k, (s + p - 1) % p, p)};
+  if (r > 1) {
+    neighbours.insert(replica_endpoint((k + 1) % r, s, p));
+    neighbours.insert(replica_endpoint((k + r - 1) % r, s, p));
+  }
   for (int peer : neighbours) {
     const std::string key = std::to_string(peer);
     PIPIT_CHECK(package.peers.contains(key) && package.peers[key].is_string(),
-                "stage package: no address for neighbouring stage ", peer);
+                "stage package: no address for neighbouring endpoint ", peer);
     const std::string address = package.peers[key].get<std::string>();
     comm->set_listening_address(peer, address);
-    if (peer < s) continue;
+    if (peer < me) continue;
     auto [host, port] = parse_endpoint(address);
     comm->connect(peer, host, port, run_over);
   }
   for (int peer : neighbours) {
-    if (peer < s) comm->wait_for_peer(peer, options.connect_timeout, run_over);
+    if (peer < me) comm->wait_for_peer(peer, options.connect_timeout, run_over);
   }
-  options.log("[worker] stage " + std::to_string(s) + " of " + std::to_string(p) + " ready (" +
-              std::to_string(package.chunks_per_stage) + " chunks, " + package.schedule + ")");
+  options.log("[worker] stage " + std::to_string(s) + " of " + std::to_string(p) +
+              (r > 1 ? ", replica " + std::to_string(k) + " of " + std::to_string(r) : "") +
+              " ready (" + std::to_string(package.chunks_per_stage) + " chunks, " +
+              package.schedule + ")");
   return stage;
 }
 

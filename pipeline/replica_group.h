@@ -1,0 +1,50 @@
+#pragma once
+// ReplicaGroup: stage s of every replica of a pipeline (PipelineConfig::replicas, r copies of
+// the pipeline, each on its own share of the batch). After a step's last backward the group
+// sums its gradients with comm/all_reduce.h in replica order (replica 0's + replica 1's + ...),
+// so every member holds the same sum, the same bits, and applies the same optimizer update:
+// the replicas' weights never drift apart. Replica k's stage s is endpoint k * p + s.
+#include <optional>
+#include <vector>
+
+#include "comm/all_reduce.h"
+
+namespace pipit {
+
+inline int replica_endpoint(int replica, int stage, int stages) {
+  return replica * stages + stage;
+}
+
+class ReplicaGroup {
+ public:
+  ReplicaGroup(int stage, int stages, int replica, int replicas);
+
+  // Whether `endpoint` is another member of this group.
+  bool member(int endpoint) const;
+  // Starts summing the gradients of `parameters` (in this order; one without a gradient counts
+  // as zeros) for step `step`, and returns the messages to send. Segments of this step that
+  // arrived before are taken now.
+  AllReduce::Outgoing start(const std::vector<Tensor>& parameters, int64_t step);
+  // One AllReduceSegment of the step in progress; kept until start() when it comes first.
+  AllReduce::Outgoing receive(const Message& message);
+  bool started() const { return reduce_.has_value(); }
+  // The sums are the parameters' gradients now.
+  bool done() const { return written_; }
+  // Forgets the step in progress (an aborted step, or the next one).
+  void reset();
+
+ private:
+  AllReduce::Outgoing take(const Message& message);
+  // Once every segment is summed: the sums become the parameters' gradients.
+  void write_back_when_done();
+
+  std::vector<int> members_;
+  int me_;
+  std::vector<Tensor> parameters_;
+  Tensor flat_;
+  std::optional<AllReduce> reduce_;
+  std::vector<Message> pending_;
+  bool written_ = false;
+};
+
+}  // namespace pipit

@@ -1,0 +1,225 @@
+// Pipelines times data parallelism (PipelineConfig::replicas): p stages x r replicas train
+// bit for bit like one thread that accumulates each replica's share of the microbatches on
+// its own and adds the shares in replica order, for every schedule, in threads and over TCP
+// worker processes, and every replica ends with the model's weights.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "bitwise.h"
+#include "loss/loss.h"
+#include "nn/builders.h"
+#include "optim/optimizer.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/remote/distributed_pipeline.h"
+#include "pipit.h"
+#include "worker_process.h"
+
+using namespace pipit;
+using pipit::testing::bitwise_equal;
+
+namespace {
+
+struct Model {
+  std::shared_ptr<Sequential> net;
+  Tensor input, target;
+};
+
+// 24 rows: r * m microbatches for every (r, m) below.
+Model make_mlp() {
+  Generator generator(3);
+  Model m{mlp({6, 12, 12, 12, 12, 3}, "tanh", &generator), randn({24, 6}, &generator), Tensor()};
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < 24; ++i) labels.push_back((i * 5) % 3);
+  m.target = from_vector(labels, {24});
+  return m;
+}
+
+Model make_gpt() {
+  Generator generator(5);
+  GptConfig config{11, 6, 6, 2, 16, 0.0};
+  std::vector<int64_t> x, y;
+  for (int64_t i = 0; i < 24 * 6; ++i) {
+    x.push_back((i * 7) % 11);
+    y.push_back((i * 7 + 3) % 11);
+  }
+  return {gpt(config, &generator), from_vector(x, {24, 6}), from_vector(y, {24, 6})};
+}
+
+Model make_model(const std::string& name) {
+  return name == "mlp" ? make_mlp() : make_gpt();
+}
+
+const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
+
+// One thread: replica k's share (microbatches k*m .. k*m+m-1) accumulated from zero, each
+// loss gradient scaled by 1 / (r m), then the shares added in replica order, then the update.
+std::vector<double> accumulate_by_replica(Model& model, int replicas, int microbatches, int steps) {
+  const auto parameters = model.net->named_parameters();
+  auto optimizer = make_optimizer(kAdamW, parameters);
+  auto loss = make_loss({{"type", "CrossEntropyLoss"}});
+  const int n = replicas * microbatches;
+  const int64_t size = model.input.size(0) / n;
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<Tensor> sums(parameters.size());
+    double total = 0;
+    for (int k = 0; k < replicas; ++k) {
+      optimizer->zero_grad();
+      for (int i = 0; i < microbatches; ++i) {
+        const int64_t mb = k * microbatches + i;
+        Tensor x = narrow(model.input, 0, mb * size, size);
+        Tensor y = narrow(model.target, 0, mb * size, size);
+        Tensor out = model.net->forward(x);
+        total += loss->compute_loss(out, y).item<double>();
+        out.backward(loss->compute_gradient(out, y) * (1.0 / n));
+      }
+      NoGradGuard no_grad;
+      for (size_t j = 0; j < parameters.size(); ++j) {
+        const Tensor grad = parameters[j].second.grad().clone();
+        sums[j] = k == 0 ? grad : sums[j] + grad;
+      }
+    }
+    for (size_t j = 0; j < parameters.size(); ++j) {
+      Tensor parameter = parameters[j].second;
+      parameter.set_grad(sums[j]);
+    }
+    optimizer->step();
+    losses.push_back(total / n);
+  }
+  return losses;
+}
+
+struct Layout {
+  std::string schedule;
+  int p, r, v;
+};
+
+std::vector<Layout> layouts() {
+  std::vector<Layout> all;
+  for (const auto& [p, r] : std::vector<std::pair<int, int>>{{1, 2}, {2, 2}, {2, 3}, {4, 2}}) {
+    for (const std::string schedule : {"gpipe", "1f1b", "zbh1", "zbh2"})
+      all.push_back({schedule, p, r, 1});
+    all.push_back({"interleaved", p, r, 2});
+    all.push_back({"zbv", p, r, 2});
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "p stages x r replicas equal per-replica accumulation summed in replica order, bit for bit",
+    "[replicas]") {
+  const int m = 4, steps = 2;
+  for (const std::string model_name : {"mlp", "gpt"}) {
+    for (const Layout& layout : layouts()) {
+      for (const std::string recompute : {"none", "full"}) {
+        INFO(model_name << " " << layout.schedule << " p=" << layout.p << " r=" << layout.r
+                        << " v=" << layout.v << " recompute " << recompute);
+        Model reference = make_model(model_name);
+        const std::vector<double> expected_losses =
+            accumulate_by_replica(reference, layout.r, m, steps);
+
+        Model piped = make_model(model_name);
+        PipelineConfig config;
+        config.stages = layout.p;
+        config.replicas = layout.r;
+        config.microbatches = m;
+        config.chunks_per_stage = layout.v;
+        config.schedule = layout.schedule;
+        config.recompute = recompute;
+        config.optimizer = kAdamW;
+        std::vector<double> losses;
+        std::vector<StateDict> replica_weights;
+        {
+          Pipeline pipeline(piped.net, config);
+          for (int step = 0; step < steps; ++step) {
+            losses.push_back(pipeline.train_step(piped.input, piped.target));
+          }
+          for (int k = 1; k < layout.r; ++k) {
+            StateDict weights;
+            for (int s = 0; s < layout.p; ++s) {
+              for (const auto& chunk : pipeline.stage(k * layout.p + s).spec().chunks) {
+                weights.merge(chunk->state_dict());
+              }
+            }
+            replica_weights.push_back(weights);
+          }
+        }
+        CHECK(losses == expected_losses);
+        const StateDict want = reference.net->state_dict(), got = piped.net->state_dict();
+        for (const auto& [name, value] : want) {
+          INFO(name);
+          CHECK(bitwise_equal(got.at(name), value));
+          for (const StateDict& replica : replica_weights) {
+            REQUIRE(replica.count(name));
+            CHECK(bitwise_equal(replica.at(name), value));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "replicas: a batch that does not split into r x m microbatches, bad counts and remaps "
+    "are refused by name",
+    "[replicas]") {
+  Model model = make_mlp();
+  PipelineConfig config;
+  config.stages = 2;
+  config.replicas = 0;
+  CHECK_THROWS_WITH(Pipeline(model.net, config), Catch::Contains("replicas must be in [1, "));
+  config.replicas = 2;
+  config.rebalance.enabled = true;
+  CHECK_THROWS_WITH(Pipeline(model.net, config), Catch::Contains("not supported with replicas"));
+  config.rebalance.enabled = false;
+  config.microbatches = 5;
+  Pipeline pipeline(model.net, config);
+  CHECK_THROWS_WITH(pipeline.train_step(model.input, model.target),
+                    Catch::Contains("does not split into 10 equal microbatches"));
+  CHECK_THROWS_WITH(pipeline.move_layers(1, 0, 1),
+                    Catch::Contains("remapping 2 replicas together is not supported"));
+}
+
+TEST_CASE(
+    "p stages x r replicas over TCP worker processes equal the one-thread reference, bit "
+    "for bit",
+    "[replicas][distributed]") {
+  std::vector<std::unique_ptr<pipit::testing::WorkerProcess>> workers;
+  for (int i = 0; i < 6; ++i) workers.push_back(std::make_unique<pipit::testing::WorkerProcess>());
+  const int m = 4, steps = 2;
+  for (const Layout& layout : std::vector<Layout>{
+           {"1f1b", 2, 2, 1}, {"zbh1", 2, 3, 1}, {"interleaved", 2, 2, 2}, {"gpipe", 1, 2, 1}}) {
+    INFO(layout.schedule << " p=" << layout.p << " r=" << layout.r);
+    Model reference = make_gpt();
+    const std::vector<double> expected = accumulate_by_replica(reference, layout.r, m, steps);
+    Model remote = make_gpt();
+    PipelineConfig config;
+    config.stages = layout.p;
+    config.replicas = layout.r;
+    config.microbatches = m;
+    config.chunks_per_stage = layout.v;
+    config.schedule = layout.schedule;
+    config.optimizer = kAdamW;
+    std::vector<std::string> endpoints;
+    for (int e = 0; e < layout.p * layout.r; ++e) {
+      endpoints.push_back(workers[static_cast<size_t>(e)]->endpoint());
+    }
+    std::vector<double> losses;
+    StateDict weights;
+    {
+      DistributedPipeline pipeline(*remote.net, config, endpoints);
+      for (int step = 0; step < steps; ++step) {
+        losses.push_back(pipeline.train_step(remote.input, remote.target));
+      }
+      weights = pipeline.coordinator().fetch_state().first;
+    }
+    CHECK(losses == expected);
+    for (const auto& [name, value] : reference.net->state_dict()) {
+      INFO(name);
+      REQUIRE(weights.count(name));
+      CHECK(bitwise_equal(weights.at(name), value));
+    }
+  }
+}
