@@ -13,11 +13,13 @@
 namespace pipit {
 namespace {
 
-std::string stage_list(const std::vector<bool>& done) {
+// The endpoints not yet done, as "0, 1, 0 of replica 1".
+std::string stage_list(const std::vector<bool>& done, int stages, int replicas) {
   std::string list;
-  for (size_t s = 0; s < done.size(); ++s) {
-    if (done[s]) continue;
-    list += (list.empty() ? "" : ", ") + std::to_string(s);
+  for (size_t e = 0; e < done.size(); ++e) {
+    if (done[e]) continue;
+    list += (list.empty() ? "" : ", ") +
+            endpoint_name(static_cast<int>(e), stages, replicas).substr(6);  // without "stage "
   }
   return list;
 }
@@ -112,8 +114,9 @@ Message Coordinator::receive_step_message(const std::string& waiting_for) {
     }
     if (message->kind == MessageKind::PeerLost) {
       const PeerLost lost = read_peer_lost(*message);
-      fail_step("lost the connection to stage " + std::to_string(lost.peer) + " at " +
-                lost.address + ": " + lost.reason);
+      fail_step("lost the connection to " +
+                endpoint_name(lost.peer, config_.stages, config_.replicas) + " at " + lost.address +
+                ": " + lost.reason);
     }
     if (message->from < 0 || message->from >= endpoints()) continue;  // not a stage
     if (message->step != step_) continue;  // left over from an aborted step
@@ -191,8 +194,9 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   int outputs = 0, done = 0;
   while (outputs < n || done < endpoints()) {
     Message message = receive_step_message(
-        outputs < n ? "microbatch outputs from stage " + std::to_string(last_stage)
-                    : "stages " + stage_list(stage_done) + " to finish");
+        outputs < n
+            ? "microbatch outputs from stage " + std::to_string(last_stage)
+            : "stages " + stage_list(stage_done, config_.stages, config_.replicas) + " to finish");
     if (message.kind == PipelineKind::Activation) {
       const int mb = message.from / p * m + message.microbatch;
       PIPIT_CHECK(message.from % p == last_stage && message.microbatch >= 0 &&
@@ -235,7 +239,8 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   try {
     for (int answered = 0; answered < endpoints();) {
       Message message =
-          receive_step_message("stages " + stage_list(stepped) + " to finish their optimizer step");
+          receive_step_message("stages " + stage_list(stepped, config_.stages, config_.replicas) +
+                               " to finish their optimizer step");
       if (message.kind != PipelineKind::OptimizerDone ||
           stepped[static_cast<size_t>(message.from)]) {
         continue;
@@ -246,10 +251,11 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   } catch (const Error& e) {
     std::vector<bool> not_stepped(stepped.size());
     for (size_t s = 0; s < stepped.size(); ++s) not_stepped[s] = !stepped[s];
-    const std::string applied = stage_list(not_stepped);
+    const std::string applied = stage_list(not_stepped, config_.stages, config_.replicas);
     inconsistent_ = "step " + std::to_string(step_) + " failed during its optimizer step (" +
                     e.what() + "), after stages [" + applied +
-                    "] had applied it and before stages [" + stage_list(stepped) + "] confirmed";
+                    "] had applied it and before stages [" +
+                    stage_list(stepped, config_.stages, config_.replicas) + "] confirmed";
     require_consistent();
   }
   ++trained_;
@@ -322,8 +328,9 @@ Tensor Coordinator::forward(const Tensor& input) {
   std::vector<bool> stage_done(static_cast<size_t>(p));
   int received = 0, done = 0;
   while (received < m || done < p) {
-    Message message = receive_step_message(received < m ? "microbatch outputs"
-                                                        : "stages " + stage_list(stage_done));
+    Message message = receive_step_message(
+        received < m ? "microbatch outputs"
+                     : "stages " + stage_list(stage_done, config_.stages, config_.replicas));
     if (message.kind == PipelineKind::Activation) {
       const int mb = message.microbatch;
       PIPIT_CHECK(mb >= 0 && mb < m && !outputs[mb].defined() && message.tensors.size() == 1,
@@ -382,7 +389,8 @@ std::pair<StateDict, StateDict> Coordinator::fetch_state() {
   StateDict weights, optimizer_state;
   std::vector<bool> answered(static_cast<size_t>(config_.stages));
   for (int n = 0; n < config_.stages;) {
-    Message message = receive_step_message("the state of stages " + stage_list(answered));
+    Message message = receive_step_message("the state of stages " +
+                                           stage_list(answered, config_.stages, config_.replicas));
     if (message.kind != MessageKind::State || answered[static_cast<size_t>(message.from)]) {
       continue;
     }
@@ -399,7 +407,8 @@ std::pair<StateDict, StateDict> Coordinator::fetch_state() {
 void Coordinator::await_all(MessageKind kind, const std::string& waiting_for) {
   std::vector<bool> answered(static_cast<size_t>(config_.stages));
   for (int n = 0; n < config_.stages;) {
-    Message message = receive_step_message(waiting_for + " from stages " + stage_list(answered));
+    Message message = receive_step_message(waiting_for + " from stages " +
+                                           stage_list(answered, config_.stages, config_.replicas));
     if (message.kind != kind || answered[static_cast<size_t>(message.from)]) continue;
     answered[static_cast<size_t>(message.from)] = true;
     ++n;

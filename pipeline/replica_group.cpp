@@ -14,6 +14,11 @@ constexpr size_t kMaxPendingSegments = 1 << 16;
 
 }  // namespace
 
+std::string endpoint_name(int endpoint, int stages, int replicas) {
+  const std::string stage = "stage " + std::to_string(endpoint % stages);
+  return replicas > 1 ? stage + " of replica " + std::to_string(endpoint / stages) : stage;
+}
+
 ReplicaGroup::ReplicaGroup(int stage, int stages, int replica, int replicas)
     : me_(replica_endpoint(replica, stage, stages)) {
   PIPIT_CHECK(replicas >= 1 && replica >= 0 && replica < replicas && stage >= 0 && stage < stages,

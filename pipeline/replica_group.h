@@ -5,6 +5,7 @@
 // so every member holds the same sum, the same bits, and applies the same optimizer update:
 // the replicas' weights never drift apart. Replica k's stage s is endpoint k * p + s.
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/all_reduce.h"
@@ -14,6 +15,8 @@ namespace pipit {
 inline int replica_endpoint(int replica, int stage, int stages) {
   return replica * stages + stage;
 }
+// How errors name an endpoint: "stage s", or with replicas "stage s of replica k".
+std::string endpoint_name(int endpoint, int stages, int replicas);
 
 class ReplicaGroup {
  public:

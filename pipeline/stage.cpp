@@ -81,9 +81,9 @@ void Stage::run() {
   } catch (const std::exception& e) {
     // Not a task's failure (handle() reports those and goes on) but the loop's own: the
     // stage stops, and says so rather than ending its thread silently.
-    report_error(std::string("stage ") + std::to_string(spec_.stage) + " stopped: " + e.what());
+    report_error(name() + " stopped: " + e.what());
   } catch (...) {
-    report_error("stage " + std::to_string(spec_.stage) + " stopped on an unknown exception");
+    report_error(name() + " stopped on an unknown exception");
   }
 }
 
@@ -126,11 +126,11 @@ bool Stage::handle(Message message) {
   try {
     return dispatch(std::move(message));
   } catch (const std::exception& e) {
-    what << "stage " << spec_.stage << " failed";
+    what << name() << " failed";
     if (active_ && next_task_ < tasks_.size()) what << " in task " << tasks_[next_task_];
     what << " of step " << step_ << ": " << e.what();
   } catch (...) {
-    what << "stage " << spec_.stage << " failed in step " << step_ << " on an unknown exception";
+    what << name() << " failed in step " << step_ << " on an unknown exception";
   }
   reset();
   report_error(what.str());
@@ -258,8 +258,9 @@ bool Stage::dispatch(Message message) {
     if (lost.peer == kCoordinator) return false;  // the run is over
     // A neighbour is gone: this step cannot finish, and the coordinator should know why.
     reset();
-    report_error("stage " + std::to_string(spec_.stage) + " lost its connection to stage " +
-                 std::to_string(lost.peer) + " at " + lost.address + ": " + lost.reason);
+    report_error(name() + " lost its connection to " +
+                 endpoint_name(lost.peer, spec_.stages, spec_.replicas) + " at " + lost.address +
+                 ": " + lost.reason);
     return true;
   } else {
     return true;
@@ -435,7 +436,7 @@ Tensor Stage::parameter(const std::string& name) const {
       if (n == name) return p;
     }
   }
-  throw Error(detail::concat("stage ", spec_.stage, " holds no parameter '", name, "'"));
+  throw Error(detail::concat(this->name(), " holds no parameter '", name, "'"));
 }
 
 void Stage::forward(const Task& task, const Tensor& input) {

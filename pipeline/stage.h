@@ -131,6 +131,8 @@ class Stage {
   // The endpoint of stage `stage` of this stage's replica, and this stage's own.
   int endpoint(int stage) const { return replica_endpoint(spec_.replica, stage, spec_.stages); }
   int me() const { return endpoint(spec_.stage); }
+  // "stage s", or "stage s of replica k", for errors.
+  std::string name() const { return endpoint_name(me(), spec_.stages, spec_.replicas); }
   // The endpoint of the stage (of this replica) a chunk lives on, under the schedule's
   // placement.
   int endpoint_of(int chunk) const;

@@ -179,9 +179,6 @@ int main(int argc, char** argv) {
 #endif
     if (launcher == "mpi" && !workers.empty()) flags.fail("--launcher mpi runs no --workers");
     const int replicas = static_cast<int>(flags.integer("replicas"));
-    if (replicas > 1 && launcher == "mpi") {
-      flags.fail("--replicas with --launcher mpi is not supported yet: use threads or --workers");
-    }
     if (!workers.empty() && workers.size() % static_cast<size_t>(replicas) != 0) {
       flags.fail("--workers lists " + std::to_string(workers.size()) +
                  " addresses, not a multiple of --replicas " + std::to_string(replicas));
@@ -192,7 +189,11 @@ int main(int argc, char** argv) {
 #ifdef PIPIT_WITH_MPI
     if (launcher == "mpi") {
       const MpiJob job = mpi_job();
-      stages = job.world_size;
+      if (job.world_size % replicas != 0) {
+        flags.fail("--launcher mpi: the job's " + std::to_string(job.world_size) +
+                   " ranks are not a multiple of --replicas " + std::to_string(replicas));
+      }
+      stages = job.world_size / replicas;
       ranks_on_node = job.local_size;
     }
 #endif
@@ -350,8 +351,9 @@ int main(int argc, char** argv) {
       // mpirun names a rank that dies; this line maps it to its stage and node.
       char host[256] = "?";
       gethostname(host, sizeof host - 1);
-      std::printf("[mpi] rank %d of %d on %s: stage %d, %d threads\n", spmd->rank(),
-                  spmd->world_size(), host, spmd->rank(), get_num_threads());
+      std::printf("[mpi] rank %d of %d on %s: stage %d of replica %d, %d threads\n", spmd->rank(),
+                  spmd->world_size(), host, spmd->rank() % stages, spmd->rank() / stages,
+                  get_num_threads());
       std::fflush(stdout);
       // Every rank but 0 serves its stage until rank 0 is done; rank 0 goes on as usual.
       if (!spmd->is_coordinator()) {

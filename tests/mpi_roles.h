@@ -2,6 +2,7 @@
 // The MPI tests' programs, run by mpirun from tests/mpi_test.cpp:
 //   mpirun -np 3 pipit_tests --mpi-role exchange
 //   mpirun -np P pipit_tests --mpi-role pipeline SCHEDULE   (SPMD pipeline vs in-process)
+//   mpirun -np P pipit_tests --mpi-role replica-pipeline SCHEDULE   (P/2 stages x 2 replicas)
 //   mpirun -np 2 pipit_tests --mpi-role mismatch            (rank 1 builds another model)
 //   mpirun -np 5 pipit_tests --mpi-role ps OPTIMIZER        (2 shards, 3 workers, sync mode)
 //   mpirun -np 3 pipit_tests --mpi-role killed              (rank 2 is killed while training)
@@ -54,9 +55,10 @@ inline Tensor mpi_payload(int from, int to, int thread, int index) {
 // prints "pipeline ok". `seed_of_rank_1` other than 5 makes rank 1 build another model, which
 // start-up must catch.
 // tied: a GPT whose head is tied to its embedding (pipeline/tied_parameters.h) instead of
-// an MLP.
+// an MLP. replicas: that many copies of a size / replicas stage pipeline (stage e mod p of
+// replica e / p on rank e), against the in-process Pipeline of the same layout.
 inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_1,
-                             bool tied = false) {
+                             bool tied = false, int replicas = 1) {
   const char* rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
   const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
   if (!rank_text || !size_text) return 2;
@@ -70,8 +72,9 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
     return gpt(c, &generator);
   };
   PipelineConfig config;
-  config.stages = size;
-  config.microbatches = 4;
+  config.stages = size / replicas;
+  config.replicas = replicas;
+  config.microbatches = 4 / replicas;
   config.schedule = schedule;
   config.chunks_per_stage = schedule == "interleaved" || schedule == "zbv" ? 2 : 1;
   config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
@@ -332,6 +335,7 @@ inline int mpi_role_main(int argc, char** argv) {
     if (role == "exchange") return mpi_exchange_role();
     if (role == "pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5);
     if (role == "tied-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, true);
+    if (role == "replica-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, false, 2);
     if (role == "generate" && argc == 4) return mpi_generate_role(argv[3]);
     if (role == "all-reduce") return mpi_all_reduce_role();
     if (role == "mismatch") return mpi_pipeline_role("1f1b", 6);

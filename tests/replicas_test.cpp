@@ -3,7 +3,9 @@
 // its own and adds the shares in replica order, for every schedule, in threads and over TCP
 // worker processes, and every replica ends with the model's weights.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "bitwise.h"
 #include "loss/loss.h"
@@ -222,4 +224,68 @@ TEST_CASE(
       CHECK(bitwise_equal(weights.at(name), value));
     }
   }
+}
+
+TEST_CASE(
+    "replicas: a run resumed from replica 0's state equals an uninterrupted one, bit for "
+    "bit",
+    "[replicas]") {
+  PipelineConfig config;
+  config.stages = 2;
+  config.replicas = 3;
+  config.microbatches = 2;
+  config.optimizer = kAdamW;
+  Model whole = make_gpt();
+  std::vector<double> uninterrupted;
+  {
+    Pipeline pipeline(whole.net, config);
+    for (int step = 0; step < 4; ++step) {
+      uninterrupted.push_back(pipeline.train_step(whole.input, whole.target));
+    }
+  }
+  Model first = make_gpt();
+  std::vector<double> resumed;
+  StateDict weights, optimizer_state;
+  {
+    Pipeline pipeline(first.net, config);
+    for (int step = 0; step < 2; ++step) {
+      resumed.push_back(pipeline.train_step(first.input, first.target));
+    }
+    std::tie(weights, optimizer_state) = pipeline.coordinator().fetch_state();
+  }
+  // A fresh model from the checkpointed weights; every replica starts from them.
+  Model second = make_gpt();
+  second.net->load_state_dict(weights);
+  {
+    Pipeline pipeline(second.net, config, optimizer_state);
+    for (int step = 0; step < 2; ++step) {
+      resumed.push_back(pipeline.train_step(second.input, second.target));
+    }
+  }
+  CHECK(resumed == uninterrupted);
+  for (const auto& [name, value] : whole.net->state_dict()) {
+    INFO(name);
+    CHECK(bitwise_equal(second.net->state_dict().at(name), value));
+  }
+}
+
+TEST_CASE("replicas: a replica's worker that dies fails the step, naming its stage and replica",
+          "[replicas][distributed]") {
+  std::vector<std::unique_ptr<pipit::testing::WorkerProcess>> workers;
+  std::vector<std::string> endpoints;
+  for (int i = 0; i < 4; ++i) {
+    workers.push_back(std::make_unique<pipit::testing::WorkerProcess>());
+    endpoints.push_back(workers.back()->endpoint());
+  }
+  Model model = make_gpt();
+  PipelineConfig config;
+  config.stages = 2;
+  config.replicas = 2;
+  config.microbatches = 2;
+  config.timeout = std::chrono::milliseconds(20000);
+  DistributedPipeline pipeline(*model.net, config, endpoints);
+  pipeline.train_step(model.input, model.target);
+  workers[2]->kill();  // endpoint 2: stage 0 of replica 1
+  CHECK_THROWS_WITH(pipeline.train_step(model.input, model.target),
+                    Catch::Contains("stage 0 of replica 1"));
 }

@@ -9,6 +9,7 @@ namespace {
 // What every rank must agree on: the model's config and weights, and how it is pipelined.
 std::string fingerprint(const Sequential& model, const PipelineConfig& c) {
   const nlohmann::json pipeline = {{"stages", c.stages},
+                                   {"replicas", c.replicas},
                                    {"microbatches", c.microbatches},
                                    {"chunks", c.chunks_per_stage},
                                    {"schedule", c.schedule},
@@ -28,15 +29,18 @@ std::string fingerprint(const Sequential& model, const PipelineConfig& c) {
 MpiPipeline::MpiPipeline(const Sequential& model, PipelineConfig config,
                          const StateDict& optimizer_state, MpiOptions options) {
   const std::vector<LayerRange> ranges = partition_model(model, config);
+  // Rank e runs endpoint e: stage e mod p of replica e / p (replica_group.h).
+  const int endpoints = config.stages * config.replicas;
   std::map<int, int> routes{{kCoordinator, 0}};
-  for (int s = 0; s < config.stages; ++s) routes[s] = s;
+  for (int e = 0; e < endpoints; ++e) routes[e] = e;
   transport_ = MpiTransport::start(routes, options, fingerprint(model, config));
-  PIPIT_CHECK(transport_->world_size() == config.stages, "MpiPipeline: ", config.stages,
-              " stages need as many MPI ranks, the job has ", transport_->world_size(),
-              " (mpirun -np ", config.stages, ")");
+  PIPIT_CHECK(transport_->world_size() == endpoints, "MpiPipeline: ", config.stages, " stages x ",
+              config.replicas, " replicas need ", endpoints, " MPI ranks, the job has ",
+              transport_->world_size(), " (mpirun -np ", endpoints, ")");
   const int r = transport_->rank();
-  stage_ = std::make_shared<Stage>(make_stage_spec(model, ranges, config, r, optimizer_state),
-                                   transport_->endpoint(r));
+  stage_ = std::make_shared<Stage>(
+      make_stage_spec(model, ranges, config, r % config.stages, optimizer_state, r / config.stages),
+      transport_->endpoint(r));
   if (r == 0) {
     stage_thread_ = std::thread([stage = stage_] { stage->run(); });
     coordinator_ = std::make_unique<Coordinator>(transport_->endpoint(kCoordinator),

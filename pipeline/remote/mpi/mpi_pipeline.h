@@ -1,8 +1,9 @@
 #pragma once
 // MpiPipeline: SPMD pipelines under mpirun or srun. Every rank runs the same program, builds
 // the same model from the same config and seed, and constructs an MpiPipeline from it: rank
-// r keeps only stage r (world size = stages), rank 0 also runs the Coordinator on a thread
-// beside its stage. Nothing is shipped and nobody starts workers by hand. At start-up the
+// e keeps only stage e mod p of replica e / p (world size = stages x replicas; with one
+// replica, rank s is stage s), rank 0 also runs the Coordinator on a thread beside its
+// stage. Nothing is shipped and nobody starts workers by hand. At start-up the
 // ranks compare a fingerprint of the model's config and weights and of the pipeline config;
 // a rank that differs is named and every rank throws. Only rank 0 trains: its train_step
 // needs the data; every other rank calls serve(), which returns when rank 0's pipeline goes.

@@ -1,0 +1,154 @@
+// Pipelines times data parallelism (PipelineConfig::replicas): the step time of p stages x r
+// replicas on r times the data against p stages alone, printed and appended to
+// bench/RESULTS.md. Layers sleep (support/sleep_layer.h) so that a 2-core machine can time
+// many stages without them fighting for cores; a bench-local Ballast layer adds weights that
+// cost nothing to compute but whose gradients every replica group must sum, so the rows show
+// what the sum costs per megabyte. Scaling efficiency = t(p, 1) / t(p, r): 1.0 trains r times
+// the data in the same time.
+//   replicas [--layer-ms 2] [--steps 5] [--no-append]
+#include <unistd.h>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "bench/worker_process.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/remote/distributed_pipeline.h"
+#include "pipit.h"
+#include "support/flags.h"
+#include "support/sleep_layer.h"
+
+using namespace pipit;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// `size` weights that cost almost nothing forward and backward (x + 0 * sum(w)), whose
+// gradients (zeros) the replicas still sum.
+class Ballast final : public Module {
+ public:
+  explicit Ballast(int64_t size) : size_(size) { register_parameter("w", zeros({size})); }
+  Tensor forward(const Tensor& x) override { return x + sum(parameters()[0]) * 0.0; }
+  nlohmann::json config() const override { return {{"type", "Ballast"}, {"size", size_}}; }
+
+ private:
+  int64_t size_;
+};
+
+void register_ballast() {
+  register_module_type("Ballast", [](const nlohmann::json& c) {
+    return std::make_shared<Ballast>(config_int(c, "size"));
+  });
+}
+
+// Per stage: 4 sleeping layers and, with `ballast_mb`, that many MB of weights.
+std::shared_ptr<Sequential> model_of(int stages, int64_t layer_us, double ballast_mb) {
+  auto model = std::make_shared<Sequential>();
+  for (int s = 0; s < stages; ++s) {
+    for (int i = 0; i < 4; ++i) model->push_back(std::make_shared<bench::SleepLayer>(layer_us));
+    if (ballast_mb > 0) {
+      model->push_back(std::make_shared<Ballast>(static_cast<int64_t>(ballast_mb * 1e6 / 4)));
+    }
+  }
+  return model;
+}
+
+template <typename AnyPipeline>
+double median_step_ms(AnyPipeline& pipeline, const Tensor& x, const Tensor& y, int steps) {
+  pipeline.train_step(x, y);  // warm-up
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) {
+    const auto start = Clock::now();
+    pipeline.train_step(x, y);
+    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+  return bench::median(times);
+}
+
+// p stages x r replicas, m = 4 microbatches each, on r * 8 rows.
+double step_ms(int p, int r, int64_t layer_us, double ballast_mb, bool processes, int steps) {
+  PipelineConfig config;
+  config.stages = p;
+  config.replicas = r;
+  config.microbatches = 4;
+  config.loss = {{"type", "MSELoss"}};
+  config.optimizer = {{"type", "SGD"}, {"lr", 0.0}};
+  config.layer_counts.assign(static_cast<size_t>(p), ballast_mb > 0 ? 5 : 4);
+  const auto model = model_of(p, layer_us, ballast_mb);
+  const Tensor x = zeros({8 * r, 1}), y = zeros({8 * r, 1});
+  if (!processes) {
+    Pipeline pipeline(model, config);
+    return median_step_ms(pipeline, x, y, steps);
+  }
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("pipit-replicas-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<std::unique_ptr<bench::Worker>> workers;
+  std::vector<std::string> endpoints;
+  for (int e = 0; e < p * r; ++e) {
+    workers.push_back(std::make_unique<bench::Worker>(dir, e, 1.0, true));
+    endpoints.push_back(workers.back()->endpoint());
+  }
+  DistributedPipeline pipeline(*model, config, endpoints);
+  return median_step_ms(pipeline, x, y, steps);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_ballast();
+  if (int status = 0; bench::worker_role(argc, argv, status)) return status;
+  samples::Flags flags("replicas",
+                       "p stages x r replicas on r times the data against p stages alone.");
+  flags.add("layer-ms", "2", "a sleeping layer's forward time in ms (backward: twice that)");
+  flags.add("steps", "5", "timed steps per row (the median is kept)");
+  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  flags.parse(argc, argv);
+  const auto layer_us = static_cast<int64_t>(flags.number("layer-ms") * 1000);
+  const int steps = static_cast<int>(flags.integer("steps"));
+  set_num_threads(1);
+  bench::register_sleep_layer();
+
+  std::ostringstream table;
+  table << "p = 2 stages of 4 sleeping layers (" << flags.str("layer-ms")
+        << " ms forward, twice that backward), m = 4 microbatches per replica, 1F1B; ballast: "
+           "weights per stage that cost nothing to compute but are summed over the replicas. "
+           "Median of "
+        << steps
+        << " steps. Efficiency = t(p, r = 1) / t(p, r) on r times the data (1.0: perfect "
+           "scaling); added = t(p, r) - t(p, 1), mostly the gradient sum after the last "
+           "backward.\n\n"
+        << "| where | ballast MB per stage | r | step ms | efficiency | added ms |\n"
+        << "| --- | --- | --- | --- | --- | --- |\n";
+  std::fputs(table.str().c_str(), stdout);
+  for (const bool processes : {false, true}) {
+    for (const double ballast_mb : {0.0, 16.0}) {
+      const double alone = step_ms(2, 1, layer_us, ballast_mb, processes, steps);
+      for (const int r : processes ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 4}) {
+        const double t = r == 1 ? alone : step_ms(2, r, layer_us, ballast_mb, processes, steps);
+        char row[256];
+        std::snprintf(row, sizeof row, "| %s | %.0f | %d | %.1f | %.3f | %.1f |\n",
+                      processes ? "worker processes (TCP)" : "threads", ballast_mb, r, t, alone / t,
+                      t - alone);
+        table << row;
+        std::fputs(row, stdout);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (!flags.on("no-append")) {
+    std::time_t now = std::time(nullptr);
+    char date[32];
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&now));
+    std::ofstream results(std::string(PIPIT_SOURCE_DIR) + "/bench/RESULTS.md", std::ios::app);
+    results << "\n## replicas, " << date << ", " << std::thread::hardware_concurrency()
+            << " cores\n\n"
+            << table.str();
+  }
+  return 0;
+}
