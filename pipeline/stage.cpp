@@ -354,6 +354,7 @@ void Stage::run_ready_tasks() {
         weight_grad(task);
         break;
       case Phase::Recompute:
+      case Phase::GradientSum:
         throw Error(detail::concat("a schedule holds ", task, ", which only traces may"));
     }
     const double end = trace_clock_us();
@@ -400,6 +401,7 @@ void Stage::exchange_tied_gradients() {
 void Stage::reduce_over_replicas() {
   if (!training_ || !replica_group_) return finish_step();
   if (!replica_group_->started()) {
+    sum_started_us_ = trace_clock_us();
     for (auto& [to, message] : replica_group_->start(parameters_, step_)) {
       send(to, std::move(message));
     }
@@ -542,6 +544,9 @@ void Stage::weight_grad(const Task& task) {
 }
 
 void Stage::finish_step() {
+  if (record_trace_ && replica_group_ && replica_group_->done()) {
+    trace_.add({{step_, 0, 0, Phase::GradientSum, spec_.stage}, sum_started_us_, trace_clock_us()});
+  }
   StageDone done;
   done.peak_stashed = static_cast<int64_t>(peak_stashed_);
   done.peak_deferred = static_cast<int64_t>(peak_deferred_);

@@ -160,6 +160,7 @@ class Stage {
   std::map<int, Tensor> peer_tied_;
   // With replicas: this stage's group and the step's gradient sum.
   std::optional<ReplicaGroup> replica_group_;
+  double sum_started_us_ = 0;
   // Inputs that arrived, by (phase, microbatch, chunk).
   std::map<std::tuple<Phase, int, int>, Tensor> inputs_;
   // Data of a later step that arrived before that step's StepBegin.

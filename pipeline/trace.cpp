@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "serialize/atomic_file.h"
@@ -36,6 +37,8 @@ const char* phase_category(Phase phase) {
       return "weight gradient";
     case Phase::Recompute:
       return "recompute";
+    case Phase::GradientSum:
+      return "gradient sum";
   }
   return "?";
 }
@@ -57,15 +60,28 @@ std::string Trace::chrome_json() const {
                       {"tid", s},
                       {"args", {{"name", "stage " + std::to_string(s)}}}});
   }
+  // Each stage's gradient sums (replicas) on a track of their own, after the remaps' track.
+  std::set<int> summing;
+  for (const TraceEvent& e : events_) {
+    if (e.task.phase == Phase::GradientSum) summing.insert(e.task.stage);
+  }
+  for (int s : summing) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", stages + 1 + s},
+                      {"args", {{"name", "stage " + std::to_string(s) + ": gradient sum"}}}});
+  }
   for (const TraceEvent& e : events_) {
     std::ostringstream name;
     name << e.task;
+    const bool sum = e.task.phase == Phase::GradientSum;
     events.push_back(
-        {{"name", name.str()},
+        {{"name", sum ? std::string("gradient sum") : name.str()},
          {"cat", phase_category(e.task.phase)},
          {"ph", "X"},
          {"pid", 0},
-         {"tid", e.task.stage},
+         {"tid", sum ? stages + 1 + e.task.stage : e.task.stage},
          {"ts", e.start_us - origin},
          {"dur", e.end_us - e.start_us},
          {"args",

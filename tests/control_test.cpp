@@ -103,8 +103,10 @@ TEST_CASE("malformed control messages are ControlErrors naming kind and field", 
   const Message done = to_message(StageDone{}, 1);
   CHECK_THROWS_WITH(read_stage_done(with(done, "trace", {{1, 2, 3}})),
                     Catch::Contains("\"trace\""));
-  CHECK_THROWS_WITH(read_stage_done(with(done, "trace", {{1, 2, 5, 0.0, 1.0}})),
+  // Phases 0..5 are F, B, I, W, R and S (a gradient sum over replicas); 6 is none.
+  CHECK_THROWS_WITH(read_stage_done(with(done, "trace", {{1, 2, 6, 0.0, 1.0}})),
                     Catch::Contains("out-of-range"));
+  CHECK(read_stage_done(with(done, "trace", {{1, 2, 5, 0.0, 1.0}})).trace.at(0).phase == 5);
   CHECK_THROWS_WITH(read_stage_done(with(done, "peak_stashed", -1)),
                     Catch::Contains("\"peak_stashed\""));
 

@@ -4,6 +4,7 @@
 // worker processes, and every replica ends with the model's weights.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
@@ -288,4 +289,34 @@ TEST_CASE("replicas: a replica's worker that dies fails the step, naming its sta
   workers[2]->kill();  // endpoint 2: stage 0 of replica 1
   CHECK_THROWS_WITH(pipeline.train_step(model.input, model.target),
                     Catch::Contains("stage 0 of replica 1"));
+}
+
+TEST_CASE(
+    "replicas: the trace shows each stage's gradient sum after its last task, on a track "
+    "of its own",
+    "[replicas]") {
+  Model model = make_mlp();
+  PipelineConfig config;
+  config.stages = 2;
+  config.replicas = 2;
+  config.microbatches = 4;
+  config.trace = true;
+  Pipeline pipeline(model.net, config);
+  pipeline.train_step(model.input, model.target);
+  std::map<int, double> last_task_end, sum_start;
+  std::map<int, int> sums;
+  for (const TraceEvent& e : pipeline.coordinator().trace().events()) {
+    if (e.task.phase == Phase::GradientSum) {
+      ++sums[e.task.stage];
+      sum_start[e.task.stage] = e.start_us;
+      CHECK(e.end_us >= e.start_us);
+    } else {
+      last_task_end[e.task.stage] = std::max(last_task_end[e.task.stage], e.end_us);
+    }
+  }
+  CHECK(sums == std::map<int, int>{{0, 1}, {1, 1}});
+  for (int s = 0; s < 2; ++s) CHECK(sum_start[s] >= last_task_end[s]);
+  const std::string json = pipeline.coordinator().trace().chrome_json();
+  CHECK(json.find("stage 0: gradient sum") != std::string::npos);
+  CHECK(json.find("stage 1: gradient sum") != std::string::npos);
 }

@@ -131,7 +131,7 @@ StageDone read_stage_done(const Message& message) {
     const int64_t microbatch = event[0].get<int64_t>(), chunk = event[1].get<int64_t>(),
                   phase = event[2].get<int64_t>();
     if (microbatch < 0 || microbatch > kIntMax || chunk < 0 || chunk > kIntMax || phase < 0 ||
-        phase > 4) {
+        phase > 5) {
       f.fail("field \"trace\" has the out-of-range entry ", event.dump());
     }
     d.trace.push_back({static_cast<int>(microbatch), static_cast<int>(chunk),

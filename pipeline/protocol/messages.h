@@ -68,7 +68,9 @@ struct OptimizerStep {
 struct TaskTiming {
   int microbatch = 0;
   int chunk = 0;
-  int phase = 0;  // pipeline/schedules/task.h's Phase: 0 F, 1 B, 2 I, 3 W, 4 R (recomputation)
+  // pipeline/schedules/task.h's Phase: 0 F, 1 B, 2 I, 3 W, 4 R (recomputation), 5 S (the
+  // gradient sum over replicas).
+  int phase = 0;
   double start_us = 0;
   double end_us = 0;
 };

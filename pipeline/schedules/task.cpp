@@ -14,6 +14,8 @@ char phase_letter(Phase phase) {
       return 'W';
     case Phase::Recompute:
       return 'R';
+    case Phase::GradientSum:
+      return 'S';
   }
   return '?';
 }

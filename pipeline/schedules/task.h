@@ -18,9 +18,12 @@ enum class Phase {
   WeightGrad,  // W: its weight-gradient part, after the I of the same microbatch and chunk
   // R: a forward run again just before its backward (activation recomputation). In traces
   // only: it is part of the B or I that follows, never a task of a schedule.
-  Recompute
+  Recompute,
+  // S: the sum of the step's gradients over the stage's replica group (replica_group.h),
+  // after its last task. In traces only.
+  GradientSum
 };
-// 'F', 'B', 'I', 'W' or 'R'.
+// 'F', 'B', 'I', 'W', 'R' or 'S'.
 char phase_letter(Phase phase);
 
 struct Task {
