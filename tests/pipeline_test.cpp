@@ -14,10 +14,15 @@
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schedules/schedule.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 
 using namespace pipit;
 using pipit::testing::bitwise_equal;
+using pipit::testing::make_gpt;
+using pipit::testing::make_mlp;
+using pipit::testing::make_model;
+using pipit::testing::Model;
 
 namespace {
 
@@ -29,43 +34,6 @@ Tensor forward_by_microbatch(Module& net, const Tensor& input, int microbatches)
   std::vector<Tensor> outputs;
   for (const Tensor& part : chunk(input, microbatches, 0)) outputs.push_back(net.forward(part));
   return cat(outputs, 0);
-}
-
-struct Model {
-  std::shared_ptr<Sequential> net;
-  Tensor input, target;
-  nlohmann::json loss;
-};
-
-// 9 layers each, so p * v = 8 chunks still fit.
-Model make_mlp() {
-  Generator generator(3);
-  Model m{mlp({6, 12, 12, 12, 12, 3}, "tanh", &generator),
-          randn({8, 6}, &generator),
-          Tensor(),
-          {{"type", "CrossEntropyLoss"}}};
-  std::vector<int64_t> labels;
-  for (int64_t i = 0; i < 8; ++i) labels.push_back((i * 5) % 3);
-  m.target = from_vector(labels, {8});
-  return m;
-}
-
-Model make_gpt() {
-  Generator generator(5);
-  GptConfig config{11, 6, 6, 2, 16, 0.0};
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < 8 * 6; ++i) {
-    x.push_back((i * 7) % 11);
-    y.push_back((i * 7 + 3) % 11);
-  }
-  return {gpt(config, &generator),
-          from_vector(x, {8, 6}),
-          from_vector(y, {8, 6}),
-          {{"type", "CrossEntropyLoss"}}};
-}
-
-Model make_model(const std::string& name) {
-  return name == "mlp" ? make_mlp() : make_gpt();
 }
 
 const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};

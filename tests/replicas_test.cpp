@@ -14,42 +14,29 @@
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 #include "worker_process.h"
 
 using namespace pipit;
 using pipit::testing::bitwise_equal;
+using pipit::testing::Model;
 
 namespace {
 
-struct Model {
-  std::shared_ptr<Sequential> net;
-  Tensor input, target;
-};
-
 // 24 rows: r * m microbatches for every (r, m) below.
+constexpr int64_t kRows = 24;
+
 Model make_mlp() {
-  Generator generator(3);
-  Model m{mlp({6, 12, 12, 12, 12, 3}, "tanh", &generator), randn({24, 6}, &generator), Tensor()};
-  std::vector<int64_t> labels;
-  for (int64_t i = 0; i < 24; ++i) labels.push_back((i * 5) % 3);
-  m.target = from_vector(labels, {24});
-  return m;
+  return pipit::testing::make_mlp(kRows);
 }
 
 Model make_gpt() {
-  Generator generator(5);
-  GptConfig config{11, 6, 6, 2, 16, 0.0};
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < 24 * 6; ++i) {
-    x.push_back((i * 7) % 11);
-    y.push_back((i * 7 + 3) % 11);
-  }
-  return {gpt(config, &generator), from_vector(x, {24, 6}), from_vector(y, {24, 6})};
+  return pipit::testing::make_gpt(kRows);
 }
 
 Model make_model(const std::string& name) {
-  return name == "mlp" ? make_mlp() : make_gpt();
+  return pipit::testing::make_model(name, kRows);
 }
 
 const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
