@@ -4,7 +4,8 @@
 // many stages without them fighting for cores; a bench-local Ballast layer adds weights that
 // cost nothing to compute but whose gradients every replica group must sum, so the rows show
 // what the sum costs per megabyte. Scaling efficiency = t(p, 1) / t(p, r): 1.0 trains r times
-// the data in the same time.
+// the data in the same time. Then the r-only case against PyTorch's DistributedDataParallel
+// (gloo) on a real MLP, both as 2 processes of this machine (bench/ps_ddp.py is the peer).
 //   replicas [--layer-ms 2] [--steps 5] [--no-append]
 #include <unistd.h>
 #include <chrono>
@@ -15,7 +16,9 @@
 #include <sstream>
 #include <thread>
 
+#include "bench/results.h"
 #include "bench/worker_process.h"
+#include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/remote/distributed_pipeline.h"
 #include "pipit.h"
@@ -112,6 +115,43 @@ Timing step_ms(int p, int r, int64_t layer_us, double ballast_mb, bool processes
   return median_step_ms(pipeline, x, y, steps);
 }
 
+// PyTorch 2.x from the benchmarks' venv when it is there, else Debian's.
+std::string peer_python() {
+  const char* home = std::getenv("HOME");
+  const std::string venv =
+      std::string(home ? home : "/root") + "/.cache/pipit-bench/torch2/bin/python";
+  return std::filesystem::exists(venv) ? venv : "/usr/bin/python3";
+}
+
+// The MLP bench/ps.cpp trains (784-1024-1024-10, ReLU, cross-entropy, SGD 0.01), 64 rows
+// per replica, as 1 stage x 2 replicas in 2 worker processes: samples per second.
+double pipit_mlp_samples_per_s(int steps) {
+  constexpr int64_t kBatch = 64;
+  Generator generator(7);
+  auto model = mlp({784, 1024, 1024, 10}, "relu", &generator);
+  PipelineConfig config;
+  config.stages = 1;
+  config.replicas = 2;
+  config.microbatches = 1;
+  config.optimizer = {{"type", "SGD"}, {"lr", 0.01}};
+  const Tensor x = randn({2 * kBatch, 784}, &generator);
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < 2 * kBatch; ++i) labels.push_back(i % 10);
+  const Tensor y = from_vector(labels, {2 * kBatch});
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("pipit-replicas-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<std::unique_ptr<bench::Worker>> workers;
+  std::vector<std::string> endpoints;
+  for (int e = 0; e < 2; ++e) {
+    workers.push_back(std::make_unique<bench::Worker>(dir, e, 1.0, false));
+    endpoints.push_back(workers.back()->endpoint());
+  }
+  DistributedPipeline pipeline(*model, config, endpoints);
+  const Timing t = median_step_ms(pipeline, x, y, steps);
+  return 2 * kBatch / (t.step_ms / 1000);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,6 +197,30 @@ int main(int argc, char** argv) {
       }
     }
   }
+  const double pipit_mlp = pipit_mlp_samples_per_s(20);
+  const std::vector<nlohmann::json> ddp = bench::peer_json_lines(
+      peer_python() + " " + PIPIT_SOURCE_DIR +
+          "/bench/ps_ddp.py --workers 2 --dims 784,1024,1024,10 --batch 64 --steps 20 "
+          "2>/dev/null",
+      "replicas");
+  std::ostringstream peers;
+  peers << "\nr only, against PyTorch: MLP 784-1024-1024-10, SGD, 64 rows per replica, 2 "
+           "processes with 1 thread each on this machine (pipit: 1 stage x 2 replicas as "
+           "pipit-workers over TCP, plus its coordinator; torch: DistributedDataParallel over "
+           "gloo, bench/ps_ddp.py)\n\n"
+        << "| pipit samples/s | torch DDP samples/s | torch | pipit / torch |\n"
+        << "| --- | --- | --- | --- |\n";
+  char row[256];
+  if (!ddp.empty() && ddp.back().contains("samples_per_s")) {
+    const double torch = ddp.back()["samples_per_s"].get<double>();
+    std::snprintf(row, sizeof row, "| %.0f | %.0f | %s | %.2f |\n", pipit_mlp, torch,
+                  ddp.back().value("torch", std::string("?")).c_str(), pipit_mlp / torch);
+  } else {
+    std::snprintf(row, sizeof row, "| %.0f | (PyTorch not found) | - | - |\n", pipit_mlp);
+  }
+  peers << row;
+  std::fputs(peers.str().c_str(), stdout);
+  table << peers.str();
   if (!flags.on("no-append")) {
     std::time_t now = std::time(nullptr);
     char date[32];
