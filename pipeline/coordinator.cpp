@@ -374,7 +374,7 @@ void Coordinator::generate_end() {
   // Acknowledged: in one process the stages share the model's modules, and they must be back
   // in training mode before the caller touches the model again.
   send_to_replica0(Message(PipelineKind::GenerateEnd, step_));
-  await_all(PipelineKind::GenerateEnd, "the end of generation");
+  await_all(PipelineKind::GenerateEnd, "the end of generation", config_.stages);
 }
 
 std::pair<StateDict, StateDict> Coordinator::fetch_state() {
@@ -384,19 +384,31 @@ std::pair<StateDict, StateDict> Coordinator::fetch_state() {
   stats_ = StepStats{};
   stats_.peak_stashed.assign(static_cast<size_t>(config_.stages), 0);
   stats_.peak_deferred.assign(static_cast<size_t>(config_.stages), 0);
-  // The replicas hold the same weights and optimizer state: replica 0 answers for all.
-  send_to_replica0(Message(PipelineKind::FetchState, step_));
+  // The replicas hold the same weights and optimizer state: replica 0 answers for all. With
+  // the optimizer sharded (ZeRO-1) each replica holds its share of the state: all answer, and
+  // the weights are taken from replica 0.
+  const bool sharded = config_.shard_optimizer && config_.replicas > 1;
+  const int answering = sharded ? endpoints() : config_.stages;
+  if (sharded) {
+    send_to_all(Message(PipelineKind::FetchState, step_));
+  } else {
+    send_to_replica0(Message(PipelineKind::FetchState, step_));
+  }
   StateDict weights, optimizer_state;
-  std::vector<bool> answered(static_cast<size_t>(config_.stages));
-  for (int n = 0; n < config_.stages;) {
+  std::vector<bool> answered(static_cast<size_t>(answering));
+  for (int n = 0; n < answering;) {
     Message message = receive_step_message("the state of stages " +
                                            stage_list(answered, config_.stages, config_.replicas));
-    if (message.kind != MessageKind::State || answered[static_cast<size_t>(message.from)]) {
+    if (message.kind != MessageKind::State || message.from < 0 || message.from >= answering ||
+        answered[static_cast<size_t>(message.from)]) {
       continue;
     }
     const StateReply reply = read_state_reply(message);
     size_t i = 0;
-    for (const std::string& name : reply.weights) weights[name] = message.tensors[i++];
+    for (const std::string& name : reply.weights) {
+      if (message.from < config_.stages) weights[name] = message.tensors[i];
+      ++i;
+    }
     for (const std::string& name : reply.optimizer) optimizer_state[name] = message.tensors[i++];
     answered[static_cast<size_t>(message.from)] = true;
     ++n;
@@ -404,12 +416,15 @@ std::pair<StateDict, StateDict> Coordinator::fetch_state() {
   return {weights, optimizer_state};
 }
 
-void Coordinator::await_all(MessageKind kind, const std::string& waiting_for) {
-  std::vector<bool> answered(static_cast<size_t>(config_.stages));
-  for (int n = 0; n < config_.stages;) {
+void Coordinator::await_all(MessageKind kind, const std::string& waiting_for, int count) {
+  std::vector<bool> answered(static_cast<size_t>(count));
+  for (int n = 0; n < count;) {
     Message message = receive_step_message(waiting_for + " from stages " +
                                            stage_list(answered, config_.stages, config_.replicas));
-    if (message.kind != kind || answered[static_cast<size_t>(message.from)]) continue;
+    if (message.kind != kind || message.from < 0 || message.from >= count ||
+        answered[static_cast<size_t>(message.from)]) {
+      continue;
+    }
     answered[static_cast<size_t>(message.from)] = true;
     ++n;
   }
@@ -428,8 +443,10 @@ void Coordinator::remap_now(const std::vector<LayerRange>& ranges, const std::st
   const size_t chunks = ranges_.size(), layers = ranges_.back().end;
   const std::string what = "remap " + ranges_str(ranges_) + " -> " + ranges_str(ranges);
   PIPIT_CHECK(remap_refusal_.empty(), what, ": ", remap_refusal_);
-  PIPIT_CHECK(config_.replicas == 1, what, ": layers move within one pipeline; remapping ",
-              config_.replicas, " replicas together is not supported yet");
+  // Every replica moves the same layers between its own stages, so they stay alike; a sharded
+  // optimizer's state would have to move between replicas as well.
+  PIPIT_CHECK(!config_.shard_optimizer || config_.replicas == 1, what,
+              ": with the optimizer sharded over the replicas (ZeRO-1) layers cannot move yet");
   PIPIT_CHECK(ranges.size() == chunks, what, ": ", ranges.size(), " ranges given for ", chunks,
               " chunks (", config_.stages, " stages x ", config_.chunks_per_stage, ")");
   PIPIT_CHECK(placement_of(config_.schedule) == Placement::loop, what, ": schedule \"",
@@ -447,14 +464,14 @@ void Coordinator::remap_now(const std::vector<LayerRange>& ranges, const std::st
   ++step_;
   send_to_all(to_message(RemapPrepare{layer_counts(ranges_), layer_counts(ranges)}, step_));
   try {
-    await_all(PipelineKind::RemapReady, "the layers");
+    await_all(PipelineKind::RemapReady, "the layers", endpoints());
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " (during " + what +
                 "; nothing was committed: the stages keep the old partition)");
   }
   send_to_all(Message(PipelineKind::RemapCommit, step_));
   try {
-    await_all(PipelineKind::RemapDone, "the commit");
+    await_all(PipelineKind::RemapDone, "the commit", endpoints());
   } catch (const Error& e) {
     inconsistent_ = what + " failed during its commit (" + e.what() + ")";
     require_consistent();

@@ -130,7 +130,9 @@ class Coordinator {
   // undoes an automatic remap whose steps turned out slower (RemapTrial).
   void rebalance(double step_ms);
   // Waits for one reply of `kind` from every stage of replica 0.
-  void await_all(MessageKind kind, const std::string& waiting_for);
+  // One `kind` message from each of the first `count` endpoints (replica 0's stages, or with
+  // count = endpoints() every replica's).
+  void await_all(MessageKind kind, const std::string& waiting_for, int count);
   // Entered by every public call that talks to the stages: a second caller (another thread
   // asking for a remap during a step) gets an error instead of a garbled exchange.
   class Busy;

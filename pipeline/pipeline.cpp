@@ -35,6 +35,7 @@ StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>
   spec.stages = config.stages;
   spec.replica = replica;
   spec.replicas = config.replicas;
+  spec.shard_optimizer = config.shard_optimizer && config.replicas > 1;
   spec.chunks_per_stage = config.chunks_per_stage;
   spec.schedule = config.schedule;
   spec.schedule_table = config.schedule_table;

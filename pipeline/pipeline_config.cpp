@@ -12,9 +12,13 @@ void validate(const PipelineConfig& config) {
               config.microbatches);
   PIPIT_CHECK(config.replicas >= 1 && config.replicas <= kMaxReplicas,
               "PipelineConfig: replicas must be in [1, ", kMaxReplicas, "], got ", config.replicas);
-  PIPIT_CHECK(config.replicas == 1 || !config.rebalance.enabled,
-              "PipelineConfig: rebalancing moves layers within one pipeline; it is not supported "
-              "with replicas > 1 yet");
+  PIPIT_CHECK(!config.shard_optimizer || !config.rebalance.enabled,
+              "PipelineConfig: rebalancing moves layers and their optimizer state; it is not "
+              "supported with shard_optimizer yet");
+  PIPIT_CHECK(!config.shard_optimizer || config.replicas > 1,
+              "PipelineConfig: shard_optimizer shares the optimizer out over the replicas; it "
+              "needs replicas > 1, got ",
+              config.replicas);
   PIPIT_CHECK(config.chunks_per_stage >= 1, "PipelineConfig: chunks_per_stage must be >= 1, got ",
               config.chunks_per_stage);
   PIPIT_CHECK(config.partition == "uniform" || config.partition == "parameters",

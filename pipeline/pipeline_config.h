@@ -19,6 +19,10 @@ struct PipelineConfig {
   // stage s of every replica sums its gradients with the others' (pipeline/replica_group.h),
   // so all replicas apply the same update. Replica k's stage s is endpoint k * p + s.
   int replicas = 1;
+  // ZeRO-1 with replicas: stage s of each replica keeps the optimizer state of about 1/r of the
+  // stage's parameters and updates those alone, then the replicas gather the updated
+  // parameters (pipeline/replica_group.h). The same bits as without it, 1/r of the state.
+  bool shard_optimizer = false;
   // "gpipe", "1f1b", "interleaved", "zbh1", "zbh2", or "table": run `schedule_table`, one
   // line of tasks per stage (pipeline/schedules/schedule.h, parse_schedule_table).
   std::string schedule = "1f1b";

@@ -4,6 +4,8 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "pipeline/protocol/messages.h"
+#include "tensor/backend.h"
 #include "tensor/factory.h"
 
 namespace pipit {
@@ -20,7 +22,7 @@ std::string endpoint_name(int endpoint, int stages, int replicas) {
 }
 
 ReplicaGroup::ReplicaGroup(int stage, int stages, int replica, int replicas)
-    : me_(replica_endpoint(replica, stage, stages)) {
+    : me_(replica_endpoint(replica, stage, stages)), replica_(replica) {
   PIPIT_CHECK(replicas >= 1 && replica >= 0 && replica < replicas && stage >= 0 && stage < stages,
               "ReplicaGroup: stage ", stage, " of ", stages, ", replica ", replica, " of ",
               replicas, " is not a place in the pipelines");
@@ -92,6 +94,92 @@ void ReplicaGroup::reset() {
   flat_ = Tensor();
   pending_.clear();
   written_ = false;
+  gather_step_ = -1;
+  gathered_.clear();
+}
+
+std::vector<int> ReplicaGroup::shard_owners(const std::vector<Tensor>& parameters, int replicas) {
+  std::vector<size_t> order(parameters.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return parameters[a].numel() > parameters[b].numel();
+  });
+  std::vector<int64_t> load(static_cast<size_t>(replicas), 0);
+  std::vector<int> owners(parameters.size());
+  for (size_t i : order) {
+    const auto least = std::min_element(load.begin(), load.end());
+    owners[i] = static_cast<int>(least - load.begin());
+    *least += parameters[i].numel();
+  }
+  return owners;
+}
+
+void ReplicaGroup::shard(std::vector<Tensor> parameters) {
+  owners_ = shard_owners(parameters, static_cast<int>(members_.size()));
+  shard_parameters_ = std::move(parameters);
+}
+
+AllReduce::Outgoing ReplicaGroup::share_parameters(int64_t step) {
+  if (gather_step_ != step) {
+    gather_step_ = step;
+    gathered_.assign(members_.size(), false);
+  }
+  gathered_[static_cast<size_t>(replica_)] = true;
+  std::vector<Tensor> mine;
+  for (size_t i = 0; i < shard_parameters_.size(); ++i) {
+    // A copy: a communicator in one process hands the receivers the tensor itself.
+    if (owners_[i] == replica_) mine.push_back(shard_parameters_[i].detach().clone());
+  }
+  const int r = static_cast<int>(members_.size());
+  if (r == 1) return {};
+  AllReduce::Outgoing out;
+  out.emplace_back(members_[static_cast<size_t>((replica_ + 1) % r)],
+                   Message(PipelineKind::ParameterShard, step, replica_, 0, std::move(mine)));
+  return out;
+}
+
+AllReduce::Outgoing ReplicaGroup::receive_parameters(const Message& message) {
+  const int r = static_cast<int>(members_.size());
+  const int origin = message.microbatch;
+  PIPIT_CHECK(origin >= 0 && origin < r && origin != replica_, "ParameterShard of step ",
+              message.step, ": replica ", origin, " is not another member of this group");
+  const int previous = members_[static_cast<size_t>((replica_ + r - 1) % r)];
+  PIPIT_CHECK(message.from == previous, "ParameterShard of replica ", origin,
+              " came from endpoint ", message.from, ", which does not pass it to endpoint ", me_);
+  if (gather_step_ != message.step) {
+    gather_step_ = message.step;
+    gathered_.assign(members_.size(), false);
+  }
+  PIPIT_CHECK(!gathered_[static_cast<size_t>(origin)], "ParameterShard of replica ", origin,
+              " arrived twice in step ", message.step);
+  std::vector<size_t> owned;
+  for (size_t i = 0; i < owners_.size(); ++i) {
+    if (owners_[i] == origin) owned.push_back(i);
+  }
+  PIPIT_CHECK(message.tensors.size() == owned.size(), "ParameterShard of replica ", origin,
+              " carries ", message.tensors.size(), " tensors, expected ", owned.size());
+  for (size_t j = 0; j < owned.size(); ++j) {
+    const Tensor& target = shard_parameters_[owned[j]];
+    PIPIT_CHECK(message.tensors[j].shape() == target.shape() &&
+                    message.tensors[j].dtype() == target.dtype(),
+                "ParameterShard of replica ", origin, ": tensor ", j, " is not one ",
+                target.dtype(), " tensor of shape ", shape_str(target.shape()));
+  }
+  NoGradGuard no_grad;
+  for (size_t j = 0; j < owned.size(); ++j) {
+    const Tensor& target = shard_parameters_[owned[j]];
+    backend(target).copy(message.tensors[j].to(target.device()), target);
+  }
+  gathered_[static_cast<size_t>(origin)] = true;
+  AllReduce::Outgoing out;
+  const int next = (replica_ + 1) % r;
+  if (next != origin) out.emplace_back(members_[static_cast<size_t>(next)], message);
+  return out;
+}
+
+bool ReplicaGroup::parameters_gathered() const {
+  return !gathered_.empty() &&
+         std::all_of(gathered_.begin(), gathered_.end(), [](bool b) { return b; });
 }
 
 }  // namespace pipit

@@ -4,6 +4,12 @@
 // sums its gradients with comm/all_reduce.h in replica order (replica 0's + replica 1's + ...),
 // so every member holds the same sum, the same bits, and applies the same optimizer update:
 // the replicas' weights never drift apart. Replica k's stage s is endpoint k * p + s.
+//
+// With the optimizer sharded (ZeRO-1, StageSpec::shard_optimizer) each member owns about 1/r of
+// the stage's parameters (shard_owners), keeps the optimizer state of those alone and updates
+// them alone; the group then gathers the updated parameters: each member's travel the ring of
+// replicas k -> k+1 -> ... (mod r), as the sum's result does, so every link carries each
+// parameter at most once. Updates are elementwise, so the bits equal an unsharded update's.
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +42,21 @@ class ReplicaGroup {
   // Forgets the step in progress (an aborted step, or the next one).
   void reset();
 
+  // ZeRO-1: the member (replica) that updates each of `parameters`: largest first, each to the
+  // member with the fewest elements so far (ties: the lower replica), as torch's
+  // ZeroRedundancyOptimizer partitions. Every member computes the same owners.
+  static std::vector<int> shard_owners(const std::vector<Tensor>& parameters, int replicas);
+  // The stage's parameters, every member's in the same order, and who owns each (shard_owners).
+  void shard(std::vector<Tensor> parameters);
+  // After this member updated the parameters it owns: the ParameterShard carrying them on.
+  AllReduce::Outgoing share_parameters(int64_t step);
+  // Another member's updated parameters (a ParameterShard of `step`): copied in, and passed
+  // on round the ring unless the next member owns them. Refuses, naming it, a shard from the
+  // wrong member, twice, or of the wrong count, shape or dtype.
+  AllReduce::Outgoing receive_parameters(const Message& message);
+  // Every other member's parameters of the step in progress have arrived.
+  bool parameters_gathered() const;
+
  private:
   AllReduce::Outgoing take(const Message& message);
   // Once every segment is summed: the sums become the parameters' gradients.
@@ -48,6 +69,12 @@ class ReplicaGroup {
   std::optional<AllReduce> reduce_;
   std::vector<Message> pending_;
   bool written_ = false;
+
+  int replica_;
+  std::vector<Tensor> shard_parameters_;
+  std::vector<int> owners_;
+  int64_t gather_step_ = -1;
+  std::vector<bool> gathered_;  // per replica
 };
 
 }  // namespace pipit

@@ -29,6 +29,7 @@ Stage::Stage(StageSpec spec, std::shared_ptr<Communicator> communicator)
   }
   PIPIT_CHECK(spec_.replicas >= 1 && spec_.replica >= 0 && spec_.replica < spec_.replicas, "Stage ",
               spec_.stage, ": replica ", spec_.replica, " is outside [0, ", spec_.replicas, ")");
+  if (spec_.replicas == 1) spec_.shard_optimizer = false;  // one replica owns everything
   if (spec_.replicas > 1) {
     replica_group_.emplace(spec_.stage, spec_.stages, spec_.replica, spec_.replicas);
   }
@@ -48,6 +49,16 @@ void Stage::adopt(std::vector<std::shared_ptr<Sequential>> chunks, const nlohman
       if (!copies.count(named.first)) counted.push_back(named.second);
       parameters.push_back(std::move(named));
     }
+  }
+  if (spec_.shard_optimizer) {
+    // ZeRO-1: this replica's optimizer sees only the parameters it updates.
+    const std::vector<int> owners = ReplicaGroup::shard_owners(tensors, spec_.replicas);
+    NamedParameters owned;
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      if (owners[i] == spec_.replica) owned.push_back(std::move(parameters[i]));
+    }
+    parameters = std::move(owned);
+    replica_group_->shard(tensors);
   }
   auto made = make_optimizer(optimizer, std::move(parameters));
   if (!optimizer_state.empty()) {
@@ -161,7 +172,8 @@ bool Stage::accepts(const Message& message) const {
     const int peer = tie.source_stage == spec_.stage ? tie.copy_stage : tie.source_stage;
     return peer != spec_.stage && message.from == endpoint(peer);
   }
-  if (message.kind == MessageKind::AllReduceSegment) {
+  if (message.kind == MessageKind::AllReduceSegment ||
+      message.kind == PipelineKind::ParameterShard) {
     return replica_group_ && replica_group_->member(message.from);
   }
   if (message.kind == PipelineKind::LayerTransfer) {
@@ -234,6 +246,14 @@ bool Stage::dispatch(Message message) {
     return true;
   } else if (kind == PipelineKind::OptimizerStep) {
     if (message.step == step_) apply_optimizer(message);
+    return true;
+  } else if (kind == PipelineKind::ParameterShard) {
+    // Another replica's updated parameters (ZeRO-1): they may come before this stage's own
+    // OptimizerStep.
+    if (message.step == step_ && spec_.shard_optimizer) {
+      for (auto& [to, out] : replica_group_->receive_parameters(message)) send(to, std::move(out));
+      finish_update();
+    }
     return true;
   } else if (kind == PipelineKind::GenerateBegin) {
     begin_generation(message);
@@ -570,15 +590,31 @@ void Stage::apply_optimizer(const Message& message) {
   const OptimizerStep command = read_optimizer_step(message);
   if (command.skip) {
     // The coordinator found an inf or NaN gradient (f16 loss scaling): drop this step's update.
-    optimizer_->zero_grad();
+    zero_grad();
     comm_->send(kCoordinator, Message{PipelineKind::OptimizerDone, step_});
     return;
   }
   if (command.grad_scale != 1.0) scale_gradients(parameters_, command.grad_scale);
   if (command.lr) optimizer_->set_lr(*command.lr);
   optimizer_->step();
-  optimizer_->zero_grad();
+  zero_grad();
+  if (!spec_.shard_optimizer) {
+    comm_->send(kCoordinator, Message{PipelineKind::OptimizerDone, step_});
+    return;
+  }
+  for (auto& [to, out] : replica_group_->share_parameters(step_)) send(to, std::move(out));
+  updated_ = true;
+  finish_update();
+}
+
+void Stage::finish_update() {
+  if (!updated_ || !replica_group_->parameters_gathered()) return;
+  updated_ = false;
   comm_->send(kCoordinator, Message{PipelineKind::OptimizerDone, step_});
+}
+
+void Stage::zero_grad() {
+  for (Tensor& p : parameters_) p.zero_grad();
 }
 
 void Stage::begin_generation(const Message& message) {
@@ -677,8 +713,8 @@ void Stage::prepare_remap(const Message& message) {
 }
 
 void Stage::advance_remap() {
-  for (auto& [to, transfer] : migration_->take_ready_transfers(step_)) {
-    send(to, std::move(transfer));
+  for (auto& [to_stage, transfer] : migration_->take_ready_transfers(step_)) {
+    send(endpoint(to_stage), std::move(transfer));  // within this replica
   }
   if (staged_ || !migration_->complete()) return;
   staged_ = migration_->build(spec_.device);
@@ -710,7 +746,8 @@ void Stage::reset() {
   peak_stashed_ = 0;
   peak_deferred_ = 0;
   trace_.clear();
-  optimizer_->zero_grad();
+  updated_ = false;
+  zero_grad();
   for (const auto& c : spec_.chunks) c->train(true);
 }
 

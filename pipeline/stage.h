@@ -35,6 +35,10 @@ struct StageSpec {
   // every other replica after each step's last backward (replica_group.h).
   int replica = 0;
   int replicas = 1;
+  // ZeRO-1 over the replica group (PipelineConfig::shard_optimizer): the optimizer holds this
+  // replica's share of the parameters (ReplicaGroup::shard_owners) and the group gathers the
+  // updated ones after each step.
+  bool shard_optimizer = false;
   int chunks_per_stage = 1;  // v
   std::string schedule = "1f1b";
   std::string schedule_table;  // for schedule "table"
@@ -106,6 +110,10 @@ class Stage {
   Tensor parameter(const std::string& name) const;
   void finish_step();
   void apply_optimizer(const Message& message);
+  // ZeRO-1: OptimizerDone once this stage updated its parameters and has the other replicas'.
+  void finish_update();
+  // Every parameter's gradient, not only those the (sharded) optimizer updates.
+  void zero_grad();
   // Pipelined generation (pipeline/pipelined_generation.h): caches for the chunks, then each
   // GenerateStep runs through this stage's consecutive chunks and goes on to the next stage's.
   void begin_generation(const Message& message);
@@ -157,6 +165,7 @@ class Stage {
   size_t next_task_ = 0;
   // Tied gradients: sent to the peers this step, and the peers' sides that arrived, by tie.
   bool tied_sent_ = false;
+  bool updated_ = false;  // ZeRO-1: this stage's own update is done, the others' awaited
   std::map<int, Tensor> peer_tied_;
   // With replicas: this stage's group and the step's gradient sum.
   std::optional<ReplicaGroup> replica_group_;

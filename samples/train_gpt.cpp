@@ -114,6 +114,9 @@ int main(int argc, char** argv) {
             "copies of the pipeline trained side by side, each on its share of every batch, "
             "their gradients summed (data parallelism); --batch splits into replicas x "
             "microbatches");
+  flags.add_switch("shard-optimizer",
+                   "with --replicas: ZeRO-1, each replica of a stage keeps and updates 1/r of its "
+                   "optimizer state, then the replicas gather the parameters (same results)");
   flags.add("microbatches", "4", "microbatches per batch (must divide --batch)");
   flags.add("schedule", "1f1b", "pipeline schedule: gpipe, 1f1b, interleaved, zbh1, zbh2 or zbv");
   flags.add("max-deferred", "0",
@@ -312,6 +315,7 @@ int main(int argc, char** argv) {
     PipelineConfig pipeline_config;
     pipeline_config.stages = stages;
     pipeline_config.replicas = replicas;
+    pipeline_config.shard_optimizer = flags.on("shard-optimizer");
     pipeline_config.microbatches = microbatches;
     pipeline_config.chunks_per_stage = vpp;
     pipeline_config.schedule = schedule_name;
@@ -409,9 +413,10 @@ int main(int argc, char** argv) {
 
     std::printf(
         "train_gpt: %zu tokens, vocab %lld, %lld parameters, %d stages x %d chunks, %d "
-        "replicas, %d microbatches each, %s, %s, %s, %d threads per kernel\n",
+        "replicas%s, %d microbatches each, %s, %s, %s, %d threads per kernel\n",
         tokens.size(), static_cast<long long>(vocab_size),
-        static_cast<long long>(model->parameter_count()), stages, vpp, replicas, microbatches,
+        static_cast<long long>(model->parameter_count()), stages, vpp, replicas,
+        pipeline_config.shard_optimizer && replicas > 1 ? " (optimizer sharded)" : "", microbatches,
         schedule_name.c_str(), device.c_str(), pipeline_config.dtype.c_str(), get_num_threads());
     std::printf("partition (layers per chunk): %s\n", ranges_str(ranges()).c_str());
     const auto start = std::chrono::steady_clock::now();

@@ -51,6 +51,7 @@ TEST_CASE("message kinds keep their wire values and names", "[message_kinds]") {
       {PipelineKind::GenerateStep, 31, "GenerateStep", "pipeline"},
       {PipelineKind::GenerateEnd, 32, "GenerateEnd", "pipeline"},
       {MessageKind::AllReduceSegment, 33, "AllReduceSegment", "comm"},
+      {PipelineKind::ParameterShard, 34, "ParameterShard", "pipeline"},
   };
   const std::vector<MessageKindInfo> registered = registered_message_kinds();
   REQUIRE(registered.size() == expected.size());

@@ -3,6 +3,7 @@
 //   mpirun -np 3 pipit_tests --mpi-role exchange
 //   mpirun -np P pipit_tests --mpi-role pipeline SCHEDULE   (SPMD pipeline vs in-process)
 //   mpirun -np P pipit_tests --mpi-role replica-pipeline SCHEDULE   (P/2 stages x 2 replicas)
+//   mpirun -np P pipit_tests --mpi-role sharded-replica-pipeline SCHEDULE   (the same, ZeRO-1)
 //   mpirun -np 2 pipit_tests --mpi-role mismatch            (rank 1 builds another model)
 //   mpirun -np 5 pipit_tests --mpi-role ps OPTIMIZER        (2 shards, 3 workers, sync mode)
 //   mpirun -np 3 pipit_tests --mpi-role killed              (rank 2 is killed while training)
@@ -58,7 +59,7 @@ inline Tensor mpi_payload(int from, int to, int thread, int index) {
 // an MLP. replicas: that many copies of a size / replicas stage pipeline (stage e mod p of
 // replica e / p on rank e), against the in-process Pipeline of the same layout.
 inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_1,
-                             bool tied = false, int replicas = 1) {
+                             bool tied = false, int replicas = 1, bool shard_optimizer = false) {
   const char* rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
   const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
   if (!rank_text || !size_text) return 2;
@@ -74,6 +75,7 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   PipelineConfig config;
   config.stages = size / replicas;
   config.replicas = replicas;
+  config.shard_optimizer = shard_optimizer;
   config.microbatches = 4 / replicas;
   config.schedule = schedule;
   config.chunks_per_stage = schedule == "interleaved" || schedule == "zbv" ? 2 : 1;
@@ -98,21 +100,29 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   }
   std::vector<double> losses;
   for (int step = 0; step < 3; ++step) losses.push_back(pipeline.train_step(x, y));
-  const StateDict got = pipeline.coordinator().fetch_state().first;
-  Pipeline reference(make_model(5), config);
+  const auto [got_weights, got_optimizer] = pipeline.coordinator().fetch_state();
+  // In-process and with the whole optimizer on every replica: a sharded one gives the same bits.
+  PipelineConfig reference_config = config;
+  reference_config.shard_optimizer = false;
+  Pipeline reference(make_model(5), reference_config);
   int mismatches = 0;
   for (int step = 0; step < 3; ++step) {
     mismatches += reference.train_step(x, y) != losses[static_cast<size_t>(step)];
   }
-  const StateDict want = reference.coordinator().fetch_state().first;
-  for (const auto& [name, value] : want) {
-    auto it = got.find(name);
-    mismatches += it == got.end() || it->second.nbytes() != value.nbytes() ||
-                  std::memcmp(it->second.contiguous().raw_data(), value.contiguous().raw_data(),
-                              value.nbytes()) != 0;
+  const auto [want_weights, want_optimizer] = reference.coordinator().fetch_state();
+  mismatches += got_optimizer.size() != want_optimizer.size();
+  for (const StateDict* want : {&want_weights, &want_optimizer}) {
+    const StateDict& got = want == &want_weights ? got_weights : got_optimizer;
+    for (const auto& [name, value] : *want) {
+      auto it = got.find(name);
+      mismatches += it == got.end() || it->second.nbytes() != value.nbytes() ||
+                    std::memcmp(it->second.contiguous().raw_data(), value.contiguous().raw_data(),
+                                value.nbytes()) != 0;
+    }
   }
-  std::printf("pipeline %s (%zu weights, %d mismatches)\n", mismatches == 0 ? "ok" : "FAILED",
-              want.size(), mismatches);
+  std::printf("pipeline %s (%zu weights, %zu optimizer tensors, %d mismatches)\n",
+              mismatches == 0 ? "ok" : "FAILED", want_weights.size(), want_optimizer.size(),
+              mismatches);
   return mismatches == 0 ? 0 : 1;
 }
 
@@ -336,6 +346,9 @@ inline int mpi_role_main(int argc, char** argv) {
     if (role == "pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5);
     if (role == "tied-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, true);
     if (role == "replica-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, false, 2);
+    if (role == "sharded-replica-pipeline" && argc == 4) {
+      return mpi_pipeline_role(argv[3], 5, false, 2, true);
+    }
     if (role == "generate" && argc == 4) return mpi_generate_role(argv[3]);
     if (role == "all-reduce") return mpi_all_reduce_role();
     if (role == "mismatch") return mpi_pipeline_role("1f1b", 6);

@@ -90,6 +90,27 @@ TEST_CASE("MPI: stages x 2 replicas as ranks equal the in-process pipelines bit 
 #endif
 }
 
+TEST_CASE(
+    "MPI: stages x 2 replicas with the optimizer sharded (ZeRO-1) equal unsharded in-process "
+    "pipelines bit for bit",
+    "[mpi][replicas]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  for (const std::string schedule : {"1f1b", "zbv"}) {
+    for (int ranks : {2, 4}) {
+      DYNAMIC_SECTION(schedule << ", " << ranks << " ranks") {
+        const Run run = mpirun(ranks, "sharded-replica-pipeline " + schedule);
+        INFO(run.output);
+        CHECK(run.status == 0);
+        CHECK(run.output.find("pipeline ok") != std::string::npos);
+      }
+    }
+  }
+#endif
+}
+
 TEST_CASE("MPI: a pipeline with tied parameters equals the in-process one bit for bit", "[mpi]") {
 #ifndef PIPIT_WITH_MPI
   WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");

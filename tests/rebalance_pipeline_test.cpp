@@ -118,6 +118,25 @@ TEST_CASE("rebalancing moves layers off a slowed stage, then keeps the partition
         Pipeline(net, config(false)).forward(batch().input).to_vector<float>());
 }
 
+TEST_CASE("rebalancing with 2 replicas moves the same layers in both, timed on replica 0",
+          "[rebalance][replicas]") {
+  PipelineConfig plain_config = config(false);
+  plain_config.replicas = 2;
+  plain_config.microbatches = 1;
+  Pipeline plain_pipeline(model(), plain_config);
+  const Run plain = train(plain_pipeline, kSteps);
+  PipelineConfig slowed = plain_config;
+  slowed.rebalance = config(true).rebalance;
+  slowed.slowdown = {1.0, 3.0};
+  Pipeline pipeline(model(), slowed);
+  const Run run = train(pipeline, kSteps);
+  check_converged(run, plain);
+  for (int stage = 0; stage < 2; ++stage) {
+    CHECK(pipeline.stage(2 + stage).spec().chunks[0]->size() ==
+          pipeline.stage(stage).spec().chunks[0]->size());
+  }
+}
+
 TEST_CASE("rebalancing across worker processes, one of them slowed", "[rebalance][distributed]") {
   Pipeline plain_pipeline(model(), config(false));
   const Run plain = train(plain_pipeline, kSteps);

@@ -1,11 +1,14 @@
 // Pipelines times data parallelism (PipelineConfig::replicas): p stages x r replicas train
 // bit for bit like one thread that accumulates each replica's share of the microbatches on
 // its own and adds the shares in replica order, for every schedule, in threads and over TCP
-// worker processes, and every replica ends with the model's weights.
+// worker processes, and every replica ends with the model's weights; with the optimizer
+// sharded over the replicas (ZeRO-1) too.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <tuple>
 
 #include "bitwise.h"
@@ -82,6 +85,7 @@ std::vector<double> accumulate_by_replica(Model& model, int replicas, int microb
 struct Layout {
   std::string schedule;
   int p, r, v;
+  bool shard_optimizer = false;
 };
 
 std::vector<Layout> layouts() {
@@ -152,6 +156,110 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "ZeRO-1: sharded optimizers give the unsharded bits, each replica updating and holding "
+    "its share",
+    "[replicas]") {
+  const int m = 4, steps = 3;
+  for (const std::string model_name : {"mlp", "gpt"}) {
+    for (const Layout& layout : std::vector<Layout>{{"1f1b", 1, 2, 1},
+                                                    {"gpipe", 1, 3, 1},
+                                                    {"1f1b", 2, 2, 1},
+                                                    {"zbh1", 2, 3, 1},
+                                                    {"interleaved", 4, 2, 2},
+                                                    {"zbv", 2, 2, 2}}) {
+      INFO(model_name << " " << layout.schedule << " p=" << layout.p << " r=" << layout.r);
+      PipelineConfig config;
+      config.stages = layout.p;
+      config.replicas = layout.r;
+      config.microbatches = m;
+      config.chunks_per_stage = layout.v;
+      config.schedule = layout.schedule;
+      config.optimizer = kAdamW;
+      config.max_grad_norm = 0.5;  // the clipping factor reaches every replica's shard
+      Model whole = make_model(model_name);
+      std::vector<double> expected;
+      StateDict want_optimizer;
+      {
+        Pipeline pipeline(whole.net, config);
+        for (int step = 0; step < steps; ++step) {
+          expected.push_back(pipeline.train_step(whole.input, whole.target));
+        }
+        want_optimizer = pipeline.coordinator().fetch_state().second;
+      }
+      config.shard_optimizer = true;
+      Model sharded = make_model(model_name);
+      std::vector<double> losses;
+      StateDict got_optimizer;
+      std::vector<StateDict> replica_weights;
+      {
+        Pipeline pipeline(sharded.net, config);
+        for (int step = 0; step < steps; ++step) {
+          losses.push_back(pipeline.train_step(sharded.input, sharded.target));
+        }
+        got_optimizer = pipeline.coordinator().fetch_state().second;
+        for (int s = 0; s < layout.p; ++s) {
+          // Stage s's parameters, each updated (exp_avg held) by exactly one replica, and no
+          // replica holding much more than 1/r of the elements.
+          int64_t total = 0, largest = 0;
+          std::map<std::string, int> holders;
+          for (const auto& chunk : pipeline.stage(s).spec().chunks) {
+            for (const auto& [name, p] : chunk->named_parameters()) {
+              holders[name] = 0;
+              total += p.numel();
+              largest = std::max(largest, p.numel());
+            }
+          }
+          for (int k = 0; k < layout.r; ++k) {
+            int64_t held = 0;
+            for (const auto& [name, value] :
+                 pipeline.stage(k * layout.p + s).optimizer().state_dict()) {
+              const std::string suffix = ".exp_avg";
+              if (name.size() <= suffix.size() ||
+                  name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+                continue;
+              }
+              const std::string parameter = name.substr(0, name.size() - suffix.size());
+              REQUIRE(holders.count(parameter));
+              ++holders[parameter];
+              held += value.numel();
+            }
+            CHECK(held <= total / layout.r + largest);
+          }
+          for (const auto& [name, count] : holders) {
+            INFO("stage " << s << " " << name);
+            CHECK(count == 1);
+          }
+        }
+        for (int k = 1; k < layout.r; ++k) {
+          StateDict weights;
+          for (int s = 0; s < layout.p; ++s) {
+            for (const auto& chunk : pipeline.stage(k * layout.p + s).spec().chunks) {
+              weights.merge(chunk->state_dict());
+            }
+          }
+          replica_weights.push_back(weights);
+        }
+      }
+      CHECK(losses == expected);
+      for (const auto& [name, value] : whole.net->state_dict()) {
+        INFO(name);
+        CHECK(bitwise_equal(sharded.net->state_dict().at(name), value));
+        for (const StateDict& replica : replica_weights) {
+          REQUIRE(replica.count(name));
+          CHECK(bitwise_equal(replica.at(name), value));
+        }
+      }
+      CHECK(got_optimizer.size() == want_optimizer.size());
+      for (const auto& [name, value] : want_optimizer) {
+        INFO(name);
+        REQUIRE(got_optimizer.count(name));
+        CHECK(bitwise_equal(got_optimizer.at(name), value));
+      }
+    }
+  }
+}
+
+TEST_CASE(
     "replicas: a batch that does not split into r x m microbatches, bad counts and remaps "
     "are refused by name",
     "[replicas]") {
@@ -160,16 +268,91 @@ TEST_CASE(
   config.stages = 2;
   config.replicas = 0;
   CHECK_THROWS_WITH(Pipeline(model.net, config), Catch::Contains("replicas must be in [1, "));
+  config.replicas = 1;
+  config.shard_optimizer = true;
+  CHECK_THROWS_WITH(Pipeline(model.net, config), Catch::Contains("needs replicas > 1, got 1"));
   config.replicas = 2;
   config.rebalance.enabled = true;
-  CHECK_THROWS_WITH(Pipeline(model.net, config), Catch::Contains("not supported with replicas"));
+  CHECK_THROWS_WITH(Pipeline(model.net, config),
+                    Catch::Contains("not supported with shard_optimizer"));
   config.rebalance.enabled = false;
+  Pipeline sharded(model.net, config);
+  CHECK_THROWS_WITH(sharded.move_layers(1, 0, 1),
+                    Catch::Contains("sharded over the replicas (ZeRO-1) layers cannot move"));
+  config.shard_optimizer = false;
   config.microbatches = 5;
   Pipeline pipeline(model.net, config);
   CHECK_THROWS_WITH(pipeline.train_step(model.input, model.target),
                     Catch::Contains("does not split into 10 equal microbatches"));
-  CHECK_THROWS_WITH(pipeline.move_layers(1, 0, 1),
-                    Catch::Contains("remapping 2 replicas together is not supported"));
+}
+
+TEST_CASE("replicas: remaps move the same layers in every replica, training exactly as none",
+          "[replicas][remap]") {
+  std::mt19937_64 random(29);
+  for (const auto& [model_name, layout] :
+       std::vector<std::pair<std::string, Layout>>{{"gpt", {"1f1b", 2, 2, 1}},
+                                                   {"mlp", {"interleaved", 2, 2, 2}},
+                                                   {"mlp", {"gpipe", 3, 2, 1}}}) {
+    INFO(model_name << " " << layout.schedule << " p=" << layout.p << " r=" << layout.r);
+    PipelineConfig config;
+    config.stages = layout.p;
+    config.replicas = layout.r;
+    config.microbatches = 4;
+    config.chunks_per_stage = layout.v;
+    config.schedule = layout.schedule;
+    config.optimizer = kAdamW;
+    Model plain_model = make_model(model_name), moved_model = make_model(model_name);
+    Pipeline plain(plain_model.net, config), moved(moved_model.net, config);
+    const size_t chunks = static_cast<size_t>(layout.p * layout.v);
+    for (int step = 0; step < 4; ++step) {
+      // Random cuts: chunk c ends at cuts[c], each holding at least one layer.
+      std::vector<size_t> cuts;
+      for (size_t l = 1; l < moved_model.net->size(); ++l) cuts.push_back(l);
+      std::shuffle(cuts.begin(), cuts.end(), random);
+      cuts.resize(chunks - 1);
+      std::sort(cuts.begin(), cuts.end());
+      cuts.push_back(moved_model.net->size());
+      std::vector<LayerRange> ranges;
+      for (size_t c = 0; c < chunks; ++c) ranges.push_back({c == 0 ? 0 : cuts[c - 1], cuts[c]});
+      INFO("step " << step << ": " << ranges_str(ranges));
+      moved.remap(ranges);
+      REQUIRE(moved.chunk_ranges() == ranges);
+      // Every replica's stage s holds the chunks replica 0's does.
+      for (int k = 1; k < layout.r; ++k) {
+        for (int stage = 0; stage < layout.p; ++stage) {
+          const auto& mine = moved.stage(k * layout.p + stage).spec().chunks;
+          const auto& first = moved.stage(stage).spec().chunks;
+          for (size_t l = 0; l < first.size(); ++l) {
+            CHECK(mine[l]->first_index() == first[l]->first_index());
+            CHECK(mine[l]->size() == first[l]->size());
+          }
+        }
+      }
+      CHECK(moved.train_step(moved_model.input, moved_model.target) ==
+            plain.train_step(plain_model.input, plain_model.target));
+    }
+    const auto [want_weights, want_optimizer] = plain.coordinator().fetch_state();
+    const auto [got_weights, got_optimizer] = moved.coordinator().fetch_state();
+    for (const auto* pair : {&want_weights, &want_optimizer}) {
+      const StateDict& got = pair == &want_weights ? got_weights : got_optimizer;
+      CHECK(got.size() == pair->size());
+      for (const auto& [name, value] : *pair) {
+        INFO(name);
+        REQUIRE(got.count(name));
+        CHECK(bitwise_equal(got.at(name), value));
+      }
+    }
+    for (int k = 1; k < layout.r; ++k) {
+      for (int stage = 0; stage < layout.p; ++stage) {
+        for (const auto& chunk : moved.stage(k * layout.p + stage).spec().chunks) {
+          for (const auto& [name, value] : chunk->state_dict()) {
+            INFO("replica " << k << " " << name);
+            CHECK(bitwise_equal(value, want_weights.at(name)));
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE(
@@ -179,9 +362,14 @@ TEST_CASE(
   std::vector<std::unique_ptr<pipit::testing::WorkerProcess>> workers;
   for (int i = 0; i < 6; ++i) workers.push_back(std::make_unique<pipit::testing::WorkerProcess>());
   const int m = 4, steps = 2;
-  for (const Layout& layout : std::vector<Layout>{
-           {"1f1b", 2, 2, 1}, {"zbh1", 2, 3, 1}, {"interleaved", 2, 2, 2}, {"gpipe", 1, 2, 1}}) {
-    INFO(layout.schedule << " p=" << layout.p << " r=" << layout.r);
+  for (const Layout& layout : std::vector<Layout>{{"1f1b", 2, 2, 1},
+                                                  {"zbh1", 2, 3, 1},
+                                                  {"interleaved", 2, 2, 2},
+                                                  {"gpipe", 1, 2, 1},
+                                                  {"1f1b", 2, 3, 1, true},
+                                                  {"zbv", 1, 2, 2, true}}) {
+    INFO(layout.schedule << " p=" << layout.p << " r=" << layout.r << " sharded optimizer "
+                         << layout.shard_optimizer);
     Model reference = make_gpt();
     const std::vector<double> expected = accumulate_by_replica(reference, layout.r, m, steps);
     Model remote = make_gpt();
@@ -191,6 +379,7 @@ TEST_CASE(
     config.microbatches = m;
     config.chunks_per_stage = layout.v;
     config.schedule = layout.schedule;
+    config.shard_optimizer = layout.shard_optimizer;
     config.optimizer = kAdamW;
     std::vector<std::string> endpoints;
     for (int e = 0; e < layout.p * layout.r; ++e) {
@@ -201,6 +390,11 @@ TEST_CASE(
     {
       DistributedPipeline pipeline(*remote.net, config, endpoints);
       for (int step = 0; step < steps; ++step) {
+        // Between the steps of the plain 2 x 2 run, every replica's stage 1 hands a layer to
+        // its stage 0, worker to worker: the results do not change.
+        if (step == 1 && layout.schedule == "1f1b" && layout.r == 2 && !layout.shard_optimizer) {
+          pipeline.move_layers(1, 0, 1);
+        }
         losses.push_back(pipeline.train_step(remote.input, remote.target));
       }
       weights = pipeline.coordinator().fetch_state().first;
@@ -215,13 +409,16 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "replicas: a run resumed from replica 0's state equals an uninterrupted one, bit for "
-    "bit",
+    "replicas: a run resumed from the pipeline's state equals an uninterrupted one, bit for "
+    "bit, with the optimizer sharded or not",
     "[replicas]") {
+  const bool shard_optimizer = GENERATE(false, true);
+  INFO("sharded optimizer " << shard_optimizer);
   PipelineConfig config;
   config.stages = 2;
   config.replicas = 3;
   config.microbatches = 2;
+  config.shard_optimizer = shard_optimizer;
   config.optimizer = kAdamW;
   Model whole = make_gpt();
   std::vector<double> uninterrupted;

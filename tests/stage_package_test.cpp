@@ -205,9 +205,12 @@ TEST_CASE("bad stage packages are errors naming what is wrong", "[stage_package]
     StagePackage second = good;
     second.replicas = 3;
     second.replica = 2;
+    second.shard_optimizer = true;
     const StageSpec spec = build_stage_spec(through_bytes(second));
     CHECK(spec.replica == 2);
     CHECK(spec.replicas == 3);
+    CHECK(spec.shard_optimizer);
+    CHECK_FALSE(build_stage_spec(through_bytes(good)).shard_optimizer);
   }
   SECTION("a chunk count other than chunks_per_stage") {
     StagePackage bad = good;
@@ -220,7 +223,8 @@ TEST_CASE("bad stage packages are errors naming what is wrong", "[stage_package]
   }
   SECTION("missing or garbled metadata") {
     for (const char* key : {"schedule", "schedule_table", "recompute", "max_deferred", "stages",
-                            "replica", "replicas", "chunk_configs", "peers", "optimizer_config"}) {
+                            "replica", "replicas", "shard_optimizer", "chunk_configs", "peers",
+                            "optimizer_config"}) {
       INFO(key);
       const std::string bytes = with_metadata(good, [&](json& m) { m.erase(key); });
       CHECK_THROWS_WITH(decode_stage_package(bytes, "stage-1.pkg"),
@@ -231,6 +235,10 @@ TEST_CASE("bad stage packages are errors naming what is wrong", "[stage_package]
         with_metadata(good, [](json& m) { m["recompute"] = "sometimes"; });
     CHECK_THROWS_WITH(decode_stage_package(odd_recompute, "stage-1.pkg"),
                       Catch::Contains("\"recompute\"") && Catch::Contains("\"sometimes\""));
+    const std::string odd_sharding =
+        with_metadata(good, [](json& m) { m["shard_optimizer"] = "yes"; });
+    CHECK_THROWS_WITH(decode_stage_package(odd_sharding, "stage-1.pkg"),
+                      Catch::Contains("\"shard_optimizer\"") && Catch::Contains("\"yes\""));
     const std::string garbled = with_metadata(good, [](json& m) { m["peers"] = "{\"0\":"; });
     CHECK_THROWS_WITH(decode_stage_package(garbled, "stage-1.pkg"),
                       Catch::Contains("\"peers\" is not valid JSON"));

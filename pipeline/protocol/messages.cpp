@@ -38,6 +38,7 @@ bool register_pipeline_message_kinds() {
       {K::GenerateBegin, "GenerateBegin", "pipeline", true},
       {K::GenerateStep, "GenerateStep", "pipeline"},
       {K::GenerateEnd, "GenerateEnd", "pipeline", true},
+      {K::ParameterShard, "ParameterShard", "pipeline"},
   });
 }
 

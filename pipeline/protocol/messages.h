@@ -42,6 +42,9 @@ struct PipelineKind {
   static constexpr MessageKind GenerateBegin{30};  // coordinator -> stage: GenerateBegin
   static constexpr MessageKind GenerateStep{31};   // along the chunks like Activation
   static constexpr MessageKind GenerateEnd{32};    // coordinator -> stage, and the reply
+  // ZeRO-1 (replica_group.h), a stage -> the same stage of the next replica, after the
+  // optimizer step: microbatch: the replica that updated them; tensors: its parameters.
+  static constexpr MessageKind ParameterShard{34};
 };
 
 // Registers PipelineKind's names; every file that sees the kinds runs it before main.

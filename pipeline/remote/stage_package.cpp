@@ -56,6 +56,7 @@ StagePackage make_stage_package(const Sequential& model, const std::vector<Layer
   package.stages = config.stages;
   package.replica = spec.replica;
   package.replicas = spec.replicas;
+  package.shard_optimizer = spec.shard_optimizer;
   package.chunks_per_stage = config.chunks_per_stage;
   package.schedule = config.schedule;
   package.schedule_table = config.schedule_table;
@@ -92,6 +93,7 @@ PackageParts to_parts(const StagePackage& package, const char* caller) {
   metadata["stages"] = std::to_string(package.stages);
   metadata["replica"] = std::to_string(package.replica);
   metadata["replicas"] = std::to_string(package.replicas);
+  metadata["shard_optimizer"] = package.shard_optimizer ? "true" : "false";
   metadata["chunks_per_stage"] = std::to_string(package.chunks_per_stage);
   metadata["schedule"] = package.schedule;
   metadata["schedule_table"] = package.schedule_table;
@@ -125,6 +127,12 @@ StagePackage from_parts(json metadata, const StateDict& tensors, const std::stri
   package.replicas = static_cast<int>(
       reader.integer("replicas", 1, std::min<int64_t>(kMaxReplicas, INT_MAX / package.stages)));
   package.replica = static_cast<int>(reader.integer("replica", 0, package.replicas - 1));
+  const std::string shard_optimizer = reader.text("shard_optimizer");
+  if (shard_optimizer != "true" && shard_optimizer != "false") {
+    reader.fail("shard_optimizer",
+                "must be \"true\" or \"false\", got \"" + shard_optimizer + "\"");
+  }
+  package.shard_optimizer = shard_optimizer == "true";
   // Global chunk numbers (at most stages * chunks_per_stage - 1) must be ints.
   package.chunks_per_stage =
       static_cast<int>(reader.integer("chunks_per_stage", 1, INT_MAX / package.stages));
@@ -243,6 +251,7 @@ StageSpec build_stage_spec(const StagePackage& package) {
   spec.stages = package.stages;
   spec.replica = package.replica;
   spec.replicas = package.replicas;
+  spec.shard_optimizer = package.shard_optimizer;
   spec.chunks_per_stage = package.chunks_per_stage;
   spec.schedule = package.schedule;
   spec.schedule_table = package.schedule_table;

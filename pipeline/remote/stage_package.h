@@ -2,8 +2,8 @@
 // Stage packages: everything a worker process needs to build its Stage, sent as one
 // safetensors blob in the checkpoint layout (serialize/checkpoint.h): tensors "model.<name>"
 // and "optim.<name>", the rest as JSON text in "__metadata__", tagged
-// {"format": "pipit-stage-package", "version": "6"} (6 added the replica; a worker refuses
-// every other version by number).
+// {"format": "pipit-stage-package", "version": "6"} (6 added the replica, the replica count
+// and optimizer sharding; a worker refuses every other version by number).
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -21,6 +21,7 @@ struct StagePackage {
   int stage = 0, stages = 1, chunks_per_stage = 1;
   int replica = 0,
       replicas = 1;  // PipelineConfig::replicas: the worker is endpoint replica*p + stage
+  bool shard_optimizer = false;  // StageSpec::shard_optimizer
   std::string schedule;
   std::string schedule_table;
   bool recompute = false;
@@ -49,10 +50,7 @@ StagePackage decode_stage_package(const std::string& bytes, const std::string& s
 
 // Rebuilds the chunks with build_module and loads the weights strictly (every weight present,
 // shapes equal, none left over); errors name the chunk and the module or weight. The
-// optimizer state is not part of the spec, because Stage creates its optimizer: after
-// constructing the Stage, call
-//   if (!package.optimizer_state.empty())
-//     stage.optimizer().load_state_dict(package.optimizer_state);
+// optimizer state goes into the spec as it is: the Stage keeps its own parameters' entries.
 StageSpec build_stage_spec(const StagePackage& package);
 
 // A package as a StagePackage message (the tensors in the message, names and metadata in

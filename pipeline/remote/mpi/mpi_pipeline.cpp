@@ -10,6 +10,7 @@ namespace {
 std::string fingerprint(const Sequential& model, const PipelineConfig& c) {
   const nlohmann::json pipeline = {{"stages", c.stages},
                                    {"replicas", c.replicas},
+                                   {"shard_optimizer", c.shard_optimizer},
                                    {"microbatches", c.microbatches},
                                    {"chunks", c.chunks_per_stage},
                                    {"schedule", c.schedule},
