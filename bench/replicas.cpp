@@ -5,14 +5,18 @@
 // cost nothing to compute but whose gradients every replica group must sum, so the rows show
 // what the sum costs per megabyte. Scaling efficiency = t(p, 1) / t(p, r): 1.0 trains r times
 // the data in the same time. Then the r-only case against PyTorch's DistributedDataParallel
-// (gloo) on a real MLP, both as 2 processes of this machine (bench/ps_ddp.py is the peer).
+// (gloo) on a real MLP, both as 2 processes of this machine (bench/ps_ddp.py is the peer), and
+// p x r over TCP against torch.distributed.pipelining with DDP-wrapped stages
+// (bench/replicas_torch.py); ZeRO-1's rows.
 //   replicas [--layer-ms 2] [--steps 5] [--no-append]
 #include <unistd.h>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -49,13 +53,16 @@ void register_ballast() {
   });
 }
 
-// Per stage: 4 sleeping layers and, with `ballast_mb`, that many MB of weights.
+// Per stage: 4 sleeping layers and, with `ballast_mb`, that many MB of weights in 4 tensors
+// (a sharded optimizer shares whole tensors out over the replicas).
 std::shared_ptr<Sequential> model_of(int stages, int64_t layer_us, double ballast_mb) {
   auto model = std::make_shared<Sequential>();
   for (int s = 0; s < stages; ++s) {
-    for (int i = 0; i < 4; ++i) model->push_back(std::make_shared<bench::SleepLayer>(layer_us));
-    if (ballast_mb > 0) {
-      model->push_back(std::make_shared<Ballast>(static_cast<int64_t>(ballast_mb * 1e6 / 4)));
+    for (int i = 0; i < 4; ++i) {
+      model->push_back(std::make_shared<bench::SleepLayer>(layer_us));
+      if (ballast_mb > 0) {
+        model->push_back(std::make_shared<Ballast>(static_cast<int64_t>(ballast_mb * 1e6 / 16)));
+      }
     }
   }
   return model;
@@ -63,8 +70,13 @@ std::shared_ptr<Sequential> model_of(int stages, int64_t layer_us, double ballas
 
 struct Timing {
   double step_ms = 0;
-  double sum_ms = 0;  // the longest gradient sum of a stage (trace), median over the steps
+  double sum_ms = 0;    // the longest gradient sum of a stage (trace), median over the steps
+  double state_mb = 0;  // threads: the most optimizer state one stage thread holds
 };
+
+// How the rows train: SGD without momentum (no optimizer state), or AdamW with its state
+// whole on every replica or sharded over them (ZeRO-1).
+enum class Update { sgd, adamw, adamw_sharded };
 
 template <typename AnyPipeline>
 Timing median_step_ms(AnyPipeline& pipeline, const Tensor& x, const Tensor& y, int steps) {
@@ -87,20 +99,32 @@ Timing median_step_ms(AnyPipeline& pipeline, const Tensor& x, const Tensor& y, i
 }
 
 // p stages x r replicas, m = 4 microbatches each, on r * 8 rows.
-Timing step_ms(int p, int r, int64_t layer_us, double ballast_mb, bool processes, int steps) {
+Timing step_ms(int p, int r, int64_t layer_us, double ballast_mb, bool processes, int steps,
+               Update update = Update::sgd) {
   PipelineConfig config;
   config.stages = p;
   config.replicas = r;
   config.microbatches = 4;
   config.loss = {{"type", "MSELoss"}};
-  config.optimizer = {{"type", "SGD"}, {"lr", 0.0}};
-  config.layer_counts.assign(static_cast<size_t>(p), ballast_mb > 0 ? 5 : 4);
+  config.optimizer = update == Update::sgd
+                         ? nlohmann::json{{"type", "SGD"}, {"lr", 0.0}}
+                         : nlohmann::json{{"type", "AdamW"}, {"lr", 0.0}, {"weight_decay", 0.0}};
+  config.shard_optimizer = update == Update::adamw_sharded;
+  config.layer_counts.assign(static_cast<size_t>(p), ballast_mb > 0 ? 8 : 4);
   config.trace = true;
   const auto model = model_of(p, layer_us, ballast_mb);
   const Tensor x = zeros({8 * r, 1}), y = zeros({8 * r, 1});
   if (!processes) {
     Pipeline pipeline(model, config);
-    return median_step_ms(pipeline, x, y, steps);
+    Timing timing = median_step_ms(pipeline, x, y, steps);
+    for (int e = 0; e < p * r; ++e) {
+      double bytes = 0;
+      for (const auto& [name, value] : pipeline.stage(e).optimizer().state_dict()) {
+        bytes += static_cast<double>(value.nbytes());
+      }
+      timing.state_mb = std::max(timing.state_mb, bytes / 1e6);
+    }
+    return timing;
   }
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("pipit-replicas-" + std::to_string(getpid()));
@@ -182,11 +206,13 @@ int main(int argc, char** argv) {
         << "| where | ballast MB per stage | r | step ms | efficiency | added ms | sum ms |\n"
         << "| --- | --- | --- | --- | --- | --- | --- |\n";
   std::fputs(table.str().c_str(), stdout);
+  std::map<std::pair<double, int>, double> over_tcp;  // (ballast MB, r) -> step ms
   for (const bool processes : {false, true}) {
     for (const double ballast_mb : {0.0, 16.0}) {
       const Timing alone = step_ms(2, 1, layer_us, ballast_mb, processes, steps);
       for (const int r : processes ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 4}) {
         const Timing t = r == 1 ? alone : step_ms(2, r, layer_us, ballast_mb, processes, steps);
+        if (processes) over_tcp[{ballast_mb, r}] = t.step_ms;
         char row[256];
         std::snprintf(row, sizeof row, "| %s | %.0f | %d | %.1f | %.3f | %.1f | %.1f |\n",
                       processes ? "worker processes (TCP)" : "threads", ballast_mb, r, t.step_ms,
@@ -197,6 +223,59 @@ int main(int argc, char** argv) {
       }
     }
   }
+  std::ostringstream pipelined;
+  pipelined << "\np x r against PyTorch: the rows above over TCP side by side with "
+               "torch.distributed.pipelining (1F1B) whose stages are wrapped in "
+               "DistributedDataParallel, p * r gloo processes on this machine, the same sleeping "
+               "layers and ballast (bench/replicas_torch.py; DDP all-reduces in buckets during "
+               "the backward)\n\n"
+            << "| ballast MB per stage | r | pipit step ms | torch step ms | torch | pipit / "
+               "torch speed |\n"
+            << "| --- | --- | --- | --- | --- | --- |\n";
+  for (const auto& [key, pipit_ms] : over_tcp) {
+    const auto& [ballast_mb, r] = key;
+    char command[512];
+    std::snprintf(command, sizeof command,
+                  "%s %s/bench/replicas_torch.py --replicas %d --ballast-mb %g --layer-ms %s "
+                  "--steps %d 2>/dev/null",
+                  peer_python().c_str(), PIPIT_SOURCE_DIR, r, ballast_mb,
+                  flags.str("layer-ms").c_str(), steps);
+    const std::vector<nlohmann::json> torch = bench::peer_json_lines(command, "replicas");
+    char row[256];
+    if (!torch.empty() && torch.back().contains("step_ms")) {
+      const double torch_ms = torch.back()["step_ms"].get<double>();
+      std::snprintf(row, sizeof row, "| %.0f | %d | %.1f | %.1f | %s | %.2f |\n", ballast_mb, r,
+                    pipit_ms, torch_ms, torch.back().value("torch", std::string("?")).c_str(),
+                    torch_ms / pipit_ms);
+    } else {
+      std::snprintf(row, sizeof row, "| %.0f | %d | %.1f | (PyTorch 2.x not found) | - | - |\n",
+                    ballast_mb, r, pipit_ms);
+    }
+    pipelined << row;
+  }
+  std::fputs(pipelined.str().c_str(), stdout);
+  table << pipelined.str();
+  std::ostringstream zero;
+  zero << "\nZeRO-1 (PipelineConfig::shard_optimizer): the same p = 2, r = 2 and 16 MB of ballast "
+          "per stage (4 tensors) trained with AdamW; its state (2 x the weights) whole on every "
+          "replica, or sharded: each replica keeps half and updates half, then the replicas "
+          "exchange the updated weights. State MB: the most one stage of one replica holds "
+          "(threads).\n\n"
+       << "| where | optimizer | step ms | state MB per stage |\n"
+       << "| --- | --- | --- | --- |\n";
+  for (const bool processes : {false, true}) {
+    for (const Update update : {Update::adamw, Update::adamw_sharded}) {
+      const Timing t = step_ms(2, 2, layer_us, 16.0, processes, steps, update);
+      char row[256];
+      std::snprintf(row, sizeof row, "| %s | %s | %.1f | %s |\n",
+                    processes ? "worker processes (TCP)" : "threads",
+                    update == Update::adamw ? "AdamW, whole" : "AdamW, sharded (ZeRO-1)", t.step_ms,
+                    processes ? "-" : std::to_string(static_cast<int>(t.state_mb + 0.5)).c_str());
+      zero << row;
+    }
+  }
+  std::fputs(zero.str().c_str(), stdout);
+  table << zero.str();
   const double pipit_mlp = pipit_mlp_samples_per_s(20);
   const std::vector<nlohmann::json> ddp = bench::peer_json_lines(
       peer_python() + " " + PIPIT_SOURCE_DIR +

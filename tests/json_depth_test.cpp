@@ -57,6 +57,7 @@ TEST_CASE("deeply nested JSON in a stage package is an Error, not a stack overfl
   metadata["stages"] = "1";
   metadata["replica"] = "0";
   metadata["replicas"] = "1";
+  metadata["shard_optimizer"] = "false";
   metadata["chunks_per_stage"] = "1";
   metadata["schedule"] = "1f1b";
   metadata["schedule_table"] = "";

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
@@ -63,6 +64,35 @@ TEST_CASE("reductions and argmax on hand-computed cases", "[tensor]") {
   CHECK(argmax(x, 0, true).shape() == Shape{1, 3});
   CHECK(var(from_vector<float>({1, 2, 3, 4})).item<float>() == Approx(5.0 / 3));
   CHECK(var(from_vector<float>({1, 2, 3, 4}), {}, false, 0).item<float>() == Approx(1.25));
+}
+
+TEST_CASE("full reductions of every length: each element once, NaN wherever it sits", "[tensor]") {
+  // The kernel keeps 8 running results and a tail: lengths around multiples of 8 and of the
+  // 16384-element blocks, and a NaN in each lane and in the tail.
+  Generator g(11);
+  for (const int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 23, 64, 65, 16383, 16384, 16385, 40001}) {
+    INFO("n = " << n);
+    const Tensor x = randn({n}, &g);
+    const std::vector<float> v = x.to_vector<float>();
+    double total = 0;
+    float largest = v[0], smallest = v[0];
+    for (float e : v) {
+      total += e;
+      largest = std::max(largest, e);
+      smallest = std::min(smallest, e);
+    }
+    CHECK(sum(x).item<float>() == Approx(total).epsilon(1e-6).margin(1e-6));
+    CHECK(max(x).item<float>() == largest);
+    CHECK(min(x).item<float>() == smallest);
+    for (const int64_t at : {int64_t{0}, (n - 1) / 2, n - 1}) {
+      std::vector<float> with_nan = v;
+      with_nan[static_cast<size_t>(at)] = std::nanf("");
+      const Tensor y = from_vector(with_nan, {n});
+      CHECK(std::isnan(max(y).item<float>()));
+      CHECK(std::isnan(min(y).item<float>()));
+      CHECK(std::isnan(sum(y).item<float>()));
+    }
+  }
 }
 
 TEST_CASE("large tensors take the parallel paths and agree with small ones", "[tensor]") {

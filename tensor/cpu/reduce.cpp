@@ -41,11 +41,37 @@ acc_t<T> combine(ReduceOp op, acc_t<T> a, acc_t<T> b) {
   return a;
 }
 
+// Eight running results, element i going to lane i mod 8, then the lanes combined in order: a
+// single chain would wait on each add's latency (a sum of 1M floats took 1.9 ms, 8x torch's).
+// The order depends only on n.
+template <typename T, ReduceOp Op>
+acc_t<T> reduce_lanes(const T* x, int64_t n) {
+  constexpr int kLanes = 8;
+  acc_t<T> lanes[kLanes];
+  for (auto& lane : lanes) lane = identity<T>(Op);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      lanes[j] = combine<T>(Op, lanes[j], static_cast<acc_t<T>>(x[i + j]));
+    }
+  }
+  acc_t<T> acc = identity<T>(Op);
+  for (const auto lane : lanes) acc = combine<T>(Op, acc, lane);
+  for (; i < n; ++i) acc = combine<T>(Op, acc, static_cast<acc_t<T>>(x[i]));
+  return acc;
+}
+
 template <typename T>
 acc_t<T> reduce_run(ReduceOp op, const T* x, int64_t n) {
-  acc_t<T> acc = identity<T>(op);
-  for (int64_t i = 0; i < n; ++i) acc = combine<T>(op, acc, static_cast<acc_t<T>>(x[i]));
-  return acc;
+  switch (op) {
+    case ReduceOp::sum:
+      return reduce_lanes<T, ReduceOp::sum>(x, n);
+    case ReduceOp::max:
+      return reduce_lanes<T, ReduceOp::max>(x, n);
+    case ReduceOp::min:
+      return reduce_lanes<T, ReduceOp::min>(x, n);
+  }
+  return identity<T>(op);
 }
 
 // out[k] = reduce(x[k * R .. (k + 1) * R)).
