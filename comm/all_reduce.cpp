@@ -14,7 +14,7 @@ constexpr int kReduce = 0, kResult = 1;
 }  // namespace
 
 AllReduce::AllReduce(std::vector<int> members, int me, Tensor tensor, int64_t tag,
-                     int64_t segment_elements)
+                     int64_t segment_elements, int64_t ready_elements)
     : members_(std::move(members)), tag_(tag), segment_elements_(segment_elements) {
   const auto it = std::find(members_.begin(), members_.end(), me);
   PIPIT_CHECK(it != members_.end(), "all_reduce: endpoint ", me, " is not a member of its group");
@@ -26,6 +26,9 @@ AllReduce::AllReduce(std::vector<int> members, int me, Tensor tensor, int64_t ta
   index_ = static_cast<size_t>(it - members_.begin());
   flat_ = tensor.numel() > 0 ? view(tensor, {tensor.numel()}) : tensor;
   segments_ = (tensor.numel() + segment_elements - 1) / segment_elements;
+  PIPIT_CHECK(ready_elements >= -1 && ready_elements <= tensor.numel(),
+              "all_reduce: ", ready_elements, " ready elements of ", tensor.numel());
+  ready_elements_ = ready_elements < 0 ? tensor.numel() : ready_elements;
   const size_t r = members_.size();
   // The last member forms every sum; the others take every result (the first also sends).
   remaining_ = r == 1 ? 0 : segments_;
@@ -37,19 +40,57 @@ Tensor AllReduce::segment(int64_t s) const {
   return narrow(flat_, 0, begin, std::min(segment_elements_, flat_.numel() - begin));
 }
 
+bool AllReduce::ready(int64_t s) const {
+  return std::min((s + 1) * segment_elements_, flat_.numel()) <= ready_elements_;
+}
+
 Message AllReduce::make(int phase, int64_t s, Tensor data) const {
   return Message(MessageKind::AllReduceSegment, tag_, static_cast<int>(s), phase,
                  {std::move(data)});
 }
 
 AllReduce::Outgoing AllReduce::start() {
+  return make_ready(ready_elements_);
+}
+
+AllReduce::Outgoing AllReduce::make_ready(int64_t elements) {
+  PIPIT_CHECK(elements >= ready_elements_ && elements <= flat_.numel(), "all_reduce ", tag_, ": ",
+              elements, " ready elements after ", ready_elements_, " (of ", flat_.numel(), ")");
+  ready_elements_ = elements;
   Outgoing out;
-  if (members_.size() == 1 || index_ != 0) return out;
-  // A copy: this tensor is overwritten when the result comes back, and a communicator in one
-  // process hands the receiver the tensor itself.
-  for (int64_t s = 0; s < segments_; ++s)
-    out.emplace_back(members_[1], make(kReduce, s, segment(s).clone()));
+  if (members_.size() == 1) return out;
+  if (index_ == 0) {
+    // A copy: this tensor is overwritten when the result comes back, and a communicator in
+    // one process hands the receiver the tensor itself.
+    for (; sent_ < segments_ && ready(sent_); ++sent_) {
+      out.emplace_back(members_[1], make(kReduce, sent_, segment(sent_).clone()));
+    }
+    return out;
+  }
+  std::vector<std::pair<int64_t, Tensor>> still;
+  for (auto& [s, received] : waiting_) {
+    if (ready(s)) {
+      reduce(s, received, out);
+    } else {
+      still.emplace_back(s, std::move(received));
+    }
+  }
+  waiting_ = std::move(still);
   return out;
+}
+
+void AllReduce::reduce(int64_t s, const Tensor& received, Outgoing& out) {
+  NoGradGuard no_grad;
+  const Tensor mine = segment(s);
+  // What arrived holds members 0..index-1 summed in order: add this member's part last.
+  const Tensor sum = received + mine;
+  if (index_ + 1 < members_.size()) {
+    out.emplace_back(members_[index_ + 1], make(kReduce, s, sum));
+    return;
+  }
+  backend(mine).copy(sum, mine);
+  out.emplace_back(members_[0], make(kResult, s, sum));
+  --remaining_;
 }
 
 AllReduce::Outgoing AllReduce::receive(const Message& message) {
@@ -78,19 +119,16 @@ AllReduce::Outgoing AllReduce::receive(const Message& message) {
   const Tensor received = message.tensors[0].to(mine.device());
   Outgoing out;
   if (phase == kReduce) {
-    NoGradGuard no_grad;
-    // What arrived holds members 0..index-1 summed in order: add this member's part last.
-    const Tensor sum = received + mine;
-    if (index_ + 1 < r) {
-      out.emplace_back(members_[index_ + 1], make(kReduce, s, sum));
-      return out;
+    if (ready(s)) {
+      reduce(s, received, out);
+    } else {
+      waiting_.emplace_back(s, received);
     }
-    backend(mine).copy(sum, mine);
-    out.emplace_back(members_[0], make(kResult, s, sum));
-  } else {
-    backend(mine).copy(received, mine);
-    if (index_ + 2 < r) out.emplace_back(members_[index_ + 1], make(kResult, s, received));
+    return out;
   }
+  // A result exists only once every member's part, this one's included, was ready.
+  backend(mine).copy(received, mine);
+  if (index_ + 2 < r) out.emplace_back(members_[index_ + 1], make(kResult, s, received));
   --remaining_;
   return out;
 }

@@ -11,7 +11,10 @@
 //
 // AllReduce is the state machine, fed messages by whoever owns the communicator (a pipeline
 // stage mixes it with its other traffic); all_reduce drives one to the end on a communicator
-// that carries nothing else meanwhile.
+// that carries nothing else meanwhile. A member may start before its whole tensor is final
+// (a stage whose later layers' gradients are done while earlier ones still run): it says how
+// many leading elements are ready, and segments beyond them wait, on every member, until
+// make_ready covers them. The sums do not depend on when that happens.
 #include <chrono>
 #include <cstdint>
 #include <utility>
@@ -28,12 +31,16 @@ class AllReduce {
   // `tensor`: this member's contribution (contiguous), overwritten by the sum. `tag` tells
   // concurrent all-reduces apart (it is the messages' step). Segments hold at most
   // `segment_elements` elements.
+  // `ready_elements`: how many leading elements of this member's tensor are final (-1: all).
   AllReduce(std::vector<int> members, int me, Tensor tensor, int64_t tag,
-            int64_t segment_elements = int64_t{1} << 20);
+            int64_t segment_elements = int64_t{1} << 20, int64_t ready_elements = -1);
 
   using Outgoing = std::vector<std::pair<int, Message>>;  // (peer, message)
   // The messages to send first.
   Outgoing start();
+  // The first `elements` elements of this member's tensor are final now (never fewer than
+  // before): the messages that they let go.
+  Outgoing make_ready(int64_t elements);
   // Takes one AllReduceSegment message of this tag; returns the messages to send next. A
   // message from the wrong member, for a segment out of range or already taken, or of the
   // wrong shape or dtype throws an Error naming it.
@@ -43,14 +50,21 @@ class AllReduce {
 
  private:
   Tensor segment(int64_t s) const;
+  // Whether segment s lies within the ready elements.
+  bool ready(int64_t s) const;
   Message make(int phase, int64_t s, Tensor data) const;
+  // A checked reduce-phase segment whose own part is ready: added and passed on.
+  void reduce(int64_t s, const Tensor& received, Outgoing& out);
 
   std::vector<int> members_;
   size_t index_ = 0;  // my place in members_
   Tensor flat_;
   int64_t tag_, segment_elements_, segments_;
+  int64_t ready_elements_;
+  int64_t sent_ = 0;  // member 0: segments sent so far (a prefix)
   int64_t remaining_;
-  std::vector<bool> taken_[2];  // per phase, per segment
+  std::vector<bool> taken_[2];                       // per phase, per segment
+  std::vector<std::pair<int64_t, Tensor>> waiting_;  // received before their part was ready
 };
 
 // Runs an AllReduce over `comm` until it is done. Waits at most `timeout` for each message;

@@ -33,21 +33,22 @@ bool ReplicaGroup::member(int endpoint) const {
   return endpoint != me_ && std::find(members_.begin(), members_.end(), endpoint) != members_.end();
 }
 
-AllReduce::Outgoing ReplicaGroup::start(const std::vector<Tensor>& parameters, int64_t step) {
+AllReduce::Outgoing ReplicaGroup::begin(const std::vector<Tensor>& parameters, int64_t step) {
   PIPIT_CHECK(!reduce_, "ReplicaGroup: the gradients of step ", step, " are already being summed");
-  NoGradGuard no_grad;
   parameters_ = parameters;
-  std::vector<Tensor> grads;
+  offsets_.assign(1, 0);
   for (const Tensor& p : parameters_) {
-    const Tensor grad = p.grad().defined() ? p.grad() : zeros_like(p);
-    PIPIT_CHECK(grads.empty() || grad.dtype() == grads.front().dtype(),
-                "ReplicaGroup: the gradients of one stage must share a dtype to be summed "
+    PIPIT_CHECK(p.dtype() == parameters_.front().dtype(),
+                "ReplicaGroup: the parameters of one stage must share a dtype to be summed "
                 "together, got ",
-                grads.front().dtype(), " and ", grad.dtype());
-    grads.push_back(reshape(grad, {grad.numel()}));
+                parameters_.front().dtype(), " and ", p.dtype());
+    offsets_.push_back(offsets_.back() + p.numel());
   }
-  flat_ = grads.empty() ? zeros({0}) : cat(grads, 0);
-  reduce_.emplace(members_, me_, flat_, step);
+  flat_ = parameters_.empty() ? zeros({0})
+                              : zeros({offsets_.back()},
+                                      {parameters_.front().dtype(), parameters_.front().device()});
+  ready_count_ = 0;
+  reduce_.emplace(members_, me_, flat_, step, int64_t{1} << 20, 0);
   AllReduce::Outgoing out = reduce_->start();
   std::vector<Message> pending = std::move(pending_);
   pending_.clear();
@@ -55,7 +56,26 @@ AllReduce::Outgoing ReplicaGroup::start(const std::vector<Tensor>& parameters, i
     if (message.step != step) continue;  // an aborted step's
     for (auto& next : take(message)) out.push_back(std::move(next));
   }
-  write_back_when_done();  // a group of one is done at once
+  write_back_when_done();  // a stage without parameters has nothing to wait for
+  return out;
+}
+
+AllReduce::Outgoing ReplicaGroup::ready(size_t count) {
+  PIPIT_CHECK(reduce_ && count >= ready_count_ && count <= parameters_.size(),
+              "ReplicaGroup: ", count, " ready parameters after ", ready_count_, " of ",
+              parameters_.size());
+  NoGradGuard no_grad;
+  for (size_t i = ready_count_; i < count; ++i) {
+    const Tensor& p = parameters_[i];
+    const Tensor slot = narrow(flat_, 0, offsets_[i], p.numel());
+    if (!p.grad().defined()) continue;  // zeros, as flat_ starts
+    PIPIT_CHECK(p.grad().dtype() == flat_.dtype(), "ReplicaGroup: a gradient of dtype ",
+                p.grad().dtype(), " for a ", flat_.dtype(), " parameter");
+    backend(slot).copy(reshape(p.grad(), {p.numel()}), slot);
+  }
+  ready_count_ = count;
+  AllReduce::Outgoing out = reduce_->make_ready(offsets_[count]);
+  write_back_when_done();
   return out;
 }
 
@@ -76,14 +96,12 @@ AllReduce::Outgoing ReplicaGroup::take(const Message& message) {
 }
 
 void ReplicaGroup::write_back_when_done() {
-  if (!reduce_->done() || written_) return;
+  if (!all_ready() || !reduce_->done() || written_) return;
   // Views of the sum, one per parameter, in the order they were flattened.
   NoGradGuard no_grad;
-  int64_t offset = 0;
-  for (Tensor& p : parameters_) {
-    const int64_t n = p.numel();
-    p.set_grad(view(narrow(flat_, 0, offset, n), p.shape()));
-    offset += n;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    Tensor& p = parameters_[i];
+    p.set_grad(view(narrow(flat_, 0, offsets_[i], p.numel()), p.shape()));
   }
   written_ = true;
 }
@@ -91,6 +109,8 @@ void ReplicaGroup::write_back_when_done() {
 void ReplicaGroup::reset() {
   reduce_.reset();
   parameters_.clear();
+  offsets_.clear();
+  ready_count_ = 0;
   flat_ = Tensor();
   pending_.clear();
   written_ = false;

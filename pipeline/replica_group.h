@@ -1,9 +1,11 @@
 #pragma once
 // ReplicaGroup: stage s of every replica of a pipeline (PipelineConfig::replicas, r copies of
-// the pipeline, each on its own share of the batch). After a step's last backward the group
-// sums its gradients with comm/all_reduce.h in replica order (replica 0's + replica 1's + ...),
-// so every member holds the same sum, the same bits, and applies the same optimizer update:
-// the replicas' weights never drift apart. Replica k's stage s is endpoint k * p + s.
+// the pipeline, each on its own share of the batch). The group sums its gradients with
+// comm/all_reduce.h in replica order (replica 0's + replica 1's + ...), so every member holds
+// the same sum, the same bits, and applies the same optimizer update: the replicas' weights
+// never drift apart. The sum runs in buckets: a chunk's gradients go as soon as the stage's
+// last task that computes them is done, while the stage works on its other chunks; tied
+// parameters last, after their exchange. Replica k's stage s is endpoint k * p + s.
 //
 // With the optimizer sharded (ZeRO-1, StageSpec::shard_optimizer) each member owns about 1/r of
 // the stage's parameters (shard_owners), keeps the optimizer state of those alone and updates
@@ -30,13 +32,18 @@ class ReplicaGroup {
 
   // Whether `endpoint` is another member of this group.
   bool member(int endpoint) const;
-  // Starts summing the gradients of `parameters` (in this order; one without a gradient counts
-  // as zeros) for step `step`, and returns the messages to send. Segments of this step that
-  // arrived before are taken now.
-  AllReduce::Outgoing start(const std::vector<Tensor>& parameters, int64_t step);
-  // One AllReduceSegment of the step in progress; kept until start() when it comes first.
+  // Starts step `step`'s sum of the gradients of `parameters`, flattened in this order (the
+  // same on every member), none of them final yet; returns the messages to send. Segments of
+  // this step that arrived before are taken now.
+  AllReduce::Outgoing begin(const std::vector<Tensor>& parameters, int64_t step);
+  // The first `count` parameters' gradients are final (one without a gradient counts as
+  // zeros): their segments go on while the stage still computes the others (a bucket).
+  AllReduce::Outgoing ready(size_t count);
+  // One AllReduceSegment of the step in progress; kept until begin() when it comes first.
   AllReduce::Outgoing receive(const Message& message);
   bool started() const { return reduce_.has_value(); }
+  // Every parameter's gradient is in the sum.
+  bool all_ready() const { return reduce_ && ready_count_ == parameters_.size(); }
   // The sums are the parameters' gradients now.
   bool done() const { return written_; }
   // Forgets the step in progress (an aborted step, or the next one).
@@ -65,6 +72,8 @@ class ReplicaGroup {
   std::vector<int> members_;
   int me_;
   std::vector<Tensor> parameters_;
+  std::vector<int64_t> offsets_;  // parameter i's first element in flat_; then the total
+  size_t ready_count_ = 0;
   Tensor flat_;
   std::optional<AllReduce> reduce_;
   std::vector<Message> pending_;

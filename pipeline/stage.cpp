@@ -1,5 +1,6 @@
 #include "pipeline/stage.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -334,6 +335,7 @@ void Stage::begin_step(const Message& message) {
     peer_tied_[m.microbatch] = std::move(m.tensors[0]);
   }
   if (training_ && replica_group_) {
+    plan_gradient_sum();
     for (const Message& m : take_early(MessageKind::AllReduceSegment)) receive_replica_segment(m);
   }
   for (MessageKind kind : {PipelineKind::Activation, PipelineKind::Gradient}) {
@@ -391,15 +393,18 @@ void Stage::run_ready_tasks() {
       trace_.add({task, task_start, end});
     }
     recomputed_.reset();
+    if (training_ && replica_group_) {
+      const auto ready = ready_after_task_.find(next_task_);
+      if (ready != ready_after_task_.end()) share_gradients(ready->second);
+    }
     ++next_task_;
   }
   if (active_ && next_task_ == tasks_.size()) exchange_tied_gradients();
 }
 
 void Stage::exchange_tied_gradients() {
-  // Summing over the replicas already: the tied sums are in (a stray message ran us again).
-  if (replica_group_ && replica_group_->started()) return;
-  if (!training_ || spec_.ties.empty()) return reduce_over_replicas();
+  // Once the tied sums are in, a message that runs us again only checks the replicas' sum.
+  if (!training_ || spec_.ties.empty() || tied_summed_) return reduce_over_replicas();
   size_t remote = 0;
   for (size_t i = 0; i < spec_.ties.size(); ++i) {
     const TiedParameter& tie = spec_.ties[i];
@@ -415,23 +420,66 @@ void Stage::exchange_tied_gradients() {
   tied_sent_ = true;
   if (peer_tied_.size() < remote) return;  // the rest arrive as TiedGradient messages
   sum_tied_gradients();
+  tied_summed_ = true;
   reduce_over_replicas();
 }
 
 void Stage::reduce_over_replicas() {
   if (!training_ || !replica_group_) return finish_step();
-  if (!replica_group_->started()) {
-    sum_started_us_ = trace_clock_us();
-    for (auto& [to, message] : replica_group_->start(parameters_, step_)) {
-      send(to, std::move(message));
-    }
-  }
+  if (!replica_group_->all_ready()) share_gradients(sum_order_.size());
   if (replica_group_->done()) finish_step();
+}
+
+void Stage::plan_gradient_sum() {
+  std::set<std::string> tied;
+  for (const TiedParameter& tie : spec_.ties) {
+    tied.insert(tie.source);
+    tied.insert(tie.copy);
+  }
+  // (index of the chunk's last task that computes weight gradients, local chunk); a chunk
+  // without one goes with the tied parameters, at the end.
+  std::vector<std::pair<size_t, int>> last;
+  for (int local = 0; local < spec_.chunks_per_stage; ++local) {
+    const int global = global_chunk(spec_.stage, local, spec_.stages, placement_of(spec_.schedule));
+    size_t at = tasks_.size();
+    for (size_t i = 0; i < tasks_.size(); ++i) {
+      const Phase phase = tasks_[i].phase;
+      if (tasks_[i].chunk == global && (phase == Phase::Backward || phase == Phase::WeightGrad)) {
+        at = i;
+      }
+    }
+    last.emplace_back(at, local);
+  }
+  std::sort(last.begin(), last.end());
+  sum_order_.clear();
+  ready_after_task_.clear();
+  std::vector<Tensor> tied_parameters;
+  for (const auto& [at, local] : last) {
+    for (const auto& [name, p] : spec_.chunks[static_cast<size_t>(local)]->named_parameters()) {
+      (tied.count(name) ? tied_parameters : sum_order_).push_back(p);
+    }
+    if (at < tasks_.size()) ready_after_task_[at] = sum_order_.size();
+  }
+  sum_order_.insert(sum_order_.end(), tied_parameters.begin(), tied_parameters.end());
+  for (auto& [to, message] : replica_group_->begin(sum_order_, step_)) {
+    send(to, std::move(message));
+  }
+}
+
+void Stage::share_gradients(size_t count) {
+  if (!sum_shared_) {
+    sum_started_us_ = trace_clock_us();
+    sum_shared_ = true;
+  }
+  for (auto& [to, message] : replica_group_->ready(count)) send(to, std::move(message));
 }
 
 void Stage::receive_replica_segment(const Message& message) {
   for (auto& [to, out] : replica_group_->receive(message)) send(to, std::move(out));
-  if (active_ && replica_group_->started() && replica_group_->done()) finish_step();
+  // The sum may complete before the stage's last task (when its last weight gradients came
+  // earlier): the step ends only after that task and the tied exchange.
+  const bool tasks_done = next_task_ == tasks_.size() && (spec_.ties.empty() || tied_summed_);
+  if (active_ && tasks_done && replica_group_->done()) finish_step();
 }
 
 void Stage::sum_tied_gradients() {
@@ -736,8 +784,12 @@ void Stage::reset() {
   tasks_.clear();
   next_task_ = 0;
   tied_sent_ = false;
+  tied_summed_ = false;
   peer_tied_.clear();
   if (replica_group_) replica_group_->reset();
+  sum_order_.clear();
+  ready_after_task_.clear();
+  sum_shared_ = false;
   generation_.clear();
   inputs_.clear();
   stash_.clear();

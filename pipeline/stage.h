@@ -106,6 +106,11 @@ class Stage {
   // Then, with replicas, sums the gradients over the replica group, and finishes the step once
   // the sums are in.
   void reduce_over_replicas();
+  // With replicas, at a training step's start: the order the gradients are summed in (chunk by
+  // chunk as their last B or W task ends, tied parameters last) and the group's sum begun.
+  void plan_gradient_sum();
+  // The first `count` parameters of that order have their final gradients: they go on.
+  void share_gradients(size_t count);
   void receive_replica_segment(const Message& message);
   Tensor parameter(const std::string& name) const;
   void finish_step();
@@ -165,11 +170,15 @@ class Stage {
   size_t next_task_ = 0;
   // Tied gradients: sent to the peers this step, and the peers' sides that arrived, by tie.
   bool tied_sent_ = false;
-  bool updated_ = false;  // ZeRO-1: this stage's own update is done, the others' awaited
+  bool tied_summed_ = false;  // this step's tied gradients are summed (tied_parameters.h)
+  bool updated_ = false;      // ZeRO-1: this stage's own update is done, the others' awaited
   std::map<int, Tensor> peer_tied_;
   // With replicas: this stage's group and the step's gradient sum.
   std::optional<ReplicaGroup> replica_group_;
   double sum_started_us_ = 0;
+  std::vector<Tensor> sum_order_;
+  std::map<size_t, size_t> ready_after_task_;  // task index -> parameters final after it
+  bool sum_shared_ = false;
   // Inputs that arrived, by (phase, microbatch, chunk).
   std::map<std::tuple<Phase, int, int>, Tensor> inputs_;
   // Data of a later step that arrived before that step's StepBegin.

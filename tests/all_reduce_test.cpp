@@ -1,8 +1,8 @@
 // The all-reduce (comm/all_reduce.h): on every member, the bits of adding the members' tensors
 // one after another in member order, for groups of 1 to 8, tensors of many sizes and segment
 // sizes, in f32 and f64; and messages that do not belong are refused by name.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <random>
 #include <thread>
 
@@ -10,6 +10,7 @@
 #include "comm/all_reduce.h"
 #include "comm/local_communicator.h"
 #include "pipit.h"
+#include "tensor/backend.h"
 
 using namespace pipit;
 using pipit::testing::bitwise_equal;
@@ -62,6 +63,63 @@ TEST_CASE("all_reduce gives every member the in-order sum, bit for bit", "[all_r
             CHECK(bitwise_equal(tensors[size_t(i)], expected));
           }
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("an all-reduce started before its tensors are final waits for them, with the same bits",
+          "[all_reduce]") {
+  std::mt19937_64 random(41);
+  for (int r = 2; r <= 6; ++r) {
+    for (const int64_t segment : {int64_t{1}, int64_t{16}, int64_t{100}}) {
+      const int64_t numel = 257;
+      INFO("r=" << r << " segment " << segment);
+      std::vector<Tensor> finals, tensors;
+      for (int i = 0; i < r; ++i) {
+        finals.push_back(contribution(i, numel, DType::f32, 7 + static_cast<uint64_t>(r)));
+        // Not final yet: what a member sums before make_ready covers it would show as NaN.
+        tensors.push_back(full({numel}, std::nan("")));
+      }
+      Tensor expected = finals[0].clone();
+      for (int i = 1; i < r; ++i) expected = expected + finals[size_t(i)];
+      std::vector<int> members;
+      for (int i = 0; i < r; ++i) members.push_back(i);
+      std::vector<AllReduce> reduces;
+      std::vector<int64_t> ready(static_cast<size_t>(r), 0);
+      std::vector<std::pair<int, Message>> in_flight;  // (to, message)
+      auto post = [&](AllReduce::Outgoing out, int from) {
+        for (auto& [to, message] : out) {
+          message.from = from;
+          in_flight.emplace_back(to, std::move(message));
+        }
+      };
+      for (int i = 0; i < r; ++i) {
+        reduces.emplace_back(members, i, tensors[size_t(i)], 3, segment, 0);
+        post(reduces.back().start(), i);
+      }
+      // Members reveal their tensors in random steps while messages arrive in random order.
+      while (!in_flight.empty() || *std::min_element(ready.begin(), ready.end()) < numel) {
+        const int i = static_cast<int>(random() % static_cast<uint64_t>(r));
+        if (ready[size_t(i)] < numel && (in_flight.empty() || random() % 2 == 0)) {
+          const int64_t next = std::min(numel, ready[size_t(i)] + 1 + int64_t(random() % 60));
+          const Tensor target =
+              narrow(tensors[size_t(i)], 0, ready[size_t(i)], next - ready[size_t(i)]);
+          backend(target).copy(
+              narrow(finals[size_t(i)], 0, ready[size_t(i)], next - ready[size_t(i)]), target);
+          ready[size_t(i)] = next;
+          post(reduces[size_t(i)].make_ready(next), i);
+        } else if (!in_flight.empty()) {
+          const size_t k = random() % in_flight.size();
+          auto [to, message] = std::move(in_flight[k]);
+          in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(k));
+          post(reduces[size_t(to)].receive(message), to);
+        }
+      }
+      for (int i = 0; i < r; ++i) {
+        INFO("member " << i);
+        CHECK(reduces[size_t(i)].done());
+        CHECK(bitwise_equal(tensors[size_t(i)], expected));
       }
     }
   }

@@ -499,8 +499,42 @@ TEST_CASE(
     }
   }
   CHECK(sums == std::map<int, int>{{0, 1}, {1, 1}});
+  // One chunk per stage: its gradients are final only after the stage's last task.
   for (int s = 0; s < 2; ++s) CHECK(sum_start[s] >= last_task_end[s]);
   const std::string json = pipeline.coordinator().trace().chrome_json();
   CHECK(json.find("stage 0: gradient sum") != std::string::npos);
   CHECK(json.find("stage 1: gradient sum") != std::string::npos);
+}
+
+TEST_CASE(
+    "replicas: with two chunks per stage the sum of the chunk done first starts before the "
+    "stage's last task, with the same bits",
+    "[replicas]") {
+  for (const std::string schedule : {"interleaved", "zbv"}) {
+    INFO(schedule);
+    Model model = make_mlp();
+    PipelineConfig config;
+    config.stages = 2;
+    config.replicas = 2;
+    config.microbatches = 4;
+    config.chunks_per_stage = 2;
+    config.schedule = schedule;
+    config.optimizer = kAdamW;
+    config.trace = true;
+    Pipeline pipeline(model.net, config);
+    pipeline.train_step(model.input, model.target);
+    std::map<int, double> last_task_end, sum_start;
+    for (const TraceEvent& e : pipeline.coordinator().trace().events()) {
+      if (e.task.phase == Phase::GradientSum) {
+        sum_start[e.task.stage] = e.start_us;
+      } else {
+        last_task_end[e.task.stage] = std::max(last_task_end[e.task.stage], e.end_us);
+      }
+    }
+    for (int s = 0; s < 2; ++s) {
+      INFO("stage " << s);
+      REQUIRE(sum_start.count(s));
+      CHECK(sum_start[s] < last_task_end[s]);
+    }
+  }
 }
