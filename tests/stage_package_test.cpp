@@ -222,9 +222,9 @@ TEST_CASE("bad stage packages are errors naming what is wrong", "[stage_package]
                       Catch::Contains("\"chunk_configs\"") && Catch::Contains("stage-1.pkg"));
   }
   SECTION("missing or garbled metadata") {
-    for (const char* key : {"schedule", "schedule_table", "recompute", "max_deferred", "stages",
-                            "replica", "replicas", "shard_optimizer", "chunk_configs", "peers",
-                            "optimizer_config"}) {
+    for (const char* key :
+         {"schedule", "schedule_table", "recompute", "max_deferred", "stages", "replica",
+          "replicas", "shard_optimizer", "chunk_configs", "peers", "optimizer_config"}) {
       INFO(key);
       const std::string bytes = with_metadata(good, [&](json& m) { m.erase(key); });
       CHECK_THROWS_WITH(decode_stage_package(bytes, "stage-1.pkg"),
