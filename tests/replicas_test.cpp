@@ -172,15 +172,15 @@ TEST_CASE(
     "its share",
     "[replicas]") {
   const int m = 4, steps = 3;
+  int run = 0;
   for (const std::string model_name : {"mlp", "gpt"}) {
-    for (const Layout& layout : std::vector<Layout>{{"1f1b", 1, 2, 1},
-                                                    {"gpipe", 1, 3, 1},
-                                                    {"1f1b", 2, 2, 1},
-                                                    {"zbh1", 2, 3, 1},
-                                                    {"interleaved", 4, 2, 2},
-                                                    {"zbv", 2, 2, 2}}) {
-      INFO(model_name << " " << layout.schedule << " p=" << layout.p << " r=" << layout.r);
+    // Every schedule and (p, r) of the test above, with and without recomputation in turn.
+    for (const Layout& layout : layouts()) {
+      const std::string recompute = run++ % 2 == 0 ? "none" : "full";
+      INFO(model_name << " " << layout.schedule << " p=" << layout.p << " r=" << layout.r
+                      << " recompute " << recompute);
       PipelineConfig config = config_of(layout, m);
+      config.recompute = recompute;
       config.max_grad_norm = 0.5;  // the clipping factor reaches every replica's shard
       Model whole = make_model(model_name);
       std::vector<double> expected;
