@@ -7,12 +7,14 @@
 // the data in the same time. Then the r-only case against PyTorch's DistributedDataParallel
 // (gloo) on a real MLP, both as 2 processes of this machine (bench/ps_ddp.py is the peer), and
 // p x r over TCP against torch.distributed.pipelining with DDP-wrapped stages
-// (bench/replicas_torch.py); ZeRO-1's rows.
+// (bench/replicas_torch.py); ZeRO-1's rows; and build/train_gpt's GPT at r = 1 and 2 in
+// threads, over TCP workers and under mpirun.
 //   replicas [--layer-ms 2] [--steps 5] [--no-append]
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -176,6 +178,43 @@ double pipit_mlp_samples_per_s(int steps) {
   return 2 * kBatch / (t.step_ms / 1000);
 }
 
+// build/train_gpt's tokens per second (its last printed window) for 2 stages x r replicas on
+// r x 16 sequences per step, in stage threads, over pipit-workers (TCP) or under mpirun.
+double train_gpt_tokens_per_s(const std::string& where, int r, int steps) {
+  namespace fs = std::filesystem;
+  const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path();
+  std::string command = (bin / "train_gpt").string() + " --stages 2 --replicas " +
+                        std::to_string(r) + " --batch " + std::to_string(16 * r) + " --steps " +
+                        std::to_string(steps) + " --print-every 10";
+  std::vector<std::unique_ptr<bench::Worker>> workers;
+  if (where == "tcp") {
+    const fs::path dir =
+        fs::temp_directory_path() / ("pipit-replicas-gpt-" + std::to_string(getpid()));
+    fs::create_directories(dir);
+    std::string list;
+    for (int e = 0; e < 2 * r; ++e) {
+      workers.push_back(std::make_unique<bench::Worker>(dir, e, 1.0, false));
+      list += (e ? "," : "") + workers.back()->endpoint();
+    }
+    command += " --workers " + list;
+  } else if (where == "mpi") {
+    command = "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(2 * r) + " " +
+              command + " --launcher mpi";
+  }
+  FILE* pipe = popen((command + " 2>/dev/null").c_str(), "r");
+  if (!pipe) return 0;
+  double tokens_per_s = 0;
+  char line[1024];
+  while (std::fgets(line, sizeof line, pipe)) {
+    double value = 0;
+    if (const char* at = std::strstr(line, "tokens/s"); at && std::sscanf(at + 8, "%lf", &value)) {
+      tokens_per_s = value;
+    }
+  }
+  if (pclose(pipe) != 0) std::fprintf(stderr, "replicas: '%s' failed\n", command.c_str());
+  return tokens_per_s;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -276,6 +315,29 @@ int main(int argc, char** argv) {
   }
   std::fputs(zero.str().c_str(), stdout);
   table << zero.str();
+  std::ostringstream gpt;
+  gpt << "\nA real GPT: build/train_gpt's default model (4 layers, width 128, about 0.8M "
+         "parameters), 2 stages x r replicas, 4 microbatches of 4 sequences per replica, "
+         "tokens/s over steps 21-30. Every stage computes here, so with r = 2 four stages "
+         "share this machine's 2 cores: efficiency = tokens/s(r) / (r x tokens/s(1)) shows the "
+         "cores running out more than the gradient sum.\n\n"
+      << "| where | r | tokens/s | efficiency |\n"
+      << "| --- | --- | --- | --- |\n";
+  for (const std::string where : {"threads", "tcp", "mpi"}) {
+    const double alone = train_gpt_tokens_per_s(where, 1, 30);
+    for (const int r : {1, 2}) {
+      const double t = r == 1 ? alone : train_gpt_tokens_per_s(where, r, 30);
+      char row[256];
+      std::snprintf(row, sizeof row, "| %s | %d | %.0f | %.2f |\n",
+                    where == "threads" ? "stage threads"
+                    : where == "tcp"   ? "pipit-workers (TCP)"
+                                       : "mpirun ranks (--launcher mpi)",
+                    r, t, alone > 0 ? t / (r * alone) : 0.0);
+      gpt << row;
+    }
+  }
+  std::fputs(gpt.str().c_str(), stdout);
+  table << gpt.str();
   const double pipit_mlp = pipit_mlp_samples_per_s(20);
   const std::vector<nlohmann::json> ddp = bench::peer_json_lines(
       peer_python() + " " + PIPIT_SOURCE_DIR +

@@ -15,6 +15,9 @@ void validate(const PipelineConfig& config) {
   PIPIT_CHECK(!config.shard_optimizer || !config.rebalance.enabled,
               "PipelineConfig: rebalancing moves layers and their optimizer state; it is not "
               "supported with shard_optimizer yet");
+  PIPIT_CHECK(config.rank_layout == "stages" || config.rank_layout == "pipelines",
+              "PipelineConfig: rank_layout must be \"stages\" or \"pipelines\", got \"",
+              config.rank_layout, "\"");
   PIPIT_CHECK(!config.shard_optimizer || config.replicas > 1,
               "PipelineConfig: shard_optimizer shares the optimizer out over the replicas; it "
               "needs replicas > 1, got ",

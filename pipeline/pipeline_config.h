@@ -23,6 +23,12 @@ struct PipelineConfig {
   // stage's parameters and updates those alone, then the replicas gather the updated
   // parameters (pipeline/replica_group.h). The same bits as without it, 1/r of the state.
   bool shard_optimizer = false;
+  // Under MPI (MpiPipeline) with replicas, which rank runs which endpoint: "stages" (rank
+  // s * r + k runs stage s of replica k: a stage's replicas on neighbouring ranks, so when
+  // ranks fill nodes in order the gradient sums stay inside a node and only activations cross
+  // between nodes, as Megatron-LM places data parallelism inside pipeline parallelism) or
+  // "pipelines" (rank k * p + s: each replica's stages on neighbouring ranks).
+  std::string rank_layout = "stages";
   // "gpipe", "1f1b", "interleaved", "zbh1", "zbh2", or "table": run `schedule_table`, one
   // line of tasks per stage (pipeline/schedules/schedule.h, parse_schedule_table).
   std::string schedule = "1f1b";

@@ -151,7 +151,10 @@ int main(int argc, char** argv) {
             "stages in threads of this process)");
   flags.add("launcher", "none",
             "mpi: every rank of an mpirun/srun job runs this program, rank r trains stage r "
-            "and rank 0 also coordinates (stages = the job's size)");
+            "and rank 0 also coordinates (stages = the job's size / --replicas)");
+  flags.add("rank-layout", "stages",
+            "--launcher mpi with --replicas r: stages (rank s*r+k runs stage s of replica k, "
+            "a stage's replicas on neighbouring ranks) or pipelines (rank k*p+s)");
   samples::add_tcp_flags(flags, samples::TcpSide::coordinator);
   flags.add("step-timeout-ms", "30000", "a step fails when no stage has answered for this long");
   flags.add("checkpoint-dir", "", "directory for checkpoint.safetensors");
@@ -316,6 +319,7 @@ int main(int argc, char** argv) {
     pipeline_config.stages = stages;
     pipeline_config.replicas = replicas;
     pipeline_config.shard_optimizer = flags.on("shard-optimizer");
+    pipeline_config.rank_layout = flags.str("rank-layout");
     pipeline_config.microbatches = microbatches;
     pipeline_config.chunks_per_stage = vpp;
     pipeline_config.schedule = schedule_name;
@@ -356,7 +360,7 @@ int main(int argc, char** argv) {
       char host[256] = "?";
       gethostname(host, sizeof host - 1);
       std::printf("[mpi] rank %d of %d on %s: stage %d of replica %d, %d threads\n", spmd->rank(),
-                  spmd->world_size(), host, spmd->rank() % stages, spmd->rank() / stages,
+                  spmd->world_size(), host, spmd->stage_spec().stage, spmd->stage_spec().replica,
                   get_num_threads());
       std::fflush(stdout);
       // Every rank but 0 serves its stage until rank 0 is done; rank 0 goes on as usual.

@@ -2,7 +2,8 @@
 // The MPI tests' programs, run by mpirun from tests/mpi_test.cpp:
 //   mpirun -np 3 pipit_tests --mpi-role exchange
 //   mpirun -np P pipit_tests --mpi-role pipeline SCHEDULE   (SPMD pipeline vs in-process)
-//   mpirun -np P pipit_tests --mpi-role replica-pipeline SCHEDULE   (P/2 stages x 2 replicas)
+//   mpirun -np P pipit_tests --mpi-role replica-pipeline SCHEDULE [LAYOUT]
+//     (P/2 stages x 2 replicas; LAYOUT: PipelineConfig::rank_layout, default stages)
 //   mpirun -np P pipit_tests --mpi-role sharded-replica-pipeline SCHEDULE   (the same, ZeRO-1)
 //   mpirun -np 2 pipit_tests --mpi-role mismatch            (rank 1 builds another model)
 //   mpirun -np 5 pipit_tests --mpi-role ps OPTIMIZER        (2 shards, 3 workers, sync mode)
@@ -59,7 +60,8 @@ inline Tensor mpi_payload(int from, int to, int thread, int index) {
 // an MLP. replicas: that many copies of a size / replicas stage pipeline (stage e mod p of
 // replica e / p on rank e), against the in-process Pipeline of the same layout.
 inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_1,
-                             bool tied = false, int replicas = 1, bool shard_optimizer = false) {
+                             bool tied = false, int replicas = 1, bool shard_optimizer = false,
+                             const std::string& rank_layout = "stages") {
   const char* rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
   const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
   if (!rank_text || !size_text) return 2;
@@ -76,6 +78,7 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   config.stages = size / replicas;
   config.replicas = replicas;
   config.shard_optimizer = shard_optimizer;
+  config.rank_layout = rank_layout;
   config.microbatches = 4 / replicas;
   config.schedule = schedule;
   config.chunks_per_stage = schedule == "interleaved" || schedule == "zbv" ? 2 : 1;
@@ -94,6 +97,9 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   }
   auto model = make_model(rank == 1 ? seed_of_rank_1 : 5);
   MpiPipeline pipeline(*model, config);
+  std::printf("rank %d runs stage %d of replica %d\n", rank, pipeline.stage_spec().stage,
+              pipeline.stage_spec().replica);
+  std::fflush(stdout);
   if (!pipeline.is_coordinator()) {
     pipeline.serve();
     return 0;
@@ -346,6 +352,9 @@ inline int mpi_role_main(int argc, char** argv) {
     if (role == "pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5);
     if (role == "tied-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, true);
     if (role == "replica-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, false, 2);
+    if (role == "replica-pipeline" && argc == 5) {
+      return mpi_pipeline_role(argv[3], 5, false, 2, false, argv[4]);
+    }
     if (role == "sharded-replica-pipeline" && argc == 4) {
       return mpi_pipeline_role(argv[3], 5, false, 2, true);
     }

@@ -90,6 +90,32 @@ TEST_CASE("MPI: stages x 2 replicas as ranks equal the in-process pipelines bit 
 #endif
 }
 
+TEST_CASE("MPI: ranks run stage s of replica k at s * r + k, or at k * p + s by pipelines",
+          "[mpi][replicas]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  // 4 ranks: 2 stages x 2 replicas.
+  for (const auto& [layout, expected] :
+       std::vector<std::pair<std::string, std::vector<std::string> > >{
+           {"stages",
+            {"rank 0 runs stage 0 of replica 0", "rank 1 runs stage 0 of replica 1",
+             "rank 2 runs stage 1 of replica 0", "rank 3 runs stage 1 of replica 1"}},
+           {"pipelines",
+            {"rank 0 runs stage 0 of replica 0", "rank 1 runs stage 1 of replica 0",
+             "rank 2 runs stage 0 of replica 1", "rank 3 runs stage 1 of replica 1"}}}) {
+    DYNAMIC_SECTION(layout) {
+      const Run run = mpirun(4, "replica-pipeline 1f1b " + layout);
+      INFO(run.output);
+      CHECK(run.status == 0);
+      CHECK(run.output.find("pipeline ok") != std::string::npos);
+      for (const std::string& line : expected) CHECK(run.output.find(line) != std::string::npos);
+    }
+  }
+#endif
+}
+
 TEST_CASE(
     "MPI: stages x 2 replicas with the optimizer sharded (ZeRO-1) equal unsharded in-process "
     "pipelines bit for bit",

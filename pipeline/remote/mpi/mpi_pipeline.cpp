@@ -11,6 +11,7 @@ std::string fingerprint(const Sequential& model, const PipelineConfig& c) {
   const nlohmann::json pipeline = {{"stages", c.stages},
                                    {"replicas", c.replicas},
                                    {"shard_optimizer", c.shard_optimizer},
+                                   {"rank_layout", c.rank_layout},
                                    {"microbatches", c.microbatches},
                                    {"chunks", c.chunks_per_stage},
                                    {"schedule", c.schedule},
@@ -29,20 +30,27 @@ std::string fingerprint(const Sequential& model, const PipelineConfig& c) {
 
 MpiPipeline::MpiPipeline(const Sequential& model, PipelineConfig config,
                          const StateDict& optimizer_state, MpiOptions options) {
+  validate(config);
   const std::vector<LayerRange> ranges = partition_model(model, config);
-  // Rank e runs endpoint e: stage e mod p of replica e / p (replica_group.h).
-  const int endpoints = config.stages * config.replicas;
+  // Endpoint k * p + s (stage s of replica k, replica_group.h) runs on rank s * r + k, or with
+  // the "pipelines" layout on rank k * p + s.
+  const int p = config.stages, replicas = config.replicas, endpoints = p * replicas;
+  const bool by_stage = config.rank_layout == "stages";
+  const auto rank_of = [&](int e) { return by_stage ? (e % p) * replicas + e / p : e; };
   std::map<int, int> routes{{kCoordinator, 0}};
-  for (int e = 0; e < endpoints; ++e) routes[e] = e;
+  for (int e = 0; e < endpoints; ++e) routes[e] = rank_of(e);
   transport_ = MpiTransport::start(routes, options, fingerprint(model, config));
   PIPIT_CHECK(transport_->world_size() == endpoints, "MpiPipeline: ", config.stages, " stages x ",
               config.replicas, " replicas need ", endpoints, " MPI ranks, the job has ",
               transport_->world_size(), " (mpirun -np ", endpoints, ")");
-  const int r = transport_->rank();
+  const int rank = transport_->rank();
+  const int stage = by_stage ? rank / replicas : rank % p;
+  const int replica = by_stage ? rank % replicas : rank / p;
+  const int endpoint = replica_endpoint(replica, stage, p);
   stage_ = std::make_shared<Stage>(
-      make_stage_spec(model, ranges, config, r % config.stages, optimizer_state, r / config.stages),
-      transport_->endpoint(r));
-  if (r == 0) {
+      make_stage_spec(model, ranges, config, stage, optimizer_state, replica),
+      transport_->endpoint(endpoint));
+  if (rank == 0) {
     stage_thread_ = std::thread([stage = stage_] { stage->run(); });
     coordinator_ = std::make_unique<Coordinator>(transport_->endpoint(kCoordinator),
                                                  std::move(config), ranges);

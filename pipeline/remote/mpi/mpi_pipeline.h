@@ -1,12 +1,14 @@
 #pragma once
 // MpiPipeline: SPMD pipelines under mpirun or srun. Every rank runs the same program, builds
-// the same model from the same config and seed, and constructs an MpiPipeline from it: rank
-// e keeps only stage e mod p of replica e / p (world size = stages x replicas; with one
-// replica, rank s is stage s), rank 0 also runs the Coordinator on a thread beside its
-// stage. Nothing is shipped and nobody starts workers by hand. At start-up the
-// ranks compare a fingerprint of the model's config and weights and of the pipeline config;
-// a rank that differs is named and every rank throws. Only rank 0 trains: its train_step
-// needs the data; every other rank calls serve(), which returns when rank 0's pipeline goes.
+// the same model from the same config and seed, and constructs an MpiPipeline from it: each
+// rank keeps one stage of one replica (world size = stages x replicas; with one replica rank
+// s is stage s; with r replicas rank s * r + k runs stage s of replica k, or with
+// PipelineConfig::rank_layout "pipelines" rank k * p + s does), rank 0 (stage 0 of replica
+// 0) also runs the Coordinator on a thread beside its stage. Nothing is shipped and nobody starts
+// workers by hand. At start-up the ranks compare a fingerprint of the model's config and weights
+// and of the pipeline config; a rank that differs is named and every rank throws. Only rank 0
+// trains: its train_step needs the data; every other rank calls serve(), which returns when rank
+// 0's pipeline goes.
 //   mpirun -np 4 build/train_gpt --launcher mpi ...
 #include <memory>
 #include <thread>
@@ -30,6 +32,8 @@ class MpiPipeline {
   int rank() const { return transport_->rank(); }
   int world_size() const { return transport_->world_size(); }
   int local_rank() const { return transport_->local_rank(); }
+  // What this rank runs (StageSpec::stage and replica).
+  const StageSpec& stage_spec() const { return stage_->spec(); }
   bool is_coordinator() const { return rank() == 0; }
 
   // Rank 0 only.
