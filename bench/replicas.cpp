@@ -245,6 +245,12 @@ int main(int argc, char** argv) {
         << "| where | ballast MB per stage | r | step ms | efficiency | added ms | sum ms |\n"
         << "| --- | --- | --- | --- | --- | --- | --- |\n";
   std::fputs(table.str().c_str(), stdout);
+  // A finished table: printed now and kept for bench/RESULTS.md.
+  const auto publish = [&table](const std::ostringstream& section) {
+    std::fputs(section.str().c_str(), stdout);
+    std::fflush(stdout);
+    table << section.str();
+  };
   std::map<std::pair<double, int>, double> over_tcp;  // (ballast MB, r) -> step ms
   for (const bool processes : {false, true}) {
     for (const double ballast_mb : {0.0, 16.0}) {
@@ -292,8 +298,7 @@ int main(int argc, char** argv) {
     }
     pipelined << row;
   }
-  std::fputs(pipelined.str().c_str(), stdout);
-  table << pipelined.str();
+  publish(pipelined);
   std::ostringstream zero;
   zero << "\nZeRO-1 (PipelineConfig::shard_optimizer): the same p = 2, r = 2 and 16 MB of ballast "
           "per stage (4 tensors) trained with AdamW; its state (2 x the weights) whole on every "
@@ -313,8 +318,7 @@ int main(int argc, char** argv) {
       zero << row;
     }
   }
-  std::fputs(zero.str().c_str(), stdout);
-  table << zero.str();
+  publish(zero);
   std::ostringstream gpt;
   gpt << "\nA real GPT: build/train_gpt's default model (4 layers, width 128, about 0.8M "
          "parameters), 2 stages x r replicas, 4 microbatches of 4 sequences per replica, "
@@ -336,8 +340,7 @@ int main(int argc, char** argv) {
       gpt << row;
     }
   }
-  std::fputs(gpt.str().c_str(), stdout);
-  table << gpt.str();
+  publish(gpt);
   const double pipit_mlp = pipit_mlp_samples_per_s(20);
   const std::vector<nlohmann::json> ddp = bench::peer_json_lines(
       peer_python() + " " + PIPIT_SOURCE_DIR +
@@ -360,8 +363,7 @@ int main(int argc, char** argv) {
     std::snprintf(row, sizeof row, "| %.0f | (PyTorch not found) | - | - |\n", pipit_mlp);
   }
   peers << row;
-  std::fputs(peers.str().c_str(), stdout);
-  table << peers.str();
+  publish(peers);
   if (!flags.on("no-append")) {
     std::time_t now = std::time(nullptr);
     char date[32];

@@ -134,9 +134,10 @@ std::vector<int> ReplicaGroup::shard_owners(const std::vector<Tensor>& parameter
   return owners;
 }
 
-void ReplicaGroup::shard(std::vector<Tensor> parameters) {
+const std::vector<int>& ReplicaGroup::shard(std::vector<Tensor> parameters) {
   owners_ = shard_owners(parameters, static_cast<int>(members_.size()));
   shard_parameters_ = std::move(parameters);
+  return owners_;
 }
 
 AllReduce::Outgoing ReplicaGroup::share_parameters(int64_t step) {

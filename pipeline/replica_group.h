@@ -53,8 +53,9 @@ class ReplicaGroup {
   // member with the fewest elements so far (ties: the lower replica), as torch's
   // ZeroRedundancyOptimizer partitions. Every member computes the same owners.
   static std::vector<int> shard_owners(const std::vector<Tensor>& parameters, int replicas);
-  // The stage's parameters, every member's in the same order, and who owns each (shard_owners).
-  void shard(std::vector<Tensor> parameters);
+  // The stage's parameters, every member's in the same order; returns who owns each
+  // (shard_owners), which the group keeps for the exchange.
+  const std::vector<int>& shard(std::vector<Tensor> parameters);
   // After this member updated the parameters it owns: the ParameterShard carrying them on.
   AllReduce::Outgoing share_parameters(int64_t step);
   // Another member's updated parameters (a ParameterShard of `step`): copied in, and passed

@@ -53,13 +53,12 @@ void Stage::adopt(std::vector<std::shared_ptr<Sequential>> chunks, const nlohman
   }
   if (spec_.shard_optimizer) {
     // ZeRO-1: this replica's optimizer sees only the parameters it updates.
-    const std::vector<int> owners = ReplicaGroup::shard_owners(tensors, spec_.replicas);
+    const std::vector<int>& owners = replica_group_->shard(tensors);
     NamedParameters owned;
     for (size_t i = 0; i < parameters.size(); ++i) {
       if (owners[i] == spec_.replica) owned.push_back(std::move(parameters[i]));
     }
     parameters = std::move(owned);
-    replica_group_->shard(tensors);
   }
   auto made = make_optimizer(optimizer, std::move(parameters));
   if (!optimizer_state.empty()) {
