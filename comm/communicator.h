@@ -32,6 +32,21 @@ class Communicator {
   // Whether a message's tensors may stay on a GPU: true in one process, false over a wire,
   // which carries host memory only (the sender copies to the CPU first).
   virtual bool carries_device_tensors() const { return false; }
+
+  // Sums of two members done by the transport's own collective (MPI_Iallreduce), for
+  // comm/all_reduce.h's groups of two, whose bits are AllReduce's there: each element is one
+  // addition, and a + b == b + a. Whether this endpoint sums `dtype` tensors with `peer` so
+  // (the same answer on both sides; false: run AllReduce).
+  virtual bool has_pair_sum(int /*peer*/, DType /*dtype*/) const { return false; }
+  // Starts summing `tensor` (contiguous, on the CPU, kept until the sum is in) with the
+  // same-sized tensor `peer` starts under the same name (`step`, `part`). When it is in
+  // `tensor`, a PairSumDone message of that step and part (microbatch) arrives in this
+  // endpoint's inbox. Each side names its sums in increasing order; a sum the peer skips (its
+  // step was aborted) is dropped on both sides, never matched with another.
+  virtual void start_pair_sum(int peer, const Tensor& /*tensor*/, int64_t /*step*/, int /*part*/) {
+    throw Error("endpoint " + std::to_string(id()) + " has no pair sum with endpoint " +
+                std::to_string(peer));
+  }
 };
 
 }  // namespace pipit

@@ -24,6 +24,7 @@ struct Registry {
              MessageKindInfo{MessageKind::Heartbeat, "Heartbeat", "comm"},
              MessageKindInfo{MessageKind::PeerLost, "PeerLost", "comm"},
              MessageKindInfo{MessageKind::AllReduceSegment, "AllReduceSegment", "comm"},
+             MessageKindInfo{MessageKind::PairSumDone, "PairSumDone", "comm"},
          }) {
       add(*this, info);
     }

@@ -32,6 +32,9 @@ enum class MessageKind : uint8_t {
   // All-reduce (comm/all_reduce.h), member -> member: step: the all-reduce's tag;
   // microbatch: the segment; chunk: 0 (partial sum) or 1 (result); tensors: {the segment}.
   AllReduceSegment = 33,
+  // Made locally by a communicator, never sent: a sum Communicator::start_pair_sum started
+  // is in its tensor. step, microbatch: the sum's step and part.
+  PairSumDone = 35,
 };
 
 // One kind as a layer registers it.

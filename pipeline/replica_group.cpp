@@ -21,8 +21,8 @@ std::string endpoint_name(int endpoint, int stages, int replicas) {
   return replicas > 1 ? stage + " of replica " + std::to_string(endpoint / stages) : stage;
 }
 
-ReplicaGroup::ReplicaGroup(int stage, int stages, int replica, int replicas)
-    : me_(replica_endpoint(replica, stage, stages)), replica_(replica) {
+ReplicaGroup::ReplicaGroup(int stage, int stages, int replica, int replicas, Communicator* comm)
+    : me_(replica_endpoint(replica, stage, stages)), comm_(comm), replica_(replica) {
   PIPIT_CHECK(replicas >= 1 && replica >= 0 && replica < replicas && stage >= 0 && stage < stages,
               "ReplicaGroup: stage ", stage, " of ", stages, ", replica ", replica, " of ",
               replicas, " is not a place in the pipelines");
@@ -34,7 +34,7 @@ bool ReplicaGroup::member(int endpoint) const {
 }
 
 AllReduce::Outgoing ReplicaGroup::begin(const std::vector<Tensor>& parameters, int64_t step) {
-  PIPIT_CHECK(!reduce_, "ReplicaGroup: the gradients of step ", step, " are already being summed");
+  PIPIT_CHECK(!begun_, "ReplicaGroup: the gradients of step ", step, " are already being summed");
   parameters_ = parameters;
   offsets_.assign(1, 0);
   for (const Tensor& p : parameters_) {
@@ -48,6 +48,17 @@ AllReduce::Outgoing ReplicaGroup::begin(const std::vector<Tensor>& parameters, i
                               : zeros({offsets_.back()},
                                       {parameters_.front().dtype(), parameters_.front().device()});
   ready_count_ = 0;
+  begun_ = true;
+  step_ = step;
+  const int peer = members_[members_[0] == me_ ? 1 : 0];
+  paired_ = members_.size() == 2 && comm_ && flat_.device().is_cpu() &&
+            comm_->has_pair_sum(peer, flat_.dtype());
+  if (paired_) {
+    pending_.clear();
+    parts_done_.clear();
+    write_back_when_done();
+    return {};
+  }
   reduce_.emplace(members_, me_, flat_, step, int64_t{1} << 20, 0);
   AllReduce::Outgoing out = reduce_->start();
   std::vector<Message> pending = std::move(pending_);
@@ -61,7 +72,7 @@ AllReduce::Outgoing ReplicaGroup::begin(const std::vector<Tensor>& parameters, i
 }
 
 AllReduce::Outgoing ReplicaGroup::ready(size_t count) {
-  PIPIT_CHECK(reduce_ && count >= ready_count_ && count <= parameters_.size(),
+  PIPIT_CHECK(begun_ && count >= ready_count_ && count <= parameters_.size(),
               "ReplicaGroup: ", count, " ready parameters after ", ready_count_, " of ",
               parameters_.size());
   NoGradGuard no_grad;
@@ -73,14 +84,39 @@ AllReduce::Outgoing ReplicaGroup::ready(size_t count) {
                 p.grad().dtype(), " for a ", flat_.dtype(), " parameter");
     backend(slot).copy(reshape(p.grad(), {p.numel()}), slot);
   }
+  const size_t first = ready_count_;
   ready_count_ = count;
+  if (paired_) {
+    if (count > first) {
+      const int peer = members_[members_[0] == me_ ? 1 : 0];
+      comm_->start_pair_sum(peer,
+                            narrow(flat_, 0, offsets_[first], offsets_[count] - offsets_[first]),
+                            step_, static_cast<int>(parts_done_.size()));
+      parts_done_.push_back(false);
+    }
+    write_back_when_done();
+    return {};
+  }
   AllReduce::Outgoing out = reduce_->make_ready(offsets_[count]);
   write_back_when_done();
   return out;
 }
 
+void ReplicaGroup::pair_sum_done(const Message& message) {
+  const int part = message.microbatch;
+  PIPIT_CHECK(paired_ && message.step == step_ && part >= 0 &&
+                  static_cast<size_t>(part) < parts_done_.size() &&
+                  !parts_done_[static_cast<size_t>(part)],
+              "ReplicaGroup: PairSumDone for part ", part, " of step ", message.step,
+              ", which this group did not start or already has");
+  parts_done_[static_cast<size_t>(part)] = true;
+  write_back_when_done();
+}
+
 AllReduce::Outgoing ReplicaGroup::receive(const Message& message) {
-  if (!reduce_) {
+  PIPIT_CHECK(!paired_, "ReplicaGroup: an AllReduceSegment from endpoint ", message.from,
+              " while this group sums with its communicator's pair sum");
+  if (!begun_) {
     PIPIT_CHECK(pending_.size() < kMaxPendingSegments, "ReplicaGroup: more than ",
                 kMaxPendingSegments, " gradient segments arrived before this stage's backward");
     pending_.push_back(message);
@@ -96,7 +132,11 @@ AllReduce::Outgoing ReplicaGroup::take(const Message& message) {
 }
 
 void ReplicaGroup::write_back_when_done() {
-  if (!all_ready() || !reduce_->done() || written_) return;
+  if (!all_ready() || written_) return;
+  const bool summed =
+      paired_ ? std::all_of(parts_done_.begin(), parts_done_.end(), [](bool done) { return done; })
+              : reduce_->done();
+  if (!summed) return;
   // Views of the sum, one per parameter, in the order they were flattened.
   NoGradGuard no_grad;
   for (size_t i = 0; i < parameters_.size(); ++i) {
@@ -108,6 +148,9 @@ void ReplicaGroup::write_back_when_done() {
 
 void ReplicaGroup::reset() {
   reduce_.reset();
+  begun_ = false;
+  paired_ = false;
+  parts_done_.clear();
   parameters_.clear();
   offsets_.clear();
   ready_count_ = 0;

@@ -5,7 +5,9 @@
 // the same sum, the same bits, and applies the same optimizer update: the replicas' weights
 // never drift apart. The sum runs in buckets: a chunk's gradients go as soon as the stage's
 // last task that computes them is done, while the stage works on its other chunks; tied
-// parameters last, after their exchange. Replica k's stage s is endpoint k * p + s.
+// parameters last, after their exchange. Replica k's stage s is endpoint k * p + s. A group of
+// two whose communicator has its own sum (Communicator::has_pair_sum: MPI_Iallreduce) sums each
+// bucket with it instead: two members add a + b either way, the same bits.
 //
 // With the optimizer sharded (ZeRO-1, StageSpec::shard_optimizer) each member owns about 1/r of
 // the stage's parameters (shard_owners), keeps the optimizer state of those alone and updates
@@ -28,7 +30,8 @@ std::string endpoint_name(int endpoint, int stages, int replicas);
 
 class ReplicaGroup {
  public:
-  ReplicaGroup(int stage, int stages, int replica, int replicas);
+  // `comm`: the stage's communicator (its pair sum, where it has one), or null.
+  ReplicaGroup(int stage, int stages, int replica, int replicas, Communicator* comm = nullptr);
 
   // Whether `endpoint` is another member of this group.
   bool member(int endpoint) const;
@@ -41,9 +44,10 @@ class ReplicaGroup {
   AllReduce::Outgoing ready(size_t count);
   // One AllReduceSegment of the step in progress; kept until begin() when it comes first.
   AllReduce::Outgoing receive(const Message& message);
-  bool started() const { return reduce_.has_value(); }
+  // A bucket's pair sum is in (a PairSumDone of the step in progress).
+  void pair_sum_done(const Message& message);
   // Every parameter's gradient is in the sum.
-  bool all_ready() const { return reduce_ && ready_count_ == parameters_.size(); }
+  bool all_ready() const { return begun_ && ready_count_ == parameters_.size(); }
   // The sums are the parameters' gradients now.
   bool done() const { return written_; }
   // Forgets the step in progress (an aborted step, or the next one).
@@ -72,6 +76,12 @@ class ReplicaGroup {
 
   std::vector<int> members_;
   int me_;
+  Communicator* comm_;
+  bool begun_ = false;
+  int64_t step_ = -1;
+  // Summing with the communicator's pair sum: one part per bucket.
+  bool paired_ = false;
+  std::vector<bool> parts_done_;
   std::vector<Tensor> parameters_;
   std::vector<int64_t> offsets_;  // parameter i's first element in flat_; then the total
   size_t ready_count_ = 0;

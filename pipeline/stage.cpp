@@ -32,7 +32,7 @@ Stage::Stage(StageSpec spec, std::shared_ptr<Communicator> communicator)
               spec_.stage, ": replica ", spec_.replica, " is outside [0, ", spec_.replicas, ")");
   if (spec_.replicas == 1) spec_.shard_optimizer = false;  // one replica owns everything
   if (spec_.replicas > 1) {
-    replica_group_.emplace(spec_.stage, spec_.stages, spec_.replica, spec_.replicas);
+    replica_group_.emplace(spec_.stage, spec_.stages, spec_.replica, spec_.replicas, comm_.get());
   }
   adopt(std::move(spec_.chunks), spec_.optimizer, spec_.optimizer_state);
   spec_.optimizer_state.clear();
@@ -172,6 +172,9 @@ bool Stage::accepts(const Message& message) const {
     const int peer = tie.source_stage == spec_.stage ? tie.copy_stage : tie.source_stage;
     return peer != spec_.stage && message.from == endpoint(peer);
   }
+  if (message.kind == MessageKind::PairSumDone) {
+    return replica_group_ && message.from == me();
+  }
   if (message.kind == MessageKind::AllReduceSegment ||
       message.kind == PipelineKind::ParameterShard) {
     return replica_group_ && replica_group_->member(message.from);
@@ -242,6 +245,13 @@ bool Stage::dispatch(Message message) {
       keep_early(std::move(message));
     } else if (message.step == step_ && active_ && training_) {
       receive_replica_segment(message);
+    }
+    return true;
+  } else if (kind == MessageKind::PairSumDone) {
+    // A bucket summed by the communicator (MPI_Iallreduce): an aborted step's is dropped.
+    if (message.step == step_ && active_ && training_) {
+      replica_group_->pair_sum_done(message);
+      finish_step_when_summed();
     }
     return true;
   } else if (kind == PipelineKind::OptimizerStep) {
@@ -475,6 +485,10 @@ void Stage::share_gradients(size_t count) {
 
 void Stage::receive_replica_segment(const Message& message) {
   for (auto& [to, out] : replica_group_->receive(message)) send(to, std::move(out));
+  finish_step_when_summed();
+}
+
+void Stage::finish_step_when_summed() {
   // The sum may complete before the stage's last task (when its last weight gradients came
   // earlier): the step ends only after that task and the tied exchange.
   const bool tasks_done = next_task_ == tasks_.size() && (spec_.ties.empty() || tied_summed_);

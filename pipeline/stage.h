@@ -112,6 +112,8 @@ class Stage {
   // The first `count` parameters of that order have their final gradients: they go on.
   void share_gradients(size_t count);
   void receive_replica_segment(const Message& message);
+  // Ends the step once the replicas' sum is in, the tasks are done and the ties summed.
+  void finish_step_when_summed();
   Tensor parameter(const std::string& name) const;
   void finish_step();
   void apply_optimizer(const Message& message);

@@ -5,6 +5,8 @@
 //   mpirun -np P pipit_tests --mpi-role replica-pipeline SCHEDULE [LAYOUT]
 //     (P/2 stages x 2 replicas; LAYOUT: PipelineConfig::rank_layout, default stages)
 //   mpirun -np P pipit_tests --mpi-role sharded-replica-pipeline SCHEDULE   (the same, ZeRO-1)
+//   mpirun -np 3 pipit_tests --mpi-role three-replica-pipeline SCHEDULE   (1 stage x 3 replicas)
+//   mpirun -np 2 pipit_tests --mpi-role pair-sum         (Communicator::start_pair_sum)
 //   mpirun -np 2 pipit_tests --mpi-role mismatch            (rank 1 builds another model)
 //   mpirun -np 5 pipit_tests --mpi-role ps OPTIMIZER        (2 shards, 3 workers, sync mode)
 //   mpirun -np 3 pipit_tests --mpi-role killed              (rank 2 is killed while training)
@@ -79,13 +81,16 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   config.replicas = replicas;
   config.shard_optimizer = shard_optimizer;
   config.rank_layout = rank_layout;
-  config.microbatches = 4 / replicas;
+  config.microbatches = replicas == 3 ? 1 : 4 / replicas;
   config.schedule = schedule;
   config.chunks_per_stage = schedule == "interleaved" || schedule == "zbv" ? 2 : 1;
   config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
   Generator data(9);
-  Tensor x = randn({8, 6}, &data);
-  Tensor y = from_vector<int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+  const int64_t rows = replicas == 3 ? 9 : 8;
+  Tensor x = randn({rows, 6}, &data);
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < rows; ++i) labels.push_back(i % 3);
+  Tensor y = from_vector(labels, {rows});
   if (tied) {
     std::vector<int64_t> tokens, targets;
     for (int64_t i = 0; i < 8 * 6; ++i) {
@@ -100,13 +105,21 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   std::printf("rank %d runs stage %d of replica %d\n", rank, pipeline.stage_spec().stage,
               pipeline.stage_spec().replica);
   std::fflush(stdout);
+  // How many of this rank's gradient sums MPI_Iallreduce made (two replicas pair each stage).
+  auto print_pair_sums = [&] {
+    std::printf("rank %d pair sums %lld\n", rank,
+                static_cast<long long>(pipeline.transport().pair_sums()));
+    std::fflush(stdout);
+  };
   if (!pipeline.is_coordinator()) {
     pipeline.serve();
+    print_pair_sums();
     return 0;
   }
   std::vector<double> losses;
   for (int step = 0; step < 3; ++step) losses.push_back(pipeline.train_step(x, y));
   const auto [got_weights, got_optimizer] = pipeline.coordinator().fetch_state();
+  print_pair_sums();
   // In-process and with the whole optimizer on every replica: a sharded one gives the same bits.
   PipelineConfig reference_config = config;
   reference_config.shard_optimizer = false;
@@ -159,6 +172,51 @@ inline int mpi_all_reduce_role() {
   transport->stop();
   std::printf("all-reduce %s on rank %d\n", same ? "ok" : "FAILED", rank);
   return same ? 0 : 1;
+}
+
+// Two ranks, one endpoint each, paired (MpiOptions::pair_sums). Rank 0 names its sums (1,0),
+// (1,1), (2,0), (3,0) and rank 1 (1,0), (2,0), (2,1), (3,0), as after an aborted step each:
+// (1,0), (2,0) and (3,0) must come back summed, each equal to adding both ranks' tensors here
+// (f32 and f64), and the sums one side skipped never.
+inline int mpi_pair_sum_role() {
+  MpiOptions options;
+  options.pair_sums = {{0, 1}};
+  auto transport = MpiTransport::start({{0, 0}, {1, 1}}, options);
+  const int rank = transport->rank(), peer = 1 - rank;
+  auto comm = transport->endpoint(rank);
+  auto contribution = [](int member, int64_t step, int part) {
+    Generator generator(static_cast<uint64_t>(member * 100 + step * 10 + part));
+    Tensor t = randn({1000 + part * 7}, &generator) * std::pow(10.0, member - 1);
+    return step == 2 ? t.to(DType::f64) : t;
+  };
+  bool ok = comm->has_pair_sum(peer, DType::f32) && comm->has_pair_sum(peer, DType::f64) &&
+            !comm->has_pair_sum(peer, DType::bf16) && !comm->has_pair_sum(rank, DType::f32);
+  const std::vector<std::pair<int64_t, int>> names =
+      rank == 0 ? std::vector<std::pair<int64_t, int>>{{1, 0}, {1, 1}, {2, 0}, {3, 0}}
+                : std::vector<std::pair<int64_t, int>>{{1, 0}, {2, 0}, {2, 1}, {3, 0}};
+  std::map<std::pair<int64_t, int>, Tensor> tensors;
+  for (const auto& [step, part] : names) {
+    tensors[{step, part}] = contribution(rank, step, part);
+    comm->start_pair_sum(peer, tensors[{step, part}], step, part);
+  }
+  std::vector<std::pair<int64_t, int>> done;
+  while (done.size() < 3) {
+    const std::optional<Message> message = comm->try_receive(std::chrono::seconds(20));
+    if (!message) break;
+    if (message->kind == MessageKind::PairSumDone)
+      done.emplace_back(message->step, message->microbatch);
+  }
+  ok = ok && done.size() == 3 && !comm->try_receive(std::chrono::milliseconds(300));
+  for (const auto& [step, part] : done) {
+    const Tensor expected = contribution(0, step, part) + contribution(1, step, part);
+    const Tensor& got = tensors.at({step, part});
+    ok = ok && part == 0 && got.nbytes() == expected.nbytes() &&
+         std::memcmp(got.raw_data(), expected.raw_data(), got.nbytes()) == 0;
+  }
+  ok = ok && transport->pair_sums() == 3;
+  transport->stop();
+  std::printf("pair sums %s on rank %d (%zu done)\n", ok ? "ok" : "FAILED", rank, done.size());
+  return ok ? 0 : 1;
 }
 
 // Greedy generation from tests/data/hf_gpt2/tied pipelined over the ranks, against the whole
@@ -342,7 +400,8 @@ inline int mpi_doorbells_role() {
 }
 
 //   --mpi-role exchange | pipeline SCHEDULE | tied-pipeline SCHEDULE | generate SCHEDULE |
-//   all-reduce |
+//   all-reduce | pair-sum | replica-pipeline SCHEDULE [LAYOUT] |
+//   sharded-replica-pipeline SCHEDULE | three-replica-pipeline SCHEDULE |
 //   mismatch | ps OPTIMIZER |
 //   killed | failing-worker | malformed | doorbells
 inline int mpi_role_main(int argc, char** argv) {
@@ -358,6 +417,10 @@ inline int mpi_role_main(int argc, char** argv) {
     if (role == "sharded-replica-pipeline" && argc == 4) {
       return mpi_pipeline_role(argv[3], 5, false, 2, true);
     }
+    if (role == "three-replica-pipeline" && argc == 4) {
+      return mpi_pipeline_role(argv[3], 5, false, 3);
+    }
+    if (role == "pair-sum") return mpi_pair_sum_role();
     if (role == "generate" && argc == 4) return mpi_generate_role(argv[3]);
     if (role == "all-reduce") return mpi_all_reduce_role();
     if (role == "mismatch") return mpi_pipeline_role("1f1b", 6);

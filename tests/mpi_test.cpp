@@ -9,6 +9,23 @@
 
 using namespace pipit::testing;
 
+namespace {
+
+// Each rank's "rank R pair sums N" line: with two replicas every rank's stage summed each of
+// the role's 3 steps with MPI_Iallreduce (at least one bucket a step); otherwise none.
+void check_pair_sums(const std::string& output, int ranks, bool paired) {
+  for (int rank = 0; rank < ranks; ++rank) {
+    const std::string label = "rank " + std::to_string(rank) + " pair sums ";
+    const size_t at = output.find(label);
+    REQUIRE(at != std::string::npos);
+    const long sums = std::stol(output.substr(at + label.size()));
+    INFO(label << sums);
+    CHECK((paired ? sums >= 3 : sums == 0));
+  }
+}
+
+}  // namespace
+
 TEST_CASE("MPI: tensors between ranks and endpoints sharing a rank, from several threads",
           "[mpi]") {
 #ifndef PIPIT_WITH_MPI
@@ -84,6 +101,7 @@ TEST_CASE("MPI: stages x 2 replicas as ranks equal the in-process pipelines bit 
         INFO(run.output);
         CHECK(run.status == 0);
         CHECK(run.output.find("pipeline ok") != std::string::npos);
+        check_pair_sums(run.output, ranks, true);
       }
     }
   }
@@ -131,6 +149,7 @@ TEST_CASE(
         INFO(run.output);
         CHECK(run.status == 0);
         CHECK(run.output.find("pipeline ok") != std::string::npos);
+        check_pair_sums(run.output, ranks, true);
       }
     }
   }
@@ -173,6 +192,42 @@ TEST_CASE("MPI: all_reduce over ranks gives every rank the in-order sum, bit for
       CHECK(ok == static_cast<size_t>(ranks));
     }
   }
+#endif
+}
+
+TEST_CASE(
+    "MPI: three replicas sum over MPI messages in the chain (MPI does not fix a sum of three's "
+    "order) and equal the in-process pipelines bit for bit",
+    "[mpi][replicas]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  for (const std::string schedule : {"1f1b", "zbv"}) {
+    DYNAMIC_SECTION(schedule) {
+      const Run run = mpirun(3, "three-replica-pipeline " + schedule);
+      INFO(run.output);
+      CHECK(run.status == 0);
+      CHECK(run.output.find("pipeline ok") != std::string::npos);
+      check_pair_sums(run.output, 3, false);
+    }
+  }
+#endif
+}
+
+TEST_CASE(
+    "MPI: a pair sum is MPI_Iallreduce's a + b, and a sum one side skipped is matched with "
+    "nothing",
+    "[mpi][replicas]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  const Run run = mpirun(2, "pair-sum");
+  INFO(run.output);
+  CHECK(run.status == 0);
+  CHECK(run.output.find("pair sums ok on rank 0 (3 done)") != std::string::npos);
+  CHECK(run.output.find("pair sums ok on rank 1 (3 done)") != std::string::npos);
 #endif
 }
 

@@ -3,6 +3,7 @@
 #include <mpi.h>
 #include <sys/prctl.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -10,9 +11,11 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -192,7 +195,8 @@ struct MpiTransport::Impl {
   // (a rendezvous send's receiver rings when it took the message, but an MPI transport that
   // needs the sender's help to move the bytes gets it this often). Needs `mpi`.
   bool must_poll() const {
-    return receiving() || barrier != MPI_REQUEST_NULL || (!sending.empty() && !doorbells);
+    return receiving() || barrier != MPI_REQUEST_NULL || (!sending.empty() && !doorbells) ||
+           pair_sums_in_flight();
   }
   bool receiving() const {
     return std::any_of(incoming.begin(), incoming.end(),
@@ -202,12 +206,123 @@ struct MpiTransport::Impl {
     return sending.empty() ? std::chrono::microseconds(kLongestSleep) : kLongestSleepWhileSending;
   }
 
+  // Pair sums (Communicator::start_pair_sum) of this rank's endpoint in MpiOptions::pair_sums.
+  // Each side tells the other, in a notice on the pair's own communicator, the name of each
+  // sum it starts, and starts MPI_Iallreduce only once both have named it: a sum one side
+  // skipped (an aborted step) is never matched with the next, as collectives match by order.
+  struct PairSum {
+    int64_t step = 0;
+    int part = 0;
+    Tensor tensor;
+    bool operator<(const PairSum& other) const {
+      return std::pair(step, part) < std::pair(other.step, other.part);
+    }
+  };
+  struct Pair {
+    int endpoint = 0, peer = 0;  // this rank's endpoint and the other's
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::deque<PairSum> starting;  // queued by start_pair_sum (under `mutex`)
+    std::deque<PairSum> mine;      // named to the peer, not yet matched
+    std::deque<PairSum> theirs;    // named by the peer, not yet matched (no tensor)
+    std::list<std::pair<std::array<int64_t, 2>, MPI_Request>> notices;  // being sent
+    std::list<std::pair<PairSum, MPI_Request>> summing;
+    std::pair<int64_t, int> last{-1, 0};  // the last name started (order check)
+  };
+  std::optional<Pair> pair;
+  std::atomic<int64_t> pair_sums_done{0};
+  static constexpr int kNoticeTag = 9;
+
+  // Names the queued sums to the peer, takes the peer's notices, starts the sums both named
+  // and retires those done; true when one started or finished. Needs `mpi`.
+  bool move_pair_sums() {
+    if (!pair) return false;
+    Pair& p = *pair;
+    bool moved = false;
+    std::deque<PairSum> queued;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      queued.swap(p.starting);
+    }
+    for (PairSum& sum : queued) {
+      auto& notice =
+          p.notices.emplace_back(std::array<int64_t, 2>{sum.step, sum.part}, MPI_REQUEST_NULL);
+      check_mpi(MPI_Isend(notice.first.data(), 2, MPI_INT64_T, 1 - pair_rank(), kNoticeTag, p.comm,
+                          &notice.second),
+                "MPI_Isend");
+      if (doorbells) doorbells->ring(ranks.at(p.peer));
+      p.mine.push_back(std::move(sum));
+    }
+    std::erase_if(p.notices, [](auto& notice) {
+      int done = 0;
+      check_mpi(MPI_Test(&notice.second, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      return done != 0;
+    });
+    while (true) {
+      int found = 0;
+      MPI_Message handle;
+      MPI_Status status;
+      check_mpi(MPI_Improbe(1 - pair_rank(), kNoticeTag, p.comm, &found, &handle, &status),
+                "MPI_Improbe");
+      if (!found) break;
+      int count = 0;
+      check_mpi(MPI_Get_count(&status, MPI_INT64_T, &count), "MPI_Get_count");
+      std::array<int64_t, 2> name{};
+      if (count != 2) {
+        check_mpi(MPI_Mrecv(nullptr, 0, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
+        std::fprintf(stderr, "[mpi %d] dropped a pair-sum notice of %d values, expected 2\n", rank,
+                     count);
+        continue;
+      }
+      check_mpi(MPI_Mrecv(name.data(), 2, MPI_INT64_T, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
+      p.theirs.push_back(PairSum{name[0], static_cast<int>(name[1]), Tensor()});
+      moved = true;
+    }
+    // Both sides name their sums in increasing order, so a name one side passed is one the
+    // other skipped.
+    while (!p.mine.empty() && !p.theirs.empty()) {
+      if (p.mine.front() < p.theirs.front()) {
+        p.mine.pop_front();
+      } else if (p.theirs.front() < p.mine.front()) {
+        p.theirs.pop_front();
+      } else {
+        PairSum sum = std::move(p.mine.front());
+        p.mine.pop_front();
+        p.theirs.pop_front();
+        auto& started = p.summing.emplace_back(std::move(sum), MPI_REQUEST_NULL);
+        const Tensor& t = started.first.tensor;
+        check_mpi(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), static_cast<int>(t.numel()),
+                                 t.dtype() == DType::f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, p.comm,
+                                 &started.second),
+                  "MPI_Iallreduce");
+        moved = true;
+      }
+    }
+    std::erase_if(p.summing, [&](auto& sum) {
+      int done = 0;
+      check_mpi(MPI_Test(&sum.second, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (!done) return false;
+      Message message(MessageKind::PairSumDone, sum.first.step, sum.first.part);
+      message.from = p.endpoint;
+      inboxes.at(p.endpoint)->push(std::move(message));
+      ++pair_sums_done;
+      moved = true;
+      return true;
+    });
+    return moved;
+  }
+  // This rank's place in its pair's communicator: 0 or 1.
+  int pair_rank() const { return ranks.at(pair->endpoint) < ranks.at(pair->peer) ? 0 : 1; }
+  bool pair_sums_in_flight() const {
+    return pair && (!pair->summing.empty() || !pair->notices.empty());
+  }
+
   // One pass over every transfer; true when a message started or arrived. (A send that
   // completes is not traffic: counting it kept a sender's progress thread polling, a fifth of
   // the CPU of a 1 MiB stream, for no message sooner.) Needs `mpi`.
   bool poll() {
     const bool started = send_queued();
-    return receive() || started;
+    const bool summed = move_pair_sums();
+    return receive() || started || summed;
   }
 
   // A thread polling its inbox polls MPI too while no other thread does, so the message it
@@ -231,7 +346,8 @@ struct MpiTransport::Impl {
       const uint32_t rung = doorbells ? doorbells->seen() : 0;
       std::unique_lock<std::mutex> lock(mpi);
       const bool moved = poll();
-      if (stopping && sending.empty() && !receiving() && barrier == MPI_REQUEST_NULL) {
+      if (stopping && sending.empty() && !receiving() && !pair_sums_in_flight() &&
+          barrier == MPI_REQUEST_NULL) {
         std::lock_guard<std::mutex> queue_lock(mutex);
         // Every rank's sends are out once all have entered the barrier; receiving goes on
         // until then, so no message is left unreceived at MPI_Finalize.
@@ -265,7 +381,8 @@ struct MpiTransport::Impl {
       } else {
         // Idle: nap, but wake at once for a send from this rank.
         std::unique_lock<std::mutex> queue_lock(mutex);
-        wake.wait_for(queue_lock, nap, [&] { return !outgoing.empty(); });
+        wake.wait_for(queue_lock, nap,
+                      [&] { return !outgoing.empty() || (pair && !pair->starting.empty()); });
         nap = std::min(nap * 2, options.idle_sleep);
         continue;
       }
@@ -307,6 +424,37 @@ class MpiCommunicator final : public Communicator {
       t.wake_progress();
     }
   }
+  bool has_pair_sum(int peer, DType dtype) const override {
+    const auto& pair = transport_->pair;
+    return pair && pair->endpoint == id_ && pair->peer == peer &&
+           (dtype == DType::f32 || dtype == DType::f64);
+  }
+  void start_pair_sum(int peer, const Tensor& tensor, int64_t step, int part) override {
+    auto& t = *transport_;
+    PIPIT_CHECK(has_pair_sum(peer, tensor.dtype()), "MPI: endpoint ", id_, " has no pair sum of ",
+                tensor.dtype(), " tensors with endpoint ", peer,
+                " (MpiOptions::pair_sums; f32 and f64 only)");
+    PIPIT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous() &&
+                    tensor.numel() <= std::numeric_limits<int>::max(),
+                "MPI: a pair sum takes a contiguous CPU tensor of at most 2^31 - 1 elements, got ",
+                tensor.numel(), " elements on ", tensor.device());
+    auto& pair = *t.pair;
+    const std::pair<int64_t, int> name{step, part};
+    PIPIT_CHECK(pair.last < name, "MPI: endpoint ", id_, " started pair sum (", step, ", ", part,
+                ") after (", pair.last.first, ", ", pair.last.second,
+                "): a pair's sums are named in increasing order");
+    pair.last = name;
+    {
+      std::lock_guard<std::mutex> lock(t.mutex);
+      pair.starting.push_back(MpiTransport::Impl::PairSum{step, part, tensor});
+    }
+    std::unique_lock<std::mutex> mpi(t.mpi, std::try_to_lock);
+    if (mpi && !t.stopping && !t.abandoning) {
+      t.move_pair_sums();
+    } else {
+      t.wake_progress();
+    }
+  }
   Message receive() override { return inbox_->pop(); }
   std::optional<Message> try_receive(std::chrono::milliseconds timeout) override {
     return inbox_->pop_for(timeout);
@@ -342,6 +490,37 @@ void initialize() {
 }
 
 }  // namespace
+
+// Splits off the communicator of this rank's pair (MpiOptions::pair_sums), collectively.
+void open_pair(MpiTransport::Impl& t) {
+  std::map<int, std::pair<int, int>> pair_of_rank;  // rank -> (pair, endpoint)
+  int color = MPI_UNDEFINED;
+  const auto& pairs = t.options.pair_sums;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const auto [a, b] = pairs[i];
+    for (int endpoint : {a, b}) {
+      const auto rank = t.ranks.find(endpoint);
+      PIPIT_CHECK(rank != t.ranks.end(), "MPI: pair_sums names endpoint ", endpoint,
+                  ", which has no rank in the route table");
+      const auto [other, taken] =
+          pair_of_rank.try_emplace(rank->second, static_cast<int>(i), endpoint);
+      PIPIT_CHECK(taken, "MPI: rank ", rank->second, " holds endpoint ", endpoint, " of pair ", i,
+                  " and endpoint ", other->second.second, " of pair ", other->second.first,
+                  ": pair_sums takes at most one pair per rank, on two ranks");
+    }
+    if (t.ranks.at(a) == t.rank || t.ranks.at(b) == t.rank) {
+      color = static_cast<int>(i);
+      const bool first = t.ranks.at(a) == t.rank;
+      t.pair.emplace();
+      t.pair->endpoint = first ? a : b;
+      t.pair->peer = first ? b : a;
+    }
+  }
+  MPI_Comm comm = MPI_COMM_NULL;
+  // Key: the rank, so a pair's lower rank is its rank 0 (Impl::pair_rank).
+  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, color, t.rank, &comm), "MPI_Comm_split");
+  if (t.pair) t.pair->comm = comm;
+}
 
 MpiJob mpi_job() {
   initialize();
@@ -384,6 +563,7 @@ std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiO
                 " built a different model or configuration than rank 0 (every rank must run "
                 "the same program with the same flags and seed)");
   }
+  open_pair(*impl);
   impl->doorbells = NodeDoorbells::open(job.rank, job.world_size, job.local_size);
   for (const auto& [endpoint, rank] : impl->ranks) {
     PIPIT_CHECK(rank >= 0 && rank < impl->world, "MPI: endpoint ", endpoint, " is routed to rank ",
@@ -420,6 +600,9 @@ int MpiTransport::world_size() const {
 int MpiTransport::local_rank() const {
   return impl_->local_rank;
 }
+int64_t MpiTransport::pair_sums() const {
+  return impl_->pair_sums_done;
+}
 
 std::shared_ptr<Communicator> MpiTransport::endpoint(int endpoint) {
   auto inbox = impl_->inboxes.find(endpoint);
@@ -444,7 +627,9 @@ void MpiTransport::stop() {
   for (auto& [endpoint, inbox] : impl_->inboxes) inbox->close();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (impl_->pair) MPI_Comm_free(&impl_->pair->comm);
+  MPI_Finalize();
 }
 
 }  // namespace pipit

@@ -17,11 +17,15 @@
 // polls while receives are in flight and for `spin` after the last message moved; then, where every
 // rank of the job is on this node, it sleeps until a rank rings its doorbell
 // (comm/mpi/doorbells.h), and elsewhere it naps, up to `idle_sleep`; so an idle rank does not spin
-// a core. A send queued while another thread held the lock wakes it at once.
+// a core. A send queued while another thread held the lock wakes it at once. Sums of two
+// endpoints (MpiOptions::pair_sums, Communicator::start_pair_sum) run as MPI_Iallreduce on a
+// communicator of their two ranks, moved by the same lock holders.
 #include <chrono>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -36,6 +40,10 @@ struct MpiOptions {
   // JSON, tensor layout) are always checked. A receiver checks what each frame says it
   // covers, so ranks may differ.
   bool checksum_tensor_bytes = false;
+  // Pairs of endpoints whose sums (Communicator::start_pair_sum) run as MPI_Iallreduce on a
+  // communicator of their two ranks, split off at start: every rank passes the same list, and
+  // a rank holds at most one pair's endpoint. A pipeline with two replicas pairs each stage's.
+  std::vector<std::pair<int, int>> pair_sums;
 };
 
 // This process's place in the MPI job (initialising MPI if needed): call it before any
@@ -61,6 +69,8 @@ class MpiTransport : public std::enable_shared_from_this<MpiTransport> {
   // The rank's index among the ranks of its node (for choosing a GPU), from MPI's shared-
   // memory split.
   int local_rank() const;
+  // How many pair sums (MpiOptions::pair_sums) this rank has finished.
+  int64_t pair_sums() const;
 
   // The communicator of `endpoint`, which must live on this rank.
   std::shared_ptr<Communicator> endpoint(int endpoint);

@@ -39,6 +39,11 @@ MpiPipeline::MpiPipeline(const Sequential& model, PipelineConfig config,
   const auto rank_of = [&](int e) { return by_stage ? (e % p) * replicas + e / p : e; };
   std::map<int, int> routes{{kCoordinator, 0}};
   for (int e = 0; e < endpoints; ++e) routes[e] = rank_of(e);
+  if (replicas == 2 && options.pair_sums.empty()) {
+    for (int s = 0; s < p; ++s) {
+      options.pair_sums.emplace_back(replica_endpoint(0, s, p), replica_endpoint(1, s, p));
+    }
+  }
   transport_ = MpiTransport::start(routes, options, fingerprint(model, config));
   PIPIT_CHECK(transport_->world_size() == endpoints, "MpiPipeline: ", config.stages, " stages x ",
               config.replicas, " replicas need ", endpoints, " MPI ranks, the job has ",

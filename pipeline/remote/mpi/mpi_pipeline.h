@@ -8,7 +8,9 @@
 // workers by hand. At start-up the ranks compare a fingerprint of the model's config and weights
 // and of the pipeline config; a rank that differs is named and every rank throws. Only rank 0
 // trains: its train_step needs the data; every other rank calls serve(), which returns when rank
-// 0's pipeline goes.
+// 0's pipeline goes. With two replicas each stage's pair sums its gradients with MPI_Iallreduce
+// (MpiOptions::pair_sums, filled here when empty); with more, comm/all_reduce.h's chain runs
+// over MPI messages, as MPI does not fix the order of a sum of three.
 //   mpirun -np 4 build/train_gpt --launcher mpi ...
 #include <memory>
 #include <thread>
@@ -34,6 +36,7 @@ class MpiPipeline {
   int local_rank() const { return transport_->local_rank(); }
   // What this rank runs (StageSpec::stage and replica).
   const StageSpec& stage_spec() const { return stage_->spec(); }
+  const MpiTransport& transport() const { return *transport_; }
   bool is_coordinator() const { return rank() == 0; }
 
   // Rank 0 only.
