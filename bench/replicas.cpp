@@ -8,12 +8,15 @@
 // (gloo) on a real MLP, both as 2 processes of this machine (bench/ps_ddp.py is the peer), and
 // p x r over TCP against torch.distributed.pipelining with DDP-wrapped stages
 // (bench/replicas_torch.py); ZeRO-1's rows; and build/train_gpt's GPT at r = 1 and 2 in
-// threads, over TCP workers and under mpirun.
+// threads, over TCP workers and under mpirun. The sleeping rows run under mpirun too (this
+// binary as the ranks, --mpi-row), with r = 2's pairs summed by MPI_Iallreduce and, to compare,
+// by the chain over MPI messages.
 //   replicas [--layer-ms 2] [--steps 5] [--no-append]
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -30,6 +33,9 @@
 #include "pipit.h"
 #include "support/flags.h"
 #include "support/sleep_layer.h"
+#ifdef PIPIT_WITH_MPI
+#include "pipeline/remote/mpi/mpi_pipeline.h"
+#endif
 
 using namespace pipit;
 
@@ -100,9 +106,7 @@ Timing median_step_ms(AnyPipeline& pipeline, const Tensor& x, const Tensor& y, i
   return {bench::median(times), bench::median(sums)};
 }
 
-// p stages x r replicas, m = 4 microbatches each, on r * 8 rows.
-Timing step_ms(int p, int r, int64_t layer_us, double ballast_mb, bool processes, int steps,
-               Update update = Update::sgd) {
+PipelineConfig config_of(int p, int r, double ballast_mb, Update update) {
   PipelineConfig config;
   config.stages = p;
   config.replicas = r;
@@ -114,9 +118,76 @@ Timing step_ms(int p, int r, int64_t layer_us, double ballast_mb, bool processes
   config.shard_optimizer = update == Update::adamw_sharded;
   config.layer_counts.assign(static_cast<size_t>(p), ballast_mb > 0 ? 8 : 4);
   config.trace = true;
+  return config;
+}
+
+// Where a row's stages run.
+enum class Where { threads, tcp, mpi_pairs, mpi_chain };
+
+const char* where_name(Where where) {
+  switch (where) {
+    case Where::threads:
+      return "threads";
+    case Where::tcp:
+      return "worker processes (TCP)";
+    case Where::mpi_pairs:
+      return "mpirun ranks (MPI_Iallreduce pairs)";
+    case Where::mpi_chain:
+      return "mpirun ranks (chain over MPI messages)";
+  }
+  return "?";
+}
+
+#ifdef PIPIT_WITH_MPI
+// One rank of an mpirun job that this binary started (mpi_step_ms): rank 0 prints the row's
+// timing as a JSON line. argv: --mpi-row p r ballast_mb steps layer_us pairs|chain
+int mpi_row(char** argv) {
+  const int p = std::atoi(argv[2]), r = std::atoi(argv[3]), steps = std::atoi(argv[5]);
+  const double ballast_mb = std::atof(argv[4]);
+  MpiOptions options;
+  options.pair_replicas = std::strcmp(argv[7], "pairs") == 0;
+  const auto model = model_of(p, std::atoll(argv[6]), ballast_mb);
+  MpiPipeline pipeline(*model, config_of(p, r, ballast_mb, Update::sgd), {}, options);
+  if (!pipeline.is_coordinator()) {
+    pipeline.serve();
+    return 0;
+  }
+  const Tensor x = zeros({8 * r, 1}), y = zeros({8 * r, 1});
+  const Timing t = median_step_ms(pipeline, x, y, steps);
+  std::printf("{\"step_ms\": %.3f, \"sum_ms\": %.3f, \"pair_sums\": %lld}\n", t.step_ms, t.sum_ms,
+              static_cast<long long>(pipeline.transport().pair_sums()));
+  return 0;
+}
+
+Timing mpi_step_ms(int p, int r, int64_t layer_us, double ballast_mb, bool pairs, int steps) {
+  namespace fs = std::filesystem;
+  const fs::path bin = fs::read_symlink("/proc/self/exe");
+  const std::string command =
+      "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(p * r) + " " +
+      bin.string() + " --mpi-row " + std::to_string(p) + " " + std::to_string(r) + " " +
+      std::to_string(ballast_mb) + " " + std::to_string(steps) + " " + std::to_string(layer_us) +
+      (pairs ? " pairs" : " chain") + " 2>/dev/null";
+  const std::vector<nlohmann::json> rows = bench::peer_json_lines(command, "replicas");
+  if (rows.empty() || !rows.back().contains("step_ms")) return {};
+  if (pairs && r == 2 && rows.back()["pair_sums"].get<int64_t>() == 0) {
+    std::fprintf(stderr, "replicas: rank 0 ran no pair sum with r = 2\n");
+  }
+  return {rows.back()["step_ms"].get<double>(), rows.back()["sum_ms"].get<double>()};
+}
+#endif
+
+// p stages x r replicas, m = 4 microbatches each, on r * 8 rows.
+Timing step_ms(int p, int r, int64_t layer_us, double ballast_mb, Where where, int steps,
+               Update update = Update::sgd) {
+#ifdef PIPIT_WITH_MPI
+  if (where == Where::mpi_pairs || where == Where::mpi_chain) {
+    return mpi_step_ms(p, r, layer_us, ballast_mb, where == Where::mpi_pairs, steps);
+  }
+#endif
+  const PipelineConfig config = config_of(p, r, ballast_mb, update);
   const auto model = model_of(p, layer_us, ballast_mb);
   const Tensor x = zeros({8 * r, 1}), y = zeros({8 * r, 1});
-  if (!processes) {
+  if (where == Where::threads) {
     Pipeline pipeline(model, config);
     Timing timing = median_step_ms(pipeline, x, y, steps);
     for (int e = 0; e < p * r; ++e) {
@@ -220,6 +291,13 @@ double train_gpt_tokens_per_s(const std::string& where, int r, int steps) {
 int main(int argc, char** argv) {
   register_ballast();
   if (int status = 0; bench::worker_role(argc, argv, status)) return status;
+#ifdef PIPIT_WITH_MPI
+  if (argc == 8 && std::strcmp(argv[1], "--mpi-row") == 0) {
+    set_num_threads(1);
+    bench::register_sleep_layer();
+    return mpi_row(argv);
+  }
+#endif
   samples::Flags flags("replicas",
                        "p stages x r replicas on r times the data against p stages alone.");
   flags.add("layer-ms", "2", "a sleeping layer's forward time in ms (backward: twice that)");
@@ -252,16 +330,23 @@ int main(int argc, char** argv) {
     table << section.str();
   };
   std::map<std::pair<double, int>, double> over_tcp;  // (ballast MB, r) -> step ms
-  for (const bool processes : {false, true}) {
+  std::vector<Where> wheres{Where::threads, Where::tcp};
+#ifdef PIPIT_WITH_MPI
+  wheres.insert(wheres.end(), {Where::mpi_pairs, Where::mpi_chain});
+#endif
+  for (const Where where : wheres) {
     for (const double ballast_mb : {0.0, 16.0}) {
-      const Timing alone = step_ms(2, 1, layer_us, ballast_mb, processes, steps);
-      for (const int r : processes ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 4}) {
-        const Timing t = r == 1 ? alone : step_ms(2, r, layer_us, ballast_mb, processes, steps);
-        if (processes) over_tcp[{ballast_mb, r}] = t.step_ms;
+      const Timing alone = step_ms(2, 1, layer_us, ballast_mb, where, steps);
+      const std::vector<int> rs = where == Where::threads     ? std::vector<int>{1, 2, 4}
+                                  : where == Where::mpi_chain ? std::vector<int>{2, 3}
+                                                              : std::vector<int>{1, 2};
+      for (const int r : rs) {
+        const Timing t = r == 1 ? alone : step_ms(2, r, layer_us, ballast_mb, where, steps);
+        if (where == Where::tcp) over_tcp[{ballast_mb, r}] = t.step_ms;
         char row[256];
         std::snprintf(row, sizeof row, "| %s | %.0f | %d | %.1f | %.3f | %.1f | %.1f |\n",
-                      processes ? "worker processes (TCP)" : "threads", ballast_mb, r, t.step_ms,
-                      alone.step_ms / t.step_ms, t.step_ms - alone.step_ms, t.sum_ms);
+                      where_name(where), ballast_mb, r, t.step_ms, alone.step_ms / t.step_ms,
+                      t.step_ms - alone.step_ms, t.sum_ms);
         table << row;
         std::fputs(row, stdout);
         std::fflush(stdout);
@@ -309,7 +394,8 @@ int main(int argc, char** argv) {
        << "| --- | --- | --- | --- |\n";
   for (const bool processes : {false, true}) {
     for (const Update update : {Update::adamw, Update::adamw_sharded}) {
-      const Timing t = step_ms(2, 2, layer_us, 16.0, processes, steps, update);
+      const Timing t =
+          step_ms(2, 2, layer_us, 16.0, processes ? Where::tcp : Where::threads, steps, update);
       char row[256];
       std::snprintf(row, sizeof row, "| %s | %s | %.1f | %s |\n",
                     processes ? "worker processes (TCP)" : "threads",

@@ -52,6 +52,7 @@ TEST_CASE("message kinds keep their wire values and names", "[message_kinds]") {
       {PipelineKind::GenerateEnd, 32, "GenerateEnd", "pipeline"},
       {MessageKind::AllReduceSegment, 33, "AllReduceSegment", "comm"},
       {PipelineKind::ParameterShard, 34, "ParameterShard", "pipeline"},
+      {MessageKind::PairSumDone, 35, "PairSumDone", "comm"},
   };
   const std::vector<MessageKindInfo> registered = registered_message_kinds();
   REQUIRE(registered.size() == expected.size());

@@ -225,12 +225,15 @@ struct MpiTransport::Impl {
     std::deque<PairSum> mine;      // named to the peer, not yet matched
     std::deque<PairSum> theirs;    // named by the peer, not yet matched (no tensor)
     std::list<std::pair<std::array<int64_t, 2>, MPI_Request>> notices;  // being sent
-    std::list<std::pair<PairSum, MPI_Request>> summing;
+    std::list<std::pair<PairSum, std::vector<MPI_Request>>> summing;
     std::pair<int64_t, int> last{-1, 0};  // the last name started (order check)
   };
   std::optional<Pair> pair;
   std::atomic<int64_t> pair_sums_done{0};
   static constexpr int kNoticeTag = 9;
+  // A bucket goes as collectives of this many elements, all started at once (the chain's
+  // segment size), so that one segment's additions overlap the next one's transfer.
+  static constexpr int64_t kPairSumSegment = int64_t{1} << 20;
 
   // Names the queued sums to the peer, takes the peer's notices, starts the sums both named
   // and retires those done; true when one started or finished. Needs `mpi`.
@@ -288,18 +291,28 @@ struct MpiTransport::Impl {
         PairSum sum = std::move(p.mine.front());
         p.mine.pop_front();
         p.theirs.pop_front();
-        auto& started = p.summing.emplace_back(std::move(sum), MPI_REQUEST_NULL);
+        auto& started = p.summing.emplace_back(std::move(sum), std::vector<MPI_Request>());
         const Tensor& t = started.first.tensor;
-        check_mpi(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), static_cast<int>(t.numel()),
-                                 t.dtype() == DType::f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, p.comm,
-                                 &started.second),
-                  "MPI_Iallreduce");
+        const int64_t n = t.numel();
+        const int64_t segment = kPairSumSegment;
+        for (int64_t at = 0; at < n; at += segment) {
+          MPI_Request& request = started.second.emplace_back(MPI_REQUEST_NULL);
+          const int count = static_cast<int>(std::min(segment, n - at));
+          void* data =
+              static_cast<char*>(t.raw_data()) + at * static_cast<int64_t>(dtype_size(t.dtype()));
+          check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, count,
+                                   t.dtype() == DType::f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
+                                   p.comm, &request),
+                    "MPI_Iallreduce");
+        }
         moved = true;
       }
     }
     std::erase_if(p.summing, [&](auto& sum) {
       int done = 0;
-      check_mpi(MPI_Test(&sum.second, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      check_mpi(MPI_Testall(static_cast<int>(sum.second.size()), sum.second.data(), &done,
+                            MPI_STATUSES_IGNORE),
+                "MPI_Testall");
       if (!done) return false;
       Message message(MessageKind::PairSumDone, sum.first.step, sum.first.part);
       message.from = p.endpoint;

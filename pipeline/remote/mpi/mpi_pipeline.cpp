@@ -39,7 +39,7 @@ MpiPipeline::MpiPipeline(const Sequential& model, PipelineConfig config,
   const auto rank_of = [&](int e) { return by_stage ? (e % p) * replicas + e / p : e; };
   std::map<int, int> routes{{kCoordinator, 0}};
   for (int e = 0; e < endpoints; ++e) routes[e] = rank_of(e);
-  if (replicas == 2 && options.pair_sums.empty()) {
+  if (replicas == 2 && options.pair_replicas && options.pair_sums.empty()) {
     for (int s = 0; s < p; ++s) {
       options.pair_sums.emplace_back(replica_endpoint(0, s, p), replica_endpoint(1, s, p));
     }
