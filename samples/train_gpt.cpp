@@ -155,6 +155,9 @@ int main(int argc, char** argv) {
   flags.add("rank-layout", "stages",
             "--launcher mpi with --replicas r: stages (rank s*r+k runs stage s of replica k, "
             "a stage's replicas on neighbouring ranks) or pipelines (rank k*p+s)");
+  flags.add_switch("mpi-pair-sums",
+                   "--launcher mpi with --replicas 2: each stage's two replicas sum their "
+                   "gradients with MPI_Iallreduce (default: the chain over MPI messages)");
   samples::add_tcp_flags(flags, samples::TcpSide::coordinator);
   flags.add("step-timeout-ms", "30000", "a step fails when no stage has answered for this long");
   flags.add("checkpoint-dir", "", "directory for checkpoint.safetensors");
@@ -355,7 +358,9 @@ int main(int argc, char** argv) {
 #ifdef PIPIT_WITH_MPI
     std::unique_ptr<MpiPipeline> spmd;
     if (launcher == "mpi") {
-      spmd = std::make_unique<MpiPipeline>(*model, pipeline_config, optimizer_state);
+      MpiOptions mpi_options;
+      mpi_options.pair_replicas = flags.on("mpi-pair-sums");
+      spmd = std::make_unique<MpiPipeline>(*model, pipeline_config, optimizer_state, mpi_options);
       // mpirun names a rank that dies; this line maps it to its stage and node.
       char host[256] = "?";
       gethostname(host, sizeof host - 1);

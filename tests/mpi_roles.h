@@ -4,7 +4,9 @@
 //   mpirun -np P pipit_tests --mpi-role pipeline SCHEDULE   (SPMD pipeline vs in-process)
 //   mpirun -np P pipit_tests --mpi-role replica-pipeline SCHEDULE [LAYOUT]
 //     (P/2 stages x 2 replicas; LAYOUT: PipelineConfig::rank_layout, default stages)
-//   mpirun -np P pipit_tests --mpi-role sharded-replica-pipeline SCHEDULE   (the same, ZeRO-1)
+//   mpirun -np P pipit_tests --mpi-role paired-replica-pipeline SCHEDULE
+//     (the same, each stage's replicas summed by MPI_Iallreduce: MpiOptions::pair_replicas)
+//   mpirun -np P pipit_tests --mpi-role sharded-replica-pipeline SCHEDULE   (ZeRO-1, paired)
 //   mpirun -np 3 pipit_tests --mpi-role three-replica-pipeline SCHEDULE   (1 stage x 3 replicas)
 //   mpirun -np 2 pipit_tests --mpi-role pair-sum         (Communicator::start_pair_sum)
 //   mpirun -np 2 pipit_tests --mpi-role mismatch            (rank 1 builds another model)
@@ -63,7 +65,7 @@ inline Tensor mpi_payload(int from, int to, int thread, int index) {
 // replica e / p on rank e), against the in-process Pipeline of the same layout.
 inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_1,
                              bool tied = false, int replicas = 1, bool shard_optimizer = false,
-                             const std::string& rank_layout = "stages") {
+                             const std::string& rank_layout = "stages", bool pair_sums = false) {
   const char* rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
   const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
   if (!rank_text || !size_text) return 2;
@@ -101,7 +103,9 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
     y = from_vector(targets, {8, 6});
   }
   auto model = make_model(rank == 1 ? seed_of_rank_1 : 5);
-  MpiPipeline pipeline(*model, config);
+  MpiOptions options;
+  options.pair_replicas = pair_sums;
+  MpiPipeline pipeline(*model, config, {}, options);
   std::printf("rank %d runs stage %d of replica %d\n", rank, pipeline.stage_spec().stage,
               pipeline.stage_spec().replica);
   std::fflush(stdout);
@@ -400,7 +404,7 @@ inline int mpi_doorbells_role() {
 }
 
 //   --mpi-role exchange | pipeline SCHEDULE | tied-pipeline SCHEDULE | generate SCHEDULE |
-//   all-reduce | pair-sum | replica-pipeline SCHEDULE [LAYOUT] |
+//   all-reduce | pair-sum | replica-pipeline SCHEDULE [LAYOUT] | paired-replica-pipeline SCHEDULE |
 //   sharded-replica-pipeline SCHEDULE | three-replica-pipeline SCHEDULE |
 //   mismatch | ps OPTIMIZER |
 //   killed | failing-worker | malformed | doorbells
@@ -411,11 +415,14 @@ inline int mpi_role_main(int argc, char** argv) {
     if (role == "pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5);
     if (role == "tied-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, true);
     if (role == "replica-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, false, 2);
+    if (role == "paired-replica-pipeline" && argc == 4) {
+      return mpi_pipeline_role(argv[3], 5, false, 2, false, "stages", true);
+    }
     if (role == "replica-pipeline" && argc == 5) {
       return mpi_pipeline_role(argv[3], 5, false, 2, false, argv[4]);
     }
     if (role == "sharded-replica-pipeline" && argc == 4) {
-      return mpi_pipeline_role(argv[3], 5, false, 2, true);
+      return mpi_pipeline_role(argv[3], 5, false, 2, true, "stages", true);
     }
     if (role == "three-replica-pipeline" && argc == 4) {
       return mpi_pipeline_role(argv[3], 5, false, 3);

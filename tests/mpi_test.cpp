@@ -11,8 +11,8 @@ using namespace pipit::testing;
 
 namespace {
 
-// Each rank's "rank R pair sums N" line: with two replicas every rank's stage summed each of
-// the role's 3 steps with MPI_Iallreduce (at least one bucket a step); otherwise none.
+// Each rank's "rank R pair sums N" line: paired, every rank's stage summed each of the role's
+// 3 steps with MPI_Iallreduce (at least one bucket a step); otherwise none.
 void check_pair_sums(const std::string& output, int ranks, bool paired) {
   for (int rank = 0; rank < ranks; ++rank) {
     const std::string label = "rank " + std::to_string(rank) + " pair sums ";
@@ -97,11 +97,15 @@ TEST_CASE("MPI: stages x 2 replicas as ranks equal the in-process pipelines bit 
   for (const std::string schedule : {"1f1b", "interleaved", "zbh1"}) {
     for (int ranks : {2, 4}) {
       DYNAMIC_SECTION(schedule << ", " << ranks << " ranks") {
-        const Run run = mpirun(ranks, "replica-pipeline " + schedule);
-        INFO(run.output);
-        CHECK(run.status == 0);
-        CHECK(run.output.find("pipeline ok") != std::string::npos);
-        check_pair_sums(run.output, ranks, true);
+        // The chain over MPI messages (the default) and MPI_Iallreduce pairs: the same bits.
+        for (const bool paired : {false, true}) {
+          const Run run =
+              mpirun(ranks, (paired ? "paired-replica-pipeline " : "replica-pipeline ") + schedule);
+          INFO(run.output);
+          CHECK(run.status == 0);
+          CHECK(run.output.find("pipeline ok") != std::string::npos);
+          check_pair_sums(run.output, ranks, paired);
+        }
       }
     }
   }
@@ -129,6 +133,7 @@ TEST_CASE("MPI: ranks run stage s of replica k at s * r + k, or at k * p + s by 
       CHECK(run.status == 0);
       CHECK(run.output.find("pipeline ok") != std::string::npos);
       for (const std::string& line : expected) CHECK(run.output.find(line) != std::string::npos);
+      check_pair_sums(run.output, 4, false);
     }
   }
 #endif

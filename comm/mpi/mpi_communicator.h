@@ -44,9 +44,11 @@ struct MpiOptions {
   // communicator of their two ranks, split off at start: every rank passes the same list, and
   // a rank holds at most one pair's endpoint. A pipeline with two replicas pairs each stage's.
   std::vector<std::pair<int, int>> pair_sums;
-  // MpiPipeline with two replicas and pair_sums empty: pair each stage's replicas (false: sum
-  // them with comm/all_reduce.h's chain over MPI messages, as with three or more).
-  bool pair_replicas = true;
+  // MpiPipeline with two replicas and pair_sums empty: pair each stage's replicas. Off by
+  // default: on a 2-core VM with 4 ranks Open MPI's MPI_Iallreduce summed 16 MB in 2-4x the
+  // chain's time (bench/RESULTS.md, replicas); where MPI's collectives are tuned to the network,
+  // try it.
+  bool pair_replicas = false;
 };
 
 // This process's place in the MPI job (initialising MPI if needed): call it before any

@@ -8,9 +8,9 @@
 // workers by hand. At start-up the ranks compare a fingerprint of the model's config and weights
 // and of the pipeline config; a rank that differs is named and every rank throws. Only rank 0
 // trains: its train_step needs the data; every other rank calls serve(), which returns when rank
-// 0's pipeline goes. With two replicas each stage's pair sums its gradients with MPI_Iallreduce
-// (MpiOptions::pair_sums, filled here when empty); with more, comm/all_reduce.h's chain runs
-// over MPI messages, as MPI does not fix the order of a sum of three.
+// 0's pipeline goes. Replicas sum their gradients with comm/all_reduce.h's chain over MPI
+// messages; with two replicas and MpiOptions::pair_replicas each stage's pair uses
+// MPI_Iallreduce instead (the same bits: a + b == b + a; MPI does not fix a sum of three's order).
 //   mpirun -np 4 build/train_gpt --launcher mpi ...
 #include <memory>
 #include <thread>
