@@ -7,7 +7,9 @@
 //   mpirun -np P pipit_tests --mpi-role paired-replica-pipeline SCHEDULE
 //     (the same, each stage's replicas summed by MPI_Iallreduce: MpiOptions::pair_replicas)
 //   mpirun -np P pipit_tests --mpi-role sharded-replica-pipeline SCHEDULE   (ZeRO-1, paired)
-//   mpirun -np 3 pipit_tests --mpi-role three-replica-pipeline SCHEDULE   (1 stage x 3 replicas)
+//   mpirun -np 3 pipit_tests --mpi-role three-replica-pipeline SCHEDULE   (P/3 stages x 3 replicas)
+//   mpirun -np 6 pipit_tests --mpi-role recomputed-three-replica-pipeline SCHEDULE
+//     (the same, recomputing activations)
 //   mpirun -np 2 pipit_tests --mpi-role pair-sum         (Communicator::start_pair_sum)
 //   mpirun -np 2 pipit_tests --mpi-role mismatch            (rank 1 builds another model)
 //   mpirun -np 5 pipit_tests --mpi-role ps OPTIMIZER        (2 shards, 3 workers, sync mode)
@@ -65,7 +67,8 @@ inline Tensor mpi_payload(int from, int to, int thread, int index) {
 // replica e / p on rank e), against the in-process Pipeline of the same layout.
 inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_1,
                              bool tied = false, int replicas = 1, bool shard_optimizer = false,
-                             const std::string& rank_layout = "stages", bool pair_sums = false) {
+                             const std::string& rank_layout = "stages", bool pair_sums = false,
+                             bool recompute = false) {
   const char* rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
   const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
   if (!rank_text || !size_text) return 2;
@@ -83,6 +86,7 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   config.replicas = replicas;
   config.shard_optimizer = shard_optimizer;
   config.rank_layout = rank_layout;
+  config.recompute = recompute ? "full" : "none";
   config.microbatches = replicas == 3 ? 1 : 4 / replicas;
   config.schedule = schedule;
   config.chunks_per_stage = schedule == "interleaved" || schedule == "zbv" ? 2 : 1;
@@ -406,6 +410,7 @@ inline int mpi_doorbells_role() {
 //   --mpi-role exchange | pipeline SCHEDULE | tied-pipeline SCHEDULE | generate SCHEDULE |
 //   all-reduce | pair-sum | replica-pipeline SCHEDULE [LAYOUT] | paired-replica-pipeline SCHEDULE |
 //   sharded-replica-pipeline SCHEDULE | three-replica-pipeline SCHEDULE |
+//   recomputed-three-replica-pipeline SCHEDULE |
 //   mismatch | ps OPTIMIZER |
 //   killed | failing-worker | malformed | doorbells
 inline int mpi_role_main(int argc, char** argv) {
@@ -426,6 +431,9 @@ inline int mpi_role_main(int argc, char** argv) {
     }
     if (role == "three-replica-pipeline" && argc == 4) {
       return mpi_pipeline_role(argv[3], 5, false, 3);
+    }
+    if (role == "recomputed-three-replica-pipeline" && argc == 4) {
+      return mpi_pipeline_role(argv[3], 5, false, 3, false, "stages", false, true);
     }
     if (role == "pair-sum") return mpi_pair_sum_role();
     if (role == "generate" && argc == 4) return mpi_generate_role(argv[3]);

@@ -221,6 +221,27 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "MPI: 2 stages x 3 replicas recomputing (zbh2) and 4 stages x 2 replicas (gpipe) as ranks "
+    "equal the in-process pipelines bit for bit",
+    "[mpi][replicas]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  for (const auto& [ranks, role] : std::vector<std::pair<int, std::string> >{
+           {6, "recomputed-three-replica-pipeline zbh2"}, {8, "replica-pipeline gpipe"}}) {
+    DYNAMIC_SECTION(role << ", " << ranks << " ranks") {
+      const Run run = mpirun(ranks, role);
+      INFO(run.output);
+      CHECK(run.status == 0);
+      CHECK(run.output.find("pipeline ok") != std::string::npos);
+      check_pair_sums(run.output, ranks, false);
+    }
+  }
+#endif
+}
+
+TEST_CASE(
     "MPI: a pair sum is MPI_Iallreduce's a + b, and a sum one side skipped is matched with "
     "nothing",
     "[mpi][replicas]") {

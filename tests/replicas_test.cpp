@@ -352,14 +352,15 @@ TEST_CASE(
     "for bit",
     "[replicas][distributed]") {
   std::vector<std::unique_ptr<pipit::testing::WorkerProcess>> workers;
-  for (int i = 0; i < 6; ++i) workers.push_back(std::make_unique<pipit::testing::WorkerProcess>());
+  for (int i = 0; i < 8; ++i) workers.push_back(std::make_unique<pipit::testing::WorkerProcess>());
   const int m = 4, steps = 2;
   for (const Layout& layout : std::vector<Layout>{{"1f1b", 2, 2, 1},
                                                   {"zbh1", 2, 3, 1},
                                                   {"interleaved", 2, 2, 2},
                                                   {"gpipe", 1, 2, 1},
                                                   {"1f1b", 2, 3, 1, true},
-                                                  {"zbv", 1, 2, 2, true}}) {
+                                                  {"zbv", 1, 2, 2, true},
+                                                  {"zbh2", 4, 2, 1}}) {
     INFO(layout.schedule << " p=" << layout.p << " r=" << layout.r << " sharded optimizer "
                          << layout.shard_optimizer);
     Model reference = make_gpt();
