@@ -201,35 +201,19 @@ TEST_CASE("MPI: all_reduce over ranks gives every rank the in-order sum, bit for
 }
 
 TEST_CASE(
-    "MPI: three replicas sum over MPI messages in the chain (MPI does not fix a sum of three's "
-    "order) and equal the in-process pipelines bit for bit",
+    "MPI: 1 x 3, 2 x 3 (recomputing) and 4 x 2 replica pipelines sum in the chain over MPI "
+    "messages (MPI does not fix a sum of three's order) and equal the in-process pipelines bit "
+    "for bit",
     "[mpi][replicas]") {
 #ifndef PIPIT_WITH_MPI
   WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
 #else
   if (!mpirun_works()) return;
-  for (const std::string schedule : {"1f1b", "zbv"}) {
-    DYNAMIC_SECTION(schedule) {
-      const Run run = mpirun(3, "three-replica-pipeline " + schedule);
-      INFO(run.output);
-      CHECK(run.status == 0);
-      CHECK(run.output.find("pipeline ok") != std::string::npos);
-      check_pair_sums(run.output, 3, false);
-    }
-  }
-#endif
-}
-
-TEST_CASE(
-    "MPI: 2 stages x 3 replicas recomputing (zbh2) and 4 stages x 2 replicas (gpipe) as ranks "
-    "equal the in-process pipelines bit for bit",
-    "[mpi][replicas]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
-  for (const auto& [ranks, role] : std::vector<std::pair<int, std::string> >{
-           {6, "recomputed-three-replica-pipeline zbh2"}, {8, "replica-pipeline gpipe"}}) {
+  for (const auto& [ranks, role] :
+       std::vector<std::pair<int, std::string> >{{3, "three-replica-pipeline 1f1b"},
+                                                 {3, "three-replica-pipeline zbv"},
+                                                 {6, "recomputed-three-replica-pipeline zbh2"},
+                                                 {8, "replica-pipeline gpipe"}}) {
     DYNAMIC_SECTION(role << ", " << ranks << " ranks") {
       const Run run = mpirun(ranks, role);
       INFO(run.output);
