@@ -443,10 +443,8 @@ void Coordinator::remap_now(const std::vector<LayerRange>& ranges, const std::st
   const size_t chunks = ranges_.size(), layers = ranges_.back().end;
   const std::string what = "remap " + ranges_str(ranges_) + " -> " + ranges_str(ranges);
   PIPIT_CHECK(remap_refusal_.empty(), what, ": ", remap_refusal_);
-  // Every replica moves the same layers between its own stages, so they stay alike; a sharded
-  // optimizer's state would have to move between replicas as well.
-  PIPIT_CHECK(!config_.shard_optimizer || config_.replicas == 1, what,
-              ": with the optimizer sharded over the replicas (ZeRO-1) layers cannot move yet");
+  // Every replica moves the same layers between its own stages, so they stay alike (a sharded
+  // optimizer's replicas pool their state first: Stage::prepare_remap).
   PIPIT_CHECK(ranges.size() == chunks, what, ": ", ranges.size(), " ranges given for ", chunks,
               " chunks (", config_.stages, " stages x ", config_.chunks_per_stage, ")");
   PIPIT_CHECK(placement_of(config_.schedule) == Placement::loop, what, ": schedule \"",

@@ -12,9 +12,6 @@ void validate(const PipelineConfig& config) {
               config.microbatches);
   PIPIT_CHECK(config.replicas >= 1 && config.replicas <= kMaxReplicas,
               "PipelineConfig: replicas must be in [1, ", kMaxReplicas, "], got ", config.replicas);
-  PIPIT_CHECK(!config.shard_optimizer || !config.rebalance.enabled,
-              "PipelineConfig: rebalancing moves layers and their optimizer state; it is not "
-              "supported with shard_optimizer yet");
   PIPIT_CHECK(config.rank_layout == "stages" || config.rank_layout == "pipelines",
               "PipelineConfig: rank_layout must be \"stages\" or \"pipelines\", got \"",
               config.rank_layout, "\"");

@@ -176,7 +176,7 @@ bool Stage::accepts(const Message& message) const {
     return replica_group_ && message.from == me();
   }
   if (message.kind == MessageKind::AllReduceSegment ||
-      message.kind == PipelineKind::ParameterShard) {
+      message.kind == PipelineKind::ParameterShard || message.kind == MessageKind::State) {
     return replica_group_ && replica_group_->member(message.from);
   }
   if (message.kind == PipelineKind::LayerTransfer) {
@@ -204,11 +204,20 @@ bool Stage::dispatch(Message message) {
     prepare_remap(message);
     return true;
   } else if (kind == PipelineKind::LayerTransfer) {
-    if (message.step > step_) {
+    // Early also while this stage's replicas pool their optimizer state (ZeRO-1).
+    if (message.step > step_ || (message.step == step_ && remap_prepare_)) {
       keep_early(std::move(message));
     } else if (migration_ && message.step == step_) {
       migration_->receive(message);
       advance_remap();
+    }
+    return true;
+  } else if (kind == MessageKind::State) {
+    // A replica's share of the optimizer state, for a remap under ZeRO-1.
+    if (message.step > step_) {
+      keep_early(std::move(message));
+    } else if (message.step == step_ && shares_awaited_ > 0) {
+      pool_optimizer_state(message);
     }
     return true;
   } else if (kind == PipelineKind::RemapCommit) {
@@ -758,9 +767,42 @@ std::vector<LayerTiming> Stage::layer_timings() const {
 }
 
 void Stage::prepare_remap(const Message& message) {
-  const RemapPrepare prepare = read_remap_prepare(message);
   reset();
   step_ = message.step;
+  remap_prepare_ = message;
+  pooled_state_ = optimizer_->state_dict();
+  if (!spec_.shard_optimizer) return start_migration();
+  // Every member sends its share to every other: each then holds the stage's whole state
+  // until the commit. Copies, as in one process the message hands the tensors over.
+  StateReply reply;
+  std::vector<Tensor> tensors;
+  for (const auto& [name, value] : pooled_state_) {
+    reply.optimizer.push_back(name);
+    tensors.push_back(value.detach().to(Device::cpu()).clone());
+  }
+  for (int k = 0; k < spec_.replicas; ++k) {
+    if (k != spec_.replica) {
+      send(replica_endpoint(k, spec_.stage, spec_.stages), to_message(reply, step_, tensors));
+    }
+  }
+  shares_awaited_ = spec_.replicas - 1;
+  for (Message& share : take_early(MessageKind::State)) pool_optimizer_state(share);
+}
+
+void Stage::pool_optimizer_state(const Message& share) {
+  PIPIT_CHECK(shares_awaited_ > 0, name(), ": a replica's optimizer state arrived from ",
+              endpoint_name(share.from, spec_.stages, spec_.replicas),
+              " but this stage awaits none");
+  const StateReply reply = read_state_reply(share);
+  PIPIT_CHECK(reply.weights.empty(), name(), ": a replica's optimizer share carries weights");
+  for (size_t i = 0; i < reply.optimizer.size(); ++i) {
+    pooled_state_[reply.optimizer[i]] = share.tensors[i];
+  }
+  if (--shares_awaited_ == 0) start_migration();
+}
+
+void Stage::start_migration() {
+  const RemapPrepare prepare = read_remap_prepare(*remap_prepare_);
   int64_t total = 0;
   for (int64_t count : prepare.from) total += count;
   const size_t chunks = prepare.from.size();
@@ -768,7 +810,9 @@ void Stage::prepare_remap(const Message& message) {
       spec_.stage, spec_.stages,
       ranges_from_counts(prepare.from, static_cast<size_t>(total), chunks),
       ranges_from_counts(prepare.to, static_cast<size_t>(total), chunks), spec_.chunks,
-      *optimizer_);
+      std::move(pooled_state_));
+  pooled_state_.clear();
+  remap_prepare_.reset();
   for (Message& m : take_early(PipelineKind::LayerTransfer)) migration_->receive(m);
   advance_remap();
 }
@@ -791,6 +835,9 @@ void Stage::commit_remap() {
 }
 
 void Stage::reset() {
+  remap_prepare_.reset();
+  pooled_state_.clear();
+  shares_awaited_ = 0;
   migration_.reset();
   staged_.reset();
   active_ = false;

@@ -128,8 +128,12 @@ class Stage {
   void send_state(int64_t step);
   // The profiled step's layer timings, with their output and state bytes.
   std::vector<LayerTiming> layer_timings() const;
-  // Remapping (Coordinator::remap): prepare aside, then commit.
+  // Remapping (Coordinator::remap): prepare aside, then commit. With the optimizer sharded
+  // (ZeRO-1) the replicas of the stage first pool their shares of its state (State messages
+  // between the members), so that moved layers carry all of theirs; adopt() shares it out anew.
   void prepare_remap(const Message& message);
+  void pool_optimizer_state(const Message& share);
+  void start_migration();
   void advance_remap();
   void commit_remap();
   // Makes `chunks` the stage's chunks, with a fresh optimizer of the same config over their
@@ -198,7 +202,11 @@ class Stage {
   // When the running task recomputed its forward first: that part's start and end, for the
   // trace.
   std::optional<std::pair<double, double>> recomputed_;
-  // A remap in progress, and its result once every layer is here.
+  // A remap in progress, and its result once every layer is here. Before it starts under
+  // ZeRO-1: its RemapPrepare, the state pooled so far and the members' shares still to come.
+  std::optional<Message> remap_prepare_;
+  StateDict pooled_state_;
+  int shares_awaited_ = 0;
   std::unique_ptr<LayerMigration> migration_;
   std::optional<LayerMigration::Result> staged_;
   // Per local chunk, while generating.

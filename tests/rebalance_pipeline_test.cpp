@@ -118,14 +118,20 @@ TEST_CASE("rebalancing moves layers off a slowed stage, then keeps the partition
         Pipeline(net, config(false)).forward(batch().input).to_vector<float>());
 }
 
-TEST_CASE("rebalancing with 2 replicas moves the same layers in both, timed on replica 0",
-          "[rebalance][replicas]") {
+TEST_CASE(
+    "rebalancing with 2 replicas moves the same layers in both, timed on replica 0, with the "
+    "optimizer sharded (ZeRO-1) or not",
+    "[rebalance][replicas]") {
   PipelineConfig plain_config = config(false);
   plain_config.replicas = 2;
   plain_config.microbatches = 1;
+  // Momentum: state that moves with the layers, which sharded replicas must pool first.
+  plain_config.optimizer = {{"type", "SGD"}, {"lr", 0.01}, {"momentum", 0.9}};
   Pipeline plain_pipeline(model(), plain_config);
   const Run plain = train(plain_pipeline, kSteps);
   PipelineConfig slowed = plain_config;
+  slowed.shard_optimizer = GENERATE(false, true);
+  INFO("sharded optimizer " << slowed.shard_optimizer);
   slowed.rebalance = config(true).rebalance;
   slowed.slowdown = {1.0, 3.0};
   Pipeline pipeline(model(), slowed);

@@ -123,6 +123,41 @@ std::vector<Layout> layouts() {
   return all;
 }
 
+// Under ZeRO-1: each of a stage's parameters is updated (its exp_avg held) by exactly one
+// replica of the stage, and no replica holds much more than 1/r of the elements.
+void check_state_held_once(Pipeline& pipeline, const Layout& layout) {
+  for (int s = 0; s < layout.p; ++s) {
+    int64_t total = 0, largest = 0;
+    std::map<std::string, int> holders;
+    for (const auto& chunk : pipeline.stage(s).spec().chunks) {
+      for (const auto& [name, p] : chunk->named_parameters()) {
+        holders[name] = 0;
+        total += p.numel();
+        largest = std::max(largest, p.numel());
+      }
+    }
+    for (int k = 0; k < layout.r; ++k) {
+      int64_t held = 0;
+      for (const auto& [name, value] : pipeline.stage(k * layout.p + s).optimizer().state_dict()) {
+        const std::string suffix = ".exp_avg";
+        if (name.size() <= suffix.size() ||
+            name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+          continue;
+        }
+        const std::string parameter = name.substr(0, name.size() - suffix.size());
+        REQUIRE(holders.count(parameter));
+        ++holders[parameter];
+        held += value.numel();
+      }
+      CHECK(held <= total / layout.r + largest);
+    }
+    for (const auto& [name, count] : holders) {
+      INFO("stage " << s << " " << name);
+      CHECK(count == 1);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -203,39 +238,7 @@ TEST_CASE(
           losses.push_back(pipeline.train_step(sharded.input, sharded.target));
         }
         got_optimizer = pipeline.coordinator().fetch_state().second;
-        for (int s = 0; s < layout.p; ++s) {
-          // Stage s's parameters, each updated (exp_avg held) by exactly one replica, and no
-          // replica holding much more than 1/r of the elements.
-          int64_t total = 0, largest = 0;
-          std::map<std::string, int> holders;
-          for (const auto& chunk : pipeline.stage(s).spec().chunks) {
-            for (const auto& [name, p] : chunk->named_parameters()) {
-              holders[name] = 0;
-              total += p.numel();
-              largest = std::max(largest, p.numel());
-            }
-          }
-          for (int k = 0; k < layout.r; ++k) {
-            int64_t held = 0;
-            for (const auto& [name, value] :
-                 pipeline.stage(k * layout.p + s).optimizer().state_dict()) {
-              const std::string suffix = ".exp_avg";
-              if (name.size() <= suffix.size() ||
-                  name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-                continue;
-              }
-              const std::string parameter = name.substr(0, name.size() - suffix.size());
-              REQUIRE(holders.count(parameter));
-              ++holders[parameter];
-              held += value.numel();
-            }
-            CHECK(held <= total / layout.r + largest);
-          }
-          for (const auto& [name, count] : holders) {
-            INFO("stage " << s << " " << name);
-            CHECK(count == 1);
-          }
-        }
+        check_state_held_once(pipeline, layout);
         for (int k = 1; k < layout.r; ++k) {
           replica_weights.push_back(weights_of_replica(pipeline, k, layout.p));
         }
@@ -272,13 +275,6 @@ TEST_CASE(
   config.shard_optimizer = true;
   CHECK_THROWS_WITH(Pipeline(model.net, config), Catch::Contains("needs replicas > 1, got 1"));
   config.replicas = 2;
-  config.rebalance.enabled = true;
-  CHECK_THROWS_WITH(Pipeline(model.net, config),
-                    Catch::Contains("not supported with shard_optimizer"));
-  config.rebalance.enabled = false;
-  Pipeline sharded(model.net, config);
-  CHECK_THROWS_WITH(sharded.move_layers(1, 0, 1),
-                    Catch::Contains("sharded over the replicas (ZeRO-1) layers cannot move"));
   config.shard_optimizer = false;
   config.microbatches = 5;
   Pipeline pipeline(model.net, config);
@@ -286,17 +282,23 @@ TEST_CASE(
                     Catch::Contains("does not split into 10 equal microbatches"));
 }
 
-TEST_CASE("replicas: remaps move the same layers in every replica, training exactly as none",
-          "[replicas][remap]") {
+TEST_CASE(
+    "replicas: remaps move the same layers in every replica, training exactly as none, with "
+    "the optimizer sharded (ZeRO-1) or not",
+    "[replicas][remap]") {
   std::mt19937_64 random(29);
   for (const auto& [model_name, layout] :
        std::vector<std::pair<std::string, Layout>>{{"gpt", {"1f1b", 2, 2, 1}},
                                                    {"mlp", {"interleaved", 2, 2, 2}},
-                                                   {"mlp", {"gpipe", 3, 2, 1}}}) {
-    INFO(model_name << " " << layout.schedule << " p=" << layout.p << " r=" << layout.r);
-    PipelineConfig config = config_of(layout, 4);
+                                                   {"mlp", {"gpipe", 3, 2, 1}},
+                                                   {"gpt", {"1f1b", 2, 2, 1, true}},
+                                                   {"mlp", {"interleaved", 2, 3, 2, true}}}) {
+    INFO(model_name << " " << layout.schedule << " p=" << layout.p << " r=" << layout.r
+                    << " sharded optimizer " << layout.shard_optimizer);
+    PipelineConfig config = config_of(layout, 4), plain_config = config;
+    plain_config.shard_optimizer = false;
     Model plain_model = make_model(model_name), moved_model = make_model(model_name);
-    Pipeline plain(plain_model.net, config), moved(moved_model.net, config);
+    Pipeline plain(plain_model.net, plain_config), moved(moved_model.net, config);
     const size_t chunks = static_cast<size_t>(layout.p * layout.v);
     for (int step = 0; step < 4; ++step) {
       // Random cuts: chunk c ends at cuts[c], each holding at least one layer.
@@ -324,6 +326,7 @@ TEST_CASE("replicas: remaps move the same layers in every replica, training exac
       }
       CHECK(moved.train_step(moved_model.input, moved_model.target) ==
             plain.train_step(plain_model.input, plain_model.target));
+      if (layout.shard_optimizer) check_state_held_once(moved, layout);
     }
     const auto [want_weights, want_optimizer] = plain.coordinator().fetch_state();
     const auto [got_weights, got_optimizer] = moved.coordinator().fetch_state();
@@ -378,7 +381,7 @@ TEST_CASE(
       for (int step = 0; step < steps; ++step) {
         // Between the steps of the plain 2 x 2 run, every replica's stage 1 hands a layer to
         // its stage 0, worker to worker: the results do not change.
-        if (step == 1 && layout.schedule == "1f1b" && layout.r == 2 && !layout.shard_optimizer) {
+        if (step == 1 && layout.schedule == "1f1b") {
           pipeline.move_layers(1, 0, 1);
         }
         losses.push_back(pipeline.train_step(remote.input, remote.target));

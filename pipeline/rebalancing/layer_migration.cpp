@@ -27,12 +27,12 @@ bool starts_with(const std::string& text, const std::string& prefix) {
 LayerMigration::LayerMigration(int stage, int stages, std::vector<LayerRange> from,
                                std::vector<LayerRange> to,
                                const std::vector<std::shared_ptr<Sequential>>& chunks,
-                               const Optimizer& optimizer)
+                               StateDict optimizer_state)
     : stage_(stage),
       stages_(stages),
       from_(std::move(from)),
       to_(std::move(to)),
-      optimizer_state_(optimizer.state_dict()) {
+      optimizer_state_(std::move(optimizer_state)) {
   const int chunk_count = static_cast<int>(from_.size());
   PIPIT_CHECK(to_.size() == from_.size() && chunk_count % stages_ == 0 &&
                   static_cast<int>(chunks.size()) == chunk_count / stages_,

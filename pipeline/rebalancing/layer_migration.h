@@ -25,10 +25,10 @@ namespace pipit {
 class LayerMigration {
  public:
   // `chunks` are the stage's current chunks (local chunk l is global chunk l * p + stage),
-  // whose layers must be the `from` ranges; `optimizer` holds their state.
+  // whose layers must be the `from` ranges; `optimizer_state` (Optimizer::state_dict's form)
+  // holds their state.
   LayerMigration(int stage, int stages, std::vector<LayerRange> from, std::vector<LayerRange> to,
-                 const std::vector<std::shared_ptr<Sequential>>& chunks,
-                 const Optimizer& optimizer);
+                 const std::vector<std::shared_ptr<Sequential>>& chunks, StateDict optimizer_state);
 
   // Takes in a LayerTransfer for one of this stage's chunks, from the neighbouring chunk.
   void receive(const Message& transfer);
