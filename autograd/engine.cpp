@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/accumulation_hook.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/split_backward.h"
@@ -236,6 +237,7 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
     const Tensor& g = *meta_->grad;
     backend(g).binary(BinaryOp::add, g, grad_output, g);
   }
+  detail::gradient_accumulated(*meta_);
   return {};
 }
 

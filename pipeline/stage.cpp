@@ -1,10 +1,12 @@
 #include "pipeline/stage.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <set>
 #include <sstream>
 
+#include "autograd/accumulation_hook.h"
 #include "autograd/grad_mode.h"
 #include "pipeline/protocol/generate_messages.h"
 #include "pipeline/protocol/messages.h"
@@ -86,7 +88,7 @@ void Stage::run() {
   StreamGuard stream(stream_);
   AutocastGuard autocast(spec_.compute_dtype);
   try {
-    while (handle(comm_->receive())) {
+    while (handle(next_message())) {
     }
   } catch (const ClosedError&) {
   } catch (const std::exception& e) {
@@ -96,6 +98,13 @@ void Stage::run() {
   } catch (...) {
     report_error(name() + " stopped on an unknown exception");
   }
+}
+
+Message Stage::next_message() {
+  if (interrupted_.empty()) return comm_->receive();
+  Message message = std::move(interrupted_.front());
+  interrupted_.pop_front();
+  return message;
 }
 
 void Stage::report_error(const std::string& message) {
@@ -380,6 +389,12 @@ void Stage::run_ready_tasks() {
       inputs_.erase(input);
     }
     const double start = trace_clock_us();
+    // A chunk's last B or W on the CPU: its layers' gradients go to the sum as they are final.
+    std::optional<AccumulationHook> layer_buckets;
+    if (training_ && replica_group_ && spec_.device.is_cpu() &&
+        ready_after_task_.count(next_task_)) {
+      layer_buckets.emplace([this](const AutogradMeta& leaf) { gradient_final(leaf); });
+    }
     switch (task.phase) {
       case Phase::Forward:
         forward(task, tensor);
@@ -471,14 +486,24 @@ void Stage::plan_gradient_sum() {
   std::sort(last.begin(), last.end());
   sum_order_.clear();
   ready_after_task_.clear();
+  sum_position_.clear();
   std::vector<Tensor> tied_parameters;
   for (const auto& [at, local] : last) {
-    for (const auto& [name, p] : spec_.chunks[static_cast<size_t>(local)]->named_parameters()) {
-      (tied.count(name) ? tied_parameters : sum_order_).push_back(p);
+    // Last layer first: the order in which the backward finishes them.
+    const NamedParameters named = spec_.chunks[static_cast<size_t>(local)]->named_parameters();
+    for (auto it = named.rbegin(); it != named.rend(); ++it) {
+      if (tied.count(it->first)) {
+        tied_parameters.push_back(it->second);
+        continue;
+      }
+      if (at < tasks_.size()) sum_position_[it->second.impl().autograd.get()] = sum_order_.size();
+      sum_order_.push_back(it->second);
     }
     if (at < tasks_.size()) ready_after_task_[at] = sum_order_.size();
   }
   sum_order_.insert(sum_order_.end(), tied_parameters.begin(), tied_parameters.end());
+  final_.assign(sum_order_.size(), false);
+  shared_count_ = 0;
   for (auto& [to, message] : replica_group_->begin(sum_order_, step_)) {
     send(to, std::move(message));
   }
@@ -489,7 +514,33 @@ void Stage::share_gradients(size_t count) {
     sum_started_us_ = trace_clock_us();
     sum_shared_ = true;
   }
+  shared_count_ = std::max(shared_count_, count);
   for (auto& [to, message] : replica_group_->ready(count)) send(to, std::move(message));
+}
+
+void Stage::gradient_final(const AutogradMeta& leaf) {
+  const auto at = sum_position_.find(&leaf);
+  if (at == sum_position_.end()) return;
+  final_[at->second] = true;
+  size_t count = shared_count_;
+  while (count < final_.size() && final_[count]) ++count;
+  if (count == shared_count_) return;
+  share_gradients(count);
+  pump_replica_segments();
+}
+
+void Stage::pump_replica_segments() {
+  // Bounded like early_: beyond that, messages wait in the communicator until the task ends.
+  while (interrupted_.size() < kMaxEarlyMessages) {
+    std::optional<Message> message = comm_->try_receive(std::chrono::milliseconds(0));
+    if (!message) return;
+    if (message->kind == MessageKind::AllReduceSegment && message->step == step_ &&
+        accepts(*message)) {
+      for (auto& [to, out] : replica_group_->receive(*message)) send(to, std::move(out));
+    } else {
+      interrupted_.push_back(std::move(*message));
+    }
+  }
 }
 
 void Stage::receive_replica_segment(const Message& message) {
@@ -850,6 +901,9 @@ void Stage::reset() {
   sum_order_.clear();
   ready_after_task_.clear();
   sum_shared_ = false;
+  shared_count_ = 0;
+  sum_position_.clear();
+  final_.clear();
   generation_.clear();
   inputs_.clear();
   stash_.clear();

@@ -3,6 +3,7 @@
 // Communicator, and serves steps: for each step it runs its schedule's tasks one at a time,
 // each as soon as its input (an activation or a gradient) is in its inbox, and sends each
 // result on to the neighbouring stage or to the coordinator.
+#include <deque>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -107,10 +108,18 @@ class Stage {
   // the sums are in.
   void reduce_over_replicas();
   // With replicas, at a training step's start: the order the gradients are summed in (chunk by
-  // chunk as their last B or W task ends, tied parameters last) and the group's sum begun.
+  // chunk as their last B or W task ends, each chunk's last layer first; tied parameters last)
+  // and the group's sum begun.
   void plan_gradient_sum();
   // The first `count` parameters of that order have their final gradients: they go on.
   void share_gradients(size_t count);
+  // During a chunk's last B or W on the CPU (an AccumulationHook): `leaf` has its final
+  // gradient; the leading final ones go on at once, layer by layer, and the replicas' segments
+  // that have come are summed, while the backward goes on.
+  void gradient_final(const AutogradMeta& leaf);
+  void pump_replica_segments();
+  // The next message: one set aside by pump_replica_segments, or the communicator's.
+  Message next_message();
   void receive_replica_segment(const Message& message);
   // Ends the step once the replicas' sum is in, the tasks are done and the ties summed.
   void finish_step_when_summed();
@@ -185,6 +194,11 @@ class Stage {
   std::vector<Tensor> sum_order_;
   std::map<size_t, size_t> ready_after_task_;  // task index -> parameters final after it
   bool sum_shared_ = false;
+  size_t shared_count_ = 0;  // the leading parameters of sum_order_ gone to the sum
+  std::map<const AutogradMeta*, size_t> sum_position_;  // a chunk parameter's place in it
+  std::vector<bool> final_;                             // by place: its gradient is final
+  // Messages taken from the communicator during a task (pump_replica_segments), in order.
+  std::deque<Message> interrupted_;
   // Inputs that arrived, by (phase, microbatch, chunk).
   std::map<std::tuple<Phase, int, int>, Tensor> inputs_;
   // Data of a later step that arrived before that step's StepBegin.

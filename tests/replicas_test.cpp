@@ -465,34 +465,45 @@ TEST_CASE("replicas: a replica's worker that dies fails the step, naming its sta
 }
 
 TEST_CASE(
-    "replicas: the trace shows each stage's gradient sum after its last task, on a track "
-    "of its own",
+    "replicas: the trace shows each stage's gradient sum on a track of its own, begun layer "
+    "by layer during the stage's last backward (B, or W under zero-bubble) and ended after it",
     "[replicas]") {
-  Model model = make_mlp();
-  PipelineConfig config;
-  config.stages = 2;
-  config.replicas = 2;
-  config.microbatches = 4;
-  config.trace = true;
-  Pipeline pipeline(model.net, config);
-  pipeline.train_step(model.input, model.target);
-  std::map<int, double> last_task_end, sum_start;
-  std::map<int, int> sums;
-  for (const TraceEvent& e : pipeline.coordinator().trace().events()) {
-    if (e.task.phase == Phase::GradientSum) {
-      ++sums[e.task.stage];
-      sum_start[e.task.stage] = e.start_us;
-      CHECK(e.end_us >= e.start_us);
-    } else {
-      last_task_end[e.task.stage] = std::max(last_task_end[e.task.stage], e.end_us);
+  for (const std::string schedule : {"1f1b", "zbh1"}) {
+    INFO(schedule);
+    Model model = make_mlp();
+    PipelineConfig config;
+    config.stages = 2;
+    config.replicas = 2;
+    config.microbatches = 4;
+    config.schedule = schedule;
+    config.trace = true;
+    Pipeline pipeline(model.net, config);
+    pipeline.train_step(model.input, model.target);
+    std::map<int, TraceEvent> last_task, sum;
+    std::map<int, int> sums;
+    for (const TraceEvent& e : pipeline.coordinator().trace().events()) {
+      if (e.task.phase == Phase::GradientSum) {
+        ++sums[e.task.stage];
+        sum[e.task.stage] = e;
+      } else if (!last_task.count(e.task.stage) || e.end_us > last_task[e.task.stage].end_us) {
+        last_task[e.task.stage] = e;
+      }
     }
+    CHECK(sums == std::map<int, int>{{0, 1}, {1, 1}});
+    for (int s = 0; s < 2; ++s) {
+      INFO("stage " << s << ": last task " << last_task[s].task << " " << last_task[s].start_us
+                    << " - " << last_task[s].end_us << " us, sum " << sum[s].start_us << " - "
+                    << sum[s].end_us << " us");
+      CHECK(last_task[s].task.phase == (schedule == "zbh1" ? Phase::WeightGrad : Phase::Backward));
+      // One chunk per stage: its last layer's gradients went before the task's other layers'.
+      CHECK(sum[s].start_us > last_task[s].start_us);
+      CHECK(sum[s].start_us < last_task[s].end_us);
+      CHECK(sum[s].end_us >= last_task[s].end_us);
+    }
+    const std::string json = pipeline.coordinator().trace().chrome_json();
+    CHECK(json.find("stage 0: gradient sum") != std::string::npos);
+    CHECK(json.find("stage 1: gradient sum") != std::string::npos);
   }
-  CHECK(sums == std::map<int, int>{{0, 1}, {1, 1}});
-  // One chunk per stage: its gradients are final only after the stage's last task.
-  for (int s = 0; s < 2; ++s) CHECK(sum_start[s] >= last_task_end[s]);
-  const std::string json = pipeline.coordinator().trace().chrome_json();
-  CHECK(json.find("stage 0: gradient sum") != std::string::npos);
-  CHECK(json.find("stage 1: gradient sum") != std::string::npos);
 }
 
 TEST_CASE(

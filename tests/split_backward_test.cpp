@@ -2,10 +2,11 @@
 // part later add up to exactly what one backward gives, bit for bit.
 #include <catch2/catch.hpp>
 
+#include "autograd/accumulation_hook.h"
+#include "autograd/split_backward.h"
 #include "bitwise.h"
 #include "nn/builders.h"
 #include "pipit.h"
-#include "autograd/split_backward.h"
 
 using namespace pipit;
 using pipit::testing::bitwise_equal;
@@ -124,4 +125,59 @@ TEST_CASE("an input computed in the graph gets its gradient in B, its node's wor
   for (const Tensor& p : split.layers->parameters()) CHECK_FALSE(p.grad().defined());
   deferred.run();
   check_same_grads(*reference.layers, *split.layers);
+}
+
+TEST_CASE(
+    "AccumulationHook: each leaf is reported once per backward, after its gradient is added, in "
+    "a whole backward and in a split one's W",
+    "[autograd]") {
+  Chunk chunk = make_chunk(1, 3);
+  std::map<const AutogradMeta*, std::string> names;
+  for (const auto& [name, p] : chunk.layers->named_parameters()) {
+    names[p.impl().autograd.get()] = name;
+  }
+  const Tensor input = leaf_of(chunk.input);
+  for (const bool split : {false, true}) {
+    INFO((split ? "split" : "whole"));
+    chunk.layers->zero_grad();
+    const Tensor output = chunk.layers->forward(input);
+    const Tensor grad = ones_like(output);
+    std::map<std::string, int> reported;
+    bool added_before = true;
+    DeferredGradients deferred;
+    {
+      AccumulationHook hook([&](const AutogradMeta& leaf) {
+        const auto named = names.find(&leaf);
+        if (named == names.end()) return;  // the input leaf
+        ++reported[named->second];
+        added_before = added_before && leaf.grad && leaf.grad->defined();
+      });
+      if (split) {
+        deferred = backward_inputs_first(output, grad, {input});
+        CHECK(reported.empty());  // weight gradients are W's
+        deferred.run();
+      } else {
+        output.backward(grad);
+      }
+    }
+    CHECK(added_before);
+    CHECK(reported.size() == names.size());
+    for (const auto& [name, count] : reported) {
+      INFO(name);
+      CHECK(count == 1);
+    }
+  }
+  // Outside the hook's lifetime nothing is reported.
+  int after = 0;
+  {
+    AccumulationHook outer([&](const AutogradMeta&) { ++after; });
+    {
+      AccumulationHook inner([](const AutogradMeta&) {});
+    }
+    chunk.layers->forward(input).backward(ones_like(chunk.layers->forward(input)));
+  }
+  CHECK(after > 0);  // the outer hook is back once the inner one is gone
+  const int seen = after;
+  chunk.layers->forward(input).backward(ones_like(chunk.layers->forward(input)));
+  CHECK(after == seen);
 }
