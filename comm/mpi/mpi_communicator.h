@@ -45,9 +45,8 @@ struct MpiOptions {
   // a rank holds at most one pair's endpoint. A pipeline with two replicas pairs each stage's.
   std::vector<std::pair<int, int>> pair_sums;
   // MpiPipeline with two replicas and pair_sums empty: pair each stage's replicas. Off by
-  // default: on a 2-core VM with 4 ranks Open MPI's MPI_Iallreduce summed 16 MB in 2-4x the
-  // chain's time (bench/RESULTS.md, replicas); where MPI's collectives are tuned to the network,
-  // try it.
+  // default: on a 2-core VM with 4 ranks it was at best even with the chain (bench/RESULTS.md,
+  // replicas); where MPI's collectives are tuned to the network, try it.
   bool pair_replicas = false;
 };
 
