@@ -10,6 +10,8 @@
 //   mpirun -np 3 pipit_tests --mpi-role three-replica-pipeline SCHEDULE   (P/3 stages x 3 replicas)
 //   mpirun -np 6 pipit_tests --mpi-role recomputed-three-replica-pipeline SCHEDULE
 //     (the same, recomputing activations)
+//   mpirun -np P pipit_tests --mpi-role matrix-pipeline SCHEDULE R RECOMPUTE SHARD
+//     (P/R stages x R replicas (2 or 3); RECOMPUTE, SHARD: 0 or 1)
 //   mpirun -np 2 pipit_tests --mpi-role pair-sum         (Communicator::start_pair_sum)
 //   mpirun -np 2 pipit_tests --mpi-role mismatch            (rank 1 builds another model)
 //   mpirun -np 5 pipit_tests --mpi-role ps OPTIMIZER        (2 shards, 3 workers, sync mode)
@@ -88,11 +90,14 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   config.rank_layout = rank_layout;
   config.recompute = recompute ? "full" : "none";
   config.microbatches = replicas == 3 ? 1 : 4 / replicas;
+  if (schedule == "interleaved" && config.microbatches % config.stages != 0) {
+    config.microbatches = config.stages;  // interleaved 1F1B takes multiples of the stages
+  }
   config.schedule = schedule;
   config.chunks_per_stage = schedule == "interleaved" || schedule == "zbv" ? 2 : 1;
   config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
   Generator data(9);
-  const int64_t rows = replicas == 3 ? 9 : 8;
+  const int64_t rows = replicas * config.microbatches * (replicas == 3 ? 3 : 2);
   Tensor x = randn({rows, 6}, &data);
   std::vector<int64_t> labels;
   for (int64_t i = 0; i < rows; ++i) labels.push_back(i % 3);
@@ -410,7 +415,7 @@ inline int mpi_doorbells_role() {
 //   --mpi-role exchange | pipeline SCHEDULE | tied-pipeline SCHEDULE | generate SCHEDULE |
 //   all-reduce | pair-sum | replica-pipeline SCHEDULE [LAYOUT] | paired-replica-pipeline SCHEDULE |
 //   sharded-replica-pipeline SCHEDULE | three-replica-pipeline SCHEDULE |
-//   recomputed-three-replica-pipeline SCHEDULE |
+//   recomputed-three-replica-pipeline SCHEDULE | matrix-pipeline SCHEDULE R RECOMPUTE SHARD |
 //   mismatch | ps OPTIMIZER |
 //   killed | failing-worker | malformed | doorbells
 inline int mpi_role_main(int argc, char** argv) {
@@ -431,6 +436,10 @@ inline int mpi_role_main(int argc, char** argv) {
     }
     if (role == "three-replica-pipeline" && argc == 4) {
       return mpi_pipeline_role(argv[3], 5, false, 3);
+    }
+    if (role == "matrix-pipeline" && argc == 7) {
+      return mpi_pipeline_role(argv[3], 5, false, std::atoi(argv[4]), std::string(argv[6]) == "1",
+                               "stages", false, std::string(argv[5]) == "1");
     }
     if (role == "recomputed-three-replica-pipeline" && argc == 4) {
       return mpi_pipeline_role(argv[3], 5, false, 3, false, "stages", false, true);

@@ -225,6 +225,31 @@ TEST_CASE(
 #endif
 }
 
+// The whole matrix of tests/replicas_test.cpp as MPI ranks (96 mpirun jobs, a few minutes):
+// run it by hand, pipit_tests "[mpi_full]".
+TEST_CASE("MPI: every schedule, (p, r), recomputation and ZeRO-1 as ranks", "[.][mpi_full]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  for (const auto& [p, r] : std::vector<std::pair<int, int> >{{1, 2}, {2, 2}, {2, 3}, {4, 2}}) {
+    for (const std::string schedule : {"gpipe", "1f1b", "zbh1", "zbh2", "interleaved", "zbv"}) {
+      for (const std::string recompute : {"0", "1"}) {
+        for (const std::string shard : {"0", "1"}) {
+          const std::string role = "matrix-pipeline " + schedule + " " + std::to_string(r) + " " +
+                                   recompute + " " + shard;
+          INFO(role << " on " << p * r << " ranks");
+          const Run run = mpirun(p * r, role);
+          INFO(run.output);
+          CHECK(run.status == 0);
+          CHECK(run.output.find("pipeline ok") != std::string::npos);
+        }
+      }
+    }
+  }
+#endif
+}
+
 TEST_CASE(
     "MPI: a pair sum is MPI_Iallreduce's a + b, and a sum one side skipped is matched with "
     "nothing",

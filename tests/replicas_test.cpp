@@ -158,6 +158,41 @@ void check_state_held_once(Pipeline& pipeline, const Layout& layout) {
   }
 }
 
+// `layout` over TCP worker processes (the first p * r of `workers`), with `recompute`, against
+// the one-thread reference, bit for bit; `move`: between the steps every replica's stage 1
+// hands a layer to its stage 0, worker to worker, which changes nothing.
+void check_over_tcp(const Layout& layout, const std::string& recompute, bool move,
+                    std::vector<std::unique_ptr<pipit::testing::WorkerProcess>>& workers) {
+  INFO(layout.schedule << " p=" << layout.p << " r=" << layout.r << " sharded optimizer "
+                       << layout.shard_optimizer << " recompute " << recompute);
+  const int m = 4, steps = 2;
+  Model reference = make_gpt();
+  const std::vector<double> expected = accumulate_by_replica(reference, layout.r, m, steps);
+  Model remote = make_gpt();
+  PipelineConfig config = config_of(layout, m);
+  config.recompute = recompute;
+  std::vector<std::string> endpoints;
+  for (int e = 0; e < layout.p * layout.r; ++e) {
+    endpoints.push_back(workers[static_cast<size_t>(e)]->endpoint());
+  }
+  std::vector<double> losses;
+  StateDict weights;
+  {
+    DistributedPipeline pipeline(*remote.net, config, endpoints);
+    for (int step = 0; step < steps; ++step) {
+      if (step == 1 && move) pipeline.move_layers(1, 0, 1);
+      losses.push_back(pipeline.train_step(remote.input, remote.target));
+    }
+    weights = pipeline.coordinator().fetch_state().first;
+  }
+  CHECK(losses == expected);
+  for (const auto& [name, value] : reference.net->state_dict()) {
+    INFO(name);
+    REQUIRE(weights.count(name));
+    CHECK(bitwise_equal(weights.at(name), value));
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -356,7 +391,7 @@ TEST_CASE(
     "[replicas][distributed]") {
   std::vector<std::unique_ptr<pipit::testing::WorkerProcess>> workers;
   for (int i = 0; i < 8; ++i) workers.push_back(std::make_unique<pipit::testing::WorkerProcess>());
-  const int m = 4, steps = 2;
+  // Every schedule and every (p, r) of the threads test once.
   for (const Layout& layout : std::vector<Layout>{{"1f1b", 2, 2, 1},
                                                   {"zbh1", 2, 3, 1},
                                                   {"interleaved", 2, 2, 2},
@@ -364,35 +399,25 @@ TEST_CASE(
                                                   {"1f1b", 2, 3, 1, true},
                                                   {"zbv", 1, 2, 2, true},
                                                   {"zbh2", 4, 2, 1}}) {
-    INFO(layout.schedule << " p=" << layout.p << " r=" << layout.r << " sharded optimizer "
-                         << layout.shard_optimizer);
-    Model reference = make_gpt();
-    const std::vector<double> expected = accumulate_by_replica(reference, layout.r, m, steps);
-    Model remote = make_gpt();
-    PipelineConfig config = config_of(layout, m);
-    std::vector<std::string> endpoints;
-    for (int e = 0; e < layout.p * layout.r; ++e) {
-      endpoints.push_back(workers[static_cast<size_t>(e)]->endpoint());
-    }
-    std::vector<double> losses;
-    StateDict weights;
-    {
-      DistributedPipeline pipeline(*remote.net, config, endpoints);
-      for (int step = 0; step < steps; ++step) {
-        // Between the steps of the plain 2 x 2 run, every replica's stage 1 hands a layer to
-        // its stage 0, worker to worker: the results do not change.
-        if (step == 1 && layout.schedule == "1f1b") {
-          pipeline.move_layers(1, 0, 1);
-        }
-        losses.push_back(pipeline.train_step(remote.input, remote.target));
+    check_over_tcp(layout, layout.schedule == "zbh1" ? "full" : "none", layout.schedule == "1f1b",
+                   workers);
+  }
+}
+
+// The whole matrix of the threads test over TCP (about a minute in Release): run it by hand,
+// pipit_tests "[replicas_full]".
+TEST_CASE(
+    "p stages x r replicas over TCP workers: every schedule, (p, r), recomputation and "
+    "ZeRO-1",
+    "[.][replicas_full]") {
+  std::vector<std::unique_ptr<pipit::testing::WorkerProcess>> workers;
+  for (int i = 0; i < 8; ++i) workers.push_back(std::make_unique<pipit::testing::WorkerProcess>());
+  for (Layout layout : layouts()) {
+    for (const std::string recompute : {"none", "full"}) {
+      for (const bool shard : {false, true}) {
+        layout.shard_optimizer = shard;
+        check_over_tcp(layout, recompute, false, workers);
       }
-      weights = pipeline.coordinator().fetch_state().first;
-    }
-    CHECK(losses == expected);
-    for (const auto& [name, value] : reference.net->state_dict()) {
-      INFO(name);
-      REQUIRE(weights.count(name));
-      CHECK(bitwise_equal(weights.at(name), value));
     }
   }
 }
