@@ -219,8 +219,11 @@ struct MpiTransport::Impl {
     }
   };
   struct Pair {
-    int endpoint = 0, peer = 0;  // this rank's endpoint and the other's
-    MPI_Comm comm = MPI_COMM_NULL;
+    // Explicit, not default member initializers: std::optional<Pair> asks whether Pair is
+    // constructible while Impl is incomplete, which clang then answers no.
+    Pair(int endpoint, int peer) : endpoint(endpoint), peer(peer), comm(MPI_COMM_NULL) {}
+    int endpoint, peer;  // this rank's endpoint and the other's
+    MPI_Comm comm;
     std::deque<PairSum> starting;  // queued by start_pair_sum (under `mutex`)
     std::deque<PairSum> mine;      // named to the peer, not yet matched
     std::deque<PairSum> theirs;    // named by the peer, not yet matched (no tensor)
@@ -524,9 +527,7 @@ void open_pair(MpiTransport::Impl& t) {
     if (t.ranks.at(a) == t.rank || t.ranks.at(b) == t.rank) {
       color = static_cast<int>(i);
       const bool first = t.ranks.at(a) == t.rank;
-      t.pair.emplace();
-      t.pair->endpoint = first ? a : b;
-      t.pair->peer = first ? b : a;
+      t.pair.emplace(first ? a : b, first ? b : a);
     }
   }
   MPI_Comm comm = MPI_COMM_NULL;
