@@ -1,10 +1,10 @@
 #include "autograd/matmul.h"
 
 #include "autograd/autocast.h"
+#include "autograd/node.h"
 #include "autograd/reduce.h"
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
-#include "autograd/node.h"
 
 namespace pipit {
 namespace {
@@ -14,13 +14,6 @@ namespace {
 DType compute_dtype(const Tensor& a, const Tensor& b) {
   const DType autocast = autocast_dtype();
   return a.dtype() == DType::f32 && b.dtype() == DType::f32 ? autocast : a.dtype();
-}
-
-// t rounded to `dtype` (a copy only when it differs), outside the graph.
-Tensor operand(const Tensor& t, DType dtype) {
-  if (t.dtype() == dtype) return t;
-  NoGradGuard no_grad;
-  return t.to(dtype);
 }
 
 // Half operands produce f32 results: the f32 accumulation is kept, not rounded away.
@@ -58,7 +51,7 @@ Tensor mT(const Tensor& t) {
 struct MatmulBackward : Node {
   Tensor a, b;
   std::vector<Tensor> apply(const Tensor& g_out) override {
-    const Tensor g = operand(g_out, a.dtype());
+    const Tensor g = autocast_operand(g_out, a.dtype());
     Tensor ga, gb;
     if (next[0]) ga = sum_to(matmul_raw(g, mT(b)), a.shape());
     if (next[1]) {
@@ -79,7 +72,7 @@ struct LinearBackward : Node {
   std::vector<Tensor> apply(const Tensor& g) override {
     const int64_t out_features = weight.shape()[0];
     Tensor g2 = reshape(g, {-1, out_features});
-    Tensor g2_compute = operand(g2, weight.dtype());
+    Tensor g2_compute = autocast_operand(g2, weight.dtype());
     Tensor gx, gw, gb;
     if (next[0]) gx = reshape(matmul_raw(g2_compute, weight), x.shape());
     if (next[1]) gw = matmul_raw(mT(g2_compute), reshape(x, {-1, x.shape().back()}));
@@ -94,7 +87,7 @@ struct LinearBackward : Node {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   const DType compute = compute_dtype(a, b);
-  const Tensor a_compute = operand(a, compute), b_compute = operand(b, compute);
+  const Tensor a_compute = autocast_operand(a, compute), b_compute = autocast_operand(b, compute);
   Tensor out = matmul_raw(a_compute, b_compute);
   if (auto node = detail::make_node<MatmulBackward>(out, {a, b})) {
     node->a = a_compute.detach();
@@ -111,7 +104,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
               " differs from weight dtype ", weight.dtype());
   const int64_t out_features = weight.shape()[0];
   const DType compute = compute_dtype(x, weight);
-  const Tensor x_compute = operand(x, compute), weight_compute = operand(weight, compute);
+  const Tensor x_compute = autocast_operand(x, compute),
+               weight_compute = autocast_operand(weight, compute);
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The peer of bench/generate_speed.cpp: Hugging Face transformers' generate (KV cache on, SDPA
-attention, greedy, f32, CPU) on the same GPT-2 checkpoint and prompts. Prints one JSON line
-per batch size: new tokens per second (best of --reps) and an FNV-1a hash of the ids.
+attention, greedy, CPU) on the same GPT-2 checkpoint and prompts, in f32 or with the model in
+bf16 (--dtype bf16). Prints one JSON line per batch size: new tokens per second (best of --reps)
+and an FNV-1a hash of the ids.
   python bench/generate_speed.py --make DIR [--layers 12 --width 768 --heads 12]   # a random GPT-2
-  python bench/generate_speed.py --model DIR --batch 1 8 --new 256 [--reps 2]
+  python bench/generate_speed.py --model DIR --batch 1 8 --new 256 [--reps 2] [--dtype bf16]
 """
 import argparse
 import json
@@ -37,13 +38,15 @@ def main():
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--new", type=int, default=256)
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     args = parser.parse_args()
     if args.make:
         torch.manual_seed(0)
         config = GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=args.heads)
         GPT2LMHeadModel(config).save_pretrained(args.make)
         return
-    model = GPT2LMHeadModel.from_pretrained(args.model).eval()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    model = GPT2LMHeadModel.from_pretrained(args.model, dtype=dtype).eval()
     model.generation_config.eos_token_id = None  # every row runs --new tokens, as pipit's
     vocab = model.config.vocab_size
     for batch in args.batch:
@@ -57,7 +60,7 @@ def main():
             best = min(best, time.perf_counter() - start)
         new = out[:, args.prompt:].tolist()
         print(json.dumps({"tool": f"transformers {__import__('transformers').__version__}",
-                          "batch": batch, "tokens_per_s": batch * args.new / best,
+                          "batch": batch, "dtype": args.dtype, "tokens_per_s": batch * args.new / best,
                           "fnv": fnv(new), "threads": torch.get_num_threads()}), flush=True)
 
 

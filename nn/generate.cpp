@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "nn/layers.h"
@@ -129,7 +130,10 @@ CachedLayers::CachedLayers(const Sequential& layers, int64_t batch, int64_t capa
     if (block) {
       const Tensor weight = block->attn->qkv->weight;
       const int64_t heads = block->attn->heads(), head_dim = weight.shape()[1] / heads;
-      const TensorOptions options{weight.dtype(), weight.device()};
+      // Under autocast attention reads keys and values rounded to the compute dtype: the
+      // cache holds them so, rounded once when stored instead of at every step's read.
+      const DType compute = weight.dtype() == DType::f32 ? autocast_dtype() : weight.dtype();
+      const TensorOptions options{compute, weight.device()};
       cache = {empty({batch, heads, capacity, head_dim}, options),
                empty({batch, heads, capacity, head_dim}, options)};
     }
@@ -280,6 +284,8 @@ std::vector<std::vector<int64_t>> generate(Sequential& model,
   LocalStepper stepper(model);
   NoGradGuard no_grad;
   EvalGuard eval(model);
+  AutocastGuard autocast(options.dtype);
+  CastCache weights_rounded_once;
   return generate(stepper, prompts, options);
 }
 

@@ -80,13 +80,20 @@ Tensor CausalSelfAttention::forward_step(const Tensor& x, KvCacheLayer& cache, i
   backend(v).copy(v, narrow(cache.values, 2, start, T));
   const Tensor keys = narrow(cache.keys, 2, 0, start + T);
   const Tensor values = narrow(cache.values, 2, 0, start + T);
+  // A cache in autocast's dtype (CachedLayers) holds k and v as autocast would round them;
+  // q and the weights are rounded here, so the products are autocast's, bit for bit.
+  const DType compute = cache.keys.dtype();
+  const Tensor q_compute = autocast_operand(q, compute);
   Tensor heads_out;
   if (!mask.defined()) {
-    heads_out = scaled_dot_product_attention(q, keys, values, /*is_causal=*/true);
+    heads_out = scaled_dot_product_attention(q_compute, keys, values, /*is_causal=*/true);
+    // As autocast widens its result: the [B, T, H, D] memory kept.
+    if (heads_out.dtype() != x.dtype())
+      heads_out = transpose(transpose(heads_out, 1, 2).to(x.dtype()), 1, 2);
   } else {
     const Tensor scores =
-        matmul(q, transpose(keys, -1, -2)) * (1.0 / std::sqrt(static_cast<double>(D)));
-    heads_out = matmul(softmax(scores + mask, -1), values);
+        matmul(q_compute, transpose(keys, -1, -2)) * (1.0 / std::sqrt(static_cast<double>(D)));
+    heads_out = matmul(autocast_operand(softmax(scores + mask, -1), compute), values);
   }
   return proj->forward(reshape(permute(heads_out, {0, 2, 1, 3}), {B, T, width_}));
 }

@@ -28,6 +28,8 @@ void PipelineStepper::end() {
 std::vector<std::vector<int64_t>> generate(Coordinator& coordinator, const Sequential& model,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options) {
+  PIPIT_CHECK(options.dtype == DType::f32, "generate: options.dtype is ", options.dtype,
+              "; a pipeline's stages compute in their own compute dtype (leave it F32)");
   PipelineStepper stepper(coordinator, model);
   return generate(stepper, prompts, options);
 }

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   flags.add("top-p", "1", "sample among the most likely tokens holding this probability");
   flags.add("seed", "0", "random seed for sampling");
   flags.add("device", "cpu", "cpu or cuda");
+  flags.add("dtype", "f32", "the products' dtype: f32, or bf16 (half the bytes per token)");
   flags.parse(argc, argv);
   if (flags.str("model").empty()) flags.fail("--model is required");
   if (flags.str("prompt").empty() == flags.str("ids").empty()) {
@@ -53,6 +54,9 @@ int main(int argc, char** argv) {
     options.top_k = flags.integer("top-k", 0);
     options.top_p = flags.number("top-p");
     options.seed = static_cast<uint64_t>(flags.integer("seed", 0));
+    const std::string dtype = flags.str("dtype");
+    if (dtype != "f32" && dtype != "bf16") flags.fail("--dtype must be f32 or bf16, got " + dtype);
+    options.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
 
     std::vector<int64_t> prompt;
     std::optional<text::Tokenizer> tokenizer;

@@ -116,15 +116,4 @@ float half_to_float(uint16_t bits) {
   return bits_float(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
 }
 
-uint16_t float_to_bfloat16(float value) {
-  uint32_t x = float_bits(value);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>((x + rounding) >> 16);
-}
-
-float bfloat16_to_float(uint16_t bits) {
-  return bits_float(static_cast<uint32_t>(bits) << 16);
-}
-
 }  // namespace pipit

@@ -1,6 +1,7 @@
 // Hugging Face GPT-2 checkpoints, tied weights and generation with a KV cache, checked against
 // what `transformers` computed (tests/data/hf_gpt2, made by tests/make_hf_gpt2_reference.py):
 // logits within 1e-5 on f32 CPU, greedy generations token for token.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -347,4 +348,36 @@ TEST_CASE("CUDA: generation on the GPU gives the CPU's greedy tokens, and transf
           ids(reference().at("greedy_" + std::to_string(i))));
   }
   set_float32_matmul_precision(precision);
+}
+
+TEST_CASE("generation in bf16 rounds the weights: a logit lead smaller than bf16's step is lost",
+          "[hf_gpt2]") {
+  // The final LayerNorm outputs ones whatever the input (weight 0, bias 1), so the logits are
+  // the head's row sums: row 1 leads row 0 by 2^-10 in f32, and ties it once rounded to bf16,
+  // where greedy takes the lower id.
+  GptConfig c;
+  c.vocab_size = 16;
+  c.context = 32;
+  c.layers = 1;
+  c.heads = 2;
+  c.width = 8;
+  c.head_bias = false;
+  auto model = gpt(c);
+  auto* ln_f = dynamic_cast<LayerNorm*>((*model)[model->size() - 2].get());
+  auto* head = dynamic_cast<Linear*>((*model)[model->size() - 1].get());
+  REQUIRE(ln_f != nullptr);
+  REQUIRE(head != nullptr);
+  std::fill_n(ln_f->weight.data<float>(), c.width, 0.0f);
+  std::fill_n(ln_f->bias.data<float>(), c.width, 1.0f);
+  float* rows = head->weight.data<float>();
+  std::fill_n(rows, c.vocab_size * c.width, 0.0f);
+  std::fill_n(rows, c.width, 1.0f);
+  std::fill_n(rows + c.width, c.width, 1.0f + 1.0f / 1024.0f);
+  GenerationOptions options;
+  options.max_new_tokens = 6;
+  CHECK(generate(*model, {{3, 4, 5}}, options).at(0) == std::vector<int64_t>(6, 1));
+  options.dtype = DType::bf16;
+  CHECK(generate(*model, {{3, 4, 5}}, options).at(0) == std::vector<int64_t>(6, 0));
+  CHECK(generate(*model, {{3, 4, 5}, {7}}, options) ==
+        std::vector<std::vector<int64_t>>(2, std::vector<int64_t>(6, 0)));
 }

@@ -4,8 +4,11 @@
 // large enough to be split into tiles. The bound is the classic one for a K-term dot product
 // in float, K * 2^-24 * sum |a_ik * b_kj| (with a factor 2 to spare), so a provider that
 // loses precision, reads a wrong stride or drops a tile fails.
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "pipit.h"
 #include "tensor/cpu/cpu_backend.h"
@@ -145,4 +148,70 @@ TEST_CASE("matmul results are the same bits run to run and at any thread count",
     CHECK(products() == first);
     set_num_threads(threads);
   });
+}
+
+namespace {
+
+// sum_k x[k] w[k] in lane_sum's order (tensor/cpu/vec_math.h): eight interleaved partial
+// sums, added in a fixed tree.
+float lane_dot(const float* x, const float* w, int64_t K) {
+  float acc[8] = {};
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += x[k + j] * w[k + j];
+  }
+  for (int j = 0; k + j < K; ++j) acc[j] += x[k + j] * w[k + j];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "products of few rows by a weight, f32 or bf16, are summed in one fixed order at any "
+    "thread count",
+    "[tensor]") {
+  // Generation's products (a row per token against a Linear's weight) read the weight where
+  // it lies; each element is the same lane-ordered f32 sum of the (widened) products, which no
+  // BLAS kernel reproduces bit for bit.
+  const int threads = get_num_threads();
+  Generator generator(21);
+  for (const auto& [rows, K, N, bf16] : std::vector<std::array<int64_t, 4>>{{1, 768, 200, 1},
+                                                                            {3, 37, 130, 1},
+                                                                            {16, 5, 64, 1},
+                                                                            {2, 1000, 65, 1},
+                                                                            {1, 768, 200, 0},
+                                                                            {5, 37, 130, 0},
+                                                                            {16, 300, 67, 0}}) {
+    const DType dtype = bf16 ? DType::bf16 : DType::f32;
+    INFO(rows << " x " << K << " by " << K << " x " << N << " in " << dtype);
+    const Tensor x = randn({rows, K}, &generator).to(dtype);
+    const Tensor w = randn({N, K}, &generator).to(dtype);
+    const std::vector<float> xs = x.to_vector<float>(), ws = w.to_vector<float>();
+    for (const int t : {1, 2, 4}) {
+      set_num_threads(t);
+      const Tensor out = matmul(x, transpose(w, 0, 1));
+      REQUIRE(out.dtype() == DType::f32);
+      const std::vector<float> got = out.to_vector<float>();
+      int64_t mismatches = 0;
+      for (int64_t m = 0; m < rows; ++m) {
+        for (int64_t n = 0; n < N; ++n) {
+          const float want = lane_dot(&xs[size_t(m * K)], &ws[size_t(n * K)], K);
+          if (std::memcmp(&got[size_t(m * N + n)], &want, sizeof want) != 0) ++mismatches;
+        }
+      }
+      CHECK(mismatches == 0);
+    }
+  }
+  // A batch of rows folds into one product: [2, 3, K] rows against a broadcast weight.
+  const Tensor x = randn({2, 3, 40}, &generator).to(DType::bf16);
+  const Tensor w = randn({9, 40}, &generator).to(DType::bf16);
+  const std::vector<float> got = matmul(x, transpose(w, 0, 1)).to_vector<float>();
+  const std::vector<float> xs = x.to_vector<float>(), ws = w.to_vector<float>();
+  for (int64_t m = 0; m < 6; ++m) {
+    for (int64_t n = 0; n < 9; ++n) {
+      const float want = lane_dot(&xs[size_t(m * 40)], &ws[size_t(n * 40)], 40);
+      CHECK(std::memcmp(&got[size_t(m * 9 + n)], &want, sizeof want) == 0);
+    }
+  }
+  set_num_threads(threads);
 }

@@ -336,3 +336,34 @@ TEST_CASE("devices and dtypes in pipeline configs and stage packages", "[autocas
   config.devices = {"cuda:" + std::to_string(cuda_device_count())};
   CHECK_THROWS_WITH(Pipeline(model, config), Catch::Contains("cuda:"));
 }
+
+TEST_CASE("a CastCache rounds each parameter once and drops the copies when it closes",
+          "[autocast]") {
+  Generator g(14);
+  Tensor w = randn({5, 6}, &g).requires_grad_();
+  Tensor x = randn({3, 6}, &g);  // an activation: never cached
+  auto scale_in_place = [](Tensor& t, float by) {
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] *= by;
+  };
+  auto bits = [](const Tensor& t) { return t.to_vector<float>(); };
+  auto doubled = [](std::vector<float> v, float by) {
+    for (float& e : v) e *= by;
+    return v;
+  };
+  NoGradGuard no_grad;
+  AutocastGuard autocast(DType::bf16);
+  std::vector<float> first;
+  {
+    CastCache outer;
+    first = bits(linear(x, w, {}));
+    { CastCache inner; }  // closing a nested cache keeps the outer one's copies
+    // Parameters must not change inside a cache; changing one here shows the copy reused.
+    scale_in_place(w, 2.0f);
+    CHECK(bits(linear(x, w, {})) == first);
+    // Scaling by 2 is exact in bf16 and f32, so a fresh rounding of x doubles every bit.
+    scale_in_place(x, 2.0f);
+    CHECK(bits(linear(x, w, {})) == doubled(first, 2.0f));
+  }
+  CHECK(bits(linear(x, w, {})) == doubled(first, 4.0f));  // w rounded afresh
+}

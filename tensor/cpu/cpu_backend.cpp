@@ -29,28 +29,36 @@ std::atomic<int> g_threads{initial_threads()};
 template <typename D, typename S>
 void copy_typed(const Tensor& src, const Tensor& dst) {
   auto loop = cpu::make_loop<2>(dst.shape(), {&dst, &src});
-  cpu::for_each_row<2>(loop, {byte_ptr(dst), byte_ptr(src)}, {sizeof(D), sizeof(S)},
-                       [&](auto p, int64_t n, auto s) {
-                         D* d = reinterpret_cast<D*>(p[0]);
-                         const S* x = reinterpret_cast<const S*>(p[1]);
-                         if constexpr (std::is_same_v<D, S>) {
-                           if (s[0] == 1 && s[1] == 1) {
-                             std::memcpy(d, x, static_cast<size_t>(n) * sizeof(D));
-                             return;
-                           }
-                           // Never through double: i64 beyond 2^53 would round, and near
-                           // INT64_MAX convert back out of range (undefined behaviour).
-                           for (int64_t i = 0; i < n; ++i) d[i * s[0]] = x[i * s[1]];
-                           return;
-                         }
-                         for (int64_t i = 0; i < n; ++i) {
-                           if constexpr (std::is_same_v<D, bool>) {
-                             d[i * s[0]] = static_cast<double>(x[i * s[1]]) != 0.0;
-                           } else {
-                             d[i * s[0]] = D(static_cast<double>(x[i * s[1]]));
-                           }
-                         }
-                       });
+  cpu::for_each_row<2>(
+      loop, {byte_ptr(dst), byte_ptr(src)}, {sizeof(D), sizeof(S)}, [&](auto p, int64_t n, auto s) {
+        D* d = reinterpret_cast<D*>(p[0]);
+        const S* x = reinterpret_cast<const S*>(p[1]);
+        if constexpr (std::is_same_v<D, S>) {
+          if (s[0] == 1 && s[1] == 1) {
+            std::memcpy(d, x, static_cast<size_t>(n) * sizeof(D));
+            return;
+          }
+          // Never through double: i64 beyond 2^53 would round, and near
+          // INT64_MAX convert back out of range (undefined behaviour).
+          for (int64_t i = 0; i < n; ++i) d[i * s[0]] = x[i * s[1]];
+          return;
+        }
+        if constexpr (std::is_same_v<D, cpu::BFloat16> && std::is_same_v<S, float>) {
+          for (int64_t i = 0; i < n; ++i) d[i * s[0]].bits = float_to_bfloat16(x[i * s[1]]);
+          return;
+        }
+        if constexpr (std::is_same_v<D, float> && std::is_same_v<S, cpu::BFloat16>) {
+          for (int64_t i = 0; i < n; ++i) d[i * s[0]] = bfloat16_to_float(x[i * s[1]].bits);
+          return;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          if constexpr (std::is_same_v<D, bool>) {
+            d[i * s[0]] = static_cast<double>(x[i * s[1]]) != 0.0;
+          } else {
+            d[i * s[0]] = D(static_cast<double>(x[i * s[1]]));
+          }
+        }
+      });
 }
 
 template <typename T, typename F>

@@ -25,10 +25,12 @@
 
 #include <atomic>
 #include <limits>
+#include <vector>
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/loop.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/gemm_layout.h"
 #include "tensor/kernel_layout.h"
 
@@ -185,6 +187,62 @@ void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, boo
   });
 }
 
+// Products of at most this many rows by a weight (generation, a token per row) run
+// weight_columns (vec_kernels.cpp), which reads the weight once, as it lies, with the
+// prefetching such a read needs: the product is bound by reading the weight, which GEMM
+// libraries read at a fraction of the memory's speed here. bf16 weights are read as bf16.
+constexpr int64_t kFewRows = 16;
+// Columns per task: enough work to be worth a thread, few enough to balance.
+constexpr int64_t kColumnTile = 64;
+
+// The product above when it applies: a [..., M, K] (f32, or bf16 with a bf16 weight) with rows
+// in memory order and b a matrix broadcast over the batch whose transpose is row-major (a
+// Linear's weight), f32 out. Each element is one weight_columns sum, so the bits do not depend
+// on the thread count.
+bool few_rows_by_weight(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
+  const bool f32 = a.dtype() == DType::f32 && b.dtype() == DType::f32;
+  const bool bf16 = a.dtype() == DType::bf16 && b.dtype() == DType::bf16;
+  if (!(f32 || bf16) || out.dtype() != DType::f32) return false;
+  const int64_t r = out.dim();
+  const int64_t M = out.shape()[r - 2], N = out.shape()[r - 1], K = a.shape()[r - 1];
+  int64_t batch = 1;
+  for (int64_t d = 0; d < r - 2; ++d) {
+    batch *= out.shape()[d];
+    if (b.strides()[d] != 0 && b.shape()[d] != 1) return false;
+  }
+  const MatrixLayout la = layout_of(a), lb = layout_of(b);
+  if (!la.usable || la.transposed || !lb.usable || !lb.transposed) return false;
+  if (batch != 1 && !batch_folds_into_rows(a, la)) return false;
+  const int64_t rows = M * batch;
+  if (rows > kFewRows || rows == 0 || N == 0 || K == 0) return false;
+  // a's rows, packed (and widened from bf16): a few KB.
+  std::vector<float> packed(static_cast<size_t>(rows * K));
+  for (int64_t m = 0; m < rows; ++m) {
+    float* row = packed.data() + m * K;
+    if (f32) {
+      std::copy_n(a.data<float>() + m * la.ld, K, row);
+    } else {
+      const auto* bits = static_cast<const uint16_t*>(a.raw_data()) + m * la.ld;
+      for (int64_t k = 0; k < K; ++k) row[k] = bfloat16_to_float(bits[k]);
+    }
+  }
+  float* c = out.data<float>();
+  const float beta = accumulate ? 1.0f : 0.0f;
+  const int64_t tiles = ceil_div(N, kColumnTile);
+  const int threads = static_cast<int>(std::min<int64_t>(
+      {get_num_threads(), tiles, std::max<int64_t>(1, gemm_work(rows, N, K) / kTileWork)}));
+  cpu::parallel_range(tiles, threads, [&](int64_t begin, int64_t end) {
+    const int64_t n0 = begin * kColumnTile, n1 = std::min(N, end * kColumnTile);
+    if (f32) {
+      cpu::weight_columns(rows, n0, n1, K, packed.data(), b.data<float>(), lb.ld, beta, c, N);
+    } else {
+      cpu::weight_columns(rows, n0, n1, K, packed.data(),
+                          static_cast<const uint16_t*>(b.raw_data()), lb.ld, beta, c, N);
+    }
+  });
+  return true;
+}
+
 }  // namespace
 
 namespace cpu {
@@ -237,6 +295,7 @@ const char* cpu_gemm_provider() {
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   PIPIT_CHECK(out.is_contiguous(), "matmul: output must be contiguous");
+  if (few_rows_by_weight(a, b, out, accumulate)) return;
   if (a.dtype() == DType::bf16 || a.dtype() == DType::f16) {
     // Half inputs widen exactly to f32, so an f32 GEMM of the widened copies is the f32
     // accumulation the CUDA backend does on tensor cores.

@@ -1,6 +1,9 @@
 // The row kernels of vec_math.h. AVX2 runs the exp polynomial eight lanes at a time instead of
 // four, which more than halves GELU, softmax, sigmoid and tanh; the baseline clone keeps pipit
 // running on any x86-64 CPU.
+#include <bit>
+#include <type_traits>
+
 #include "tensor/cpu/vec_math.h"
 
 // Clones dispatch through an ifunc resolver, which runs before the sanitizer runtime starts.
@@ -30,6 +33,115 @@ PIPIT_ROW_KERNEL void sigmoid_row(const float* x, float* y, int64_t n) {
 
 PIPIT_ROW_KERNEL void tanh_row(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = fast_tanh(x[i]);
+}
+
+namespace {
+
+using Float8 = float __attribute__((vector_size(32)));
+using Bits8 = uint32_t __attribute__((vector_size(32)));
+using Half8 = uint16_t __attribute__((vector_size(16)));
+// The same, for loads from any address: read through these, the vectors stay in registers
+// (copied with memcpy, GCC staged them through the stack).
+using Float8Load = float __attribute__((vector_size(32), aligned(4), may_alias));
+using Half8Load = uint16_t __attribute__((vector_size(16), aligned(2), may_alias));
+
+[[gnu::always_inline]] inline float widen(float x) {
+  return x;
+}
+[[gnu::always_inline]] inline float widen(uint16_t x) {
+  return std::bit_cast<float>(static_cast<uint32_t>(x) << 16);
+}
+
+// sums[r * C + j] = sum_k a[r, k] w_j[k] for R rows of a (row stride K) and C weight rows w_j
+// (w + j * ldw), each in lane_sum's order; each load of a row of w serves the R rows of a and
+// each load of a the C rows of w. Vectors stay local: passed or returned, GCC warns that their
+// ABI differs between the two clones.
+template <int R, int C, typename W>
+[[gnu::always_inline]] inline void rows_by_weight(const float* a, int64_t K, const W* w,
+                                                  int64_t ldw, float* sums) {
+  Float8 acc[R][C] = {};
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    // The next C rows of w, as far into them as these are: the hardware prefetcher loses
+    // track of C interleaved streams, and generation reads w from memory, not from cache.
+    __builtin_prefetch(w + C * ldw + C * k);
+    Float8 wide[C];
+    for (int j = 0; j < C; ++j) {
+      if constexpr (std::is_same_v<W, float>) {
+        wide[j] = *reinterpret_cast<const Float8Load*>(w + j * ldw + k);
+      } else {
+        // bf16 is the top half of an f32: widening is a shift (the cast keeps the bits).
+        const Half8 half = *reinterpret_cast<const Half8Load*>(w + j * ldw + k);
+        wide[j] = (Float8)(__builtin_convertvector(half, Bits8) << 16);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const Float8 x = *reinterpret_cast<const Float8Load*>(a + r * K + k);
+      for (int j = 0; j < C; ++j) acc[r][j] += x * wide[j];
+    }
+  }
+  for (int l = 0; k + l < K; ++l) {
+    for (int j = 0; j < C; ++j) {
+      const float wide = widen(w[j * ldw + k + l]);
+      for (int r = 0; r < R; ++r) acc[r][j][l] += a[r * K + k + l] * wide;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) {
+      const Float8& v = acc[r][j];
+      sums[r * C + j] = ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+    }
+  }
+}
+
+// Rows [m, m + R) by columns [n, n + C) into c.
+template <int R, int C, typename W>
+[[gnu::always_inline]] inline void weight_block(int64_t m, int64_t n, int64_t K, const float* a,
+                                                const W* bt, int64_t ldb, float beta, float* c,
+                                                int64_t ldc) {
+  float sums[R * C];
+  rows_by_weight<R, C>(a + m * K, K, bt + n * ldb, ldb, sums);
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < C; ++j) {
+      float& out = c[(m + r) * ldc + n + j];
+      out = beta == 0.0f ? sums[r * C + j] : beta * out + sums[r * C + j];
+    }
+  }
+}
+
+template <typename W>
+[[gnu::always_inline]] inline void columns_by_weight(int64_t M, int64_t n0, int64_t n1, int64_t K,
+                                                     const float* a, const W* bt, int64_t ldb,
+                                                     float beta, float* c, int64_t ldc) {
+  // Blocks of 4 rows by 2 columns, or 1 row by 4 columns: a dozen vector registers at most.
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+      weight_block<4, 2>(m, n, K, a, bt, ldb, beta, c, ldc);
+      weight_block<4, 2>(m, n + 2, K, a, bt, ldb, beta, c, ldc);
+    }
+    for (; m < M; ++m) weight_block<1, 4>(m, n, K, a, bt, ldb, beta, c, ldc);
+  }
+  for (; n < n1; ++n) {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) weight_block<4, 1>(m, n, K, a, bt, ldb, beta, c, ldc);
+    for (; m < M; ++m) weight_block<1, 1>(m, n, K, a, bt, ldb, beta, c, ldc);
+  }
+}
+
+}  // namespace
+
+PIPIT_ROW_KERNEL void weight_columns(int64_t M, int64_t n0, int64_t n1, int64_t K, const float* a,
+                                     const float* bt, int64_t ldb, float beta, float* c,
+                                     int64_t ldc) {
+  columns_by_weight(M, n0, n1, K, a, bt, ldb, beta, c, ldc);
+}
+
+PIPIT_ROW_KERNEL void weight_columns(int64_t M, int64_t n0, int64_t n1, int64_t K, const float* a,
+                                     const uint16_t* bt, int64_t ldb, float beta, float* c,
+                                     int64_t ldc) {
+  columns_by_weight(M, n0, n1, K, a, bt, ldb, beta, c, ldc);
 }
 
 }  // namespace pipit::cpu

@@ -121,6 +121,13 @@ void gelu_row(const float* x, float* y, int64_t n);
 void gelu_backward_row(const float* grad, const float* x, float* y, int64_t n);
 void sigmoid_row(const float* x, float* y, int64_t n);
 void tanh_row(const float* x, float* y, int64_t n);
+// c[m, n] = beta c[m, n] + sum_k a[m, k] bt[n, k] for columns n in [n0, n1) and rows m in
+// [0, M), with a f32 [M, K] (row stride K) and bt a weight [N, K] (row stride ldb), f32 or
+// bf16 bits, each sum in lane_sum's order: a product of few rows by a weight, read once.
+void weight_columns(int64_t M, int64_t n0, int64_t n1, int64_t K, const float* a, const float* bt,
+                    int64_t ldb, float beta, float* c, int64_t ldc);
+void weight_columns(int64_t M, int64_t n0, int64_t n1, int64_t K, const float* a,
+                    const uint16_t* bt, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // y = e^(x - shift) over n elements: the vectorised row above for float, libm for double.
 inline void exp_shifted(const float* x, float shift, float* y, int64_t n) {
