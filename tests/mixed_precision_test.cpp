@@ -366,4 +366,6 @@ TEST_CASE("a CastCache rounds each parameter once and drops the copies when it c
     CHECK(bits(linear(x, w, {})) == doubled(first, 2.0f));
   }
   CHECK(bits(linear(x, w, {})) == doubled(first, 4.0f));  // w rounded afresh
+  CastCache next;  // starts empty: the closed cache's copy of w is gone
+  CHECK(bits(linear(x, w, {})) == doubled(first, 4.0f));
 }
