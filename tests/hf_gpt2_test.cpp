@@ -68,6 +68,18 @@ void copy_checkpoint(const std::string& name, const fs::path& to) {
   fs::copy(kDir + "/" + name, to, fs::copy_options::recursive);
 }
 
+// A one-layer, two-head GPT with GPT-2's head (no bias).
+GptConfig one_layer(int64_t vocab, int64_t context, int64_t width) {
+  GptConfig c;
+  c.vocab_size = vocab;
+  c.context = context;
+  c.layers = 1;
+  c.heads = 2;
+  c.width = width;
+  c.head_bias = false;
+  return c;
+}
+
 std::string error_of(const std::function<void()>& run) {
   try {
     run();
@@ -107,14 +119,8 @@ TEST_CASE("a tied head is the token embedding: one tensor, listed and saved once
 
 TEST_CASE("a tied weight's gradient sums the embedding's and the head's, and one update moves both",
           "[hf_gpt2]") {
-  GptConfig c;
-  c.vocab_size = 40;
-  c.context = 8;
-  c.layers = 1;
-  c.heads = 2;
-  c.width = 16;
+  GptConfig c = one_layer(40, 8, 16);
   c.tie_embeddings = true;
-  c.head_bias = false;
   Generator generator(3);
   auto tied = gpt(c, &generator);
   // The same model untied: its head holds a copy of the embedding.
@@ -355,13 +361,7 @@ TEST_CASE("generation in bf16 rounds the weights: a logit lead smaller than bf16
   // The final LayerNorm outputs ones whatever the input (weight 0, bias 1), so the logits are
   // the head's row sums: row 1 leads row 0 by 2^-10 in f32, and ties it once rounded to bf16,
   // where greedy takes the lower id.
-  GptConfig c;
-  c.vocab_size = 16;
-  c.context = 32;
-  c.layers = 1;
-  c.heads = 2;
-  c.width = 8;
-  c.head_bias = false;
+  const GptConfig c = one_layer(16, 32, 8);
   auto model = gpt(c);
   auto* ln_f = dynamic_cast<LayerNorm*>((*model)[model->size() - 2].get());
   auto* head = dynamic_cast<Linear*>((*model)[model->size() - 1].get());
