@@ -63,9 +63,8 @@ Tensor autocast_operand(const Tensor& t, DType dtype) {
   for (const CachedCast& entry : cast_cache.entries) {
     if (entry.rounded.dtype() == dtype && same_view(entry.source, t)) return entry.rounded;
   }
-  Tensor rounded = round_to(t, dtype);
-  cast_cache.entries.push_back({t, rounded});
-  return rounded;
+  cast_cache.entries.push_back({t, round_to(t, dtype)});
+  return cast_cache.entries.back().rounded;
 }
 
 }  // namespace pipit

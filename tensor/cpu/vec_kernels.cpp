@@ -2,6 +2,7 @@
 // four, which more than halves GELU, softmax, sigmoid and tanh; the baseline clone keeps pipit
 // running on any x86-64 CPU.
 #include <bit>
+#include <cstring>
 #include <type_traits>
 
 #include "tensor/cpu/vec_math.h"
@@ -40,10 +41,6 @@ namespace {
 using Float8 = float __attribute__((vector_size(32)));
 using Bits8 = uint32_t __attribute__((vector_size(32)));
 using Half8 = uint16_t __attribute__((vector_size(16)));
-// The same, for loads from any address: read through these, the vectors stay in registers
-// (copied with memcpy, GCC staged them through the stack).
-using Float8Load = float __attribute__((vector_size(32), aligned(4), may_alias));
-using Half8Load = uint16_t __attribute__((vector_size(16), aligned(2), may_alias));
 
 [[gnu::always_inline]] inline float widen(float x) {
   return x;
@@ -67,16 +64,21 @@ template <int R, int C, typename W>
     __builtin_prefetch(w + C * ldw + C * k);
     Float8 wide[C];
     for (int j = 0; j < C; ++j) {
+      // memcpy into locals: unaligned loads that stay in registers.
       if constexpr (std::is_same_v<W, float>) {
-        wide[j] = *reinterpret_cast<const Float8Load*>(w + j * ldw + k);
+        Float8 loaded;
+        std::memcpy(&loaded, w + j * ldw + k, sizeof loaded);
+        wide[j] = loaded;
       } else {
         // bf16 is the top half of an f32: widening is a shift (the cast keeps the bits).
-        const Half8 half = *reinterpret_cast<const Half8Load*>(w + j * ldw + k);
+        Half8 half;
+        std::memcpy(&half, w + j * ldw + k, sizeof half);
         wide[j] = (Float8)(__builtin_convertvector(half, Bits8) << 16);
       }
     }
     for (int r = 0; r < R; ++r) {
-      const Float8 x = *reinterpret_cast<const Float8Load*>(a + r * K + k);
+      Float8 x;
+      std::memcpy(&x, a + r * K + k, sizeof x);
       for (int j = 0; j < C; ++j) acc[r][j] += x * wide[j];
     }
   }
