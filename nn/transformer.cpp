@@ -81,7 +81,7 @@ Tensor CausalSelfAttention::forward_step(const Tensor& x, KvCacheLayer& cache, i
   const Tensor keys = narrow(cache.keys, 2, 0, start + T);
   const Tensor values = narrow(cache.values, 2, 0, start + T);
   // A cache in autocast's dtype (CachedLayers) holds k and v as autocast would round them;
-  // q and the weights are rounded here, so the products are autocast's, bit for bit.
+  // q and the softmax weights are rounded here, so the products are autocast's, bit for bit.
   const DType compute = cache.keys.dtype();
   const Tensor q_compute = autocast_operand(q, compute);
   Tensor heads_out;
