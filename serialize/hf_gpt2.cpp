@@ -18,8 +18,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr const char* kConfig = "config.json";
-constexpr const char* kWeights = "model.safetensors";
+constexpr const char* kHfConfig = "config.json";
+constexpr const char* kHfWeights = "model.safetensors";
 constexpr const char* kIndex = "model.safetensors.index.json";
 
 // One parameter under both names. Conv1D keeps its weight as [in, out], Linear as [out, in].
@@ -119,12 +119,12 @@ struct CheckpointTensors {
 CheckpointTensors read_checkpoint(const std::string& dir) {
   CheckpointTensors out;
   const fs::path root(dir);
-  if (fs::exists(root / kWeights)) {
-    out.add_file((root / kWeights).string());
+  if (fs::exists(root / kHfWeights)) {
+    out.add_file((root / kHfWeights).string());
     return out;
   }
   const std::string index_path = (root / kIndex).string();
-  PIPIT_CHECK(fs::exists(index_path), dir, " has neither ", kWeights, " nor ", kIndex,
+  PIPIT_CHECK(fs::exists(index_path), dir, " has neither ", kHfWeights, " nor ", kIndex,
               " (pipit reads safetensors checkpoints; pytorch_model.bin is not read)");
   const json index = parse_json_file(index_path);
   PIPIT_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
@@ -197,7 +197,7 @@ HfGpt2Config hf_gpt2_config(const json& config, const std::string& source) {
 }
 
 HfGpt2Config read_hf_gpt2_config(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kConfig).string();
+  const std::string path = (fs::path(dir) / kHfConfig).string();
   return hf_gpt2_config(parse_json_file(path), path);
 }
 
@@ -315,8 +315,8 @@ void save_hf_gpt2(const Sequential& model, const std::string& dir) {
     tensors[key] = value.contiguous();
   }
   fs::create_directories(dir);
-  save_safetensors((fs::path(dir) / kWeights).string(), tensors, {{"format", "pt"}});
-  write_file_atomic((fs::path(dir) / kConfig).string(), to_hf_gpt2_config(c).dump(2) + "\n");
+  save_safetensors((fs::path(dir) / kHfWeights).string(), tensors, {{"format", "pt"}});
+  write_file_atomic((fs::path(dir) / kHfConfig).string(), to_hf_gpt2_config(c).dump(2) + "\n");
 }
 
 }  // namespace pipit

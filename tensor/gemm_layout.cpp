@@ -24,4 +24,14 @@ bool batch_folds_into_rows(const Tensor& a, const MatrixLayout& la) {
   return true;
 }
 
+BatchFold batch_fold(const Tensor& a, const MatrixLayout& la, const Tensor& b, const Tensor& out) {
+  BatchFold fold;  // folds: b broadcast so far
+  for (int64_t d = 0; d < out.dim() - 2; ++d) {
+    fold.batch *= out.shape()[d];
+    fold.folds = fold.folds && (b.strides()[d] == 0 || b.shape()[d] == 1);
+  }
+  fold.folds = fold.batch == 1 || (fold.folds && batch_folds_into_rows(a, la));
+  return fold;
+}
+
 }  // namespace pipit

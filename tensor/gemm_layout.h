@@ -19,4 +19,11 @@ MatrixLayout layout_of(const Tensor& t);
 // batch against a broadcast b is a single GEMM with M * batch rows.
 bool batch_folds_into_rows(const Tensor& a, const MatrixLayout& la);
 
+// out's batch size, and whether a x b is one GEMM of M * batch rows (b broadcast, a folds).
+struct BatchFold {
+  int64_t batch = 1;
+  bool folds = true;
+};
+BatchFold batch_fold(const Tensor& a, const MatrixLayout& la, const Tensor& b, const Tensor& out);
+
 }  // namespace pipit

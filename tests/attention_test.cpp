@@ -6,13 +6,15 @@
 #include <cmath>
 #include <functional>
 
+#include "autograd/node.h"
+#include "bitwise.h"
 #include "gradcheck.h"
 #include "nn/builders.h"
 #include "nn/transformer.h"
 #include "pipit.h"
-#include "autograd/node.h"
 
 using namespace pipit;
+using testing::max_abs_difference;
 
 namespace {
 
@@ -32,15 +34,7 @@ Tensor written_out(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
   return matmul(softmax(scores, -1), v);
 }
 
-double max_abs_difference(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-  double worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
-  return worst;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
+bool same_values(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.to_vector<double>() == b.to_vector<double>();
 }
 
@@ -115,7 +109,7 @@ TEST_CASE("attention reads q, k, v as views of a packed projection and merges he
   const Tensor from_views = scaled_dot_product_attention(q, k, v, true);
   const Tensor from_copies =
       scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(), true);
-  CHECK(same_bits(from_views, from_copies));
+  CHECK(same_values(from_views, from_copies));
   // The result is [B, H, T, D] over [B, T, H, D] memory: the heads merge without a copy.
   const Tensor merged = permute(from_views, {0, 2, 1, 3});
   CHECK(merged.is_contiguous());
@@ -137,7 +131,7 @@ TEST_CASE("attention gives the same bits on 1 and 2 threads", "[nn]") {
     return std::vector<Tensor>{out.detach(), qq.grad(), kk.grad(), vv.grad()};
   };
   const auto one = run(1), two = run(2);
-  for (size_t i = 0; i < one.size(); ++i) CHECK(same_bits(one[i], two[i]));
+  for (size_t i = 0; i < one.size(); ++i) CHECK(same_values(one[i], two[i]));
 }
 
 TEST_CASE("attention under autocast rounds its inputs and returns f32", "[nn]") {
@@ -154,9 +148,9 @@ TEST_CASE("attention under autocast rounds its inputs and returns f32", "[nn]") 
     CHECK(got.dtype() == DType::f32);
     const Tensor want =
         scaled_dot_product_attention(q.to(half), k.to(half), v.to(half), true).to(DType::f32);
-    CHECK(same_bits(got, want));
+    CHECK(same_values(got, want));
     // Rounded: not what f32 inputs give.
-    CHECK_FALSE(same_bits(got, scaled_dot_product_attention(q, k, v, true)));
+    CHECK_FALSE(same_values(got, scaled_dot_product_attention(q, k, v, true)));
   }
 }
 

@@ -14,19 +14,20 @@ using nlohmann::json;
 
 namespace {
 
-const std::string kDir = std::string(PIPIT_TEST_DATA) + "/tokenizer";
+const std::string kTokenizerFiles = std::string(PIPIT_TEST_DATA) + "/tokenizer";
 
 BpeModel train_small() {
   BpeTrainer trainer({.vocab_size = 1000});
-  trainer.add_file(kDir + "/train.txt");
+  trainer.add_file(kTokenizerFiles + "/train.txt");
   return trainer.train();
 }
 
 }  // namespace
 
 TEST_CASE("BPE trainer compresses held-out text within 2% of HF's trainer", "[tokenizer]") {
-  const json reference = json::parse(read_text_file(kDir + "/reference.json")).at("heldout");
-  const std::string heldout = read_text_file(kDir + "/heldout.txt");
+  const json reference =
+      json::parse(read_text_file(kTokenizerFiles + "/reference.json")).at("heldout");
+  const std::string heldout = read_text_file(kTokenizerFiles + "/heldout.txt");
   REQUIRE(heldout.size() == reference.at("bytes").get<size_t>());
   const Tokenizer ours(train_small());
   CHECK(ours.vocab_size() == 1000);
@@ -39,7 +40,7 @@ TEST_CASE("BPE trainer compresses held-out text within 2% of HF's trainer", "[to
 
 TEST_CASE("BPE trainer learns HF's merges in HF's order", "[tokenizer]") {
   const BpeModel ours = train_small();
-  const BpeModel hf = load_tokenizer_json(kDir + "/small/tokenizer.json");
+  const BpeModel hf = load_tokenizer_json(kTokenizerFiles + "/small/tokenizer.json");
   REQUIRE(ours.merges.size() == hf.merges.size());
   for (size_t i = 0; i < ours.merges.size(); ++i) {
     const BpeMerge& a = ours.merges[i];

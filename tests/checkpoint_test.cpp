@@ -10,13 +10,16 @@
 #include <fstream>
 #include <functional>
 
+#include "bitwise.h"
 #include "f16_overflow.h"
+#include "file_faults.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
@@ -25,42 +28,14 @@
 
 using namespace pipit;
 using nlohmann::json;
+using testing::kAdamW;
 namespace fs = std::filesystem;
 
 namespace {
 
 const GptConfig kGpt{11, 6, 2, 2, 16, 0.0};
-const json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
 // Past INT64_MAX, so the seed's full unsigned range is exercised.
 constexpr uint64_t kDataSeed = 0xfedcba9876543210ull;
-
-// Removed on every exit, failed REQUIREs included.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() /
-             ("pipit_test_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()) == 0;
-}
-
-void check_same(const StateDict& actual, const StateDict& expected) {
-  REQUIRE(actual.size() == expected.size());
-  for (const auto& [name, tensor] : expected) {
-    INFO(name);
-    REQUIRE(actual.count(name));
-    CHECK(same_bits(actual.at(name), tensor));
-  }
-}
 
 // Batches come from `data`, so where it stands is part of what a checkpoint must restore.
 void train(Module& model, Optimizer& optimizer, Generator& data, int steps) {
@@ -78,15 +53,15 @@ void train(Module& model, Optimizer& optimizer, Generator& data, int steps) {
   }
 }
 
-struct Run {
+struct CheckpointedRun {
   std::shared_ptr<Module> model;
   std::unique_ptr<Optimizer> optimizer;
   Generator data{kDataSeed};
 };
 
-Run fresh_run() {
+CheckpointedRun fresh_run() {
   Generator init(21);
-  Run run;
+  CheckpointedRun run;
   run.model = gpt(kGpt, &init);
   run.optimizer = make_optimizer(kAdamW, run.model->named_parameters());
   return run;
@@ -100,7 +75,7 @@ StateDict snapshot(const StateDict& state) {
 
 // state_dict() tensors share storage with the live model and optimizer, which further
 // training overwrites; a snapshot keeps the values to compare against.
-Checkpoint checkpoint_of(const Run& run, int64_t step) {
+Checkpoint checkpoint_of(const CheckpointedRun& run, int64_t step) {
   return {run.model->config(),
           snapshot(run.model->state_dict()),
           run.optimizer->config(),
@@ -122,9 +97,9 @@ void tamper(const std::string& path, const std::function<void(json&, StateDict&)
 }  // namespace
 
 TEST_CASE("a checkpoint round trips every field bit for bit", "[checkpoint]") {
-  const TempDir dir("checkpoint_round_trip");
+  const testing::TempDir dir("checkpoint_round_trip");
   const std::string path = (dir / "ckpt.safetensors").string();
-  Run run = fresh_run();
+  CheckpointedRun run = fresh_run();
   train(*run.model, *run.optimizer, run.data, 2);
   const Checkpoint saved = checkpoint_of(run, 2);
   save_checkpoint(path, saved);
@@ -132,8 +107,8 @@ TEST_CASE("a checkpoint round trips every field bit for bit", "[checkpoint]") {
   const Checkpoint loaded = load_checkpoint(path);
   CHECK(loaded.model_config == saved.model_config);
   CHECK(loaded.optimizer_config == saved.optimizer_config);
-  check_same(loaded.weights, saved.weights);
-  check_same(loaded.optimizer_state, saved.optimizer_state);
+  testing::check_bitwise_equal(loaded.weights, saved.weights);
+  testing::check_bitwise_equal(loaded.optimizer_state, saved.optimizer_state);
   CHECK(loaded.optimizer_state.count("step"));
   CHECK(loaded.step == 2);
   CHECK(loaded.rng_seed == kDataSeed);
@@ -151,13 +126,13 @@ TEST_CASE("a checkpoint round trips every field bit for bit", "[checkpoint]") {
 }
 
 TEST_CASE("resuming from a checkpoint equals training without a break", "[checkpoint]") {
-  const TempDir dir("checkpoint_resume");
+  const testing::TempDir dir("checkpoint_resume");
   const std::string path = (dir / "ckpt.safetensors").string();
-  Run straight = fresh_run();
+  CheckpointedRun straight = fresh_run();
   train(*straight.model, *straight.optimizer, straight.data, 4);
 
   {
-    Run first_half = fresh_run();
+    CheckpointedRun first_half = fresh_run();
     train(*first_half.model, *first_half.optimizer, first_half.data, 2);
     save_checkpoint(path, checkpoint_of(first_half, 2));
   }
@@ -170,8 +145,8 @@ TEST_CASE("resuming from a checkpoint equals training without a break", "[checkp
   data.set_state(checkpoint.rng_seed, checkpoint.rng_offset);
   train(*model, *optimizer, data, 2);
 
-  check_same(model->state_dict(), straight.model->state_dict());
-  check_same(optimizer->state_dict(), straight.optimizer->state_dict());
+  testing::check_bitwise_equal(model->state_dict(), straight.model->state_dict());
+  testing::check_bitwise_equal(optimizer->state_dict(), straight.optimizer->state_dict());
   CHECK(data.offset() == straight.data.offset());
 }
 
@@ -211,7 +186,7 @@ TEST_CASE("a GradScaler's state round trips and is checked when loaded", "[check
 
 TEST_CASE("an f16 run resumed from its checkpoint goes on with the loss scale it reached",
           "[checkpoint][autocast]") {
-  const TempDir dir("checkpoint_loss_scale");
+  const testing::TempDir dir("checkpoint_loss_scale");
   const std::string path = (dir / "ckpt.safetensors").string();
   // Ten skipped steps while the scale backs off from 65536 to 64; the runs below train after.
   const nlohmann::json sgd = {{"type", "SGD"}, {"lr", 1e-6}, {"momentum", 0.9}};
@@ -248,17 +223,17 @@ TEST_CASE("an f16 run resumed from its checkpoint goes on with the loss scale it
   };
   const auto [resumed, resumed_scale] = resume(true);
   CHECK(resumed_scale == straight_scale);
-  check_same(resumed, straight_model->state_dict());
+  testing::check_bitwise_equal(resumed, straight_model->state_dict());
   // Without the scale the resumed run starts again at 65536 and skips its eight steps.
   const auto [restarted, restarted_scale] = resume(false);
   CHECK(restarted_scale == 256);
-  CHECK_FALSE(same_bits(restarted.begin()->second, resumed.begin()->second));
+  CHECK_FALSE(testing::bitwise_equal(restarted.begin()->second, resumed.begin()->second));
 }
 
 TEST_CASE("every truncated checkpoint is an error naming the file", "[checkpoint]") {
-  const TempDir dir("checkpoint_truncated");
+  const testing::TempDir dir("checkpoint_truncated");
   const std::string path = (dir / "whole.safetensors").string();
-  Run run = fresh_run();
+  CheckpointedRun run = fresh_run();
   save_checkpoint(path, checkpoint_of(run, 0));
   const std::string bytes = read_file(path);
   const std::string cut_path = (dir / "cut.safetensors").string();
@@ -272,9 +247,9 @@ TEST_CASE("every truncated checkpoint is an error naming the file", "[checkpoint
 }
 
 TEST_CASE("a writer that crashed mid-save leaves the previous checkpoint intact", "[checkpoint]") {
-  const TempDir dir("checkpoint_crash");
+  const testing::TempDir dir("checkpoint_crash");
   const std::string path = (dir / "ckpt.safetensors").string();
-  Run run = fresh_run();
+  CheckpointedRun run = fresh_run();
   train(*run.model, *run.optimizer, run.data, 1);
   const Checkpoint previous = checkpoint_of(run, 1);
   save_checkpoint(path, previous);
@@ -300,13 +275,13 @@ TEST_CASE("a writer that crashed mid-save leaves the previous checkpoint intact"
         .write(next_bytes.data(), long(next_bytes.size() / 2));
     const Checkpoint loaded = load_checkpoint(path);
     CHECK(loaded.step == 1);
-    check_same(loaded.weights, previous.weights);
-    check_same(loaded.optimizer_state, previous.optimizer_state);
+    testing::check_bitwise_equal(loaded.weights, previous.weights);
+    testing::check_bitwise_equal(loaded.optimizer_state, previous.optimizer_state);
   }
   save_checkpoint(path, next);
   const Checkpoint loaded = load_checkpoint(path);
   CHECK(loaded.step == 2);
-  check_same(loaded.weights, next.weights);
+  testing::check_bitwise_equal(loaded.weights, next.weights);
   // The save neither left a temporary of its own nor took a leftover for one.
   size_t entries = 0;
   for (const auto& entry : fs::directory_iterator(dir.path)) {
@@ -319,9 +294,9 @@ TEST_CASE("a writer that crashed mid-save leaves the previous checkpoint intact"
 }
 
 TEST_CASE("missing or garbled checkpoint metadata is named in the error", "[checkpoint]") {
-  const TempDir dir("checkpoint_metadata");
+  const testing::TempDir dir("checkpoint_metadata");
   const std::string path = (dir / "ckpt.safetensors").string();
-  Run run = fresh_run();
+  CheckpointedRun run = fresh_run();
   const Checkpoint good = checkpoint_of(run, 0);
 
   struct Case {
@@ -362,8 +337,8 @@ TEST_CASE("missing or garbled checkpoint metadata is named in the error", "[chec
 }
 
 TEST_CASE("files that are not checkpoints are refused", "[checkpoint]") {
-  const TempDir dir("checkpoint_foreign");
-  Run run = fresh_run();
+  const testing::TempDir dir("checkpoint_foreign");
+  CheckpointedRun run = fresh_run();
   save_model(*run.model, dir.path.string());
   CHECK_THROWS_WITH(
       load_checkpoint((dir / "model.safetensors").string()),

@@ -79,7 +79,7 @@ double tolerance(DType dt) {
 using cuda::AttentionProvider;
 
 // The providers this build has, each set for the scope of one loop turn.
-std::vector<AttentionProvider> providers() {
+std::vector<AttentionProvider> attention_providers() {
   std::vector<AttentionProvider> all = {AttentionProvider::pipit};
   if (cuda::cudnn_attention_built()) all.push_back(AttentionProvider::cudnn);
   return all;
@@ -121,7 +121,7 @@ TEST_CASE("cuda: attention and its backward match the CPU", "[cuda]") {
       {1, 2, 5, 90, 64, true},   // fewer queries than keys (a cache's step)
       {1, 3, 40, 40, 40, true},  // a head dim the tensor cores do not take
   };
-  for (AttentionProvider provider : providers()) {
+  for (AttentionProvider provider : attention_providers()) {
     ProviderScope scope(provider);
     INFO(name(provider));
     for (DType dt : {DType::bf16, DType::f16, DType::f32, DType::f64}) {
@@ -155,7 +155,7 @@ TEST_CASE("cuda: attention reads strided views and repeats its bits", "[cuda]") 
   if (!cuda_ready()) return;
 #ifdef PIPIT_WITH_CUDA
   Generator g(52);
-  for (AttentionProvider provider : providers()) {
+  for (AttentionProvider provider : attention_providers()) {
     ProviderScope scope(provider);
     for (DType dt : {DType::bf16, DType::f32}) {
       if (provider == AttentionProvider::cudnn && dt == DType::f32) continue;

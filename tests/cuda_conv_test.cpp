@@ -20,13 +20,16 @@ using testing::cuda_ready;
 using testing::kCpu;
 using testing::kCuda;
 using testing::poisoned;
+using testing::random;
+using testing::tol_for;
 
 namespace {
 
 // |got - want| <= tol * max|want| everywhere. cuDNN's algorithms sum in their own order, so an
 // element's error scales with the magnitudes summed into it, which max|want| bounds, not with
 // the element itself (a sum that cancels to near zero keeps the rounding of its terms).
-void check_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+void check_close_to_max(const Tensor& got, const Tensor& want, double tol,
+                        const std::string& what) {
   INFO(what);
   REQUIRE(got.device() == kCuda);
   REQUIRE(got.shape() == want.shape());
@@ -41,14 +44,6 @@ void check_close(const Tensor& got, const Tensor& want, double tol, const std::s
   INFO("first of " << bad << " mismatches at " << first << ": got " << (g.empty() ? 0 : g[first])
                    << ", want " << (w.empty() ? 0 : w[first]));
   CHECK(bad == 0);
-}
-
-double tol_for(DType dtype) {
-  return dtype == DType::f64 ? 1e-12 : 1e-5;
-}
-
-Tensor random(const Shape& shape, DType dtype, Generator& g) {
-  return uniform(shape, -2, 2, &g, {dtype});
 }
 
 // The output shape of a convolution or pool of x with kernel (kh, kw), `channels` deep.
@@ -94,9 +89,9 @@ TEST_CASE("cuda: conv2d and its gradients through cuDNN match the CPU", "[cuda][
       };
       const std::vector<Tensor> want = run(kCpu), got = run(kCuda);
       const std::string what = "x " + shape_str(c.x) + " w " + shape_str(c.w);
-      check_close(got[0], want[0], tol_for(dt), what + ": conv2d");
-      check_close(got[1], want[1], tol_for(dt), what + ": grad input");
-      check_close(got[2], want[2], tol_for(dt), what + ": grad weight");
+      check_close_to_max(got[0], want[0], tol_for(dt), what + ": conv2d");
+      check_close_to_max(got[1], want[1], tol_for(dt), what + ": grad input");
+      check_close_to_max(got[2], want[2], tol_for(dt), what + ": grad weight");
     }
   }
 }
@@ -119,7 +114,8 @@ TEST_CASE("cuda: conv2d through autograd, with bias and a strided input", "[cuda
     };
     const std::vector<Tensor> want = run(kCpu), got = run(kCuda);
     const char* names[] = {"output", "grad input", "grad weight", "grad bias"};
-    for (size_t i = 0; i < want.size(); ++i) check_close(got[i], want[i], tol_for(dt), names[i]);
+    for (size_t i = 0; i < want.size(); ++i)
+      check_close_to_max(got[i], want[i], tol_for(dt), names[i]);
   }
 }
 
@@ -155,11 +151,11 @@ TEST_CASE("cuda: max and average pooling match the CPU", "[cuda][conv]") {
                                std::to_string(p.kernel_w) + " stride " +
                                std::to_string(p.stride_h) + "," + std::to_string(p.stride_w);
       // Max pooling picks and sums the same elements in the same order: exact.
-      check_close(got[0], want[0], 0, what + ": max_pool2d");
+      check_close_to_max(got[0], want[0], 0, what + ": max_pool2d");
       CHECK(got[1].to_vector<int64_t>() == want[1].to_vector<int64_t>());
-      check_close(got[2], want[2], 0, what + ": max_pool2d backward");
-      check_close(got[3], want[3], tol_for(dt), what + ": avg_pool2d");
-      check_close(got[4], want[4], tol_for(dt), what + ": avg_pool2d backward");
+      check_close_to_max(got[2], want[2], 0, what + ": max_pool2d backward");
+      check_close_to_max(got[3], want[3], tol_for(dt), what + ": avg_pool2d");
+      check_close_to_max(got[4], want[4], tol_for(dt), what + ": avg_pool2d backward");
     }
   }
 }
@@ -203,7 +199,7 @@ TEST_CASE("cuda: a small CNN trains for a few SGD steps as on the CPU", "[cuda][
   }
   REQUIRE(gpu_params.size() == cpu_params.size());
   for (size_t i = 0; i < cpu_params.size(); ++i) {
-    check_close(gpu_params[i].detach(), cpu_params[i].detach(), 1e-4,
-                "parameter " + std::to_string(i));
+    check_close_to_max(gpu_params[i].detach(), cpu_params[i].detach(), 1e-4,
+                       "parameter " + std::to_string(i));
   }
 }

@@ -17,6 +17,8 @@ using testing::cuda_ready;
 using testing::kCpu;
 using testing::kCuda;
 using testing::poisoned;
+using testing::random;
+using testing::tol_for;
 
 namespace {
 
@@ -41,10 +43,6 @@ void check_close(const Tensor& got, const Tensor& want, double tol, const std::s
   CHECK(bad == 0);
 }
 
-double tol_for(DType dtype) {
-  return dtype == DType::f64 ? 1e-12 : 1e-5;
-}
-
 // Runs op once on CPU copies of `inputs` and once on CUDA copies, then compares every output.
 // op receives the device and the inputs there and returns its (poisoned, then written) outputs.
 using Op = std::function<std::vector<Tensor>(Device, const std::vector<Tensor>&)>;
@@ -60,10 +58,6 @@ void compare_devices(const std::string& what, const std::vector<Tensor>& inputs,
     CHECK(got[i].device() == kCuda);
     check_close(got[i], want[i], tol, what + " output " + std::to_string(i));
   }
-}
-
-Tensor random(const Shape& shape, DType dtype, Generator& g, double low = -2, double high = 2) {
-  return uniform(shape, low, high, &g, {dtype});
 }
 
 }  // namespace

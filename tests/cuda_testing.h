@@ -8,7 +8,7 @@
 #include "tensor/cuda/cuda_device.h"
 #endif
 
-namespace testing {
+namespace pipit::testing {
 
 inline const pipit::Device kCuda = pipit::Device::cuda(0);
 inline const pipit::Device kCpu = pipit::Device::cpu();
@@ -34,4 +34,14 @@ inline pipit::Tensor poisoned(const pipit::Shape& shape, pipit::DType dtype, pip
   return t;
 }
 
-}  // namespace testing
+// Bounds for a CUDA kernel against the CPU where both sum in f64 or f32.
+inline double tol_for(pipit::DType dtype) {
+  return dtype == pipit::DType::f64 ? 1e-12 : 1e-5;
+}
+
+inline pipit::Tensor random(const pipit::Shape& shape, pipit::DType dtype, pipit::Generator& g,
+                            double low = -2, double high = 2) {
+  return pipit::uniform(shape, low, high, &g, {dtype});
+}
+
+}  // namespace pipit::testing

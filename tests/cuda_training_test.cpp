@@ -11,10 +11,13 @@
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 
 using namespace pipit;
+using testing::Batch;
 using testing::cuda_ready;
+using testing::gpt_batch;
 using testing::kCpu;
 using testing::kCuda;
 
@@ -38,19 +41,6 @@ Tensor matmul_on(Device device, const Tensor& a, const Tensor& b, DType out_dtyp
   Tensor out = testing::poisoned({a.size(0), b.size(1)}, out_dtype, device);
   backend(device).matmul(x, y, out, false);
   return out;
-}
-
-struct Batch {
-  Tensor input, target;
-};
-
-Batch gpt_batch(int64_t vocab, int64_t batch, int64_t context) {
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < batch * context; ++i) {
-    x.push_back((i * 7) % vocab);
-    y.push_back((i * 7 + 3) % vocab);
-  }
-  return {from_vector(x, {batch, context}), from_vector(y, {batch, context})};
 }
 
 struct TrainedGpt {

@@ -9,27 +9,15 @@
 #include "bitwise.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 #include "worker_process.h"
 
 namespace pipit::testing {
 
-struct Batch {
-  Tensor input, target;
-};
-
 inline std::shared_ptr<Sequential> small_gpt(int64_t layers = 6) {
   Generator generator(5);
   return gpt({11, 6, layers, 2, 16, 0.0}, &generator);
-}
-
-inline Batch gpt_batch() {
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < 8 * 6; ++i) {
-    x.push_back((i * 7) % 11);
-    y.push_back((i * 7 + 3) % 11);
-  }
-  return {from_vector(x, {8, 6}), from_vector(y, {8, 6})};
 }
 
 inline PipelineConfig config_for(const std::string& schedule, int v,

@@ -10,7 +10,7 @@
 #include "pipeline/pipeline_config.h"
 #include "pipit.h"
 
-namespace testing {
+namespace pipit::testing {
 
 struct F16Overflow {
   std::shared_ptr<pipit::Sequential> model;  // the same weights on every call
@@ -32,4 +32,4 @@ inline F16Overflow f16_overflow(const nlohmann::json& optimizer) {
   return run;
 }
 
-}  // namespace testing
+}  // namespace pipit::testing

@@ -8,7 +8,7 @@
 
 #include "pipit.h"
 
-namespace testing {
+namespace pipit::testing {
 
 using Fn = std::function<pipit::Tensor(const std::vector<pipit::Tensor>&)>;
 
@@ -66,4 +66,4 @@ inline void check_gradients(const Fn& f, std::vector<pipit::Tensor> inputs,
   SUCCEED();
 }
 
-}  // namespace testing
+}  // namespace pipit::testing

@@ -18,8 +18,8 @@ Message with_meta(nlohmann::json meta) {
 
 // Runs a dialer and an acceptor against each other, delivering each side's frames to the
 // other until neither has anything to say. Returns the acceptor's last step.
-struct Pair {
-  Pair(Handshake d, Handshake a, AdmitFunction f)
+struct HandshakePair {
+  HandshakePair(Handshake d, Handshake a, AdmitFunction f)
       : dialer(std::move(d)), acceptor(std::move(a)), admit(std::move(f)) {}
   Handshake dialer, acceptor;
   AdmitFunction admit;
@@ -109,10 +109,10 @@ TEST_CASE("handshake frames are parsed strictly, every fault a ControlError nami
 TEST_CASE("the handshake connects both sides with one token and refuses every other case",
           "[handshake]") {
   SECTION("same token: both connected, each knowing the other's id") {
-    Pair pair{Handshake(5, "run", "sesame", 7), Handshake(7, "", "sesame", std::nullopt),
-              [](int peer, const std::string& session) {
-                return peer == 5 && session == "run" ? "" : "wrong";
-              }};
+    HandshakePair pair{Handshake(5, "run", "sesame", 7), Handshake(7, "", "sesame", std::nullopt),
+                       [](int peer, const std::string& session) {
+                         return peer == 5 && session == "run" ? "" : "wrong";
+                       }};
     pair.run();
     CHECK(pair.dialer.state() == Handshake::State::Connected);
     CHECK(pair.acceptor.state() == Handshake::State::Connected);
@@ -123,29 +123,31 @@ TEST_CASE("the handshake connects both sides with one token and refuses every ot
   SECTION("an acceptor that does not know its id yet proves the id it announced") {
     // The start-up race: a worker learns its stage while a neighbour's handshake is running.
     // The id it announced and the id it proves are the same, so the proof holds.
-    Pair pair{Handshake(0, "run", "sesame", 1), Handshake(-2, "", "sesame", std::nullopt), {}};
+    HandshakePair pair{
+        Handshake(0, "run", "sesame", 1), Handshake(-2, "", "sesame", std::nullopt), {}};
     pair.run();
     CHECK(pair.dialer.state() == Handshake::State::Connected);
     CHECK(pair.acceptor.state() == Handshake::State::Connected);
     CHECK(pair.dialer.peer() == 1);
   }
   SECTION("different tokens: the acceptor refuses the dialer's proof") {
-    Pair pair{Handshake(5, "run", "open", 7), Handshake(7, "", "sesame", std::nullopt), {}};
+    HandshakePair pair{
+        Handshake(5, "run", "open", 7), Handshake(7, "", "sesame", std::nullopt), {}};
     pair.run();
     CHECK(pair.acceptor.state() == Handshake::State::Refused);
     CHECK_THAT(pair.acceptor_step.reason, Catch::Contains("did not prove the shared token"));
     CHECK(pair.dialer.state() != Handshake::State::Connected);
   }
   SECTION("the acceptor's admit refuses: the dialer learns the reason") {
-    Pair pair{Handshake(5, "old", "", 7), Handshake(7, "", "", std::nullopt),
-              [](int, const std::string&) { return "not in this run"; }};
+    HandshakePair pair{Handshake(5, "old", "", 7), Handshake(7, "", "", std::nullopt),
+                       [](int, const std::string&) { return "not in this run"; }};
     pair.run();
     CHECK(pair.acceptor.state() == Handshake::State::Refused);
     CHECK(pair.dialer.state() == Handshake::State::Refused);
     CHECK(pair.dialer_step.reason == "refused by the peer: not in this run");
   }
   SECTION("a dialed peer announcing another stage id is refused") {
-    Pair pair{Handshake(0, "run", "", 1), Handshake(3, "", "", std::nullopt), {}};
+    HandshakePair pair{Handshake(0, "run", "", 1), Handshake(3, "", "", std::nullopt), {}};
     pair.run();
     CHECK(pair.dialer.state() == Handshake::State::Refused);
     CHECK_THAT(pair.dialer_step.reason, Catch::Contains("says it is 3"));

@@ -36,27 +36,19 @@ namespace {
 
 // PIPIT_TEST_DATA in the environment overrides the build's path: the GPU machine runs the
 // suite from another checkout (tools/gpu_check.sh sets it).
-const std::string kDir =
+const std::string kHfDir =
     std::string(std::getenv("PIPIT_TEST_DATA") ? std::getenv("PIPIT_TEST_DATA") : PIPIT_TEST_DATA) +
     "/hf_gpt2";
 
-const StateDict& reference() {
-  static const StateDict data = load_safetensors(kDir + "/reference.safetensors");
+const StateDict& hf_reference() {
+  static const StateDict data = load_safetensors(kHfDir + "/reference.safetensors");
   return data;
-}
-
-double max_abs_difference(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  const auto x = a.contiguous().to_vector<float>(), y = b.contiguous().to_vector<float>();
-  double worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(double(x[i]) - y[i]));
-  return worst;
 }
 
 Tensor logits_of(Module& model) {
   NoGradGuard no_grad;
   model.eval();
-  return model.forward(reference().at("tokens"));
+  return model.forward(hf_reference().at("tokens"));
 }
 
 std::vector<int64_t> ids(const Tensor& t) {
@@ -65,7 +57,7 @@ std::vector<int64_t> ids(const Tensor& t) {
 
 // A copy of a fixture checkpoint in a scratch directory, to break on purpose.
 void copy_checkpoint(const std::string& name, const fs::path& to) {
-  fs::copy(kDir + "/" + name, to, fs::copy_options::recursive);
+  fs::copy(kHfDir + "/" + name, to, fs::copy_options::recursive);
 }
 
 // A one-layer, two-head GPT with GPT-2's head (no bias).
@@ -94,14 +86,14 @@ std::string error_of(const std::function<void()>& run) {
 TEST_CASE("a GPT-2 checkpoint saved by transformers gives transformers' logits", "[hf_gpt2]") {
   for (const std::string name : {"tied", "sharded", "untied"}) {
     INFO(name);
-    auto model = load_hf_gpt2(kDir + "/" + name);
+    auto model = load_hf_gpt2(kHfDir + "/" + name);
     const std::string key = name == "untied" ? "untied_logits" : "tied_logits";
-    CHECK(max_abs_difference(logits_of(*model), reference().at(key)) <= 1e-5);
+    CHECK(max_abs_difference(logits_of(*model), hf_reference().at(key)) <= 1e-5);
   }
 }
 
 TEST_CASE("a tied head is the token embedding: one tensor, listed and saved once", "[hf_gpt2]") {
-  auto model = load_hf_gpt2(kDir + "/tied");
+  auto model = load_hf_gpt2(kHfDir + "/tied");
   const size_t head = model->size() - 1;
   const auto named = model->named_parameters();
   // wte, wpe, 2 x 12 block tensors, ln_f's 2: the head adds none.
@@ -112,7 +104,7 @@ TEST_CASE("a tied head is the token embedding: one tensor, listed and saved once
   CHECK(&linear->weight.impl() == &model->state_dict().at("0.tokens.weight").impl());
 
   // The untied checkpoint keeps its own head.
-  auto untied = load_hf_gpt2(kDir + "/untied");
+  auto untied = load_hf_gpt2(kHfDir + "/untied");
   CHECK(untied->named_parameters().size() == 2 + 12 + 2 + 1);
   CHECK(untied->ties().empty());
 }
@@ -160,7 +152,7 @@ TEST_CASE("a tied weight's gradient sums the embedding's and the head's, and one
 
 TEST_CASE("a slice or a layer swap that would split a tie is refused by name (pipelines untie)",
           "[hf_gpt2]") {
-  auto model = load_hf_gpt2(kDir + "/tied");
+  auto model = load_hf_gpt2(kHfDir + "/tied");
   const std::string cut = error_of([&] { model->slice(0, 2); });
   CHECK(cut.find("separate '5.weight' from '0.tokens.weight'") != std::string::npos);
   CHECK(model->slice(1, 3)->ties().empty());
@@ -173,12 +165,12 @@ TEST_CASE("pipit saves a GPT-2 checkpoint as transformers does", "[hf_gpt2]") {
   TempDir dir("hf_save");
   for (const std::string name : {"tied", "untied"}) {
     INFO(name);
-    auto model = load_hf_gpt2(kDir + "/" + name);
+    auto model = load_hf_gpt2(kHfDir + "/" + name);
     const fs::path out = dir / name;
     save_hf_gpt2(*model, out.string());
     // The same tensors under the same names, bit for bit, as the file transformers wrote.
     json metadata;
-    const StateDict theirs = load_safetensors(kDir + "/" + name + "/model.safetensors");
+    const StateDict theirs = load_safetensors(kHfDir + "/" + name + "/model.safetensors");
     const StateDict ours = load_safetensors((out / "model.safetensors").string(), &metadata);
     CHECK(metadata.value("format", "") == "pt");
     REQUIRE(ours.size() == theirs.size());
@@ -188,7 +180,7 @@ TEST_CASE("pipit saves a GPT-2 checkpoint as transformers does", "[hf_gpt2]") {
       CHECK(bitwise_equal(ours.at(key), tensor));
     }
     const json config = json::parse(read_file((out / "config.json").string()));
-    const json original = json::parse(read_file(kDir + "/" + name + "/config.json"));
+    const json original = json::parse(read_file(kHfDir + "/" + name + "/config.json"));
     for (const char* field : {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head",
                               "tie_word_embeddings", "resid_pdrop", "embd_pdrop"}) {
       CHECK(config[field] == original.value(field, json(true)));
@@ -203,22 +195,22 @@ TEST_CASE("pipit saves a GPT-2 checkpoint as transformers does", "[hf_gpt2]") {
 }
 
 TEST_CASE("greedy generation with the KV cache equals transformers' generate", "[hf_gpt2]") {
-  auto model = load_hf_gpt2(kDir + "/tied");
+  auto model = load_hf_gpt2(kHfDir + "/tied");
   GenerationOptions options;
   options.max_new_tokens = 20;
-  options.stop_token = read_hf_gpt2_config(kDir + "/tied").eos_token_id;
+  options.stop_token = read_hf_gpt2_config(kHfDir + "/tied").eos_token_id;
   REQUIRE(options.stop_token == 511);
   for (int i = 0; i < 3; ++i) {
     INFO("prompt " << i);
-    const auto prompt = ids(reference().at("prompt_" + std::to_string(i)));
+    const auto prompt = ids(hf_reference().at("prompt_" + std::to_string(i)));
     const auto out = generate(*model, {prompt}, options);
-    CHECK(out.at(0) == ids(reference().at("greedy_" + std::to_string(i))));
+    CHECK(out.at(0) == ids(hf_reference().at("greedy_" + std::to_string(i))));
   }
   CHECK(model->is_training());  // restored after
 }
 
 TEST_CASE("generation with the KV cache equals running the whole sequence each step", "[hf_gpt2]") {
-  auto model = load_hf_gpt2(kDir + "/untied");
+  auto model = load_hf_gpt2(kHfDir + "/untied");
   std::vector<int64_t> sequence = {3, 77, 12, 90, 5};
   GenerationOptions options;
   options.max_new_tokens = 12;
@@ -235,9 +227,10 @@ TEST_CASE("generation with the KV cache equals running the whole sequence each s
 }
 
 TEST_CASE("prompts of different lengths in one batch get what each gets alone", "[hf_gpt2]") {
-  auto model = load_hf_gpt2(kDir + "/tied");
+  auto model = load_hf_gpt2(kHfDir + "/tied");
   std::vector<std::vector<int64_t>> prompts;
-  for (int i = 0; i < 3; ++i) prompts.push_back(ids(reference().at("prompt_" + std::to_string(i))));
+  for (int i = 0; i < 3; ++i)
+    prompts.push_back(ids(hf_reference().at("prompt_" + std::to_string(i))));
   GenerationOptions options;
   options.max_new_tokens = 15;
   const auto batched = generate(*model, prompts, options);
@@ -248,7 +241,7 @@ TEST_CASE("prompts of different lengths in one batch get what each gets alone", 
 }
 
 TEST_CASE("sampling is seeded, and top-k 1 or a tiny top-p is greedy", "[hf_gpt2]") {
-  auto model = load_hf_gpt2(kDir + "/untied");
+  auto model = load_hf_gpt2(kHfDir + "/untied");
   const std::vector<std::vector<int64_t>> prompt = {{5, 6, 7}};
   GenerationOptions greedy;
   greedy.max_new_tokens = 16;
@@ -324,7 +317,7 @@ TEST_CASE("bad checkpoints and prompts are refused by name, with nothing half-lo
   }
   expect_error([&] { load_hf_gpt2(sharded.string()); }, "is not a file name");
 
-  auto model = load_hf_gpt2(kDir + "/tied");
+  auto model = load_hf_gpt2(kHfDir + "/tied");
   expect_error([&] { generate(*model, {{1, 2, 512}}); }, "prompt 0 token 2 is id 512");
   expect_error(
       [&] {
@@ -336,9 +329,10 @@ TEST_CASE("bad checkpoints and prompts are refused by name, with nothing half-lo
 TEST_CASE("CUDA: generation on the GPU gives the CPU's greedy tokens, and transformers'",
           "[cuda][hf_gpt2]") {
   if (!::testing::cuda_ready()) return;
-  auto model = load_hf_gpt2(kDir + "/tied");
+  auto model = load_hf_gpt2(kHfDir + "/tied");
   std::vector<std::vector<int64_t>> prompts;
-  for (int i = 0; i < 3; ++i) prompts.push_back(ids(reference().at("prompt_" + std::to_string(i))));
+  for (int i = 0; i < 3; ++i)
+    prompts.push_back(ids(hf_reference().at("prompt_" + std::to_string(i))));
   GenerationOptions options;
   options.max_new_tokens = 20;
   options.stop_token = 511;
@@ -351,7 +345,7 @@ TEST_CASE("CUDA: generation on the GPU gives the CPU's greedy tokens, and transf
   CHECK(on_gpu == on_cpu);
   for (size_t i = 0; i < prompts.size(); ++i) {
     CHECK(generate(*model, {prompts[i]}, options).at(0) ==
-          ids(reference().at("greedy_" + std::to_string(i))));
+          ids(hf_reference().at("greedy_" + std::to_string(i))));
   }
   set_float32_matmul_precision(precision);
 }

@@ -8,31 +8,16 @@
 #include "autograd/backward_hook.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 #include "support/sleep_layer.h"
 
 using namespace pipit;
+using testing::Batch;
 
 namespace {
 
-struct Batch {
-  Tensor input, target;
-};
-
-// Linear(6,12) Tanh Linear(12,12) Tanh Linear(12,12) Tanh Linear(12,3): 7 layers.
-std::shared_ptr<Sequential> make_net() {
-  Generator generator(3);
-  return mlp({6, 12, 12, 12, 3}, "tanh", &generator);
-}
-
-Batch make_batch() {
-  Generator generator(4);
-  std::vector<int64_t> labels;
-  for (int64_t i = 0; i < 8; ++i) labels.push_back((i * 5) % 3);
-  return {randn({8, 6}, &generator), from_vector(labels, {8})};
-}
-
-PipelineConfig config() {
+PipelineConfig timing_config() {
   PipelineConfig c;
   c.stages = 2;
   c.microbatches = 2;
@@ -55,10 +40,10 @@ TEST_CASE("backward_hook passes the gradient through unchanged and calls its hoo
 
 TEST_CASE("profiled steps report every layer's times, output bytes and state bytes",
           "[rebalance]") {
-  PipelineConfig c = config();
+  PipelineConfig c = timing_config();
   c.profile_every = 2;
-  Pipeline pipeline(make_net(), c);
-  const Batch b = make_batch();
+  Pipeline pipeline(testing::small_mlp(), c);
+  const Batch b = testing::mlp_batch();
   for (int step = 1; step <= 4; ++step) {
     pipeline.train_step(b.input, b.target);
     const StepStats& stats = pipeline.coordinator().last_step();
@@ -89,11 +74,11 @@ TEST_CASE("profiled steps report every layer's times, output bytes and state byt
 }
 
 TEST_CASE("profiling and slowed stages train exactly as plain stages", "[rebalance]") {
-  PipelineConfig slowed = config();
+  PipelineConfig slowed = timing_config();
   slowed.profile_every = 1;
   slowed.slowdown = {1.0, 2.0};
-  Pipeline plain(make_net(), config()), timed(make_net(), slowed);
-  const Batch b = make_batch();
+  Pipeline plain(testing::small_mlp(), timing_config()), timed(testing::small_mlp(), slowed);
+  const Batch b = testing::mlp_batch();
   for (int step = 0; step < 3; ++step) {
     CHECK(timed.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
   }
@@ -108,10 +93,10 @@ TEST_CASE("a slowed stage is busy for about its slowdown times as long", "[rebal
     for (int i = 0; i < 4; ++i) net->push_back(std::make_shared<bench::SleepLayer>(500));
     return net;
   };
-  const Batch b = make_batch();
-  PipelineConfig slowed = config();
+  const Batch b = testing::mlp_batch();
+  PipelineConfig slowed = timing_config();
   slowed.slowdown = {1.0, 4.0};
-  Pipeline plain(make_sleeping_net(), config()), timed(make_sleeping_net(), slowed);
+  Pipeline plain(make_sleeping_net(), timing_config()), timed(make_sleeping_net(), slowed);
   // Stage 1's least busy step in each: the first warms up, and other threads may delay any.
   double plain_busy = std::numeric_limits<double>::infinity(), timed_busy = plain_busy;
   for (int step = 0; step < 3; ++step) {
@@ -128,10 +113,11 @@ TEST_CASE("a slowed stage is busy for about its slowdown times as long", "[rebal
 }
 
 TEST_CASE("bad slowdowns and profile intervals are refused by name", "[rebalance]") {
-  PipelineConfig c = config();
+  PipelineConfig c = timing_config();
   c.slowdown = {1.0, 0.5};
-  CHECK_THROWS_WITH(Pipeline(make_net(), c), Catch::Contains("slowdown[1] is 0.5"));
+  CHECK_THROWS_WITH(Pipeline(testing::small_mlp(), c), Catch::Contains("slowdown[1] is 0.5"));
   c.slowdown = {};
   c.profile_every = -1;
-  CHECK_THROWS_WITH(Pipeline(make_net(), c), Catch::Contains("profile_every must be >= 0"));
+  CHECK_THROWS_WITH(Pipeline(testing::small_mlp(), c),
+                    Catch::Contains("profile_every must be >= 0"));
 }

@@ -53,7 +53,7 @@ void check_against_reference(const Tensor& a, const Tensor& b, const Tensor& out
 
 // The providers this build has, and the automatic choice (the one the rest of the suite runs
 // with), which mixes them by product size on CPUs without AVX-512.
-std::vector<GemmProvider> providers() {
+std::vector<GemmProvider> gemm_providers() {
   std::vector<GemmProvider> list{GemmProvider::openblas, GemmProvider::automatic};
   try {
     set_cpu_gemm_provider(GemmProvider::onednn);
@@ -68,7 +68,7 @@ std::vector<GemmProvider> providers() {
 // Runs `body` once with each provider, then goes back to the automatic choice.
 template <typename Body>
 void with_each_provider(Body body) {
-  for (GemmProvider provider : providers()) {
+  for (GemmProvider provider : gemm_providers()) {
     set_cpu_gemm_provider(provider);
     try {
       body();

@@ -11,30 +11,16 @@
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol/messages.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 
 using namespace pipit;
+using testing::Batch;
 using namespace std::chrono_literals;
 
 namespace {
 
-struct Batch {
-  Tensor input, target;
-};
-
-std::shared_ptr<Sequential> make_net() {
-  Generator generator(3);
-  return mlp({6, 12, 12, 12, 3}, "tanh", &generator);
-}
-
-Batch make_batch() {
-  Generator generator(4);
-  std::vector<int64_t> labels;
-  for (int64_t i = 0; i < 8; ++i) labels.push_back((i * 5) % 3);
-  return {randn({8, 6}, &generator), from_vector(labels, {8})};
-}
-
-PipelineConfig config(std::chrono::milliseconds timeout = 5000ms) {
+PipelineConfig faults_config(std::chrono::milliseconds timeout = 5000ms) {
   PipelineConfig c;
   c.stages = 3;
   c.microbatches = 2;
@@ -108,17 +94,17 @@ struct HandBuiltPipeline {
 }  // namespace
 
 TEST_CASE("stages ignore commands and data from anyone but their sender", "[pipeline][faults]") {
-  const Batch batch = make_batch();
-  auto reference = make_net();
+  const Batch batch = testing::mlp_batch();
+  auto reference = testing::small_mlp();
   std::vector<double> expected;
   {
-    Pipeline pipeline(reference, config());
+    Pipeline pipeline(reference, faults_config());
     for (int step = 0; step < 2; ++step) {
       expected.push_back(pipeline.train_step(batch.input, batch.target));
     }
   }
-  auto net = make_net();
-  HandBuiltPipeline pipeline(*net, config());
+  auto net = testing::small_mlp();
+  HandBuiltPipeline pipeline(*net, faults_config());
   // Stage 0 tries to shut stage 1 down, start a step there and step its optimizer; the
   // coordinator sends stage 1 an activation only stage 0 produces.
   auto stage0 = pipeline.hub->endpoint(0);
@@ -136,13 +122,15 @@ TEST_CASE("stages ignore commands and data from anyone but their sender", "[pipe
 
 TEST_CASE("a failure during the optimizer step leaves a pipeline that refuses to go on",
           "[pipeline][faults]") {
-  const Batch batch = make_batch();
-  auto net = make_net();
+  const Batch batch = testing::mlp_batch();
+  auto net = testing::small_mlp();
   // Stage 1 loses the OptimizerStep of step 2: stages 0 and 2 apply it, stage 1 does not.
-  HandBuiltPipeline pipeline(*net, config(500ms), 1, [](Message m) -> std::optional<Message> {
-    if (m.kind == PipelineKind::OptimizerStep && m.step == 2) return std::nullopt;
-    return m;
-  });
+  HandBuiltPipeline pipeline(*net, faults_config(500ms), 1,
+                             [](Message m) -> std::optional<Message> {
+                               if (m.kind == PipelineKind::OptimizerStep && m.step == 2)
+                                 return std::nullopt;
+                               return m;
+                             });
   Coordinator& coordinator = *pipeline.coordinator;
   coordinator.train_step(batch.input, batch.target);
   CHECK(coordinator.consistent());
@@ -159,14 +147,16 @@ TEST_CASE("a failure during the optimizer step leaves a pipeline that refuses to
 
 TEST_CASE("a stage whose own loop fails reports it instead of ending its thread silently",
           "[pipeline][faults]") {
-  const Batch batch = make_batch();
-  auto net = make_net();
+  const Batch batch = testing::mlp_batch();
+  auto net = testing::small_mlp();
   int received = 0;
-  HandBuiltPipeline pipeline(*net, config(), 1, [&received](Message m) -> std::optional<Message> {
-    // A failure outside any task: the communicator itself throws on the stage's thread.
-    if (++received == 3) throw std::runtime_error("inbox corrupted");
-    return m;
-  });
+  HandBuiltPipeline pipeline(*net, faults_config(), 1,
+                             [&received](Message m) -> std::optional<Message> {
+                               // A failure outside any task: the communicator itself throws on the
+                               // stage's thread.
+                               if (++received == 3) throw std::runtime_error("inbox corrupted");
+                               return m;
+                             });
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH(pipeline.coordinator->train_step(batch.input, batch.target),
                     Catch::Contains("stage 1 stopped: inbox corrupted"));
@@ -192,10 +182,10 @@ class StuckLayer final : public Module {
 
 TEST_CASE("a stage stuck in a layer does not hang the pipeline's destructor",
           "[pipeline][faults]") {
-  const Batch batch = make_batch();
-  auto net = make_net();
+  const Batch batch = testing::mlp_batch();
+  auto net = testing::small_mlp();
   net->push_back(std::make_shared<StuckLayer>());
-  auto pipeline = std::make_unique<Pipeline>(net, config(200ms));
+  auto pipeline = std::make_unique<Pipeline>(net, faults_config(200ms));
   CHECK_THROWS_WITH(pipeline->train_step(batch.input, batch.target),
                     Catch::Contains("no stage answered"));
   const auto start = std::chrono::steady_clock::now();
@@ -206,14 +196,15 @@ TEST_CASE("a stage stuck in a layer does not hang the pipeline's destructor",
 
 TEST_CASE("a remap that fails before its commit leaves the old partition on every stage",
           "[pipeline][faults][remap]") {
-  const Batch batch = make_batch();
-  auto reference = make_net(), net = make_net();
-  Pipeline plain(reference, config());
+  const Batch batch = testing::mlp_batch();
+  auto reference = testing::small_mlp(), net = testing::small_mlp();
+  Pipeline plain(reference, faults_config());
   // Stage 1 never gets the layers stage 2 hands it.
-  HandBuiltPipeline pipeline(*net, config(500ms), 1, [](Message m) -> std::optional<Message> {
-    if (m.kind == PipelineKind::LayerTransfer) return std::nullopt;
-    return m;
-  });
+  HandBuiltPipeline pipeline(*net, faults_config(500ms), 1,
+                             [](Message m) -> std::optional<Message> {
+                               if (m.kind == PipelineKind::LayerTransfer) return std::nullopt;
+                               return m;
+                             });
   Coordinator& coordinator = *pipeline.coordinator;
   CHECK(coordinator.train_step(batch.input, batch.target) ==
         plain.train_step(batch.input, batch.target));

@@ -45,4 +45,34 @@ inline Model make_model(const std::string& name, int64_t rows = 8) {
   return name == "mlp" ? make_mlp(rows) : make_gpt(rows);
 }
 
+inline const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
+
+// Linear(6,12) Tanh Linear(12,12) Tanh Linear(12,12) Tanh Linear(12,3): 7 layers, for mlp_batch.
+inline std::shared_ptr<Sequential> small_mlp() {
+  Generator generator(3);
+  return mlp({6, 12, 12, 12, 3}, "tanh", &generator);
+}
+
+struct Batch {
+  Tensor input, target;
+};
+
+// `batch` windows of `context` tokens of a fixed sequence; targets run 3 tokens ahead.
+inline Batch gpt_batch(int64_t vocab = 11, int64_t batch = 8, int64_t context = 6) {
+  std::vector<int64_t> x, y;
+  for (int64_t i = 0; i < batch * context; ++i) {
+    x.push_back((i * 7) % vocab);
+    y.push_back((i * 7 + 3) % vocab);
+  }
+  return {from_vector(x, {batch, context}), from_vector(y, {batch, context})};
+}
+
+// 8 rows of 6 features and labels of 3 classes, for an MLP of input width 6.
+inline Batch mlp_batch() {
+  Generator generator(4);
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < 8; ++i) labels.push_back((i * 5) % 3);
+  return {randn({8, 6}, &generator), from_vector(labels, {8})};
+}
+
 }  // namespace pipit::testing

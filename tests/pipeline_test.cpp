@@ -23,6 +23,7 @@ using pipit::testing::make_gpt;
 using pipit::testing::make_mlp;
 using pipit::testing::make_model;
 using pipit::testing::Model;
+using testing::kAdamW;
 
 namespace {
 
@@ -35,8 +36,6 @@ Tensor forward_by_microbatch(Module& net, const Tensor& input, int microbatches)
   for (const Tensor& part : chunk(input, microbatches, 0)) outputs.push_back(net.forward(part));
   return cat(outputs, 0);
 }
-
-const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
 
 // Sequential gradient accumulation over the same microbatches, on this thread.
 std::vector<double> accumulate_sequentially(Model& m, const nlohmann::json& optimizer_config,

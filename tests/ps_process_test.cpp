@@ -21,7 +21,6 @@
 
 using namespace pipit;
 using namespace pipit::testing;
-using Task = PsTask;
 namespace fs = std::filesystem;
 
 namespace {
@@ -114,7 +113,7 @@ nlohmann::json role_config(const std::string& mode, int servers, int workers,
 
 TEST_CASE("sync over TCP worker and server processes equals the large batch bit for bit",
           "[ps][distributed]") {
-  const Task task(512);
+  const PsTask task(512);
   for (const auto& optimizer : {kSgd, kAdamW}) {
     for (int servers : {1, 2}) {
       DYNAMIC_SECTION(optimizer["type"].get<std::string>() << ", " << servers << " shard(s)") {
@@ -186,7 +185,7 @@ TEST_CASE("a killed worker process: async goes on and logs it, sync fails naming
 
 TEST_CASE("a killed server: workers stop naming it, and a resumed run equals an unbroken one",
           "[ps][distributed]") {
-  const Task task(512);
+  const PsTask task(512);
   constexpr int64_t kSteps = 40;
   PsProcesses run("killed_server");
   nlohmann::json config = role_config("sync", 1, 2, kSgd);
@@ -239,7 +238,7 @@ TEST_CASE("a killed server: workers stop naming it, and a resumed run equals an 
 
 TEST_CASE("sync on bare pipit-worker processes equals the large batch bit for bit",
           "[ps][distributed]") {
-  const Task task(512);
+  const PsTask task(512);
   for (int servers : {1, 2}) {
     DYNAMIC_SECTION(servers << " shard(s)") {
       std::vector<std::unique_ptr<testing::WorkerProcess>> processes;

@@ -10,6 +10,7 @@
 #include "bitwise.h"
 #include "loss/loss.h"
 #include "optim/optimizer.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 #include "ps_task.h"
 
@@ -18,7 +19,6 @@ namespace pipit::testing {
 constexpr int kSyncWorkers = 3, kSyncSteps = 4;
 inline const nlohmann::json kSgd = {
     {"type", "SGD"}, {"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 1e-3}};
-inline const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
 
 // Single-process training on each step's large batch (the workers' batches in worker order),
 // as sequential gradient accumulation; the loss of every worker's part of it, by step.
@@ -39,15 +39,6 @@ inline std::pair<StateDict, std::vector<std::vector<double>>> large_batch_refere
     reference_optimizer->step();
   }
   return {reference->state_dict(), losses};
-}
-
-inline void check_bitwise_equal(const StateDict& got, const StateDict& want) {
-  REQUIRE(got.size() == want.size());
-  for (const auto& [name, value] : want) {
-    INFO(name);
-    REQUIRE(got.count(name));
-    CHECK(bitwise_equal(got.at(name), value));
-  }
 }
 
 }  // namespace pipit::testing

@@ -20,11 +20,10 @@
 
 using namespace pipit;
 using namespace pipit::testing;
-using Task = PsTask;
 
 namespace {
 
-double accuracy(Module& model, const Task& task) {
+double accuracy(Module& model, const PsTask& task) {
   NoGradGuard no_grad;
   const std::vector<int64_t> predicted = argmax(model.forward(task.inputs), 1).to_vector<int64_t>();
   const std::vector<int64_t> labels = task.labels.to_vector<int64_t>();
@@ -54,7 +53,7 @@ TEST_CASE("plan_shards balances whole tensors by bytes, in model order per shard
 }
 
 TEST_CASE("sync parameter server equals sequential accumulation bit for bit", "[ps]") {
-  const Task task(512);
+  const PsTask task(512);
   for (const auto& optimizer : {kSgd, kAdamW}) {
     for (int servers : {1, 2}) {
       DYNAMIC_SECTION(optimizer["type"].get<std::string>() << ", " << servers << " shard(s)") {
@@ -77,7 +76,7 @@ TEST_CASE("sync parameter server equals sequential accumulation bit for bit", "[
 }
 
 TEST_CASE("async and bounded modes count every gradient and learn as well as sync", "[ps]") {
-  const Task train(4096), held_out(2048, 12);
+  const PsTask train(4096), held_out(2048, 12);
   constexpr int kWorkers = 3, kSteps = 150;
   constexpr int64_t kBatch = 16;
   auto batch = [&](int worker, int64_t step) {
@@ -128,7 +127,7 @@ TEST_CASE("async and bounded modes count every gradient and learn as well as syn
 }
 
 TEST_CASE("bounded staleness is reached and never exceeded with one worker slowed 4x", "[ps]") {
-  const Task task(1024);
+  const PsTask task(1024);
   constexpr int kWorkers = 4, kSteps = 24;
   for (int bound : {0, 1, 3}) {
     DYNAMIC_SECTION("max_staleness " << bound) {
@@ -240,7 +239,7 @@ TEST_CASE("bf16 gradient compression rounds to nearest even and feeds the error 
 }
 
 TEST_CASE("compressed pushes train, halve the bytes, and stay close to uncompressed", "[ps]") {
-  const Task task(1024), held_out(512, 12);
+  const PsTask task(1024), held_out(512, 12);
   auto run = [&](bool compress) {
     PsConfig config = ps_config_of("sync", 2, 1, {{"type", "AdamW"}, {"lr", 0.01}});
     config.compress = compress;

@@ -10,18 +10,16 @@
 
 #include "pipeline/pipeline.h"
 #include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 #include "support/sleep_layer.h"
 #include "worker_process.h"
 
 using namespace pipit;
 using pipit::testing::WorkerProcess;
+using testing::Batch;
 
 namespace {
-
-struct Batch {
-  Tensor input, target;
-};
 
 std::shared_ptr<Sequential> model() {
   bench::register_sleep_layer();  // a remap rebuilds moved layers from their config
@@ -30,7 +28,7 @@ std::shared_ptr<Sequential> model() {
   return net;
 }
 
-Batch batch() {
+Batch sleep_batch() {
   Generator generator(3);
   return {randn({4, 3}, &generator), zeros({4, 3})};
 }
@@ -49,7 +47,7 @@ PipelineConfig config(bool rebalance) {
   return c;
 }
 
-struct Run {
+struct RebalancedRun {
   std::vector<double> losses;
   std::vector<std::string> remaps;  // the reasons, in order
   int last_remap_step = 0;
@@ -58,9 +56,9 @@ struct Run {
 };
 
 template <typename P>
-Run train(P& pipeline, int steps) {
-  const Batch b = batch();
-  Run run;
+RebalancedRun train(P& pipeline, int steps) {
+  const Batch b = sleep_batch();
+  RebalancedRun run;
   for (int step = 0; step < steps; ++step) {
     run.losses.push_back(pipeline.train_step(b.input, b.target));
     const StepStats& stats = pipeline.coordinator().last_step();
@@ -76,7 +74,7 @@ Run train(P& pipeline, int steps) {
 
 constexpr int kSteps = 40;
 
-void check_converged(const Run& run, const Run& plain) {
+void check_converged(const RebalancedRun& run, const RebalancedRun& plain) {
   INFO("remaps:\n"
        << [&] {
             std::string all;
@@ -106,16 +104,16 @@ void check_converged(const Run& run, const Run& plain) {
 
 TEST_CASE("rebalancing moves layers off a slowed stage, then keeps the partition", "[rebalance]") {
   Pipeline plain_pipeline(model(), config(false));
-  const Run plain = train(plain_pipeline, kSteps);
+  const RebalancedRun plain = train(plain_pipeline, kSteps);
   PipelineConfig slowed = config(true);
   slowed.slowdown = {1.0, 3.0};
   auto net = model();
   Pipeline pipeline(net, slowed);
-  const Run run = train(pipeline, kSteps);
+  const RebalancedRun run = train(pipeline, kSteps);
   check_converged(run, plain);
   // The user's model holds the modules the stages train.
-  CHECK(pipeline.forward(batch().input).to_vector<float>() ==
-        Pipeline(net, config(false)).forward(batch().input).to_vector<float>());
+  CHECK(pipeline.forward(sleep_batch().input).to_vector<float>() ==
+        Pipeline(net, config(false)).forward(sleep_batch().input).to_vector<float>());
 }
 
 TEST_CASE(
@@ -128,14 +126,14 @@ TEST_CASE(
   // Momentum: state that moves with the layers, which sharded replicas must pool first.
   plain_config.optimizer = {{"type", "SGD"}, {"lr", 0.01}, {"momentum", 0.9}};
   Pipeline plain_pipeline(model(), plain_config);
-  const Run plain = train(plain_pipeline, kSteps);
+  const RebalancedRun plain = train(plain_pipeline, kSteps);
   PipelineConfig slowed = plain_config;
   slowed.shard_optimizer = GENERATE(false, true);
   INFO("sharded optimizer " << slowed.shard_optimizer);
   slowed.rebalance = config(true).rebalance;
   slowed.slowdown = {1.0, 3.0};
   Pipeline pipeline(model(), slowed);
-  const Run run = train(pipeline, kSteps);
+  const RebalancedRun run = train(pipeline, kSteps);
   check_converged(run, plain);
   for (int stage = 0; stage < 2; ++stage) {
     CHECK(pipeline.stage(2 + stage).spec().chunks[0]->size() ==
@@ -145,7 +143,7 @@ TEST_CASE(
 
 TEST_CASE("rebalancing across worker processes, one of them slowed", "[rebalance][distributed]") {
   Pipeline plain_pipeline(model(), config(false));
-  const Run plain = train(plain_pipeline, kSteps);
+  const RebalancedRun plain = train(plain_pipeline, kSteps);
   WorkerProcess fast, slow("", {"--slowdown=3"});
   auto net = model();
   DistributedPipeline pipeline(*net, config(true), {fast.endpoint(), slow.endpoint()});

@@ -10,14 +10,16 @@
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 
 using namespace pipit;
 using pipit::testing::bitwise_equal;
+using testing::Batch;
 
 namespace {
 
-const nlohmann::json kSgd = {{"type", "SGD"}, {"lr", 0.05}, {"momentum", 0.9}};
+const nlohmann::json kMomentumSgd = {{"type", "SGD"}, {"lr", 0.05}, {"momentum", 0.9}};
 
 // A GPT with dropout, so that a recomputed forward that drew new masks would differ.
 std::shared_ptr<Sequential> dropout_gpt() {
@@ -25,11 +27,7 @@ std::shared_ptr<Sequential> dropout_gpt() {
   return gpt(GptConfig{11, 6, 6, 2, 16, 0.2}, &generator);
 }
 
-struct Batch {
-  Tensor input, target;
-};
-
-Batch batch() {
+Batch recompute_batch() {
   std::vector<int64_t> x, y;
   for (int64_t i = 0; i < 8 * 6; ++i) {
     x.push_back((i * 7) % 11);
@@ -40,9 +38,9 @@ Batch batch() {
 
 StateDict train_sequentially(int microbatches, int steps) {
   auto model = dropout_gpt();
-  auto optimizer = make_optimizer(kSgd, model->named_parameters());
+  auto optimizer = make_optimizer(kMomentumSgd, model->named_parameters());
   auto loss = make_loss({{"type", "CrossEntropyLoss"}});
-  const Batch b = batch();
+  const Batch b = recompute_batch();
   const int64_t size = b.input.size(0) / microbatches;
   for (int step = 0; step < steps; ++step) {
     optimizer->zero_grad();
@@ -79,8 +77,8 @@ TEST_CASE("recomputed activations train bit for bit as stored ones, dropout incl
                                   .chunks_per_stage = c.v,
                                   .schedule = c.schedule,
                                   .recompute = recompute,
-                                  .optimizer = kSgd});
-        const Batch b = batch();
+                                  .optimizer = kMomentumSgd});
+        const Batch b = recompute_batch();
         for (int step = 0; step < steps; ++step) pipeline.train_step(b.input, b.target);
       }
       for (const auto& [name, value] : expected) {
@@ -96,7 +94,7 @@ TEST_CASE("the trace shows recomputation before each backward", "[pipeline]") {
   Pipeline pipeline(
       model,
       {.stages = 2, .microbatches = 4, .schedule = "zbh1", .recompute = "full", .trace = true});
-  const Batch b = batch();
+  const Batch b = recompute_batch();
   pipeline.train_step(b.input, b.target);
   int recomputed = 0, input_grads = 0, weight_grads = 0;
   for (const TraceEvent& e : pipeline.coordinator().trace().events()) {

@@ -14,6 +14,7 @@
 #include "nn/registry.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 #include "serialize/checkpoint.h"
 #include "worker_process.h"
@@ -21,12 +22,9 @@
 using namespace pipit;
 using pipit::testing::bitwise_equal;
 using pipit::testing::WorkerProcess;
+using testing::Batch;
 
 namespace {
-
-struct Batch {
-  Tensor input, target;
-};
 
 // 24 layers: the embedding, 22 blocks, the final LayerNorm and the head make 25; 21 blocks
 // make the reference scenario's 24.
@@ -35,7 +33,7 @@ std::shared_ptr<Sequential> gpt_of(int64_t blocks) {
   return gpt({11, 4, blocks, 2, 8, 0.0}, &generator);
 }
 
-Batch batch() {
+Batch remap_batch() {
   std::vector<int64_t> x, y;
   for (int64_t i = 0; i < 12 * 4; ++i) {
     x.push_back((i * 7) % 11);
@@ -86,7 +84,7 @@ std::vector<LayerRange> random_partition(std::mt19937_64& random, size_t layers,
 
 TEST_CASE("the reference scenario: stage 1 hands 3 of its 12 layers to stage 0 mid-training",
           "[remap]") {
-  const Batch b = batch();
+  const Batch b = remap_batch();
   for (const std::string schedule : {"gpipe", "1f1b"}) {
     INFO(schedule);
     auto plain_model = gpt_of(21), remapped_model = gpt_of(21);
@@ -115,7 +113,7 @@ TEST_CASE("the reference scenario: stage 1 hands 3 of its 12 layers to stage 0 m
 
 TEST_CASE("random remap sequences train exactly as no remaps, for every schedule and optimizer",
           "[remap]") {
-  const Batch b = batch();
+  const Batch b = remap_batch();
   struct Case {
     std::string schedule;
     int p, m, v;
@@ -164,7 +162,7 @@ TEST_CASE("an explicit partition is validated entry by entry", "[remap]") {
 }
 
 TEST_CASE("invalid remaps are refused by name and change nothing", "[remap]") {
-  const Batch b = batch();
+  const Batch b = remap_batch();
   auto plain_model = gpt_of(4), model = gpt_of(4);  // 7 layers
   const PipelineConfig config = config_for(3, 3, 1, "1f1b");
   Pipeline plain(plain_model, config), pipeline(model, config);
@@ -189,7 +187,7 @@ TEST_CASE("invalid remaps are refused by name and change nothing", "[remap]") {
 
 TEST_CASE("remapping over worker processes moves layers worker to worker, bit for bit",
           "[remap][distributed]") {
-  const Batch b = batch();
+  const Batch b = remap_batch();
   std::vector<std::unique_ptr<WorkerProcess>> workers;
   for (int i = 0; i < 3; ++i) workers.push_back(std::make_unique<WorkerProcess>());
   std::vector<std::string> endpoints;
@@ -224,7 +222,7 @@ TEST_CASE("remapping over worker processes moves layers worker to worker, bit fo
 TEST_CASE(
     "a worker killed during a remap is named, and the run resumes exactly from its checkpoint",
     "[remap][distributed]") {
-  const Batch b = batch();
+  const Batch b = remap_batch();
   PipelineConfig config = config_for(3, 3, 1, "1f1b");
   auto uninterrupted = gpt_of(8);  // 11 layers: 4, 4, 3
   {
@@ -313,7 +311,7 @@ class GateLayer final : public Module {
 }  // namespace
 
 TEST_CASE("a remap requested during a step is refused and changes nothing", "[remap]") {
-  const Batch b = batch();
+  const Batch b = remap_batch();
   auto net = gpt_of(2);
   auto gate = std::make_shared<GateLayer>();
   net->push_back(gate);

@@ -24,25 +24,12 @@
 using namespace pipit;
 using pipit::testing::bitwise_equal;
 using pipit::testing::Model;
+using testing::kAdamW;
 
 namespace {
 
 // 24 rows: r * m microbatches for every (r, m) below.
 constexpr int64_t kRows = 24;
-
-Model make_mlp() {
-  return pipit::testing::make_mlp(kRows);
-}
-
-Model make_gpt() {
-  return pipit::testing::make_gpt(kRows);
-}
-
-Model make_model(const std::string& name) {
-  return pipit::testing::make_model(name, kRows);
-}
-
-const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
 
 // One thread: replica k's share (microbatches k*m .. k*m+m-1) accumulated from zero, each
 // loss gradient scaled by 1 / (r m), then the shares added in replica order, then the update.
@@ -166,9 +153,9 @@ void check_over_tcp(const Layout& layout, const std::string& recompute, bool mov
   INFO(layout.schedule << " p=" << layout.p << " r=" << layout.r << " sharded optimizer "
                        << layout.shard_optimizer << " recompute " << recompute);
   const int m = 4, steps = 2;
-  Model reference = make_gpt();
+  Model reference = testing::make_gpt(kRows);
   const std::vector<double> expected = accumulate_by_replica(reference, layout.r, m, steps);
-  Model remote = make_gpt();
+  Model remote = testing::make_gpt(kRows);
   PipelineConfig config = config_of(layout, m);
   config.recompute = recompute;
   std::vector<std::string> endpoints;
@@ -204,11 +191,11 @@ TEST_CASE(
       for (const std::string recompute : {"none", "full"}) {
         INFO(model_name << " " << layout.schedule << " p=" << layout.p << " r=" << layout.r
                         << " v=" << layout.v << " recompute " << recompute);
-        Model reference = make_model(model_name);
+        Model reference = testing::make_model(model_name, kRows);
         const std::vector<double> expected_losses =
             accumulate_by_replica(reference, layout.r, m, steps);
 
-        Model piped = make_model(model_name);
+        Model piped = testing::make_model(model_name, kRows);
         PipelineConfig config = config_of(layout, m);
         config.recompute = recompute;
         std::vector<double> losses;
@@ -252,7 +239,7 @@ TEST_CASE(
       PipelineConfig config = config_of(layout, m);
       config.recompute = recompute;
       config.max_grad_norm = 0.5;  // the clipping factor reaches every replica's shard
-      Model whole = make_model(model_name);
+      Model whole = testing::make_model(model_name, kRows);
       std::vector<double> expected;
       StateDict want_optimizer;
       {
@@ -263,7 +250,7 @@ TEST_CASE(
         want_optimizer = pipeline.coordinator().fetch_state().second;
       }
       config.shard_optimizer = true;
-      Model sharded = make_model(model_name);
+      Model sharded = testing::make_model(model_name, kRows);
       std::vector<double> losses;
       StateDict got_optimizer;
       std::vector<StateDict> replica_weights;
@@ -301,7 +288,7 @@ TEST_CASE(
     "replicas: a batch that does not split into r x m microbatches, bad counts and remaps "
     "are refused by name",
     "[replicas]") {
-  Model model = make_mlp();
+  Model model = testing::make_mlp(kRows);
   PipelineConfig config;
   config.stages = 2;
   config.replicas = 0;
@@ -332,7 +319,8 @@ TEST_CASE(
                     << " sharded optimizer " << layout.shard_optimizer);
     PipelineConfig config = config_of(layout, 4), plain_config = config;
     plain_config.shard_optimizer = false;
-    Model plain_model = make_model(model_name), moved_model = make_model(model_name);
+    Model plain_model = testing::make_model(model_name, kRows),
+          moved_model = testing::make_model(model_name, kRows);
     Pipeline plain(plain_model.net, plain_config), moved(moved_model.net, config);
     const size_t chunks = static_cast<size_t>(layout.p * layout.v);
     for (int step = 0; step < 4; ++step) {
@@ -434,7 +422,7 @@ TEST_CASE(
   config.microbatches = 2;
   config.shard_optimizer = shard_optimizer;
   config.optimizer = kAdamW;
-  Model whole = make_gpt();
+  Model whole = testing::make_gpt(kRows);
   std::vector<double> uninterrupted;
   {
     Pipeline pipeline(whole.net, config);
@@ -442,7 +430,7 @@ TEST_CASE(
       uninterrupted.push_back(pipeline.train_step(whole.input, whole.target));
     }
   }
-  Model first = make_gpt();
+  Model first = testing::make_gpt(kRows);
   std::vector<double> resumed;
   StateDict weights, optimizer_state;
   {
@@ -453,7 +441,7 @@ TEST_CASE(
     std::tie(weights, optimizer_state) = pipeline.coordinator().fetch_state();
   }
   // A fresh model from the checkpointed weights; every replica starts from them.
-  Model second = make_gpt();
+  Model second = testing::make_gpt(kRows);
   second.net->load_state_dict(weights);
   {
     Pipeline pipeline(second.net, config, optimizer_state);
@@ -476,7 +464,7 @@ TEST_CASE("replicas: a replica's worker that dies fails the step, naming its sta
     workers.push_back(std::make_unique<pipit::testing::WorkerProcess>());
     endpoints.push_back(workers.back()->endpoint());
   }
-  Model model = make_gpt();
+  Model model = testing::make_gpt(kRows);
   PipelineConfig config;
   config.stages = 2;
   config.replicas = 2;
@@ -497,7 +485,7 @@ TEST_CASE(
   for (const auto& [schedule, chunks] : std::vector<std::pair<std::string, int>>{
            {"1f1b", 1}, {"zbh1", 1}, {"interleaved", 2}, {"zbv", 2}}) {
     INFO(schedule);
-    Model model = make_mlp();
+    Model model = testing::make_mlp(kRows);
     PipelineConfig config;
     config.stages = 2;
     config.replicas = 2;

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "autograd/grad_mode.h"
+#include "bitwise.h"
 #include "comm/local_communicator.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
@@ -18,21 +19,6 @@ using namespace pipit;
 using nlohmann::json;
 
 namespace {
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()) == 0;
-}
-
-void check_same(const StateDict& actual, const StateDict& expected) {
-  REQUIRE(actual.size() == expected.size());
-  for (const auto& [name, tensor] : expected) {
-    INFO(name);
-    REQUIRE(actual.count(name));
-    CHECK(same_bits(actual.at(name), tensor));
-  }
-}
 
 // Stage 1 of 3, interleaved with 2 chunks per stage: global chunks 1 and 4 of a 7-layer gpt.
 struct Fixture {
@@ -94,8 +80,8 @@ TEST_CASE("a stage package round trips and rebuilds chunks equal to the slices",
   CHECK(got.chunk_configs == sent.chunk_configs);
   CHECK(got.optimizer_config == f.config.optimizer);
   CHECK(got.peers == sent.peers);
-  check_same(got.weights, sent.weights);
-  check_same(got.optimizer_state, sent.optimizer_state);
+  testing::check_bitwise_equal(got.weights, sent.weights);
+  testing::check_bitwise_equal(got.optimizer_state, sent.optimizer_state);
 
   // Only this stage's optimizer entries travel, with the step count.
   const size_t parameters = sent.weights.size();
@@ -122,8 +108,9 @@ TEST_CASE("a stage package round trips and rebuilds chunks equal to the slices",
       INFO("global chunk " << global);
       const Sequential& chunk = *spec.chunks[global / 3];
       CHECK(chunk.first_index() == range.begin);
-      check_same(chunk.state_dict(), f.model->slice(range.begin, range.end)->state_dict());
-      CHECK(same_bits(spec.chunks[global / 3]->forward(h), out));
+      testing::check_bitwise_equal(chunk.state_dict(),
+                                   f.model->slice(range.begin, range.end)->state_dict());
+      CHECK(testing::bitwise_equal(spec.chunks[global / 3]->forward(h), out));
     }
     h = out;
   }
@@ -132,7 +119,7 @@ TEST_CASE("a stage package round trips and rebuilds chunks equal to the slices",
   auto hub = LocalHub::create();
   Stage stage(spec, hub->endpoint(1));
   stage.optimizer().load_state_dict(got.optimizer_state);
-  check_same(stage.optimizer().state_dict(), sent.optimizer_state);
+  testing::check_bitwise_equal(stage.optimizer().state_dict(), sent.optimizer_state);
 }
 
 TEST_CASE("bad stage packages are errors naming what is wrong", "[stage_package]") {

@@ -18,15 +18,15 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Pair {
+struct SocketPair {
   std::unique_ptr<TcpCommunicator> a, b;
 };
 
-Pair connected_pair() {
+SocketPair connected_pair() {
   TcpOptions options;
   options.log = [](const std::string&) {};
-  Pair pair{std::make_unique<TcpCommunicator>(0, options),
-            std::make_unique<TcpCommunicator>(1, options)};
+  SocketPair pair{std::make_unique<TcpCommunicator>(0, options),
+                  std::make_unique<TcpCommunicator>(1, options)};
   const uint16_t port = pair.b->listen("127.0.0.1", 0);
   pair.a->connect(1, "127.0.0.1", port);
   pair.b->wait_for_peer(0, 5000ms);
@@ -48,7 +48,7 @@ float value_for(int thread, int index) {
 
 TEST_CASE("frames sent by several threads at once arrive whole and, per thread, in order",
           "[tcp]") {
-  Pair pair = connected_pair();
+  SocketPair pair = connected_pair();
   constexpr int kThreads = 4, kMessages = 60;
   std::vector<std::thread> senders;
   for (int t = 0; t < kThreads; ++t) {
@@ -83,7 +83,7 @@ TEST_CASE("frames sent by several threads at once arrive whole and, per thread, 
 
 TEST_CASE("closing a communicator while threads are sending on it ends cleanly", "[tcp]") {
   for (int round = 0; round < 3; ++round) {
-    Pair pair = connected_pair();
+    SocketPair pair = connected_pair();
     std::atomic<bool> stop{false};
     std::vector<std::thread> senders;
     for (int t = 0; t < 3; ++t) {

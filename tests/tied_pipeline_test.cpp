@@ -16,6 +16,7 @@
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 
 using namespace pipit;
@@ -23,7 +24,6 @@ using namespace pipit::testing;
 
 namespace {
 
-const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_decay", 0.1}};
 constexpr const char* kHead = "8.weight";
 constexpr const char* kEmbedding = "0.tokens.weight";
 
@@ -36,7 +36,7 @@ std::shared_ptr<Sequential> tied_gpt() {
   return gpt(c, &generator);
 }
 
-struct Run {
+struct TiedRun {
   std::vector<double> losses;
   StateDict weights;
   double grad_norm = 0;
@@ -45,7 +45,7 @@ struct Run {
 // Sequential gradient accumulation on the untied model: each side's gradient summed over the
 // microbatches, then source's + copy's given to both before the optimizer step; the norm for
 // clipping counts the tied tensor once.
-Run accumulate_sequentially(int microbatches, int steps, double max_grad_norm = 0) {
+TiedRun accumulate_sequentially(int microbatches, int steps, double max_grad_norm = 0) {
   auto net = tied_gpt()->untied_slice(0, 9);
   const Batch batch = gpt_batch();
   auto optimizer = make_optimizer(kAdamW, net->named_parameters());
@@ -58,7 +58,7 @@ Run accumulate_sequentially(int microbatches, int steps, double max_grad_norm = 
     if (name != kHead) counted.push_back(p);
   }
   REQUIRE(&head.impl() != &embedding.impl());
-  Run run;
+  TiedRun run;
   const int64_t size = batch.input.size(0) / microbatches;
   for (int step = 0; step < steps; ++step) {
     optimizer->zero_grad();
@@ -102,21 +102,12 @@ PipelineConfig config(const std::string& schedule, int p, int m, int v,
   return c;
 }
 
-void check_same(const StateDict& got, const StateDict& want) {
-  REQUIRE(got.size() == want.size());
-  for (const auto& [name, value] : want) {
-    INFO(name);
-    REQUIRE(got.count(name));
-    CHECK(bitwise_equal(got.at(name), value));
-  }
-}
-
 }  // namespace
 
 TEST_CASE(
     "a tied model pipelined equals sequential accumulation with the sides summed, bit for bit",
     "[tied_pipeline]") {
-  const Run expected = accumulate_sequentially(4, 3);
+  const TiedRun expected = accumulate_sequentially(4, 3);
   struct Case {
     std::string schedule;
     int p, v;
@@ -144,11 +135,11 @@ TEST_CASE(
         for (int step = 0; step < 3; ++step) {
           losses.push_back(pipeline.train_step(batch.input, batch.target));
         }
-        check_same(pipeline.coordinator().fetch_state().first, expected.weights);
+        check_bitwise_equal(pipeline.coordinator().fetch_state().first, expected.weights);
       }
       CHECK(losses == expected.losses);
       // The model the user holds is still tied, and trained.
-      check_same(model->state_dict(), expected.weights);
+      check_bitwise_equal(model->state_dict(), expected.weights);
       auto* head = dynamic_cast<Linear*>((*model)[8].get());
       REQUIRE(head != nullptr);
       CHECK(&head->weight.impl() == &model->state_dict().at(kEmbedding).impl());
@@ -158,7 +149,7 @@ TEST_CASE(
 
 TEST_CASE("clipping across stages counts a tied tensor once", "[tied_pipeline]") {
   const double max_norm = 0.05;
-  const Run expected = accumulate_sequentially(2, 1, max_norm);
+  const TiedRun expected = accumulate_sequentially(2, 1, max_norm);
   REQUIRE(expected.grad_norm > max_norm);  // the clip really scales
   auto model = tied_gpt();
   PipelineConfig c = config("1f1b", 2, 2, 1);
@@ -192,7 +183,7 @@ TEST_CASE("a tied model resumes from fetched state bit for bit", "[tied_pipeline
   // Another partition on resume: the head's copy takes the embedding's optimizer state.
   Pipeline pipeline(resumed, config("interleaved", 2, 4, 2), optimizer);
   CHECK(pipeline.train_step(batch.input, batch.target) == losses[2]);
-  check_same(resumed->state_dict(), straight->state_dict());
+  check_bitwise_equal(resumed->state_dict(), straight->state_dict());
 }
 
 TEST_CASE("remaps, rebalancing and ties between distant stages are refused by name",
@@ -257,7 +248,7 @@ TEST_CASE("a tied model over 4 worker processes equals the threads, bit for bit"
       weights = pipeline.coordinator().fetch_state().first;
     }
     CHECK(remote_losses == local_losses);
-    check_same(weights, local->state_dict());
+    check_bitwise_equal(weights, local->state_dict());
     remote->load_state_dict(weights);  // strict: the tied tensor once, under its own name
   }
 }

@@ -17,7 +17,7 @@ namespace {
 
 const std::string kDir = std::string(PIPIT_TEST_DATA) + "/tokenizer";
 
-const json& reference() {
+const json& tokenizer_reference() {
   static const json data = json::parse(read_text_file(kDir + "/reference.json"));
   return data;
 }
@@ -35,7 +35,7 @@ const Tokenizer& tokenizer_json() {
 }  // namespace
 
 TEST_CASE("tokenizer gives Hugging Face's ids from vocab.json + merges.txt", "[tokenizer]") {
-  const json& texts = reference().at("texts");
+  const json& texts = tokenizer_reference().at("texts");
   REQUIRE(texts.size() == 25);
   CHECK(gpt2_files().vocab_size() == 3000);
   for (const json& entry : texts) {
@@ -48,7 +48,7 @@ TEST_CASE("tokenizer gives Hugging Face's ids from vocab.json + merges.txt", "[t
 
 TEST_CASE("tokenizer gives Hugging Face's ids from tokenizer.json", "[tokenizer]") {
   CHECK(tokenizer_json().vocab_size() == 1000);
-  for (const json& entry : reference().at("texts")) {
+  for (const json& entry : tokenizer_reference().at("texts")) {
     const std::string text = entry.at("text");
     INFO("text: " << text.substr(0, 80));
     CHECK(tokenizer_json().encode(text) == entry.at("small_ids").get<std::vector<uint32_t>>());
@@ -58,7 +58,7 @@ TEST_CASE("tokenizer gives Hugging Face's ids from tokenizer.json", "[tokenizer]
 TEST_CASE("tokenizer gives Hugging Face's ids on 30 KB of held-out text", "[tokenizer]") {
   // Every merge of the small model that the text reaches, rarely used ones included: the
   // ids' FNV-1a hash, as the fixture script computes it.
-  const json& heldout = reference().at("heldout");
+  const json& heldout = tokenizer_reference().at("heldout");
   const std::vector<uint32_t> ids = tokenizer_json().encode(read_text_file(kDir + "/heldout.txt"));
   uint64_t hash = 0xCBF29CE484222325ull;
   for (const uint32_t id : ids) hash = (hash ^ id) * 0x100000001B3ull;

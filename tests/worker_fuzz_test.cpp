@@ -18,6 +18,7 @@
 #include "pipeline/protocol/messages.h"
 #include "pipeline/remote/distributed_pipeline.h"
 #include "pipeline/remote/stage_package.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 #include "worker_process.h"
 
@@ -40,19 +41,6 @@ PipelineConfig one_stage() {
   config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
   config.timeout = 20000ms;
   return config;
-}
-
-struct Batch {
-  Tensor input, target;
-};
-
-Batch batch() {
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < 4 * 6; ++i) {
-    x.push_back((i * 7) % 11);
-    y.push_back((i * 7 + 3) % 11);
-  }
-  return {from_vector(x, {4, 6}), from_vector(y, {4, 6})};
 }
 
 // Valid frames of every kind a worker may see, to mutate.
@@ -192,7 +180,7 @@ void fuzz_worker(const std::string& token) {
   tcp.log = [](const std::string&) {};
   DistributedPipeline pipeline(*tiny_gpt(), one_stage(), {worker.endpoint()}, tcp);
   Pipeline reference(tiny_gpt(), one_stage());
-  const Batch b = batch();
+  const Batch b = testing::gpt_batch(11, 4, 6);
   INFO(worker.log());
   CHECK(pipeline.train_step(b.input, b.target) == reference.train_step(b.input, b.target));
   if (const char* path = std::getenv("PIPIT_WORKER_FUZZ_LOG")) {

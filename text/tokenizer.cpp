@@ -17,14 +17,14 @@ constexpr size_t kMaxCachedPiece = 64;
 // a stream of distinct pieces must not grow memory without bound.
 constexpr size_t kMaxCacheEntries = 1 << 18;
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
 }  // namespace
 
 struct Tokenizer::State {
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+
   State(const BpeModel& model, std::string_view source) : encoder(model, source) {}
   BpeEncoder encoder;
   std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> ids;  // by bytes

@@ -40,7 +40,7 @@ if [[ "${PIPIT_SKIP_SANITIZE:-0}" != "1" ]]; then
   phase "ASan + UBSan build (clang)"
   cmake -S . -B "$sanitize_build" -DCMAKE_CXX_COMPILER=clang++ -DPIPIT_SANITIZE=ON \
         -DPIPIT_FUZZ=ON -DPIPIT_CUDA=OFF -DPIPIT_GEMM=OPENBLAS -DPIPIT_BUILD_SAMPLES=OFF \
-        -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" >/dev/null
+        -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" >/dev/null
   cmake --build "$sanitize_build" -j"$jobs"
   phase "ASan + UBSan tests"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

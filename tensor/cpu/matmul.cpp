@@ -147,19 +147,13 @@ void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, boo
   T* c = out.data<T>();
   const T* pa = a.data<T>();
   const T* pb = b.data<T>();
-  int64_t batch = 1;
-  bool b_broadcast = true;
-  for (int64_t d = 0; d < r - 2; ++d) {
-    batch *= out.shape()[d];
-    if (b.strides()[d] != 0 && b.shape()[d] != 1) b_broadcast = false;
-  }
   if (M == 0 || N == 0) return;
   if (K == 0) {
     if (!accumulate) std::fill(c, c + out.numel(), T(0));
     return;
   }
-  const bool folded = batch == 1 || (b_broadcast && batch_folds_into_rows(a, la));
-  const int64_t rows = folded ? M * batch : M, products = folded ? 1 : batch;
+  const BatchFold fold = batch_fold(a, la, b, out);
+  const int64_t rows = fold.folds ? M * fold.batch : M, products = fold.folds ? 1 : fold.batch;
   const Tiling tiling = tiling_for(rows, N, K);
   auto run_tile = [&](int64_t task) {
     int64_t off_a = 0, off_b = 0;
@@ -205,25 +199,18 @@ bool few_rows_by_weight(const Tensor& a, const Tensor& b, const Tensor& out, boo
   if (!(f32 || bf16) || out.dtype() != DType::f32) return false;
   const int64_t r = out.dim();
   const int64_t M = out.shape()[r - 2], N = out.shape()[r - 1], K = a.shape()[r - 1];
-  int64_t batch = 1;
-  for (int64_t d = 0; d < r - 2; ++d) {
-    batch *= out.shape()[d];
-    if (b.strides()[d] != 0 && b.shape()[d] != 1) return false;
-  }
   const MatrixLayout la = layout_of(a), lb = layout_of(b);
   if (!la.usable || la.transposed || !lb.usable || !lb.transposed) return false;
-  if (batch != 1 && !batch_folds_into_rows(a, la)) return false;
-  const int64_t rows = M * batch;
-  if (rows > kFewRows || rows == 0 || N == 0 || K == 0) return false;
+  const BatchFold fold = batch_fold(a, la, b, out);
+  const int64_t rows = M * fold.batch;
+  if (!fold.folds || rows > kFewRows || rows == 0 || N == 0 || K == 0) return false;
   // a's rows, packed (and widened from bf16): a few KB.
   std::vector<float> packed(static_cast<size_t>(rows * K));
+  const auto* a32 = static_cast<const float*>(a.raw_data());
+  const auto* a16 = static_cast<const uint16_t*>(a.raw_data());
   for (int64_t m = 0; m < rows; ++m) {
-    float* row = packed.data() + m * K;
-    if (f32) {
-      std::copy_n(a.data<float>() + m * la.ld, K, row);
-    } else {
-      const auto* bits = static_cast<const uint16_t*>(a.raw_data()) + m * la.ld;
-      for (int64_t k = 0; k < K; ++k) row[k] = bfloat16_to_float(bits[k]);
+    for (int64_t k = 0; k < K; ++k) {
+      packed[m * K + k] = f32 ? a32[m * la.ld + k] : bfloat16_to_float(a16[m * la.ld + k]);
     }
   }
   float* c = out.data<float>();

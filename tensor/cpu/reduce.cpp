@@ -10,7 +10,7 @@
 namespace pipit {
 namespace {
 
-constexpr int64_t kBlock = 16384;
+constexpr int64_t kSumBlock = 16384;
 
 template <typename T>
 using acc_t = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
@@ -78,19 +78,19 @@ acc_t<T> reduce_run(ReduceOp op, const T* x, int64_t n) {
 template <typename T>
 void reduce_rows(ReduceOp op, const T* x, int64_t rows, int64_t R, T* out) {
   // The summation order depends only on R, never on the thread count.
-  if (R <= kBlock) {
+  if (R <= kSumBlock) {
     cpu::parallel_range(rows, cpu::threads_for(rows * R), [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) out[k] = static_cast<T>(reduce_run(op, x + k * R, R));
     });
     return;
   }
-  int64_t blocks = (R + kBlock - 1) / kBlock;
+  int64_t blocks = (R + kSumBlock - 1) / kSumBlock;
   std::vector<acc_t<T>> partial(static_cast<size_t>(blocks));
   for (int64_t k = 0; k < rows; ++k) {
     const T* row = x + k * R;
     cpu::parallel_range(blocks, get_num_threads(), [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        partial[b] = reduce_run(op, row + b * kBlock, std::min(kBlock, R - b * kBlock));
+        partial[b] = reduce_run(op, row + b * kSumBlock, std::min(kSumBlock, R - b * kSumBlock));
       }
     });
     acc_t<T> acc = identity<T>(op);

@@ -65,7 +65,7 @@ int64_t batch_stride(const Tensor& t) {
 }
 
 // t itself when cuBLAS can read it in place, else a contiguous copy on the device.
-Tensor gemm_ready(const Tensor& t) {
+Tensor cublas_ready(const Tensor& t) {
   // A contiguous tensor always qualifies, so the fallback is always a copy.
   return layout_of(t).usable && batch_stride(t) >= 0 ? t : dense(t);
 }
@@ -132,7 +132,7 @@ void gemm(cublasHandle_t handle, DType inputs, const Operand& a, const Operand& 
 
 void matmul_on_device(int device, const Tensor& a_in, const Tensor& b_in, const Tensor& out,
                       bool accumulate) {
-  const Tensor a = gemm_ready(a_in), b = gemm_ready(b_in);
+  const Tensor a = cublas_ready(a_in), b = cublas_ready(b_in);
   const MatrixLayout la = layout_of(a), lb = layout_of(b);
   const int64_t r = out.dim();
   const int64_t M = out.shape()[r - 2], N = out.shape()[r - 1], K = a.shape()[r - 1];
@@ -141,8 +141,7 @@ void matmul_on_device(int device, const Tensor& a_in, const Tensor& b_in, const 
     if (!accumulate) backend(out).fill(out, 0.0);
     return;
   }
-  int64_t batch = 1;
-  for (int64_t d = 0; d < r - 2; ++d) batch *= out.shape()[d];
+  const BatchFold fold = batch_fold(a, la, b, out);
   const int64_t stride_a = batch_stride(a), stride_b = batch_stride(b);
   Blas& h = blas(device);
   std::lock_guard<std::mutex> lock(h.mutex);
@@ -152,13 +151,13 @@ void matmul_on_device(int device, const Tensor& a_in, const Tensor& b_in, const 
   if (!workspace) workspace = cuda::allocate(device, kBlasWorkspaceBytes);
   PIPIT_CUBLAS_CHECK("matmul",
                      cublasSetWorkspace(h.handle, workspace->data(), kBlasWorkspaceBytes));
-  if (batch > 1 && stride_b == 0 && batch_folds_into_rows(a, la)) {
-    gemm(h.handle, a.dtype(), {a.raw_data(), la, 0}, {b.raw_data(), lb, 0}, M * batch, N, K,
+  if (fold.batch > 1 && fold.folds) {
+    gemm(h.handle, a.dtype(), {a.raw_data(), la, 0}, {b.raw_data(), lb, 0}, M * fold.batch, N, K,
          accumulate, out, 1);
     return;
   }
   gemm(h.handle, a.dtype(), {a.raw_data(), la, stride_a}, {b.raw_data(), lb, stride_b}, M, N, K,
-       accumulate, out, batch);
+       accumulate, out, fold.batch);
 }
 
 }  // namespace

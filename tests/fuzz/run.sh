@@ -8,7 +8,8 @@
 # them are kept under build-fuzz/findings/<harness>/.
 #   tests/fuzz/run.sh [SECONDS_PER_HARNESS] [HARNESS...]    (default: every harness)
 # Environment: PIPIT_FUZZ_BUILD (build folder, default build-fuzz), PIPIT_FUZZ_JOBS (build
-# jobs, default nproc), PIPIT_FUZZ_RSS_MB (memory limit per harness, default 2048).
+# jobs and harnesses run at once, default nproc), PIPIT_FUZZ_RSS_MB (memory limit per
+# harness, default 2048).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -34,7 +35,7 @@ echo "=== fuzz build ($build: clang, libFuzzer, ASan + UBSan; -O1, asserts on) =
 if ! { cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DPIPIT_SANITIZE=ON \
          -DPIPIT_FUZZ=ON -DPIPIT_CUDA=OFF -DPIPIT_GEMM=OPENBLAS -DPIPIT_BUILD_SAMPLES=OFF \
          -DCMAKE_BUILD_TYPE=Debug \
-         -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" &&
+         -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" &&
        cmake --build "$build" -j"$jobs" --target "${harnesses[@]/#/fuzz_}"; } >"$scratch/build.log" 2>&1; then
   cat "$scratch/build.log"
   echo "fuzz: the build failed"
@@ -43,20 +44,23 @@ fi
 findings_dir="$root/$build/findings"
 failed=()
 
-printf '\n%-22s %10s %8s %8s %7s  %s\n' harness execs cov ft corpus findings
-for h in "${harnesses[@]}"; do
-  work="$scratch/$h"
+# Runs harness $1 and leaves its table row in $scratch/$1/row and, when it found something,
+# the first lines of the report in $scratch/$1/report.
+fuzz_one() {
+  local h=$1
+  local work="$scratch/$h"
   mkdir -p "$work/corpus" "$work/artifacts" "$work/tmp"
   for src in "tests/fuzz/corpus/$h" "tests/fuzz/regressions/$h"; do
     if [[ -d "$src" ]] && compgen -G "$src/*" >/dev/null; then cp "$src"/* "$work/corpus/"; fi
   done
   # Decoders that read files get them under TMPDIR: keep those in the scratch folder.
-  rc=0
+  local rc=0
   TMPDIR="$work/tmp" OMP_NUM_THREADS=1 "$build/tests/fuzz/fuzz_$h" \
     -max_total_time="$seconds" -rss_limit_mb="$rss_mb" -timeout=30 -print_final_stats=1 \
     -dict=tests/fuzz/json.dict \
     -artifact_prefix="$work/artifacts/" "$work/corpus" >"$work/log" 2>&1 || rc=$?
 
+  local execs cov ft corp artifacts slow summary
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/log" | tail -1)
   last=$(grep -E '^#[0-9]+.*cov: ' "$work/log" | tail -1 || true)
   cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
@@ -68,7 +72,6 @@ for h in "${harnesses[@]}"; do
   slow=$(grep -c '^slow-unit-' <<<"$artifacts" || true)
   artifacts=$(grep -v '^slow-unit-' <<<"$artifacts" || true)
   if ((rc != 0)) || [[ -n "$artifacts" ]]; then
-    failed+=("$h")
     mkdir -p "$findings_dir/$h"
     cp "$work/log" "$findings_dir/$h/log"
     if [[ -n "$artifacts" ]]; then cp "$work/artifacts"/* "$findings_dir/$h/"; fi
@@ -78,10 +81,33 @@ for h in "${harnesses[@]}"; do
   fi
   if ((slow > 0)); then summary+=" ($slow slow inputs)"; fi
   printf '%-22s %10s %8s %8s %7s  %s\n' "$h" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" \
-    "$summary"
+    "$summary" >"$work/row"
   if ((rc != 0)) || [[ -n "$artifacts" ]]; then
     { grep -E '==pipit-fuzz==|ERROR: |SUMMARY: |runtime error' "$work/log" || true; } |
-      head -5 | sed 's/^/    /'
+      head -5 | sed 's/^/    /' >"$work/report"
+  fi
+}
+
+# Each harness is one process on one core: run as many at a time as there are cores.
+running=0
+for h in "${harnesses[@]}"; do
+  if ((running >= jobs)); then
+    wait -n
+    running=$((running - 1))
+  fi
+  fuzz_one "$h" &
+  running=$((running + 1))
+done
+wait
+
+printf '\n%-22s %10s %8s %8s %7s  %s\n' harness execs cov ft corpus findings
+for h in "${harnesses[@]}"; do
+  if [[ ! -f "$scratch/$h/row" ]]; then
+    echo "$h: its run ended before its row was written"
+    failed+=("$h")
+  elif cat "$scratch/$h/row" && [[ -f "$scratch/$h/report" ]]; then
+    failed+=("$h")
+    cat "$scratch/$h/report"
   fi
 done
 

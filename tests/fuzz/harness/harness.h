@@ -34,6 +34,9 @@ struct Target {
   std::vector<std::string> (*seeds)();  // valid inputs made by pipit's own encoders
 };
 
+// The name decoders give the input in their errors.
+inline const std::string kSource = "fuzz input";
+
 const std::vector<Target>& targets();
 const Target* find_target(std::string_view name);
 

@@ -9,13 +9,8 @@
 #include "tests/fuzz/harness/check.h"
 
 namespace pipit::fuzz {
-namespace {
 
 using nlohmann::json;
-
-const std::string kSource = "fuzz input";
-
-}  // namespace
 
 bool fuzz_safetensors(const uint8_t* data, size_t size) {
   const char* bytes = reinterpret_cast<const char*>(data);

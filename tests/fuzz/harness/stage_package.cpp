@@ -17,8 +17,6 @@
 namespace pipit::fuzz {
 namespace {
 
-const std::string kSource = "fuzz input";
-
 // The first field in which two packages differ, or empty.
 std::string difference(const StagePackage& a, const StagePackage& b) {
   if (a.stage != b.stage || a.stages != b.stages || a.chunks_per_stage != b.chunks_per_stage) {
