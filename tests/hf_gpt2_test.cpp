@@ -328,7 +328,7 @@ TEST_CASE("bad checkpoints and prompts are refused by name, with nothing half-lo
 
 TEST_CASE("CUDA: generation on the GPU gives the CPU's greedy tokens, and transformers'",
           "[cuda][hf_gpt2]") {
-  if (!::testing::cuda_ready()) return;
+  if (!cuda_ready()) return;
   auto model = load_hf_gpt2(kHfDir + "/tied");
   std::vector<std::vector<int64_t>> prompts;
   for (int i = 0; i < 3; ++i)
@@ -340,7 +340,7 @@ TEST_CASE("CUDA: generation on the GPU gives the CPU's greedy tokens, and transf
   // Full f32 products, so near ties in the logits break as on the CPU.
   const std::string precision = float32_matmul_precision();
   set_float32_matmul_precision("highest");
-  model->to(::testing::kCuda);
+  model->to(kCuda);
   const auto on_gpu = generate(*model, prompts, options);
   CHECK(on_gpu == on_cpu);
   for (size_t i = 0; i < prompts.size(); ++i) {

@@ -38,45 +38,6 @@ __device__ __forceinline__ T gelu_derivative(T x) {
   return t.s + x * t.s_one_minus_s * dz;
 }
 
-// Same-dtype copies move the element's bytes, so every value (i64 above 2^53 included)
-// arrives exactly.
-template <typename Word>
-void copy_words(const Tensor& src, const Tensor& dst) {
-  const Word* s = ptr<Word>(src);
-  Word* d = ptr<Word>(dst);
-  for_each_strided<2>("copy", dst.shape(), {&dst, &src},
-                      [=] __device__(const int64_t(&off)[2]) { d[off[0]] = s[off[1]]; });
-}
-
-template <typename D, typename S>
-void convert(const Tensor& src, const Tensor& dst) {
-  const S* s = ptr<S>(src);
-  D* d = ptr<D>(dst);
-  for_each_strided<2>("copy", dst.shape(), {&dst, &src}, [=] __device__(const int64_t(&off)[2]) {
-    d[off[0]] = from_double<D>(to_double(s[off[1]]));
-  });
-}
-
-// dst = src with both on the current device.
-void copy_on_device(const Tensor& src, const Tensor& dst) {
-  if (src.dtype() == dst.dtype()) {
-    switch (dtype_size(src.dtype())) {
-      case 1:
-        return copy_words<uint8_t>(src, dst);
-      case 2:
-        return copy_words<uint16_t>(src, dst);
-      case 4:
-        return copy_words<uint32_t>(src, dst);
-      default:
-        return copy_words<uint64_t>(src, dst);
-    }
-  }
-  PIPIT_CUDA_DISPATCH_ALL(dst.dtype(), "copy", {
-    using D = scalar_t;
-    PIPIT_CUDA_DISPATCH_ALL(src.dtype(), "copy", convert<D, scalar_t>(src, dst));
-  });
-}
-
 // Elements each thread moves per access in the contiguous case: 16 bytes of the wider type,
 // so loads and stores are single 128-bit instructions.
 template <typename A, typename B>
@@ -145,6 +106,39 @@ void map1(const char* op, const Tensor& in, const Tensor& out, F f) {
   }
   for_each_strided<2>(op, out.shape(), {&out, &in},
                       [=] __device__(const int64_t(&off)[2]) { o[off[0]] = f(x[off[1]]); });
+}
+
+// Same-dtype copies move the element's bytes, so every value (i64 above 2^53 included)
+// arrives exactly. Copies, autocast's casts among them, take map1's 16-byte accesses where
+// both sides are contiguous.
+template <typename Word>
+void copy_words(const Tensor& src, const Tensor& dst) {
+  map1<Word, Word>("copy", src, dst, [] __device__(Word w) { return w; });
+}
+
+template <typename D, typename S>
+void convert(const Tensor& src, const Tensor& dst) {
+  map1<D, S>("copy", src, dst, [] __device__(S x) { return from_double<D>(to_double(x)); });
+}
+
+// dst = src with both on the current device.
+void copy_on_device(const Tensor& src, const Tensor& dst) {
+  if (src.dtype() == dst.dtype()) {
+    switch (dtype_size(src.dtype())) {
+      case 1:
+        return copy_words<uint8_t>(src, dst);
+      case 2:
+        return copy_words<uint16_t>(src, dst);
+      case 4:
+        return copy_words<uint32_t>(src, dst);
+      default:
+        return copy_words<uint64_t>(src, dst);
+    }
+  }
+  PIPIT_CUDA_DISPATCH_ALL(dst.dtype(), "copy", {
+    using D = scalar_t;
+    PIPIT_CUDA_DISPATCH_ALL(src.dtype(), "copy", convert<D, scalar_t>(src, dst));
+  });
 }
 
 template <typename O, typename T, typename F>
