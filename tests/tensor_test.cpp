@@ -1,6 +1,8 @@
 #include <algorithm>
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -145,6 +147,39 @@ TEST_CASE("f16 and bf16 conversions round to nearest even", "[tensor]") {
   CHECK(x.to(DType::bf16).to_vector<float>()[1] == 0.10009765625f);
   CHECK(half_to_float(float_to_half(5.9604645e-8f)) == 5.9604645e-8f);  // smallest subnormal
   CHECK(bfloat16_to_float(float_to_bfloat16(1.00390625f)) == 1.0f);     // tie rounds to even
+}
+
+TEST_CASE("bf16 casts give the scalar conversion's bits on rows of unit and other strides",
+          "[tensor]") {
+  // Ties, NaNs (quiet and signalling, both signs), infinities, subnormals, then random bits.
+  std::vector<uint32_t> bits = {0x3f808000u, 0x3f818000u, 0x7fc00000u, 0x7f800001u, 0xffa00000u,
+                                0x7f800000u, 0xff800000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu};
+  const Generator g(3);
+  for (uint64_t i = 0; bits.size() < 1003; ++i) bits.push_back(static_cast<uint32_t>(g.bits(i)));
+  const int64_t n = static_cast<int64_t>(bits.size());
+  Tensor pairs = Tensor::empty({n, 2}, DType::f32);
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(pairs.data<float>() + 2 * i, &bits[static_cast<size_t>(i)], 4);
+  }
+  const Tensor strided = squeeze(narrow(pairs, 1, 0, 1), 1), contiguous = strided.contiguous();
+  for (const Tensor& x : {contiguous, strided}) {
+    INFO("stride " << x.strides()[0]);
+    const Tensor rounded = x.to(DType::bf16), back = rounded.to(DType::f32);
+    const Tensor back_strided =
+        squeeze(narrow(stack({rounded, rounded}, 1), 1, 1, 1), 1).to(DType::f32);
+    size_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want = float_to_bfloat16(std::bit_cast<float>(bits[static_cast<size_t>(i)]));
+      uint16_t got;
+      std::memcpy(&got, static_cast<const uint16_t*>(rounded.raw_data()) + i, 2);
+      uint32_t widened, widened_strided;
+      std::memcpy(&widened, back.data<float>() + i, 4);
+      std::memcpy(&widened_strided, back_strided.contiguous().data<float>() + i, 4);
+      const uint32_t want_wide = static_cast<uint32_t>(want) << 16;
+      wrong += got != want || widened != want_wide || widened_strided != want_wide;
+    }
+    CHECK(wrong == 0);
+  }
 }
 
 TEST_CASE("comparisons produce masks and where selects", "[tensor]") {

@@ -4,6 +4,7 @@
 #include <cblas.h>
 
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -33,30 +34,27 @@ void copy_typed(const Tensor& src, const Tensor& dst) {
       loop, {byte_ptr(dst), byte_ptr(src)}, {sizeof(D), sizeof(S)}, [&](auto p, int64_t n, auto s) {
         D* d = reinterpret_cast<D*>(p[0]);
         const S* x = reinterpret_cast<const S*>(p[1]);
-        if constexpr (std::is_same_v<D, S>) {
+        // Unit strides get their own loop, which the compiler vectorises: casts of a KV cache
+        // or of activations under autocast are rows of unit stride.
+        auto map = [&](auto f) {
           if (s[0] == 1 && s[1] == 1) {
-            std::memcpy(d, x, static_cast<size_t>(n) * sizeof(D));
-            return;
+            for (int64_t i = 0; i < n; ++i) d[i] = f(x[i]);
+          } else {
+            for (int64_t i = 0; i < n; ++i) d[i * s[0]] = f(x[i * s[1]]);
           }
+        };
+        if constexpr (std::is_same_v<D, S>) {
           // Never through double: i64 beyond 2^53 would round, and near
           // INT64_MAX convert back out of range (undefined behaviour).
-          for (int64_t i = 0; i < n; ++i) d[i * s[0]] = x[i * s[1]];
-          return;
-        }
-        if constexpr (std::is_same_v<D, cpu::BFloat16> && std::is_same_v<S, float>) {
-          for (int64_t i = 0; i < n; ++i) d[i * s[0]].bits = float_to_bfloat16(x[i * s[1]]);
-          return;
-        }
-        if constexpr (std::is_same_v<D, float> && std::is_same_v<S, cpu::BFloat16>) {
-          for (int64_t i = 0; i < n; ++i) d[i * s[0]] = bfloat16_to_float(x[i * s[1]].bits);
-          return;
-        }
-        for (int64_t i = 0; i < n; ++i) {
-          if constexpr (std::is_same_v<D, bool>) {
-            d[i * s[0]] = static_cast<double>(x[i * s[1]]) != 0.0;
-          } else {
-            d[i * s[0]] = D(static_cast<double>(x[i * s[1]]));
-          }
+          map([](S v) { return v; });
+        } else if constexpr (std::is_same_v<D, cpu::BFloat16> && std::is_same_v<S, float>) {
+          map([](float v) { return std::bit_cast<cpu::BFloat16>(float_to_bfloat16(v)); });
+        } else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, cpu::BFloat16>) {
+          map([](cpu::BFloat16 v) { return bfloat16_to_float(v.bits); });
+        } else if constexpr (std::is_same_v<D, bool>) {
+          map([](S v) { return static_cast<double>(v) != 0.0; });
+        } else {
+          map([](S v) { return D(static_cast<double>(v)); });
         }
       });
 }
