@@ -27,17 +27,26 @@ inline Model make_mlp(int64_t rows = 8) {
   return m;
 }
 
+struct Batch {
+  Tensor input, target;
+};
+
+// `batch` windows of `context` tokens of a fixed sequence; targets run 3 tokens ahead.
+inline Batch gpt_batch(int64_t vocab = 11, int64_t batch = 8, int64_t context = 6) {
+  std::vector<int64_t> x, y;
+  for (int64_t i = 0; i < batch * context; ++i) {
+    x.push_back((i * 7) % vocab);
+    y.push_back((i * 7 + 3) % vocab);
+  }
+  return {from_vector(x, {batch, context}), from_vector(y, {batch, context})};
+}
+
 inline Model make_gpt(int64_t rows = 8) {
   Generator generator(5);
-  GptConfig config{11, 6, 6, 2, 16, 0.0};
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < rows * 6; ++i) {
-    x.push_back((i * 7) % 11);
-    y.push_back((i * 7 + 3) % 11);
-  }
-  return {gpt(config, &generator),
-          from_vector(x, {rows, 6}),
-          from_vector(y, {rows, 6}),
+  const Batch batch = gpt_batch(11, rows, 6);
+  return {gpt({11, 6, 6, 2, 16, 0.0}, &generator),
+          batch.input,
+          batch.target,
           {{"type", "CrossEntropyLoss"}}};
 }
 
@@ -51,20 +60,6 @@ inline const nlohmann::json kAdamW = {{"type", "AdamW"}, {"lr", 0.01}, {"weight_
 inline std::shared_ptr<Sequential> small_mlp() {
   Generator generator(3);
   return mlp({6, 12, 12, 12, 3}, "tanh", &generator);
-}
-
-struct Batch {
-  Tensor input, target;
-};
-
-// `batch` windows of `context` tokens of a fixed sequence; targets run 3 tokens ahead.
-inline Batch gpt_batch(int64_t vocab = 11, int64_t batch = 8, int64_t context = 6) {
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < batch * context; ++i) {
-    x.push_back((i * 7) % vocab);
-    y.push_back((i * 7 + 3) % vocab);
-  }
-  return {from_vector(x, {batch, context}), from_vector(y, {batch, context})};
 }
 
 // 8 rows of 6 features and labels of 3 classes, for an MLP of input width 6.
