@@ -11,7 +11,7 @@ namespace pipit {
 // keys 0..i + Tk - Tq, so the last query sees every key (a KV cache's new tokens). scale
 // defaults to 1 / sqrt(D). The result is a [B, H, Tq, D] view of [B, Tq, H, D] memory: merging
 // the heads back ([B, Tq, H * D]) is a free reshape. Under autocast (bf16/f16) f32 inputs are
-// rounded to that dtype and the result is f32, as for matmul. Gradients are deterministic.
+// rounded to that dtype and the result has it, as for matmul. Gradients are deterministic.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool is_causal = false,
                                     std::optional<double> scale = std::nullopt);

@@ -57,6 +57,10 @@ CastCache::~CastCache() {
   if (--cast_cache.depth == 0) cast_cache.entries.clear();
 }
 
+Tensor autocast_widened(const Tensor& x) {
+  return current != DType::f32 && is_half(x.dtype()) ? x.to(DType::f32) : x;
+}
+
 Tensor autocast_operand(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
   if (cast_cache.depth == 0 || !t.is_leaf() || !t.requires_grad()) return round_to(t, dtype);

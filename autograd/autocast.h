@@ -1,10 +1,13 @@
 #pragma once
-// Mixed precision. Inside an AutocastGuard(DType::bf16) (or f16) on a thread, every matrix
-// product of f32 tensors (matmul, Linear, attention) rounds its operands to that dtype, keeps
-// them in that dtype for the backward pass, multiplies with f32 accumulation and returns f32.
-// Parameters, their gradients and optimizer state stay f32 (the master copy); layer norm,
-// softmax, losses and elementwise ops stay f32. f16's narrow range needs loss scaling
-// (optim/grad_scaler.h); bf16 has f32's range and needs none.
+// Mixed precision, as torch's autocast. Inside an AutocastGuard(DType::bf16) (or f16) on a
+// thread, every matrix product (matmul, Linear, attention) of f32 or bf16 tensors rounds its
+// operands to bf16, keeps them so for the backward pass, multiplies with f32 accumulation and
+// returns bf16: activations between products stay bf16 (GELU, dropout and the cross-entropy
+// read them as they are, computing in f32), and each gradient goes back in its tensor's own
+// dtype. Parameters, their gradients and optimizer state stay f32 (the master copy). Softmax
+// and layer norm widen bf16 inputs to f32; adding a bf16 tensor to an f32 one (a residual)
+// gives f32. f16's narrow range needs loss scaling (optim/grad_scaler.h); bf16 has f32's range
+// and needs none.
 #include "tensor/tensor.h"
 
 namespace pipit {
@@ -35,6 +38,11 @@ class CastCache {
   CastCache(const CastCache&) = delete;
   CastCache& operator=(const CastCache&) = delete;
 };
+
+// Inside an AutocastGuard, a half x widened to f32 inside the graph (its gradient goes back in
+// its own dtype); else x. Softmax and layer norm run on it, as torch's autocast runs them in
+// f32.
+Tensor autocast_widened(const Tensor& x);
 
 // t rounded to `dtype` outside the graph, as autocast hands it to a kernel: t itself when it
 // has that dtype, a cached copy for a parameter inside a CastCache, else a fresh copy.

@@ -1,10 +1,10 @@
 #include "autograd/conv.h"
 
 #include "autograd/elementwise.h"
+#include "autograd/node.h"
 #include "autograd/reduce.h"
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
-#include "autograd/node.h"
 
 namespace pipit {
 namespace {

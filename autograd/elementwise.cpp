@@ -1,9 +1,9 @@
 #include "autograd/elementwise.h"
 
+#include "autograd/node.h"
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
 #include "tensor/factory.h"
-#include "autograd/node.h"
 
 namespace pipit {
 namespace {
@@ -187,19 +187,35 @@ Tensor scalar_like(const Tensor& x, double value) {
   return full({}, value, {x.dtype(), x.device()});
 }
 
-Tensor add(const Tensor& a, const Tensor& b) {
+namespace {
+
+// Two floating dtypes meet in the wider one, as in torch (f16 with bf16 in f32): so autocast's
+// half activations join f32 residuals. The narrower operand is cast inside the graph, so its
+// gradient goes back in its own dtype. Other mixes are left for binary_raw to refuse.
+std::pair<Tensor, Tensor> promoted(const Tensor& a, const Tensor& b) {
+  if (a.dtype() == b.dtype() || !is_floating(a.dtype()) || !is_floating(b.dtype())) return {a, b};
+  const DType common = a.dtype() == DType::f64 || b.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  return {a.to(common), b.to(common)};
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_raw(BinaryOp::add, a, b);
   binary_node<AddBackward>(out, a, b);
   return out;
 }
 
-Tensor sub(const Tensor& a, const Tensor& b) {
+Tensor sub(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_raw(BinaryOp::sub, a, b);
   binary_node<SubBackward>(out, a, b);
   return out;
 }
 
-Tensor mul(const Tensor& a, const Tensor& b) {
+Tensor mul(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_raw(BinaryOp::mul, a, b);
   if (auto node = binary_node<MulBackward>(out, a, b)) {
     if (b.requires_grad()) node->a = a.detach();
@@ -208,7 +224,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor div(const Tensor& a, const Tensor& b) {
+Tensor div(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_raw(BinaryOp::div, a, b);
   if (auto node = binary_node<DivBackward>(out, a, b)) {
     node->a = a.detach();
@@ -217,7 +234,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor pow(const Tensor& a, const Tensor& b) {
+Tensor pow(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_raw(BinaryOp::pow, a, b);
   if (auto node = binary_node<PowBackward>(out, a, b)) {
     node->a = a.detach();
@@ -231,7 +249,8 @@ Tensor pow(const Tensor& a, double exponent) {
   return pow(a, scalar_like(a, exponent));
 }
 
-Tensor maximum(const Tensor& a, const Tensor& b) {
+Tensor maximum(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_raw(BinaryOp::maximum, a, b);
   if (auto node = binary_node<SelectBackward>(out, a, b)) {
     node->a = a.detach();
@@ -240,7 +259,8 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor minimum(const Tensor& a, const Tensor& b) {
+Tensor minimum(const Tensor& a_in, const Tensor& b_in) {
+  const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_raw(BinaryOp::minimum, a, b);
   if (auto node = binary_node<SelectBackward>(out, a, b)) {
     node->a = a.detach();

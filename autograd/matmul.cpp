@@ -9,19 +9,24 @@
 namespace pipit {
 namespace {
 
-// The dtype a product of these operands computes in: the autocast dtype for f32 operands
-// inside an AutocastGuard, else their own.
-DType compute_dtype(const Tensor& a, const Tensor& b) {
+// Inside an AutocastGuard, products of f32 and autocast-dtype operands compute in the autocast
+// dtype, their operands rounded to it (as torch's autocast casts them).
+bool autocasts(const Tensor& a, const Tensor& b) {
   const DType autocast = autocast_dtype();
-  return a.dtype() == DType::f32 && b.dtype() == DType::f32 ? autocast : a.dtype();
+  auto castable = [autocast](DType d) { return d == DType::f32 || d == autocast; };
+  return autocast != DType::f32 && castable(a.dtype()) && castable(b.dtype());
 }
 
-// Half operands produce f32 results: the f32 accumulation is kept, not rounded away.
-DType result_dtype(DType operands) {
-  return operands == DType::bf16 || operands == DType::f16 ? DType::f32 : operands;
+// The dtype a product computes in and returns.
+DType compute_dtype(const Tensor& a, const Tensor& b, const char* op) {
+  if (autocasts(a, b)) return autocast_dtype();
+  PIPIT_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ (", a.dtype(), " and ", b.dtype(), ")");
+  return a.dtype();
 }
 
-Tensor matmul_raw(const Tensor& a, const Tensor& b) {
+// a @ b into a new tensor of out_dtype: the operands' dtype, or f32 for half operands (the
+// f32 sums kept, for gradients that go to f32 tensors).
+Tensor matmul_raw(const Tensor& a, const Tensor& b, DType out_dtype) {
   PIPIT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs tensors of rank >= 2, got ",
               shape_str(a.shape()), " and ", shape_str(b.shape()));
   PIPIT_CHECK(a.dtype() == b.dtype(), "matmul: dtypes differ (", a.dtype(), " and ", b.dtype(),
@@ -36,7 +41,7 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b) {
   a_shape.insert(a_shape.end(), {M, K});
   b_shape.insert(b_shape.end(), {K, N});
   out_shape.insert(out_shape.end(), {M, N});
-  Tensor out = Tensor::empty(out_shape, result_dtype(a.dtype()), a.device());
+  Tensor out = Tensor::empty(out_shape, out_dtype, a.device());
   NoGradGuard no_grad;
   backend(a).matmul(expand(a, a_shape), expand(b, b_shape), out, false);
   return out;
@@ -47,19 +52,22 @@ Tensor mT(const Tensor& t) {
 }
 
 // a and b are saved in the compute dtype: under autocast the backward reads the same rounded
-// operands the forward multiplied, and they take half the memory.
+// operands the forward multiplied, and they take half the memory. The gradients go back in the
+// inputs' own dtypes, an f32 one straight from the f32 sums.
 struct MatmulBackward : Node {
   Tensor a, b;
+  DType a_dtype = DType::f32, b_dtype = DType::f32;
   std::vector<Tensor> apply(const Tensor& g_out) override {
     const Tensor g = autocast_operand(g_out, a.dtype());
     Tensor ga, gb;
-    if (next[0]) ga = sum_to(matmul_raw(g, mT(b)), a.shape());
+    if (next[0]) ga = sum_to(matmul_raw(g, mT(b), a_dtype), a.shape());
     if (next[1]) {
       if (b.dim() == 2 && a.dim() > 2) {
         // A weight shared across the batch: one GEMM over all rows instead of a batch of them.
-        gb = matmul_raw(mT(reshape(a, {-1, a.shape().back()})), reshape(g, {-1, g.shape().back()}));
+        gb = matmul_raw(mT(reshape(a, {-1, a.shape().back()})), reshape(g, {-1, g.shape().back()}),
+                        b_dtype);
       } else {
-        gb = sum_to(matmul_raw(mT(a), g), b.shape());
+        gb = sum_to(matmul_raw(mT(a), g, b_dtype), b.shape());
       }
     }
     return {ga, gb};
@@ -69,15 +77,19 @@ struct MatmulBackward : Node {
 
 struct LinearBackward : Node {
   Tensor x, weight;  // in the compute dtype, as for MatmulBackward
+  DType x_dtype = DType::f32, weight_dtype = DType::f32, bias_dtype = DType::f32;
   std::vector<Tensor> apply(const Tensor& g) override {
     const int64_t out_features = weight.shape()[0];
     Tensor g2 = reshape(g, {-1, out_features});
     Tensor g2_compute = autocast_operand(g2, weight.dtype());
     Tensor gx, gw, gb;
-    if (next[0]) gx = reshape(matmul_raw(g2_compute, weight), x.shape());
-    if (next[1]) gw = matmul_raw(mT(g2_compute), reshape(x, {-1, x.shape().back()}));
+    if (next[0]) gx = reshape(matmul_raw(g2_compute, weight, x_dtype), x.shape());
+    if (next[1]) gw = matmul_raw(mT(g2_compute), reshape(x, {-1, x.shape().back()}), weight_dtype);
     if (next.size() == 2) return {gx, gw};
-    if (next[2]) gb = sum(g2, {0});
+    if (next[2]) {
+      NoGradGuard no_grad;
+      gb = sum(g2, {0}).to(bias_dtype);
+    }
     return {gx, gw, gb};
   }
   std::string name() const override { return "LinearBackward"; }
@@ -86,12 +98,14 @@ struct LinearBackward : Node {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  const DType compute = compute_dtype(a, b);
+  const DType compute = compute_dtype(a, b, "matmul");
   const Tensor a_compute = autocast_operand(a, compute), b_compute = autocast_operand(b, compute);
-  Tensor out = matmul_raw(a_compute, b_compute);
+  Tensor out = matmul_raw(a_compute, b_compute, compute);
   if (auto node = detail::make_node<MatmulBackward>(out, {a, b})) {
     node->a = a_compute.detach();
     node->b = b_compute.detach();
+    node->a_dtype = a.dtype();
+    node->b_dtype = b.dtype();
   }
   return out;
 }
@@ -100,15 +114,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   PIPIT_CHECK(weight.dim() == 2, "linear: weight must be 2-D, got ", shape_str(weight.shape()));
   PIPIT_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "linear: input of shape ",
               shape_str(x.shape()), " does not match weight of shape ", shape_str(weight.shape()));
-  PIPIT_CHECK(x.dtype() == weight.dtype(), "linear: input dtype ", x.dtype(),
-              " differs from weight dtype ", weight.dtype());
   const int64_t out_features = weight.shape()[0];
-  const DType compute = compute_dtype(x, weight);
+  const DType compute = compute_dtype(x, weight, "linear");
   const Tensor x_compute = autocast_operand(x, compute),
                weight_compute = autocast_operand(weight, compute);
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
-  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  Tensor out = Tensor::empty(out_shape, compute, x.device());
   {
     NoGradGuard no_grad;
     Tensor x2 = reshape(x_compute, {-1, x.shape().back()});
@@ -126,6 +138,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (node) {
     node->x = x_compute.detach();
     node->weight = weight_compute.detach();
+    node->x_dtype = x.dtype();
+    node->weight_dtype = weight.dtype();
+    if (bias.defined()) node->bias_dtype = bias.dtype();
   }
   return out;
 }

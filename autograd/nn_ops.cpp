@@ -1,11 +1,12 @@
 #include "autograd/nn_ops.h"
 
+#include "autograd/autocast.h"
 #include "autograd/elementwise.h"
+#include "autograd/node.h"
 #include "autograd/reduce.h"
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
 #include "tensor/factory.h"
-#include "autograd/node.h"
 
 namespace pipit {
 namespace {
@@ -29,7 +30,8 @@ struct DropoutBackward : Node {
   std::string name() const override { return "DropoutBackward"; }
 };
 
-Tensor softmax_op(const Tensor& x, int64_t dim, bool log) {
+Tensor softmax_op(const Tensor& x_in, int64_t dim, bool log) {
+  const Tensor x = autocast_widened(x_in);
   const char* name = log ? "log_softmax" : "softmax";
   PIPIT_CHECK(is_floating(x.dtype()), name, ": needs a floating dtype, got ", x.dtype());
   int64_t d = normalize_dim(dim, x.dim(), name);
@@ -87,7 +89,7 @@ struct CrossEntropyBackward : Node {
     {
       NoGradGuard no_grad;
       // In f64 then rounded once, as a host double divided by the count would be.
-      scale = (g.to(DType::f64) / count).to(logits.dtype());
+      scale = (g.to(DType::f64) / count).to(accumulate_dtype(logits.dtype()));
     }
     backend(g).cross_entropy_backward(logits, targets, ignore_index, scale, grad);
     return {reshape(grad, logits_shape), Tensor()};
@@ -104,7 +106,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   return softmax_op(x, dim, true);
 }
 
-Tensor causal_softmax(const Tensor& scores, double scale) {
+Tensor causal_softmax(const Tensor& scores_in, double scale) {
+  const Tensor scores = autocast_widened(scores_in);
   PIPIT_CHECK(is_floating(scores.dtype()), "causal_softmax: needs a floating dtype, got ",
               scores.dtype());
   // The backend checks the shape, empty scores included.
@@ -117,7 +120,8 @@ Tensor causal_softmax(const Tensor& scores, double scale) {
   return out;
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
+  const Tensor x = autocast_widened(x_in);
   PIPIT_CHECK(x.dim() >= 1, "layer_norm: input must have rank >= 1");
   const int64_t C = x.shape().back();
   PIPIT_CHECK(weight.shape() == Shape{C} && bias.shape() == Shape{C}, "layer_norm: weight ",
@@ -193,9 +197,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
     targets1 = reshape(targets, {-1}).contiguous();
   }
   const int64_t N = logits2.shape()[0];
-  Tensor losses = Tensor::empty({N}, logits.dtype(), logits.device());
+  // Half logits give f32 losses: summed in f32, the logits never widened in memory.
+  const DType loss_dtype = accumulate_dtype(logits.dtype());
+  Tensor losses = Tensor::empty({N}, loss_dtype, logits.device());
   backend(logits).cross_entropy(logits2, targets1, ignore_index, losses);
-  Tensor total = Tensor::empty({}, logits.dtype(), logits.device());
+  Tensor total = Tensor::empty({}, loss_dtype, logits.device());
   int64_t all[] = {0};
   backend(logits).reduce(ReduceOp::sum, losses, all, total);
   Tensor count, result;
@@ -203,7 +209,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
     NoGradGuard no_grad;
     count = cross_entropy_rows(targets1, ignore_index);
     // With every row ignored the mean is 0/0; PyTorch returns NaN there, and so do we.
-    result = total * (1.0 / count).to(logits.dtype());
+    result = total * (1.0 / count).to(loss_dtype);
   }
   if (auto node = detail::make_node<CrossEntropyBackward>(result, {logits, targets})) {
     node->logits = logits2.detach();

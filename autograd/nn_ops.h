@@ -18,7 +18,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* generator = nullptr);
 // Mean over non-ignored rows of -log softmax(logits)[target]; logits [N, C] or [B, T, C],
-// targets i64 [N] or [B, T].
+// targets i64 [N] or [B, T]. Half logits are read as they are and give an f32 loss.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 // The rows of targets that are not ignore_index, as an f64 scalar on their device: the mean's
 // divisor, counted without waiting for the device.

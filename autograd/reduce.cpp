@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "autograd/elementwise.h"
+#include "autograd/node.h"
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
-#include "autograd/node.h"
 
 namespace pipit {
 namespace {

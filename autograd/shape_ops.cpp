@@ -3,10 +3,10 @@
 #include <numeric>
 #include <optional>
 
+#include "autograd/node.h"
 #include "autograd/reduce.h"
 #include "tensor/backend.h"
 #include "tensor/factory.h"
-#include "autograd/node.h"
 
 namespace pipit {
 namespace {

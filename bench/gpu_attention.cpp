@@ -45,7 +45,7 @@ nlohmann::json time_attention(const std::string& dtype_name, const std::string& 
                v = squeeze(narrow(heads, 0, 2, 1), 0);
   const Tensor grad = randn({B, H, T, D}, &generator, {DType::f32, device}).to(dtype);
   const Tensor out = transpose(empty({B, T, H, D}, {dtype, device}), 1, 2);
-  const Tensor lse = empty({B, H, T}, {attention_lse_dtype(dtype), device});
+  const Tensor lse = empty({B, H, T}, {accumulate_dtype(dtype), device});
   const Tensor dq = empty({B, H, T, D}, {dtype, device}), dk = empty({B, H, T, D}, {dtype, device}),
                dv = empty({B, H, T, D}, {dtype, device});
   Backend& kernels = backend(device);

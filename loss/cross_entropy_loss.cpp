@@ -25,7 +25,8 @@ Tensor CrossEntropyLoss::compute_gradient(const Tensor& output, const Tensor& ta
   Tensor logits = reshape(output, {-1, C}).contiguous();
   Tensor targets = reshape(target, {-1}).contiguous();
   // 1 / count in f64, rounded once, as a host double would be.
-  const Tensor scale = (1.0 / cross_entropy_rows(targets, ignore_index_)).to(logits.dtype());
+  const Tensor scale =
+      (1.0 / cross_entropy_rows(targets, ignore_index_)).to(accumulate_dtype(logits.dtype()));
   Tensor grad = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   backend(logits).cross_entropy_backward(logits, targets, ignore_index_, scale, grad);
   return reshape(grad, output.shape());

@@ -28,7 +28,7 @@ struct GenerationOptions {
   uint64_t seed = 0;  // the draws of a run depend on this alone
   // A row ends once it produces this token, which is kept as its last.
   std::optional<int64_t> stop_token;
-  // The matrix products' dtype: f32, or bf16 / f16 (autocast: f32 sums, f32 results), each
+  // The matrix products' dtype: f32, or bf16 / f16 (autocast: f32 sums, half results), each
   // weight rounded once per call. A CPU then reads half the bytes per token: at batch 1 those
   // bytes, not the arithmetic, bound the speed. Whole models only: a pipeline's stages compute
   // in their own compute dtype.

@@ -87,9 +87,6 @@ Tensor CausalSelfAttention::forward_step(const Tensor& x, KvCacheLayer& cache, i
   Tensor heads_out;
   if (!mask.defined()) {
     heads_out = scaled_dot_product_attention(q_compute, keys, values, /*is_causal=*/true);
-    // As autocast widens its result: the [B, T, H, D] memory kept.
-    if (heads_out.dtype() != x.dtype())
-      heads_out = transpose(transpose(heads_out, 1, 2).to(x.dtype()), 1, 2);
   } else {
     const Tensor scores =
         matmul(q_compute, transpose(keys, -1, -2)) * (1.0 / std::sqrt(static_cast<double>(D)));

@@ -84,7 +84,8 @@ struct AdamWParams {
     (const Tensor& in, Generator& generator, double p, const Tensor& out, const Tensor& mask),     \
     (in, generator, p, out, mask))                                                                 \
                                                                                                    \
-  /* Elementwise. Inputs have out's shape (broadcast inputs arrive as expanded views). */          \
+  /* Elementwise. Inputs have out's shape (broadcast inputs arrive as expanded views). Half        \
+     inputs compute in f32, each result rounded once (so do dropout, reduce and argmax). */        \
   X(unary, (UnaryOp op, const Tensor& in, const Tensor& out), (op, in, out))                       \
   X(binary, (BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out), (op, a, b, out))   \
   X(where, (const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out),              \
@@ -144,13 +145,15 @@ struct AdamWParams {
     (weight, indices, out))                                                                        \
   X(embedding_backward, (const Tensor& grad, const Tensor& indices, const Tensor& grad_weight),    \
     (grad, indices, grad_weight))                                                                  \
-  /* Per-row -log softmax(logits)[target] for logits [N, C]; ignored rows give 0. */               \
+  /* Per-row -log softmax(logits)[target] for logits [N, C]; ignored rows give 0. losses has       \
+     accumulate_dtype(logits' dtype): half logits are read as they are, summed in f32. */          \
   X(cross_entropy,                                                                                 \
     (const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& losses),     \
     (logits, targets, ignore_index, losses))                                                       \
-  /* grad_logits = (softmax(logits) - onehot(target)) * scale, zero on ignored rows. scale is a    \
-     one-element tensor of the logits' dtype on their device (the loss's gradient over the row     \
-     count, computed there: reading it on the host would wait for the device). */                  \
+  /* grad_logits = (softmax(logits) - onehot(target)) * scale, zero on ignored rows, in the        \
+     logits' dtype. scale is one element of accumulate_dtype(logits' dtype) on their device (the   \
+     loss's gradient over the row count, computed there: reading it on the host would wait for     \
+     the device). */                                                                               \
   X(cross_entropy_backward,                                                                        \
     (const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& scale,       \
      const Tensor& grad_logits),                                                                   \

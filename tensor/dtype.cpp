@@ -27,7 +27,15 @@ size_t dtype_size(DType dtype) {
 }
 
 bool is_floating(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16;
+  return dtype == DType::f32 || dtype == DType::f64 || is_half(dtype);
+}
+
+bool is_half(DType dtype) {
+  return dtype == DType::f16 || dtype == DType::bf16;
+}
+
+DType accumulate_dtype(DType dtype) {
+  return is_half(dtype) ? DType::f32 : dtype;
 }
 
 const char* dtype_name(DType dtype) {

@@ -8,11 +8,17 @@
 namespace pipit {
 
 // Element types. f32 is the default; f64 serves gradient checks; i64 holds indices; b8 holds
-// masks; f16 and bf16 are storage types (convert with Tensor::to to compute on them).
+// masks; f16 and bf16 ("half") hold weights and activations in half the bytes: elementwise ops,
+// reductions and losses compute on them in f32 and round each result once.
 enum class DType : uint8_t { f32, f64, i32, i64, b8, f16, bf16 };
 
 size_t dtype_size(DType dtype);
 bool is_floating(DType dtype);
+// f16 or bf16.
+bool is_half(DType dtype);
+// The dtype sums over elements of a floating `dtype` are returned in: f32 for half dtypes,
+// else dtype itself (a loss per row, attention's log-sum-exp).
+DType accumulate_dtype(DType dtype);
 // Name as safetensors writes it: "F32", "F64", "I32", "I64", "BOOL", "F16", "BF16".
 const char* dtype_name(DType dtype);
 // Inverse of dtype_name; throws naming the unknown string.

@@ -31,14 +31,10 @@ void check_causal_softmax(const char* op, const Tensor& scores, const Tensor& ou
 }
 
 void check_cross_entropy_scale(const char* op, const Tensor& scale, const Tensor& logits) {
-  PIPIT_CHECK(
-      scale.numel() == 1 && scale.dtype() == logits.dtype() && scale.device() == logits.device(),
-      op, ": scale must be one ", logits.dtype(), " element on ", logits.device(), ", got ",
-      shape_str(scale.shape()), " ", scale.dtype(), " on ", scale.device());
-}
-
-DType attention_lse_dtype(DType inputs) {
-  return inputs == DType::f64 ? DType::f64 : DType::f32;
+  const DType dtype = accumulate_dtype(logits.dtype());
+  PIPIT_CHECK(scale.numel() == 1 && scale.dtype() == dtype && scale.device() == logits.device(), op,
+              ": scale must be one ", dtype, " element on ", logits.device(), ", got ",
+              shape_str(scale.shape()), " ", scale.dtype(), " on ", scale.device());
 }
 
 AttentionSizes check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -71,10 +67,9 @@ AttentionSizes check_attention(const char* op, const Tensor& q, const Tensor& k,
                 " with unit stride in the head dim, got ", shape_str(t->shape()), " ", t->dtype());
   }
   const Shape lse_shape{sizes.batch, sizes.heads, sizes.queries};
-  PIPIT_CHECK(lse.shape() == lse_shape && lse.is_contiguous() &&
-                  lse.dtype() == attention_lse_dtype(q.dtype()),
-              op, ": lse must be a contiguous ", attention_lse_dtype(q.dtype()), " ",
-              shape_str(lse_shape));
+  PIPIT_CHECK(
+      lse.shape() == lse_shape && lse.is_contiguous() && lse.dtype() == accumulate_dtype(q.dtype()),
+      op, ": lse must be a contiguous ", accumulate_dtype(q.dtype()), " ", shape_str(lse_shape));
   return sizes;
 }
 

@@ -19,18 +19,15 @@ void check_causal_softmax(const char* op, const Tensor& scores, const Tensor& ou
 // The sizes of a Backend::attention call, after checking q [B, H, Tq, D], k and v [B, H, Tk, D]
 // (unit stride in D), one floating dtype, `outputs` shaped like q (and then k, v, for the
 // backward's gradients) with unit stride in D, lse a contiguous [B, H, Tq] of
-// attention_lse_dtype, and with `causal` no more queries than keys.
+// accumulate_dtype(q's dtype), and with `causal` no more queries than keys.
 struct AttentionSizes {
   int64_t batch, heads, queries, keys, head_dim;
 };
 AttentionSizes check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& lse, bool causal,
                                std::initializer_list<const Tensor*> outputs);
-// What Backend::cross_entropy_backward needs of its scale: one element of the logits' dtype on
-// their device.
+// What Backend::cross_entropy_backward needs of its scale: one element of
+// accumulate_dtype(the logits' dtype) on their device.
 void check_cross_entropy_scale(const char* op, const Tensor& scale, const Tensor& logits);
-
-// f64 for f64 inputs, f32 for the rest: the dtype softmax statistics accumulate in.
-DType attention_lse_dtype(DType inputs);
 
 }  // namespace pipit

@@ -134,23 +134,34 @@ TEST_CASE("attention gives the same bits on 1 and 2 threads", "[nn]") {
   for (size_t i = 0; i < one.size(); ++i) CHECK(same_values(one[i], two[i]));
 }
 
-TEST_CASE("attention under autocast rounds its inputs and returns f32", "[nn]") {
+TEST_CASE("attention under autocast rounds its inputs and returns the autocast dtype", "[nn]") {
   Generator g(44);
   const Tensor q = uniform({1, 2, 6, 8}, -2, 2, &g), k = uniform({1, 2, 6, 8}, -2, 2, &g),
-               v = uniform({1, 2, 6, 8}, -2, 2, &g);
+               v = uniform({1, 2, 6, 8}, -2, 2, &g), grad = uniform({1, 2, 6, 8}, -1, 1, &g);
   for (DType half : {DType::bf16, DType::f16}) {
     INFO(half);
+    const Tensor qq = q.clone().requires_grad_(), kk = k.clone().requires_grad_();
+    const Tensor v_half = v.to(half).requires_grad_();  // a half activation goes in as it is
     Tensor got;
     {
       AutocastGuard autocast(half);
-      got = scaled_dot_product_attention(q, k, v, true);
+      got = scaled_dot_product_attention(qq, kk, v_half, true);
     }
-    CHECK(got.dtype() == DType::f32);
-    const Tensor want =
-        scaled_dot_product_attention(q.to(half), k.to(half), v.to(half), true).to(DType::f32);
+    CHECK(got.dtype() == half);
+    const Tensor q_half = q.to(half).requires_grad_(), k_half = k.to(half).requires_grad_(),
+                 v_plain = v.to(half).requires_grad_();
+    const Tensor want = scaled_dot_product_attention(q_half, k_half, v_plain, true);
     CHECK(same_values(got, want));
     // Rounded: not what f32 inputs give.
-    CHECK_FALSE(same_values(got, scaled_dot_product_attention(q, k, v, true)));
+    CHECK_FALSE(same_values(got.to(DType::f32), scaled_dot_product_attention(q, k, v, true)));
+    // Each gradient in its input's dtype: the half kernel's, widened for the f32 inputs.
+    got.backward(grad.to(half));
+    want.backward(grad.to(half));
+    CHECK(qq.grad().dtype() == DType::f32);
+    CHECK(same_values(qq.grad(), q_half.grad().to(DType::f32)));
+    CHECK(same_values(kk.grad(), k_half.grad().to(DType::f32)));
+    CHECK(v_half.grad().dtype() == half);
+    CHECK(same_values(v_half.grad(), v_plain.grad()));
   }
 }
 

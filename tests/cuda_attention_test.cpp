@@ -36,7 +36,7 @@ std::vector<Tensor> run(Device device, const Case& c, const std::vector<Tensor>&
   const Tensor &q = in[0], &k = in[1], &v = in[2], &grad = in[3];
   const DType dt = q.dtype();
   Tensor out = poisoned(q.shape(), dt, device);
-  Tensor lse = poisoned({c.batch, c.heads, c.queries}, attention_lse_dtype(dt), device);
+  Tensor lse = poisoned({c.batch, c.heads, c.queries}, accumulate_dtype(dt), device);
   backend(device).attention(q, k, v, scale, c.causal, out, lse);
   Tensor dq = poisoned(q.shape(), dt, device), dk = poisoned(k.shape(), dt, device),
          dv = poisoned(v.shape(), dt, device);

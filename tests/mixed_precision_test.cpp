@@ -1,5 +1,6 @@
-// Mixed precision on the CPU: autocast rounds matmul operands and keeps f32 accumulation, the
-// grad scaler unscales and skips overflowing steps, and a pipeline trains in bf16 and f16.
+// Mixed precision on the CPU: autocast rounds matmul operands, keeps f32 accumulation and
+// returns half activations, the grad scaler unscales and skips overflowing steps, and a pipeline
+// trains in bf16 and f16.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -58,9 +59,28 @@ void check_same_products(const Tensor& got, const Tensor& want) {
   CHECK(max_abs_diff(got, want) <= 1e-6 * std::max(1.0, max_abs(want)));
 }
 
+// A half result: the f32 product `want` rounded once to got's dtype. Sums that other BLAS
+// kernels order differently may round to the neighbouring half value, so one step of the
+// dtype (2^-8 relative for bf16, 2^-11 for f16) is allowed; an unrounded or twice-rounded
+// result that drifts further fails.
+void check_rounded_product(const Tensor& got, const Tensor& want, DType half) {
+  CHECK(got.dtype() == half);
+  const double step = half == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  REQUIRE(g.size() == w.size());
+  const std::vector<double> r = rounded(want, half).to_vector<double>();
+  size_t exact = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    CHECK(std::abs(g[i] - w[i]) <= step * std::max(1.0, std::abs(w[i])));
+    exact += g[i] == r[i];
+  }
+  CHECK(exact * 10 >= g.size() * 9);  // nearly all exactly the rounded f32 product
+}
+
 }  // namespace
 
-TEST_CASE("autocast matmul multiplies rounded operands with f32 accumulation", "[autocast]") {
+TEST_CASE("autocast matmul multiplies rounded operands with f32 accumulation, returns half",
+          "[autocast]") {
   for (DType half : {DType::bf16, DType::f16}) {
     INFO("autocast dtype " << half);
     Generator g(11);
@@ -73,16 +93,37 @@ TEST_CASE("autocast matmul multiplies rounded operands with f32 accumulation", "
       AutocastGuard autocast(half);
       out = matmul(a, b);
     }
-    out.backward(grad);
+    out.backward(grad.to(half));
     const Tensor a_r = rounded(a, half), b_r = rounded(b, half), g_r = rounded(grad, half);
-    check_same_products(out, matmul(a_r, b_r));
-    CHECK(max_abs_diff(out, matmul(a.detach(), b.detach())) > 0);  // the rounding happened
+    check_rounded_product(out, matmul(a_r, b_r), half);
+    // The f32 inputs' gradients come from the f32 sums, not rounded to half.
     check_same_products(a.grad(), matmul(g_r, transpose(b_r, 0, 1)));
     check_same_products(b.grad(), sum(matmul(transpose(a_r, 1, 2), g_r), {0}));
   }
 }
 
-TEST_CASE("autocast linear rounds input and weight, keeps the bias and its gradient f32",
+TEST_CASE("autocast takes half activations as they are and gives their gradients in half",
+          "[autocast]") {
+  Generator g(15);
+  Tensor x = randn({4, 6}, &g).to(DType::bf16).requires_grad_();
+  Tensor w = randn({5, 6}, &g).requires_grad_();
+  Tensor grad = randn({4, 5}, &g);
+  Tensor out;
+  {
+    AutocastGuard autocast(DType::bf16);
+    out = linear(x, w, Tensor());
+  }
+  CHECK(out.dtype() == DType::bf16);
+  out.backward(grad.to(DType::bf16));
+  const Tensor g_r = rounded(grad, DType::bf16), w_r = rounded(w, DType::bf16);
+  check_rounded_product(x.grad(), matmul(g_r, w_r), DType::bf16);
+  check_same_products(w.grad(), matmul(transpose(g_r, 0, 1), x.detach().to(DType::f32)));
+  // Without autocast, mixing dtypes is an error naming both.
+  CHECK_THROWS_WITH(linear(x, w, Tensor()), Catch::Contains("dtypes differ (BF16 and F32)"));
+  CHECK_THROWS_WITH(matmul(w, x.detach().to(DType::f64)), Catch::Contains("dtypes differ"));
+}
+
+TEST_CASE("autocast linear rounds input, weight and bias, returns half, f32 gradients",
           "[autocast]") {
   Generator g(12);
   Tensor x = randn({4, 6}, &g).requires_grad_();
@@ -94,13 +135,17 @@ TEST_CASE("autocast linear rounds input and weight, keeps the bias and its gradi
     AutocastGuard autocast(DType::bf16);
     out = linear(x, w, bias);
   }
-  out.backward(grad);
+  out.backward(grad.to(DType::bf16));
   const Tensor x_r = rounded(x, DType::bf16), w_r = rounded(w, DType::bf16);
   const Tensor g_r = rounded(grad, DType::bf16);
-  check_same_products(out, matmul(x_r, transpose(w_r, 0, 1)) + bias.detach());
+  // The bias joins the output in bf16, as torch's autocast casts it.
+  check_rounded_product(out, matmul(x_r, transpose(w_r, 0, 1)) + rounded(bias, DType::bf16),
+                        DType::bf16);
   check_same_products(x.grad(), matmul(g_r, w_r));
   check_same_products(w.grad(), matmul(transpose(g_r, 0, 1), x_r));
-  check_same_products(bias.grad(), sum(grad, {0}));  // the unrounded gradient
+  // The bias gradient: the bf16 gradient's rows summed in f32, rounded once to bf16.
+  CHECK(bias.grad().dtype() == DType::f32);
+  CHECK(max_abs_diff(bias.grad(), rounded(sum(g_r, {0}), DType::bf16)) == 0);
 }
 
 TEST_CASE("autocast leaves f64 alone, nests and rejects other dtypes", "[autocast]") {
@@ -263,7 +308,7 @@ TEST_CASE("an f16 pipeline scales the loss, skips overflowing steps and backs of
   const PipelineConfig& config = overflow.config;
   // The first update that is not skipped, from plain gradients: the same model's f16 autocast
   // backward on one thread, each microbatch's loss gradient weighted 1/2 and never scaled.
-  // The pipeline scales it by 64 and unscales the gradients: powers of two, so exactly.
+  // The pipeline scales it by 16 and unscales the gradients: powers of two, so exactly.
   const auto reference = testing::f16_overflow(sgd).model;
   {
     auto optimizer = make_optimizer(sgd, reference->named_parameters());
@@ -296,7 +341,7 @@ TEST_CASE("an f16 pipeline scales the loss, skips overflowing steps and backs of
     CHECK(unchanged());
     scale /= 2;
   }
-  CHECK(step == 10);  // ten skipped, 65536 halved down to 64, as tests/f16_overflow.h works out
+  CHECK(step == 12);  // twelve skipped, 65536 halved down to 16, as tests/f16_overflow.h says
   const auto want = reference->state_dict();
   for (const auto& [name, value] : model->state_dict()) {
     INFO(name);

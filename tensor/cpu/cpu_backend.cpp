@@ -94,6 +94,17 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   });
 }
 
+Tensor cpu::widened(const Tensor& t) {
+  if (!is_half(t.dtype())) return t;
+  Tensor wide = Tensor::empty(t.shape(), DType::f32);
+  PIPIT_DISPATCH_ALL(t.dtype(), "copy", copy_typed<float, scalar_t>(t, wide));
+  return wide;
+}
+
+void cpu::copy_rounded(const Tensor& wide, const Tensor& out) {
+  PIPIT_DISPATCH_ALL(out.dtype(), "copy", copy_typed<scalar_t, float>(wide, out));
+}
+
 void CpuBackend::fill(const Tensor& out, double value) {
   PIPIT_DISPATCH_ALL(out.dtype(), "fill", {
     scalar_t v = scalar_t(value);
@@ -123,17 +134,21 @@ void CpuBackend::dropout(const Tensor& in, Generator& generator, double p, const
   PIPIT_CHECK(in.is_contiguous() && out.is_contiguous() && mask.is_contiguous(),
               "dropout: tensors must be contiguous");
   uint64_t base = generator.reserve(static_cast<uint64_t>(out.numel()));
-  PIPIT_DISPATCH_FLOAT(out.dtype(), "dropout", {
+  PIPIT_DISPATCH_FLOAT_AND_HALF(out.dtype(), "dropout", {
     using T = scalar_t;
-    const T* x = in.data<T>();
-    T* o = out.data<T>();
-    T* m = mask.data<T>();
-    const T threshold = T(p), scale = T(1.0 / (1.0 - p));
+    using C = cpu::compute_t<T>;
+    const T* x = static_cast<const T*>(in.raw_data());
+    T* o = static_cast<T*>(out.raw_data());
+    T* m = static_cast<T*>(mask.raw_data());
+    // Half tensors draw as f32 does; the mask holds the scale rounded, and the output is the
+    // input times that mask, rounded once.
+    const C threshold = C(p);
+    const T scale = T(1.0 / (1.0 - p));
     int64_t n = out.numel();
     cpu::parallel_range(n, cpu::threads_for(n), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        m[i] = T(generator.uniform(base + static_cast<uint64_t>(i))) >= threshold ? scale : T(0);
-        o[i] = x[i] * m[i];
+        m[i] = C(generator.uniform(base + static_cast<uint64_t>(i))) >= threshold ? scale : T(0);
+        o[i] = T(C(x[i]) * C(m[i]));
       }
     });
   });

@@ -184,10 +184,18 @@ bool is_comparison(BinaryOp op) {
 }  // namespace
 
 void CpuBackend::unary(UnaryOp op, const Tensor& in, const Tensor& out) {
+  if (is_half(in.dtype())) {
+    const Tensor wide = cpu::widened(in);
+    return cpu::into_f32(out, [&](const Tensor& target) { unary(op, wide, target); });
+  }
   PIPIT_DISPATCH_NUMERIC(in.dtype(), "unary", unary_typed<scalar_t>(op, in, out));
 }
 
 void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (is_half(a.dtype())) {
+    const Tensor wide_a = cpu::widened(a), wide_b = cpu::widened(b);
+    return cpu::into_f32(out, [&](const Tensor& target) { binary(op, wide_a, wide_b, target); });
+  }
   if (is_comparison(op)) {
     if (a.dtype() == DType::b8) return compare_typed<bool>(op, a, b, out);
     PIPIT_DISPATCH_NUMERIC(a.dtype(), "compare", compare_typed<scalar_t>(op, a, b, out));
@@ -197,7 +205,7 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
 }
 
 void CpuBackend::where(const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out) {
-  PIPIT_DISPATCH_NUMERIC(out.dtype(), "where", {
+  PIPIT_DISPATCH_ALL(out.dtype(), "where", {
     using T = scalar_t;
     auto loop = cpu::make_loop<4>(out.shape(), {&out, &mask, &a, &b});
     cpu::for_each_row<4>(loop, {byte_ptr(out), byte_ptr(mask), byte_ptr(a), byte_ptr(b)},

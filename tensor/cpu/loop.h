@@ -25,6 +25,22 @@ struct BFloat16 {
   operator double() const { return bfloat16_to_float(bits); }
 };
 
+// The type kernels compute in for elements of type T: f32 for the half types.
+template <typename T>
+struct ComputeType {
+  using type = T;
+};
+template <>
+struct ComputeType<Half> {
+  using type = float;
+};
+template <>
+struct ComputeType<BFloat16> {
+  using type = float;
+};
+template <typename T>
+using compute_t = typename ComputeType<T>::type;
+
 #define PIPIT_CASE(DT, T, ...) \
   case DT: {                   \
     using scalar_t = T;        \
@@ -39,6 +55,18 @@ struct BFloat16 {
     default:                                                                           \
       throw Error(::pipit::detail::concat(op, ": dtype ", dtype,                       \
                                           " is not supported (expected F32 or F64)")); \
+  }
+
+// Floating dtypes, half ones included: kernels compute in compute_t<scalar_t>.
+#define PIPIT_DISPATCH_FLOAT_AND_HALF(dtype, op, ...)                                     \
+  switch (dtype) {                                                                        \
+    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                            \
+    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                           \
+    PIPIT_CASE(DType::f16, ::pipit::cpu::Half, __VA_ARGS__)                               \
+    PIPIT_CASE(DType::bf16, ::pipit::cpu::BFloat16, __VA_ARGS__)                          \
+    default:                                                                              \
+      throw Error(::pipit::detail::concat(op, ": dtype ", dtype,                          \
+                                          " is not supported (expected a float dtype)")); \
   }
 
 #define PIPIT_DISPATCH_NUMERIC(dtype, op, ...)                                          \
@@ -152,6 +180,22 @@ void for_each_row(const Loop<N>& loop, std::array<char*, N> base, std::array<int
       }
     }
   });
+}
+
+// Half tensors reach the f32 kernels widened (exactly) and leave them rounded once, as the
+// CUDA kernels compute on them in f32 registers.
+// t as f32: a copy for a half tensor, t itself otherwise.
+Tensor widened(const Tensor& t);
+// out = wide, rounded to out's dtype.
+void copy_rounded(const Tensor& wide, const Tensor& out);
+// Runs kernel(target) where target is `out`, or for a half `out` an f32 stand-in whose
+// values are then rounded into out.
+template <typename Kernel>
+void into_f32(const Tensor& out, Kernel kernel) {
+  if (!is_half(out.dtype())) return kernel(out);
+  Tensor wide = Tensor::empty(out.shape(), DType::f32);
+  kernel(wide);
+  copy_rounded(wide, out);
 }
 
 inline char* byte_ptr(const Tensor& t) {

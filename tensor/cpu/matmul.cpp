@@ -282,19 +282,17 @@ const char* cpu_gemm_provider() {
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   PIPIT_CHECK(out.is_contiguous(), "matmul: output must be contiguous");
+  if (is_half(out.dtype())) {
+    // A half result is the f32 product rounded once, as cuBLAS writes it.
+    Tensor wide = accumulate ? cpu::widened(out) : Tensor::empty(out.shape(), DType::f32);
+    matmul(a, b, wide, accumulate);
+    return cpu::copy_rounded(wide, out);
+  }
   if (few_rows_by_weight(a, b, out, accumulate)) return;
-  if (a.dtype() == DType::bf16 || a.dtype() == DType::f16) {
+  if (is_half(a.dtype())) {
     // Half inputs widen exactly to f32, so an f32 GEMM of the widened copies is the f32
     // accumulation the CUDA backend does on tensor cores.
-    auto widen = [this](const Tensor& t) {
-      Tensor wide = Tensor::empty(t.shape(), DType::f32);
-      copy(t, wide);
-      return wide;
-    };
-    if (out.dtype() == DType::f32) return matmul_typed<float>(widen(a), widen(b), out, accumulate);
-    Tensor wide_out = accumulate ? widen(out) : Tensor::empty(out.shape(), DType::f32);
-    matmul_typed<float>(widen(a), widen(b), wide_out, accumulate);
-    return copy(wide_out, out);
+    return matmul_typed<float>(cpu::widened(a), cpu::widened(b), out, accumulate);
   }
   PIPIT_DISPATCH_FLOAT(a.dtype(), "matmul", matmul_typed<scalar_t>(a, b, out, accumulate));
 }

@@ -280,6 +280,9 @@ void CpuBackend::embedding_backward(const Tensor& grad_in, const Tensor& indices
 
 void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
                                int64_t ignore_index, const Tensor& losses) {
+  if (is_half(logits_in.dtype())) {
+    return cross_entropy(cpu::widened(logits_in), targets_in, ignore_index, losses);
+  }
   PIPIT_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy", {
     using T = scalar_t;
     Tensor logits = dense(logits_in), targets = dense(targets_in);
@@ -312,6 +315,12 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
                                         int64_t ignore_index, const Tensor& scale_in,
                                         const Tensor& grad_logits) {
   check_cross_entropy_scale("cross_entropy_backward", scale_in, logits_in);
+  if (is_half(logits_in.dtype())) {
+    const Tensor wide = cpu::widened(logits_in);
+    return cpu::into_f32(grad_logits, [&](const Tensor& target) {
+      cross_entropy_backward(wide, targets_in, ignore_index, scale_in, target);
+    });
+  }
   PIPIT_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy_backward", {
     using T = scalar_t;
     const T scale = dense(scale_in).data<T>()[0];

@@ -163,12 +163,17 @@ void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduce
 void CpuBackend::reduce(ReduceOp op, const Tensor& in, std::span<const int64_t> dims,
                         const Tensor& out) {
   PIPIT_CHECK(out.is_contiguous(), "reduce: output must be contiguous");
+  if (is_half(in.dtype())) {
+    const Tensor wide = cpu::widened(in);
+    return cpu::into_f32(out, [&](const Tensor& target) { reduce(op, wide, dims, target); });
+  }
   std::vector<bool> reduced(static_cast<size_t>(in.dim()), false);
   for (int64_t d : dims) reduced[static_cast<size_t>(d)] = true;
   PIPIT_DISPATCH_NUMERIC(in.dtype(), "reduce", reduce_typed<scalar_t>(op, in, reduced, out));
 }
 
 void CpuBackend::argmax(const Tensor& in, int64_t dim, const Tensor& out) {
+  if (is_half(in.dtype())) return argmax(cpu::widened(in), dim, out);
   std::vector<int64_t> order;
   for (int64_t d = 0; d < in.dim(); ++d) {
     if (d != dim) order.push_back(d);

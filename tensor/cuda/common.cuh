@@ -42,6 +42,30 @@ namespace pipit::cuda {
       throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
   }
 
+// Floating dtypes, half ones included: kernels compute in compute_t<scalar_t>.
+#define PIPIT_CUDA_DISPATCH_FLOAT_AND_HALF(dtype, op, ...)                                \
+  switch (dtype) {                                                                        \
+    PIPIT_CUDA_CASE(DType::f32, float, __VA_ARGS__)                                       \
+    PIPIT_CUDA_CASE(DType::f64, double, __VA_ARGS__)                                      \
+    PIPIT_CUDA_CASE(DType::f16, __half, __VA_ARGS__)                                      \
+    PIPIT_CUDA_CASE(DType::bf16, __nv_bfloat16, __VA_ARGS__)                              \
+    default:                                                                              \
+      throw Error(::pipit::detail::concat(op, ": dtype ", dtype,                          \
+                                          " is not supported (expected a float dtype)")); \
+  }
+
+#define PIPIT_CUDA_DISPATCH_NUMERIC_AND_HALF(dtype, op, ...)                            \
+  switch (dtype) {                                                                      \
+    PIPIT_CUDA_CASE(DType::f32, float, __VA_ARGS__)                                     \
+    PIPIT_CUDA_CASE(DType::f64, double, __VA_ARGS__)                                    \
+    PIPIT_CUDA_CASE(DType::i32, int32_t, __VA_ARGS__)                                   \
+    PIPIT_CUDA_CASE(DType::i64, int64_t, __VA_ARGS__)                                   \
+    PIPIT_CUDA_CASE(DType::f16, __half, __VA_ARGS__)                                    \
+    PIPIT_CUDA_CASE(DType::bf16, __nv_bfloat16, __VA_ARGS__)                            \
+    default:                                                                            \
+      throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
+  }
+
 #define PIPIT_CUDA_DISPATCH_ALL(dtype, op, ...)                                         \
   switch (dtype) {                                                                      \
     PIPIT_CUDA_CASE(DType::f32, float, __VA_ARGS__)                                     \
@@ -183,6 +207,55 @@ __device__ __forceinline__ T from_double(double v) {
     return static_cast<T>(v);
   }
 }
+
+// The type kernels compute in for elements of type T: f32 for the half types (as the CPU
+// backend computes on them), T otherwise.
+template <typename T>
+struct ComputeType {
+  using type = T;
+};
+template <>
+struct ComputeType<__half> {
+  using type = float;
+};
+template <>
+struct ComputeType<__nv_bfloat16> {
+  using type = float;
+};
+template <typename T>
+using compute_t = typename ComputeType<T>::type;
+
+// x in its compute type (exact).
+template <typename T>
+__device__ __forceinline__ compute_t<T> widen(T x) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(x);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(x);
+  } else {
+    return x;
+  }
+}
+
+// v rounded to T (to nearest even for the half types).
+template <typename T>
+__device__ __forceinline__ T round_to(compute_t<T> v) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(v);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(v);
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+// f applied in the compute type to elements of T: widened in, rounded once out.
+template <typename T, typename F>
+struct InCompute {
+  F f;
+  __device__ T operator()(T x) const { return round_to<T>(f(widen(x))); }
+  __device__ T operator()(T x, T y) const { return round_to<T>(f(widen(x), widen(y))); }
+};
 
 // expf/logf for float, the double versions otherwise.
 template <typename T>

@@ -164,33 +164,44 @@ void map2(const char* op, const Tensor& a, const Tensor& b, const Tensor& out, F
   });
 }
 
+// The maps below compute in C = compute_t<T>: half elements widen to f32 and round once.
+template <typename T, typename F>
+void map1_in_compute(const Tensor& in, const Tensor& out, F f) {
+  map1<T, T>("unary", in, out, InCompute<T, F>{f});
+}
+
+template <typename T, typename F>
+void map2_in_compute(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  map2<T, T>("binary", a, b, out, InCompute<T, F>{f});
+}
+
 template <typename T>
 void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
+  using C = compute_t<T>;
   switch (op) {
     case UnaryOp::neg:
-      return map1<T, T>("unary", in, out, [] __device__(T x) { return T(-x); });
+      return map1_in_compute<T>(in, out, [] __device__(C x) { return C(-x); });
     case UnaryOp::abs:
-      return map1<T, T>("unary", in, out, [] __device__(T x) { return T(x < 0 ? -x : x); });
+      return map1_in_compute<T>(in, out, [] __device__(C x) { return C(x < 0 ? -x : x); });
     case UnaryOp::relu:
-      return map1<T, T>("unary", in, out, [] __device__(T x) { return T(x > 0 ? x : 0); });
+      return map1_in_compute<T>(in, out, [] __device__(C x) { return C(x > 0 ? x : 0); });
     default:
       break;
   }
-  if constexpr (std::is_floating_point_v<T>) {
+  if constexpr (std::is_floating_point_v<C>) {
     switch (op) {
       case UnaryOp::exp:
-        return map1<T, T>("unary", in, out, [] __device__(T x) { return exp_(x); });
+        return map1_in_compute<T>(in, out, [] __device__(C x) { return exp_(x); });
       case UnaryOp::log:
-        return map1<T, T>("unary", in, out, [] __device__(T x) { return T(log(x)); });
+        return map1_in_compute<T>(in, out, [] __device__(C x) { return C(log(x)); });
       case UnaryOp::sqrt:
-        return map1<T, T>("unary", in, out, [] __device__(T x) { return T(sqrt(x)); });
+        return map1_in_compute<T>(in, out, [] __device__(C x) { return C(sqrt(x)); });
       case UnaryOp::tanh:
-        return map1<T, T>("unary", in, out, [] __device__(T x) { return T(tanh(x)); });
+        return map1_in_compute<T>(in, out, [] __device__(C x) { return C(tanh(x)); });
       case UnaryOp::sigmoid:
-        return map1<T, T>("unary", in, out,
-                          [] __device__(T x) { return T(1) / (T(1) + exp_(-x)); });
+        return map1_in_compute<T>(in, out, [] __device__(C x) { return C(1) / (C(1) + exp_(-x)); });
       case UnaryOp::gelu:
-        return map1<T, T>("unary", in, out, [] __device__(T x) { return x * gelu_terms(x).s; });
+        return map1_in_compute<T>(in, out, [] __device__(C x) { return x * gelu_terms(x).s; });
       default:
         break;
     }
@@ -202,17 +213,23 @@ template <typename T>
 void compare_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   switch (op) {
     case BinaryOp::eq:
-      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x == y; });
+      return map2<bool, T>("compare", a, b, out,
+                           [] __device__(T x, T y) { return widen(x) == widen(y); });
     case BinaryOp::ne:
-      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x != y; });
+      return map2<bool, T>("compare", a, b, out,
+                           [] __device__(T x, T y) { return widen(x) != widen(y); });
     case BinaryOp::lt:
-      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x < y; });
+      return map2<bool, T>("compare", a, b, out,
+                           [] __device__(T x, T y) { return widen(x) < widen(y); });
     case BinaryOp::le:
-      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x <= y; });
+      return map2<bool, T>("compare", a, b, out,
+                           [] __device__(T x, T y) { return widen(x) <= widen(y); });
     case BinaryOp::gt:
-      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x > y; });
+      return map2<bool, T>("compare", a, b, out,
+                           [] __device__(T x, T y) { return widen(x) > widen(y); });
     case BinaryOp::ge:
-      return map2<bool, T>("compare", a, b, out, [] __device__(T x, T y) { return x >= y; });
+      return map2<bool, T>("compare", a, b, out,
+                           [] __device__(T x, T y) { return widen(x) >= widen(y); });
     default:
       throw Error("compare: not a comparison");
   }
@@ -220,42 +237,42 @@ void compare_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& 
 
 template <typename T>
 void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  using C = compute_t<T>;
   switch (op) {
     case BinaryOp::add:
-      return map2<T, T>("binary", a, b, out, [] __device__(T x, T y) { return T(x + y); });
+      return map2_in_compute<T>(a, b, out, [] __device__(C x, C y) { return C(x + y); });
     case BinaryOp::sub:
-      return map2<T, T>("binary", a, b, out, [] __device__(T x, T y) { return T(x - y); });
+      return map2_in_compute<T>(a, b, out, [] __device__(C x, C y) { return C(x - y); });
     case BinaryOp::mul:
-      return map2<T, T>("binary", a, b, out, [] __device__(T x, T y) { return T(x * y); });
+      return map2_in_compute<T>(a, b, out, [] __device__(C x, C y) { return C(x * y); });
     case BinaryOp::maximum:
-      return map2<T, T>("binary", a, b, out,
-                        [] __device__(T x, T y) { return x > y || x != x ? x : y; });
+      return map2_in_compute<T>(a, b, out,
+                                [] __device__(C x, C y) { return x > y || x != x ? x : y; });
     case BinaryOp::minimum:
-      return map2<T, T>("binary", a, b, out,
-                        [] __device__(T x, T y) { return x < y || x != x ? x : y; });
+      return map2_in_compute<T>(a, b, out,
+                                [] __device__(C x, C y) { return x < y || x != x ? x : y; });
     case BinaryOp::div:
       PIPIT_CHECK(!std::is_integral_v<T>,
                   "div: integer division is not supported; convert to a float dtype");
-      return map2<T, T>("binary", a, b, out, [] __device__(T x, T y) { return T(x / y); });
+      return map2_in_compute<T>(a, b, out, [] __device__(C x, C y) { return C(x / y); });
     default:
       break;
   }
-  if constexpr (std::is_floating_point_v<T>) {
+  if constexpr (std::is_floating_point_v<C>) {
     switch (op) {
       case BinaryOp::pow:
-        return map2<T, T>("binary", a, b, out, [] __device__(T x, T y) { return T(pow(x, y)); });
+        return map2_in_compute<T>(a, b, out, [] __device__(C x, C y) { return C(pow(x, y)); });
       case BinaryOp::relu_backward:
-        return map2<T, T>("binary", a, b, out,
-                          [] __device__(T g, T x) { return x > 0 ? g : T(0); });
+        return map2_in_compute<T>(a, b, out, [] __device__(C g, C x) { return x > 0 ? g : C(0); });
       case BinaryOp::tanh_backward:
-        return map2<T, T>("binary", a, b, out,
-                          [] __device__(T g, T y) { return g * (T(1) - y * y); });
+        return map2_in_compute<T>(a, b, out,
+                                  [] __device__(C g, C y) { return g * (C(1) - y * y); });
       case BinaryOp::sigmoid_backward:
-        return map2<T, T>("binary", a, b, out,
-                          [] __device__(T g, T y) { return g * (y * (T(1) - y)); });
+        return map2_in_compute<T>(a, b, out,
+                                  [] __device__(C g, C y) { return g * (y * (C(1) - y)); });
       case BinaryOp::gelu_backward:
-        return map2<T, T>("binary", a, b, out,
-                          [] __device__(T g, T x) { return g * gelu_derivative(x); });
+        return map2_in_compute<T>(a, b, out,
+                                  [] __device__(C g, C x) { return g * gelu_derivative(x); });
       default:
         break;
     }
@@ -456,16 +473,19 @@ void CudaBackend::dropout(const Tensor& in, Generator& generator, double p, cons
   PIPIT_CHECK(in.is_contiguous() && out.is_contiguous() && mask.is_contiguous(),
               "dropout: tensors must be contiguous");
   const Draws draws = reserve_draws(generator, out.numel());
-  PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "dropout", {
+  PIPIT_CUDA_DISPATCH_FLOAT_AND_HALF(out.dtype(), "dropout", {
     using T = scalar_t;
+    using C = cuda::compute_t<T>;
     const T* x = ptr<T>(in);
     T* o = ptr<T>(out);
     T* m = ptr<T>(mask);
-    const T threshold = T(p), scale = T(1.0 / (1.0 - p));
-    // The draw uniform(out) makes for element i, rounded to T as uniform stores it.
+    const C threshold = C(p), scale = C(1.0 / (1.0 - p));
+    // The draw uniform(out) makes for element i, rounded to C as uniform stores it; the mask
+    // holds the scale in T, and the output is the input times that mask, rounded once.
     cuda::for_each("dropout", out.numel(), [=] __device__(int64_t i) {
-      m[i] = T(draws.uniform(i)) >= threshold ? scale : T(0);
-      o[i] = x[i] * m[i];
+      const T kept = cuda::round_to<T>(C(draws.uniform(i)) >= threshold ? scale : C(0));
+      m[i] = kept;
+      o[i] = cuda::round_to<T>(cuda::widen(x[i]) * cuda::widen(kept));
     });
   });
 }
@@ -486,22 +506,23 @@ void CudaBackend::normal(const Tensor& out, Generator& generator, double mean, d
 
 void CudaBackend::unary(UnaryOp op, const Tensor& in, const Tensor& out) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_NUMERIC(in.dtype(), "unary", unary_typed<scalar_t>(op, in, out));
+  PIPIT_CUDA_DISPATCH_NUMERIC_AND_HALF(in.dtype(), "unary", unary_typed<scalar_t>(op, in, out));
 }
 
 void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   DeviceGuard guard(index_);
   if (is_comparison(op)) {
     if (a.dtype() == DType::b8) return compare_typed<bool>(op, a, b, out);
-    PIPIT_CUDA_DISPATCH_NUMERIC(a.dtype(), "compare", compare_typed<scalar_t>(op, a, b, out));
+    PIPIT_CUDA_DISPATCH_NUMERIC_AND_HALF(a.dtype(), "compare",
+                                         compare_typed<scalar_t>(op, a, b, out));
     return;
   }
-  PIPIT_CUDA_DISPATCH_NUMERIC(a.dtype(), "binary", binary_typed<scalar_t>(op, a, b, out));
+  PIPIT_CUDA_DISPATCH_NUMERIC_AND_HALF(a.dtype(), "binary", binary_typed<scalar_t>(op, a, b, out));
 }
 
 void CudaBackend::where(const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_NUMERIC(out.dtype(), "where", {
+  PIPIT_CUDA_DISPATCH_ALL(out.dtype(), "where", {
     using T = scalar_t;
     T* o = ptr<T>(out);
     const bool* m = ptr<bool>(mask);

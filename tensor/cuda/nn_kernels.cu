@@ -15,9 +15,13 @@ namespace cuda {
 namespace nn {
 
 template <typename T>
-__device__ T row_max(const T* row, int64_t C) {
-  T m = -T(INFINITY);
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = row[c] > m ? row[c] : m;
+__device__ compute_t<T> row_max(const T* row, int64_t C) {
+  using A = compute_t<T>;
+  A m = -A(INFINITY);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const A v = widen(row[c]);
+    m = v > m ? v : m;
+  }
   return block_max(m);
 }
 
@@ -134,43 +138,47 @@ __global__ void layer_norm_partial_kernel(const T* g, const T* x, const T* mean,
   }
 }
 
+// Half logits are read as they are and summed in f32 (A): no widened copy of the logits.
 template <typename T>
 __global__ void cross_entropy_kernel(const T* x, const int64_t* t, int64_t N, int64_t C,
-                                     int64_t ignore, T* loss) {
+                                     int64_t ignore, compute_t<T>* loss) {
+  using A = compute_t<T>;
   for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
     if (t[i] == ignore) {  // the same for the whole block, so barriers stay uniform
-      if (threadIdx.x == 0) loss[i] = T(0);
+      if (threadIdx.x == 0) loss[i] = A(0);
       continue;
     }
     const T* row = x + i * C;
-    const T mx = row_max(row, C);
-    T s = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(row[c] - mx);
-    const T sum = block_sum(s);
+    const A mx = row_max(row, C);
+    A s = A(0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(widen(row[c]) - mx);
+    const A sum = block_sum(s);
     // A target out of range (check_indices raises it at the next read-back) gives NaN.
     if (threadIdx.x == 0) {
-      loss[i] = t[i] >= 0 && t[i] < C ? mx + log_(sum) - row[t[i]] : T(NAN);
+      loss[i] = t[i] >= 0 && t[i] < C ? mx + log_(sum) - widen(row[t[i]]) : A(NAN);
     }
   }
 }
 
 template <typename T>
 __global__ void cross_entropy_backward_kernel(const T* x, const int64_t* t, int64_t N, int64_t C,
-                                              int64_t ignore, const T* scale_on_device, T* g) {
-  const T scale = *scale_on_device;
+                                              int64_t ignore, const compute_t<T>* scale_on_device,
+                                              T* g) {
+  using A = compute_t<T>;
+  const A scale = *scale_on_device;
   for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
     T* gr = g + i * C;
     if (t[i] == ignore) {
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) gr[c] = T(0);
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) gr[c] = round_to<T>(A(0));
       continue;
     }
     const T* row = x + i * C;
-    const T mx = row_max(row, C);
-    T s = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(row[c] - mx);
-    const T inv = scale / block_sum(s);
+    const A mx = row_max(row, C);
+    A s = A(0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(widen(row[c]) - mx);
+    const A inv = scale / block_sum(s);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      gr[c] = exp_(row[c] - mx) * inv - (c == t[i] ? scale : T(0));
+      gr[c] = round_to<T>(exp_(widen(row[c]) - mx) * inv - (c == t[i] ? scale : A(0)));
     }
   }
 }
@@ -356,14 +364,15 @@ void CudaBackend::embedding_backward(const Tensor& grad_in, const Tensor& indice
 void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
                                 int64_t ignore_index, const Tensor& losses) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy", {
+  PIPIT_CUDA_DISPATCH_FLOAT_AND_HALF(logits_in.dtype(), "cross_entropy", {
     using T = scalar_t;
     Tensor logits = dense(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
     check_targets(targets, C, ignore_index);
     if (N == 0) break;
     cross_entropy_kernel<T><<<rows_grid(N), row_threads(C), 0, cuda::stream()>>>(
-        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, losses.data<T>());
+        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index,
+        ptr<cuda::compute_t<T>>(losses));
     PIPIT_CUDA_CHECK_LAUNCH("cross_entropy");
   });
 }
@@ -372,7 +381,7 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& 
                                          int64_t ignore_index, const Tensor& scale,
                                          const Tensor& grad_logits) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy_backward", {
+  PIPIT_CUDA_DISPATCH_FLOAT_AND_HALF(logits_in.dtype(), "cross_entropy_backward", {
     using T = scalar_t;
     Tensor logits = dense(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
@@ -380,8 +389,8 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& 
     check_targets(targets, C, ignore_index);
     if (N == 0) break;
     cross_entropy_backward_kernel<T><<<rows_grid(N), row_threads(C), 0, cuda::stream()>>>(
-        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, ptr<T>(scale),
-        grad_logits.data<T>());
+        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, ptr<cuda::compute_t<T>>(scale),
+        ptr<T>(grad_logits));
     PIPIT_CUDA_CHECK_LAUNCH("cross_entropy_backward");
   });
 }

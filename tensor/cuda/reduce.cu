@@ -10,7 +10,13 @@ namespace cuda {
 namespace reduce {
 
 template <typename T>
-using acc_t = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+using acc_t = std::conditional_t<std::is_floating_point_v<compute_t<T>>, double, int64_t>;
+
+// The sum rounded to T: through the compute type, as the CPU rounds half results.
+template <typename T>
+__device__ __forceinline__ T from_acc(acc_t<T> acc) {
+  return round_to<T>(static_cast<compute_t<T>>(acc));
+}
 
 template <typename A>
 __device__ __forceinline__ A combine(ReduceOp op, A a, A b) {
@@ -63,11 +69,11 @@ __global__ void reduce_kernel(ReduceOp op, const T* in, Indexer<1> kept, Indexer
       for (int64_t r = lane; r < R; r += Lanes) {
         int64_t off[1];
         reduced.offsets(r, off);
-        acc = combine(op, acc, static_cast<acc_t<T>>(in[base[0] + off[0]]));
+        acc = combine(op, acc, acc_t<T>(widen(in[base[0] + off[0]])));
       }
     }
     acc = group_combine<Lanes>(op, acc);
-    if (k < K && lane == 0) out[k] = static_cast<T>(acc);
+    if (k < K && lane == 0) out[k] = from_acc<T>(acc);
   }
 }
 
@@ -107,7 +113,7 @@ __global__ void column_partials_kernel(ReduceOp op, const T* in, int64_t R, int6
   acc_t<T> acc = identity;
   if (k < K) {
     for (int64_t r = begin + threadIdx.y; r < end; r += kTileRows) {
-      acc = combine(op, acc, static_cast<acc_t<T>>(in[r * K + k]));
+      acc = combine(op, acc, acc_t<T>(widen(in[r * K + k])));
     }
   }
   tile[threadIdx.y][threadIdx.x] = acc;
@@ -125,7 +131,7 @@ __global__ void column_finish_kernel(ReduceOp op, const acc_t<T>* partial, int64
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     acc_t<T> acc = partial[k];
     for (int64_t c = 1; c < chunks; ++c) acc = combine(op, acc, partial[c * K + k]);
-    out[k] = static_cast<T>(acc);
+    out[k] = from_acc<T>(acc);
   }
 }
 
@@ -172,9 +178,10 @@ void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduce
   }
   const int64_t K = out.numel();
   if (K == 0) return;
-  const acc_t<T> identity = op == ReduceOp::sum   ? acc_t<T>(0)
-                            : op == ReduceOp::max ? acc_t<T>(std::numeric_limits<T>::lowest())
-                                                  : acc_t<T>(std::numeric_limits<T>::max());
+  const acc_t<T> identity = op == ReduceOp::sum ? acc_t<T>(0)
+                            : op == ReduceOp::max
+                                ? acc_t<T>(std::numeric_limits<compute_t<T>>::lowest())
+                                : acc_t<T>(std::numeric_limits<compute_t<T>>::max());
   if (K >= kTileColumns && R >= 2 * kTileRows && leading_reduction(in, reduced)) {
     reduce_columns<T>(op, in, R, K, identity, out);
     return;
@@ -198,15 +205,16 @@ void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduce
 // argmax over contiguous rows of R: the first index of the largest value, as on the CPU.
 template <typename T>
 __global__ void argmax_kernel(const T* x, int64_t K, int64_t R, int64_t* out) {
-  __shared__ T best_value[kThreads];
+  using C = compute_t<T>;
+  __shared__ C best_value[kThreads];
   __shared__ int64_t best_index[kThreads];
   for (int64_t k = blockIdx.x; k < K; k += gridDim.x) {
     const T* row = x + k * R;
     int64_t bi = -1;
-    T bv = T(0);
+    C bv = C(0);
     for (int64_t r = threadIdx.x; r < R; r += kThreads) {
-      if (bi < 0 || row[r] > bv) {
-        bv = row[r];
+      if (bi < 0 || widen(row[r]) > bv) {
+        bv = widen(row[r]);
         bi = r;
       }
     }
@@ -216,7 +224,7 @@ __global__ void argmax_kernel(const T* x, int64_t K, int64_t R, int64_t* out) {
     for (int s = kThreads / 2; s > 0; s /= 2) {
       if (threadIdx.x < s) {
         const int64_t oi = best_index[threadIdx.x + s];
-        const T ov = best_value[threadIdx.x + s];
+        const C ov = best_value[threadIdx.x + s];
         const int64_t mi = best_index[threadIdx.x];
         if (oi >= 0 && (mi < 0 || ov > best_value[threadIdx.x] ||
                         (ov == best_value[threadIdx.x] && oi < mi))) {
@@ -245,7 +253,8 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& in, std::span<const int64_t>
   PIPIT_CHECK(out.is_contiguous(), "reduce: output must be contiguous");
   std::vector<bool> reduced(static_cast<size_t>(in.dim()), false);
   for (int64_t d : dims) reduced[static_cast<size_t>(d)] = true;
-  PIPIT_CUDA_DISPATCH_NUMERIC(in.dtype(), "reduce", reduce_typed<scalar_t>(op, in, reduced, out));
+  PIPIT_CUDA_DISPATCH_NUMERIC_AND_HALF(in.dtype(), "reduce",
+                                       reduce_typed<scalar_t>(op, in, reduced, out));
 }
 
 void CudaBackend::argmax(const Tensor& in, int64_t dim, const Tensor& out) {
@@ -254,7 +263,7 @@ void CudaBackend::argmax(const Tensor& in, int64_t dim, const Tensor& out) {
   const int64_t R = in.shape()[dim];
   const int64_t K = out.numel();
   if (K == 0) return;
-  PIPIT_CUDA_DISPATCH_NUMERIC(in.dtype(), "argmax", {
+  PIPIT_CUDA_DISPATCH_NUMERIC_AND_HALF(in.dtype(), "argmax", {
     argmax_kernel<scalar_t><<<rows_grid(K), cuda::kThreads, 0, cuda::stream()>>>(
         ptr<scalar_t>(rows), K, R, ptr<int64_t>(out));
   });
