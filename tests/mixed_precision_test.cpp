@@ -187,14 +187,15 @@ TEST_CASE("a GPT trains under bf16 autocast about as it does in f32", "[autocast
     return losses;
   };
   const std::vector<double> full = train(DType::f32), mixed = train(DType::bf16);
-  // Measured (oneDNN and OpenBLAS GEMM alike): 5.3e-5 apart on the first step, 1.6e-4 to 2e-4
-  // after 30 steps, from a loss of 2.59 down to 0.118. The bounds allow four to six times that,
-  // for other kernels' summation orders; bf16 conversions that truncate, or keep two bits
-  // fewer, go past them (2.1e-3 after 30 steps, 2.2e-4 on the first).
+  // Measured with bf16 activations between the products (2026-11-27, OpenBLAS with oneDNN for
+  // small products): 4.8e-5 apart on the first step, 4.8e-4 after 30 steps, from a loss of
+  // 2.59 down to 0.118. The bounds allow three to four times that, for other kernels'
+  // summation orders. (With f32 activations the gaps were 5.3e-5 and 2e-4, and bf16
+  // conversions that truncated went to 2.2e-4 and 2.1e-3.)
   CHECK(mixed.front() != full.front());
   CHECK(std::abs(mixed.front() - full.front()) < 2e-4);
   CHECK(mixed.back() < 0.5 * mixed.front());
-  CHECK(std::abs(mixed.back() - full.back()) < 1e-3);
+  CHECK(std::abs(mixed.back() - full.back()) < 1.5e-3);
 }
 
 TEST_CASE("the grad scaler unscales, skips overflowing steps and adapts its scale", "[autocast]") {
