@@ -97,8 +97,9 @@ int main(int argc, char** argv) {
           << " parameters), greedy, " << prompt_length << "-token prompts, "
           << options.max_new_tokens << " new tokens, KV cache on both sides; pipit "
           << get_num_threads()
-          << " threads. bf16: pipit rounds the weights and each product's operands to bf16 "
-             "and sums in f32 (GenerationOptions::dtype); transformers loads the model in bf16 "
+          << " threads. bf16: pipit runs under autocast (GenerationOptions::dtype): weights and "
+             "each product's operands rounded to bf16, f32 sums, bf16 activations; transformers "
+             "loads the model in bf16 "
              "(`dtype=torch.bfloat16`). Fastest: the better of transformers' two dtypes at that "
              "batch.\n\n"
           << "| batch | dtype | pipit tokens/s | transformers tokens/s | pipit / transformers | "

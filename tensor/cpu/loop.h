@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 
 #include "tensor/cpu/thread_team.h"
 #include "tensor/dtype.h"
@@ -25,21 +26,10 @@ struct BFloat16 {
   operator double() const { return bfloat16_to_float(bits); }
 };
 
-// The type kernels compute in for elements of type T: f32 for the half types.
+// The type kernels compute in for elements of type T: f32 for the half types (the only
+// two-byte element types that are not integers), T otherwise.
 template <typename T>
-struct ComputeType {
-  using type = T;
-};
-template <>
-struct ComputeType<Half> {
-  using type = float;
-};
-template <>
-struct ComputeType<BFloat16> {
-  using type = float;
-};
-template <typename T>
-using compute_t = typename ComputeType<T>::type;
+using compute_t = std::conditional_t<sizeof(T) == 2 && !std::is_integral_v<T>, float, T>;
 
 #define PIPIT_CASE(DT, T, ...) \
   case DT: {                   \

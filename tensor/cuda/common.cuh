@@ -208,22 +208,10 @@ __device__ __forceinline__ T from_double(double v) {
   }
 }
 
-// The type kernels compute in for elements of type T: f32 for the half types (as the CPU
-// backend computes on them), T otherwise.
+// The type kernels compute in for elements of type T: f32 for the half types (the only
+// two-byte element types that are not integers), T otherwise, as the CPU backend computes.
 template <typename T>
-struct ComputeType {
-  using type = T;
-};
-template <>
-struct ComputeType<__half> {
-  using type = float;
-};
-template <>
-struct ComputeType<__nv_bfloat16> {
-  using type = float;
-};
-template <typename T>
-using compute_t = typename ComputeType<T>::type;
+using compute_t = std::conditional_t<sizeof(T) == 2 && !std::is_integral_v<T>, float, T>;
 
 // x in its compute type (exact).
 template <typename T>
