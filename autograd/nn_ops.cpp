@@ -79,19 +79,24 @@ struct EmbeddingBackward : Node {
   std::string name() const override { return "EmbeddingBackward"; }
 };
 
+// The columns of logits [N, C] that take part: all, or the first `classes`.
+Tensor taking_part(const Tensor& logits, int64_t classes) {
+  NoGradGuard no_grad;
+  return classes < logits.shape()[1] ? narrow(logits, 1, 0, classes) : logits;
+}
+
 struct CrossEntropyBackward : Node {
   Tensor logits, targets, count;
   Shape logits_shape;
-  int64_t ignore_index = -100;
+  int64_t ignore_index = -100, classes = 0;
   std::vector<Tensor> apply(const Tensor& g) override {
-    Tensor grad = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
     Tensor scale;
     {
       NoGradGuard no_grad;
       // In f64 then rounded once, as a host double divided by the count would be.
       scale = (g.to(DType::f64) / count).to(accumulate_dtype(logits.dtype()));
     }
-    backend(g).cross_entropy_backward(logits, targets, ignore_index, scale, grad);
+    const Tensor grad = cross_entropy_gradient(logits, targets, ignore_index, classes, scale);
     return {reshape(grad, logits_shape), Tensor()};
   }
   std::string name() const override { return "CrossEntropyBackward"; }
@@ -178,17 +183,36 @@ Tensor cross_entropy_rows(const Tensor& targets, int64_t ignore_index) {
   return sum(ne(targets, ignored).to(DType::i64)).to(DType::f64);
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+int64_t check_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t classes) {
   PIPIT_CHECK(logits.dim() == 2 || logits.dim() == 3,
-              "cross_entropy: logits must be [N, C] or "
-              "[B, T, C], got ",
-              shape_str(logits.shape()));
+              "cross_entropy: logits must be [N, C] or [B, T, C], got ", shape_str(logits.shape()));
   PIPIT_CHECK(targets.dtype() == DType::i64, "cross_entropy: targets must be I64, got ",
               targets.dtype());
-  Shape expected(logits.shape().begin(), logits.shape().end() - 1);
+  const Shape expected(logits.shape().begin(), logits.shape().end() - 1);
   PIPIT_CHECK(targets.shape() == expected, "cross_entropy: targets of shape ",
               shape_str(targets.shape()), " do not match logits of shape ",
               shape_str(logits.shape()), " (expected ", shape_str(expected), ")");
+  const int64_t C = logits.shape().back();
+  if (classes == -1) return C;
+  PIPIT_CHECK(classes >= 1 && classes <= C, "cross_entropy: classes must be -1 (all) or in [1, ", C,
+              "] for logits ", shape_str(logits.shape()), ", got ", classes);
+  return classes;
+}
+
+Tensor cross_entropy_gradient(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                              int64_t classes, const Tensor& scale) {
+  NoGradGuard no_grad;
+  Tensor grad = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+  const int64_t C = logits.shape()[1];
+  if (classes < C) backend(grad).fill(narrow(grad, 1, classes, C - classes), 0.0);
+  backend(grad).cross_entropy_backward(taking_part(logits, classes), targets, ignore_index, scale,
+                                       taking_part(grad, classes));
+  return grad;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                     int64_t classes_in) {
+  const int64_t classes = check_cross_entropy(logits, targets, classes_in);
   const int64_t C = logits.shape().back();
   Tensor logits2, targets1;
   {
@@ -200,7 +224,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   // Half logits give f32 losses: summed in f32, the logits never widened in memory.
   const DType loss_dtype = accumulate_dtype(logits.dtype());
   Tensor losses = Tensor::empty({N}, loss_dtype, logits.device());
-  backend(logits).cross_entropy(logits2, targets1, ignore_index, losses);
+  backend(logits).cross_entropy(taking_part(logits2, classes), targets1, ignore_index, losses);
   Tensor total = Tensor::empty({}, loss_dtype, logits.device());
   int64_t all[] = {0};
   backend(logits).reduce(ReduceOp::sum, losses, all, total);
@@ -216,6 +240,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
     node->targets = targets1;
     node->logits_shape = logits.shape();
     node->ignore_index = ignore_index;
+    node->classes = classes;
     node->count = count;
   }
   return result;

@@ -18,8 +18,19 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* generator = nullptr);
 // Mean over non-ignored rows of -log softmax(logits)[target]; logits [N, C] or [B, T, C],
-// targets i64 [N] or [B, T]. Half logits are read as they are and give an f32 loss.
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// targets i64 [N] or [B, T]. Half logits are read as they are and give an f32 loss. With
+// `classes` only the first `classes` columns take part, as if the rest were -inf (a vocabulary
+// padded for the tensor cores, GptConfig::vocab_multiple), and the rest get gradient 0; -1:
+// every column.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                     int64_t classes = -1);
+// Checks cross_entropy's arguments and returns the columns that take part: C for -1, else
+// classes itself, in [1, C].
+int64_t check_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t classes);
+// cross_entropy's gradient for logits [N, C] (rows of unit stride) and targets [N], outside
+// the graph: (softmax - onehot) * scale over the first `classes` columns, 0 in the others.
+Tensor cross_entropy_gradient(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                              int64_t classes, const Tensor& scale);
 // The rows of targets that are not ignore_index, as an f64 scalar on their device: the mean's
 // divisor, counted without waiting for the device.
 Tensor cross_entropy_rows(const Tensor& targets, int64_t ignore_index);

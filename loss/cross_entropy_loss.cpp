@@ -5,35 +5,27 @@
 namespace pipit {
 
 Tensor CrossEntropyLoss::compute_loss(const Tensor& output, const Tensor& target) const {
-  return cross_entropy(output, target, ignore_index_);
+  return cross_entropy(output, target, ignore_index_, classes_);
 }
 
 // d(mean loss)/d(logits) = (softmax(logits) - onehot(target)) / count, in one fused kernel.
 Tensor CrossEntropyLoss::compute_gradient(const Tensor& output, const Tensor& target) const {
   NoGradGuard no_grad;
-  PIPIT_CHECK(output.dim() == 2 || output.dim() == 3,
-              "CrossEntropyLoss: logits must be [N, C] "
-              "or [B, T, C], got ",
-              shape_str(output.shape()));
-  PIPIT_CHECK(target.dtype() == DType::i64 &&
-                  target.shape() == Shape(output.shape().begin(), output.shape().end() - 1),
-              "CrossEntropyLoss: targets ", shape_str(target.shape()), " ", target.dtype(),
-              " do not match logits ", shape_str(output.shape()),
-              " (expected I64 of the "
-              "logits' shape without the class dim)");
+  const int64_t classes = check_cross_entropy(output, target, classes_);
   const int64_t C = output.shape().back();
   Tensor logits = reshape(output, {-1, C}).contiguous();
   Tensor targets = reshape(target, {-1}).contiguous();
   // 1 / count in f64, rounded once, as a host double would be.
   const Tensor scale =
       (1.0 / cross_entropy_rows(targets, ignore_index_)).to(accumulate_dtype(logits.dtype()));
-  Tensor grad = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
-  backend(logits).cross_entropy_backward(logits, targets, ignore_index_, scale, grad);
+  const Tensor grad = cross_entropy_gradient(logits, targets, ignore_index_, classes, scale);
   return reshape(grad, output.shape());
 }
 
 nlohmann::json CrossEntropyLoss::config() const {
-  return {{"type", "CrossEntropyLoss"}, {"ignore_index", ignore_index_}};
+  nlohmann::json config = {{"type", "CrossEntropyLoss"}, {"ignore_index", ignore_index_}};
+  if (classes_ != -1) config["classes"] = classes_;
+  return config;
 }
 
 std::unique_ptr<Loss> make_loss(const nlohmann::json& config) {
@@ -42,13 +34,21 @@ std::unique_ptr<Loss> make_loss(const nlohmann::json& config) {
   const std::string type = config["type"];
   if (type == "MSELoss") return std::make_unique<MSELoss>();
   if (type == "CrossEntropyLoss") {
-    int64_t ignore_index = -100;
+    int64_t ignore_index = -100, classes = -1;
     if (config.contains("ignore_index")) {
       PIPIT_CHECK(config["ignore_index"].is_number_integer(),
                   "make_loss: CrossEntropyLoss field \"ignore_index\" must be an integer");
       ignore_index = config["ignore_index"];
     }
-    return std::make_unique<CrossEntropyLoss>(ignore_index);
+    if (config.contains("classes")) {
+      PIPIT_CHECK(config["classes"].is_number_integer() &&
+                      (config["classes"] == -1 || config["classes"] >= 1),
+                  "make_loss: CrossEntropyLoss field \"classes\" must be -1 (all) or a count >= 1, "
+                  "got ",
+                  config["classes"].dump());
+      classes = config["classes"];
+    }
+    return std::make_unique<CrossEntropyLoss>(ignore_index, classes);
   }
   throw Error("make_loss: unknown loss type '" + type + "' (expected MSELoss or CrossEntropyLoss)");
 }

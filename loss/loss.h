@@ -28,13 +28,15 @@ class MSELoss final : public Loss {
 // Logits [N, C] or [B, T, C], i64 targets [N] or [B, T]; mean over non-ignored targets.
 class CrossEntropyLoss final : public Loss {
  public:
-  explicit CrossEntropyLoss(int64_t ignore_index = -100) : ignore_index_(ignore_index) {}
+  // classes: only the first `classes` logits take part (a padded vocabulary); -1: all.
+  explicit CrossEntropyLoss(int64_t ignore_index = -100, int64_t classes = -1)
+      : ignore_index_(ignore_index), classes_(classes) {}
   Tensor compute_loss(const Tensor& output, const Tensor& target) const override;
   Tensor compute_gradient(const Tensor& output, const Tensor& target) const override;
   nlohmann::json config() const override;
 
  private:
-  int64_t ignore_index_;
+  int64_t ignore_index_, classes_;
 };
 
 // Builds a loss from its config(); unknown types are an error naming the type.

@@ -42,12 +42,20 @@ std::shared_ptr<Sequential> mlp(const std::vector<int64_t>& sizes, const std::st
   return model;
 }
 
+int64_t padded_vocab(const GptConfig& c) {
+  PIPIT_CHECK(c.vocab_multiple >= 1 && c.vocab_multiple <= (int64_t{1} << 20),
+              "gpt: vocab_multiple must be in [1, 2^20], got ", c.vocab_multiple);
+  return (c.vocab_size + c.vocab_multiple - 1) / c.vocab_multiple * c.vocab_multiple;
+}
+
 std::shared_ptr<Sequential> gpt(const GptConfig& c, Generator* generator) {
   PIPIT_CHECK(c.vocab_size > 0 && c.context > 0 && c.layers > 0 && c.heads > 0 && c.width > 0,
               "gpt: every size must be positive");
+  const int64_t logits = padded_vocab(c);
   auto model = std::make_shared<Sequential>();
-  model->push_back(
-      std::make_shared<TokenPosEmbedding>(c.vocab_size, c.context, c.width, generator));
+  auto embedding = std::make_shared<TokenPosEmbedding>(c.vocab_size, c.context, c.width, generator,
+                                                       c.tie_embeddings ? logits : 0);
+  model->push_back(embedding);
   if (c.embedding_dropout > 0) {
     model->push_back(std::make_shared<Dropout>(c.embedding_dropout, generator));
   }
@@ -69,13 +77,25 @@ std::shared_ptr<Sequential> gpt(const GptConfig& c, Generator* generator) {
   }
   model->push_back(std::make_shared<LayerNorm>(c.width, c.layer_norm_eps));
   auto head = std::make_shared<Linear>(c.width, c.vocab_size, c.head_bias, generator);
-  if (c.tie_embeddings) {
-    model->push_back(head);
-    model->tie(std::to_string(model->size() - 1) + ".weight", "0.tokens.weight");
-  } else {
+  if (!c.tie_embeddings) {
     fill_normal(head->weight, 0.02, generator);
     if (c.head_bias) fill_zero(head->bias);
-    model->push_back(head);
+  }
+  if (logits > c.vocab_size) {
+    // Drawn unpadded (so padding changes no draw, a run's batches included), then zero rows
+    // appended: the loss and generation never read their logits.
+    std::shared_ptr<Linear> padded;
+    {
+      SkipInitGuard skip;
+      padded = std::make_shared<Linear>(c.width, logits, c.head_bias);
+    }
+    copy_padded_rows(head->weight, padded->weight);
+    if (c.head_bias) copy_padded_rows(head->bias, padded->bias);
+    head = padded;
+  }
+  model->push_back(head);
+  if (c.tie_embeddings) {
+    model->tie(std::to_string(model->size() - 1) + ".weight", "0.tokens.weight");
   }
   return model;
 }

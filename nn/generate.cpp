@@ -199,10 +199,11 @@ class LocalStepper final : public TokenStepper {
 }  // namespace
 
 Tensor last_logits(const Tensor& output, int64_t vocab) {
-  PIPIT_CHECK(output.dim() == 3 && output.shape()[2] == vocab, "generate: the model's output is ",
+  PIPIT_CHECK(output.dim() == 3 && output.shape()[2] >= vocab, "generate: the model's output is ",
               shape_str(output.shape()), ", not logits [B, T, ", vocab, "]");
   const int64_t T = output.shape()[1];
-  return squeeze(narrow(output, 1, T - 1, 1), 1).to(Device::cpu()).to(DType::f32).contiguous();
+  const Tensor last = narrow(narrow(output, 1, T - 1, 1), 2, 0, vocab);
+  return squeeze(last, 1).to(Device::cpu()).to(DType::f32).contiguous();
 }
 
 std::vector<std::vector<int64_t>> generate(TokenStepper& model,
@@ -258,13 +259,16 @@ std::vector<std::vector<int64_t>> generate(TokenStepper& model,
   std::vector<bool> finished(static_cast<size_t>(B), false);
   Tensor logits = model.step(from_vector(tokens, {B, longest}), 0);
   for (int64_t n = 0; n < new_tokens; ++n) {
-    PIPIT_CHECK(logits.shape() == Shape({B, vocab}), "generate: a step returned ",
-                shape_str(logits.shape()), ", not logits [", B, ", ", vocab, "]");
+    // A padded vocabulary's extra logits (GptConfig::vocab_multiple) are never drawn.
+    PIPIT_CHECK(logits.dim() == 2 && logits.shape()[0] == B && logits.shape()[1] >= vocab,
+                "generate: a step returned ", shape_str(logits.shape()), ", not logits [", B, ", ",
+                vocab, "]");
     std::vector<int64_t> next(static_cast<size_t>(B), 0);
     bool running = false;
     const float* rows = logits.data<float>();
+    const int64_t row_length = logits.shape()[1];
     for (int64_t b = 0; b < B; ++b) {
-      next[size_t(b)] = sampler.next(rows + b * vocab, vocab);
+      next[size_t(b)] = sampler.next(rows + b * row_length, vocab);
       if (finished[size_t(b)]) continue;
       out[size_t(b)].push_back(next[size_t(b)]);
       finished[size_t(b)] = options.stop_token && next[size_t(b)] == *options.stop_token;

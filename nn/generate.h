@@ -69,7 +69,8 @@ class CachedLayers {
   bool padded_ = false;
 };
 
-// The last position's logits of a step's output [B, T, vocab], as f32 [B, vocab] on the CPU.
+// The last position's logits of a step's output [B, T, vocab or more (a padded vocabulary)],
+// as f32 [B, vocab] on the CPU.
 Tensor last_logits(const Tensor& output, int64_t vocab);
 
 // The new tokens for each prompt. Prompts may differ in length: shorter ones are left-padded

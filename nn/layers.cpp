@@ -52,10 +52,33 @@ json Embedding::config() const {
   return {{"type", "Embedding"}, {"num", num_}, {"dim", dim_}};
 }
 
+void copy_padded_rows(const Tensor& from, const Tensor& to) {
+  PIPIT_CHECK(from.dim() >= 1 && to.dim() == from.dim() && to.shape()[0] >= from.shape()[0],
+              "copy_padded_rows: ", shape_str(to.shape()), " cannot hold ", shape_str(from.shape()),
+              " and padding");
+  NoGradGuard no_grad;
+  const int64_t rows = from.shape()[0], pad = to.shape()[0] - rows;
+  backend(to).copy(from, narrow(to, 0, 0, rows));
+  if (pad > 0) backend(to).fill(narrow(to, 0, rows, pad), 0.0);
+}
+
 TokenPosEmbedding::TokenPosEmbedding(int64_t vocab_size, int64_t context, int64_t width,
-                                     Generator* generator)
-    : vocab_(vocab_size), context_(context), width_(width) {
-  tokens_ = register_module("tokens", std::make_shared<Embedding>(vocab_, width_, generator));
+                                     Generator* generator, int64_t rows)
+    : vocab_(vocab_size), rows_(rows == 0 ? vocab_size : rows), context_(context), width_(width) {
+  PIPIT_CHECK(rows_ >= vocab_, "TokenPosEmbedding: ", rows_, " rows cannot hold a vocabulary of ",
+              vocab_);
+  // The vocabulary's rows drawn as an unpadded table's are, the padding zero.
+  auto tokens = std::make_shared<Embedding>(vocab_, width_, generator);
+  if (rows_ > vocab_) {
+    std::shared_ptr<Embedding> padded;
+    {
+      SkipInitGuard skip;
+      padded = std::make_shared<Embedding>(rows_, width_);
+    }
+    copy_padded_rows(tokens->weight, padded->weight);
+    tokens = padded;
+  }
+  tokens_ = register_module("tokens", tokens);
   positions_ =
       register_module("positions", std::make_shared<Embedding>(context_, width_, generator));
 }
@@ -82,8 +105,10 @@ Tensor TokenPosEmbedding::forward(const Tensor& tokens, const Tensor& positions)
 }
 
 json TokenPosEmbedding::config() const {
-  return {
+  json config = {
       {"type", "TokenPosEmbedding"}, {"vocab", vocab_}, {"context", context_}, {"width", width_}};
+  if (rows_ != vocab_) config["rows"] = rows_;
+  return config;
 }
 
 LayerNorm::LayerNorm(int64_t dim, double eps) : dim_(dim), eps_(eps) {

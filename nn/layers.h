@@ -37,21 +37,29 @@ class Embedding final : public Module {
   int64_t num_, dim_;
 };
 
-// Token embedding plus learned position embedding: i64 tokens [B, T] -> [B, T, width].
+// to = from's rows, then zero rows up to to's: how a layer gets padded rows without drawing
+// them, so padding a vocabulary (GptConfig::vocab_multiple) changes no random draw.
+void copy_padded_rows(const Tensor& from, const Tensor& to);
+
+// Token embedding plus learned position embedding: i64 tokens [B, T] -> [B, T, width]. The
+// token table has `rows` rows (0: vocab_size): more when the vocabulary is padded so a head
+// tied to the table has GEMM-friendly sizes (GptConfig::vocab_multiple); ids from vocab_size
+// up are never real tokens.
 class TokenPosEmbedding final : public Module {
  public:
   TokenPosEmbedding(int64_t vocab_size, int64_t context, int64_t width,
-                    Generator* generator = nullptr);
+                    Generator* generator = nullptr, int64_t rows = 0);
   Tensor forward(const Tensor& tokens) override;
   // Tokens at the given positions (i64 [B, T], each below the context): generation with a KV
   // cache embeds one new token per row, and left-padded rows count positions from their start.
   Tensor forward(const Tensor& tokens, const Tensor& positions);
   json config() const override;
   int64_t vocab_size() const { return vocab_; }
+  int64_t rows() const { return rows_; }
   int64_t context() const { return context_; }
 
  private:
-  int64_t vocab_, context_, width_;
+  int64_t vocab_, rows_, context_, width_;
   std::shared_ptr<Embedding> tokens_, positions_;
 };
 

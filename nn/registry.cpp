@@ -65,7 +65,8 @@ std::map<std::string, ModuleFactory> builtin_factories() {
   };
   f["TokenPosEmbedding"] = [](const json& c) {
     return std::make_shared<TokenPosEmbedding>(config_int(c, "vocab"), config_int(c, "context"),
-                                               config_int(c, "width"));
+                                               config_int(c, "width"), nullptr,
+                                               c.contains("rows") ? config_int(c, "rows") : 0);
   };
   f["LayerNorm"] = [](const json& c) {
     return std::make_shared<LayerNorm>(config_int(c, "dim"), config_number(c, "eps"));

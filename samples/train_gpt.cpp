@@ -103,6 +103,9 @@ int main(int argc, char** argv) {
   flags.add("layers", "4", "transformer blocks");
   flags.add("heads", "4", "attention heads");
   flags.add("width", "128", "embedding width");
+  flags.add("vocab-multiple", "1",
+            "pad the head's logits to a multiple of this (64 or 128: GEMM sizes tensor cores "
+            "like; the loss and sampling ignore the padding); not with --init");
   flags.add("context", "0", "tokens per sequence (0: 64, or the --init checkpoint's positions)");
   flags.add("batch", "16", "sequences per step");
   flags.add("steps", "200", "optimizer steps (0: load, save and sample only)");
@@ -241,6 +244,11 @@ int main(int argc, char** argv) {
       flags.fail("--init expects hf:DIR, got '" + init + "'");
     }
     const std::string hf_dir = init.empty() ? "" : init.substr(3);
+    const int64_t vocab_multiple = flags.integer("vocab-multiple");
+    if (vocab_multiple < 1) flags.fail("--vocab-multiple must be >= 1");
+    if (vocab_multiple > 1 && !hf_dir.empty()) {
+      flags.fail("--vocab-multiple pads models train_gpt builds; a GPT-2 checkpoint keeps its own");
+    }
     std::string tokenizer_dir = flags.str("tokenizer");
     if (tokenizer_dir.empty() && !hf_dir.empty() &&
         (std::filesystem::exists(hf_dir + "/vocab.json") ||
@@ -284,6 +292,7 @@ int main(int argc, char** argv) {
     }
     if (!model) {
       GptConfig config{static_cast<int64_t>(chars->chars.size()), context, layers, heads, width};
+      config.vocab_multiple = vocab_multiple;
       model = gpt(config, &generator);
     }
     const int64_t vocab_size = dynamic_cast<const TokenPosEmbedding&>(*(*model)[0]).vocab_size();
@@ -326,6 +335,10 @@ int main(int argc, char** argv) {
     pipeline_config.microbatches = microbatches;
     pipeline_config.chunks_per_stage = vpp;
     pipeline_config.schedule = schedule_name;
+    // A padded head (--vocab-multiple, or a checkpoint trained with it): the loss reads the
+    // vocabulary's logits only.
+    const int64_t logits = (*model)[model->size() - 1]->config().value("out", vocab_size);
+    if (logits != vocab_size) pipeline_config.loss["classes"] = vocab_size;
     pipeline_config.recompute = flags.str("recompute");
     pipeline_config.max_deferred = static_cast<int>(flags.integer("max-deferred", 0));
     pipeline_config.partition = flags.str("partition");

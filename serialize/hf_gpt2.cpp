@@ -268,6 +268,9 @@ void save_hf_gpt2(const Sequential& model, const std::string& dir) {
   };
   PIPIT_CHECK(model.first_index() == 0 && type_at(0) == "TokenPosEmbedding",
               "save_hf_gpt2: the model must be a whole GPT starting with a TokenPosEmbedding");
+  PIPIT_CHECK(!layers[0].contains("rows"), "save_hf_gpt2: the model's vocabulary is padded (",
+              layers[0]["vocab"].dump(), " tokens in ", layers[0]["rows"].dump(),
+              " rows); GPT-2 checkpoints hold unpadded tensors");
   GptConfig c;
   c.vocab_size = layers[0]["vocab"].get<int64_t>();
   c.context = layers[0]["context"].get<int64_t>();
@@ -289,6 +292,9 @@ void save_hf_gpt2(const Sequential& model, const std::string& dir) {
               "TransformerBlocks, LayerNorm, Linear), got layer ", i, " as '", type_at(i), "'");
   PIPIT_CHECK(!layers[i + 1]["bias"].get<bool>(), "save_hf_gpt2: the head (layer ", i + 1,
               ") has a bias, which GPT2LMHeadModel lacks");
+  PIPIT_CHECK(layers[i + 1]["out"].get<int64_t>() == c.vocab_size, "save_hf_gpt2: the head (layer ",
+              i + 1, ") gives ", layers[i + 1]["out"].dump(), " logits for a vocabulary of ",
+              c.vocab_size, " (padded); GPT-2 checkpoints hold unpadded tensors");
   const std::string head_weight = std::to_string(i + 1) + ".weight";
   for (const auto& tie : model.ties()) {
     PIPIT_CHECK(tie == std::make_pair(head_weight, std::string("0.tokens.weight")),

@@ -145,15 +145,16 @@ struct AdamWParams {
     (weight, indices, out))                                                                        \
   X(embedding_backward, (const Tensor& grad, const Tensor& indices, const Tensor& grad_weight),    \
     (grad, indices, grad_weight))                                                                  \
-  /* Per-row -log softmax(logits)[target] for logits [N, C]; ignored rows give 0. losses has       \
+  /* Per-row -log softmax(logits)[target] for logits [N, C] (rows of unit stride, spaced any       \
+     distance apart: a narrowed view of padded rows), ignored rows give 0. losses has              \
      accumulate_dtype(logits' dtype): half logits are read as they are, summed in f32. */          \
   X(cross_entropy,                                                                                 \
     (const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& losses),     \
     (logits, targets, ignore_index, losses))                                                       \
   /* grad_logits = (softmax(logits) - onehot(target)) * scale, zero on ignored rows, in the        \
-     logits' dtype. scale is one element of accumulate_dtype(logits' dtype) on their device (the   \
-     loss's gradient over the row count, computed there: reading it on the host would wait for     \
-     the device). */                                                                               \
+     logits' dtype, its rows of unit stride as the logits' are. scale is one element of            \
+     accumulate_dtype(logits' dtype) on their device (the loss's gradient over the row count,      \
+     computed there: reading it on the host would wait for the device). */                         \
   X(cross_entropy_backward,                                                                        \
     (const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& scale,       \
      const Tensor& grad_logits),                                                                   \

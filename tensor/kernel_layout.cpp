@@ -13,6 +13,11 @@ Tensor dense(const Tensor& t) {
   return out;
 }
 
+Tensor unit_stride_rows(const Tensor& t) {
+  if (t.dim() == 2 && t.strides()[1] == 1 && t.strides()[0] >= t.shape()[1]) return t;
+  return dense(t);
+}
+
 Tensor dim_last(const Tensor& t, int64_t dim) {
   Shape shape = t.shape(), strides = t.strides();
   shape.erase(shape.begin() + dim);

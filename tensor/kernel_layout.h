@@ -10,6 +10,9 @@ namespace pipit {
 
 // t itself when contiguous, else a contiguous copy on t's device.
 Tensor dense(const Tensor& t);
+// A 2-D t as rows of unit stride, evenly spaced (strides()[0] apart): t itself when it is so
+// (a narrowed view of wider rows is), else a contiguous copy.
+Tensor unit_stride_rows(const Tensor& t);
 // A view of t with `dim` moved last.
 Tensor dim_last(const Tensor& t, int64_t dim);
 // What Backend::causal_softmax and its backward need: square scores [..., T, T] and a

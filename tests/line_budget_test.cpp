@@ -14,8 +14,10 @@ namespace {
 // Measured 2026-11-26 at 10,840 lines (tensor 7,128, autograd 1,813, nn 1,323, loss 102,
 // optim 474), after the backend's op list was written once (it was 10,990). Raised from 11,100
 // on 2026-11-27 at 11,284 lines, for half activations under autocast: every elementwise,
-// reduction, dropout and cross-entropy kernel computing on bf16/f16 in f32, dtype promotion.
-constexpr int64_t kCoreBudget = 11350;
+// reduction, dropout and cross-entropy kernel computing on bf16/f16 in f32, dtype promotion;
+// then to 11,400 at 11,347 lines for a vocabulary padded for the tensor cores (GptConfig::
+// vocab_multiple, the cross-entropy's classes).
+constexpr int64_t kCoreBudget = 11400;
 const char* const kCoreFolders[] = {"tensor", "autograd", "nn", "loss", "optim"};
 
 bool is_source(const fs::path& path) {

@@ -285,8 +285,8 @@ void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in
   }
   PIPIT_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy", {
     using T = scalar_t;
-    Tensor logits = dense(logits_in), targets = dense(targets_in);
-    const int64_t N = logits.shape()[0], C = logits.shape()[1];
+    Tensor logits = unit_stride_rows(logits_in), targets = dense(targets_in);
+    const int64_t N = logits.shape()[0], C = logits.shape()[1], ld = logits.strides()[0];
     const T* x = logits.data<T>();
     const int64_t* t = targets.data<int64_t>();
     T* loss = losses.data<T>();
@@ -300,7 +300,7 @@ void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in
           loss[i] = 0;
           continue;
         }
-        const T* row = x + i * C;
+        const T* row = x + i * ld;
         T mx = row[0];
         for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
         T sum = 0;
@@ -324,8 +324,11 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
   PIPIT_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy_backward", {
     using T = scalar_t;
     const T scale = dense(scale_in).data<T>()[0];
-    Tensor logits = dense(logits_in), targets = dense(targets_in);
-    const int64_t N = logits.shape()[0], C = logits.shape()[1];
+    Tensor logits = unit_stride_rows(logits_in), targets = dense(targets_in);
+    PIPIT_CHECK(grad_logits.strides()[1] == 1,
+                "cross_entropy_backward: the gradient's rows need unit stride");
+    const int64_t N = logits.shape()[0], C = logits.shape()[1], ld = logits.strides()[0];
+    const int64_t ldg = grad_logits.strides()[0];
     const T* x = logits.data<T>();
     const int64_t* t = targets.data<int64_t>();
     T* g = grad_logits.data<T>();
@@ -335,12 +338,12 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
     }
     for_rows(N, C, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        T* gr = g + i * C;
+        T* gr = g + i * ldg;
         if (t[i] == ignore_index) {
           std::fill(gr, gr + C, T(0));
           continue;
         }
-        const T* row = x + i * C;
+        const T* row = x + i * ld;
         T mx = row[0];
         for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
         cpu::exp_shifted(row, mx, gr, C);

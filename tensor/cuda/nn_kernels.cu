@@ -140,7 +140,7 @@ __global__ void layer_norm_partial_kernel(const T* g, const T* x, const T* mean,
 
 // Half logits are read as they are and summed in f32 (A): no widened copy of the logits.
 template <typename T>
-__global__ void cross_entropy_kernel(const T* x, const int64_t* t, int64_t N, int64_t C,
+__global__ void cross_entropy_kernel(const T* x, int64_t ld, const int64_t* t, int64_t N, int64_t C,
                                      int64_t ignore, compute_t<T>* loss) {
   using A = compute_t<T>;
   for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
@@ -148,7 +148,7 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* t, int64_t N, in
       if (threadIdx.x == 0) loss[i] = A(0);
       continue;
     }
-    const T* row = x + i * C;
+    const T* row = x + i * ld;
     const A mx = row_max(row, C);
     A s = A(0);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(widen(row[c]) - mx);
@@ -161,18 +161,19 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* t, int64_t N, in
 }
 
 template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* x, const int64_t* t, int64_t N, int64_t C,
-                                              int64_t ignore, const compute_t<T>* scale_on_device,
-                                              T* g) {
+__global__ void cross_entropy_backward_kernel(const T* x, int64_t ld, const int64_t* t, int64_t N,
+                                              int64_t C, int64_t ignore,
+                                              const compute_t<T>* scale_on_device, T* g,
+                                              int64_t ldg) {
   using A = compute_t<T>;
   const A scale = *scale_on_device;
   for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
-    T* gr = g + i * C;
+    T* gr = g + i * ldg;
     if (t[i] == ignore) {
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x) gr[c] = round_to<T>(A(0));
       continue;
     }
-    const T* row = x + i * C;
+    const T* row = x + i * ld;
     const A mx = row_max(row, C);
     A s = A(0);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(widen(row[c]) - mx);
@@ -366,12 +367,12 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
   DeviceGuard guard(index_);
   PIPIT_CUDA_DISPATCH_FLOAT_AND_HALF(logits_in.dtype(), "cross_entropy", {
     using T = scalar_t;
-    Tensor logits = dense(logits_in), targets = dense(targets_in);
+    Tensor logits = unit_stride_rows(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
     check_targets(targets, C, ignore_index);
     if (N == 0) break;
     cross_entropy_kernel<T><<<rows_grid(N), row_threads(C), 0, cuda::stream()>>>(
-        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index,
+        ptr<T>(logits), logits.strides()[0], targets.data<int64_t>(), N, C, ignore_index,
         ptr<cuda::compute_t<T>>(losses));
     PIPIT_CUDA_CHECK_LAUNCH("cross_entropy");
   });
@@ -383,14 +384,16 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& 
   DeviceGuard guard(index_);
   PIPIT_CUDA_DISPATCH_FLOAT_AND_HALF(logits_in.dtype(), "cross_entropy_backward", {
     using T = scalar_t;
-    Tensor logits = dense(logits_in), targets = dense(targets_in);
+    Tensor logits = unit_stride_rows(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1];
     check_cross_entropy_scale("cross_entropy_backward", scale, logits);
     check_targets(targets, C, ignore_index);
+    PIPIT_CHECK(grad_logits.strides()[1] == 1,
+                "cross_entropy_backward: the gradient's rows need unit stride");
     if (N == 0) break;
     cross_entropy_backward_kernel<T><<<rows_grid(N), row_threads(C), 0, cuda::stream()>>>(
-        ptr<T>(logits), targets.data<int64_t>(), N, C, ignore_index, ptr<cuda::compute_t<T>>(scale),
-        ptr<T>(grad_logits));
+        ptr<T>(logits), logits.strides()[0], targets.data<int64_t>(), N, C, ignore_index,
+        ptr<cuda::compute_t<T>>(scale), ptr<T>(grad_logits), grad_logits.strides()[0]);
     PIPIT_CUDA_CHECK_LAUNCH("cross_entropy_backward");
   });
 }
