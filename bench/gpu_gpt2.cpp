@@ -78,7 +78,8 @@ nlohmann::json run_mode(const std::string& mode, const Options& o) {
   auto model = gpt(o.model, &generator);
   model->to(device);
   AdamW optimizer(model->named_parameters(), {3e-4, 0.9, 0.95, 1e-8, 0.1});
-  CrossEntropyLoss loss_fn;
+  // A padded head's extra logits take no part in the loss.
+  CrossEntropyLoss loss_fn(-100, o.model.vocab_size);
   std::mt19937_64 rng(0);
   const Tensor x = random_tokens(o.batch, o.model.context, o.model.vocab_size, rng, device);
   const Tensor y = random_tokens(o.batch, o.model.context, o.model.vocab_size, rng, device);
@@ -111,7 +112,9 @@ nlohmann::json run_mode(const std::string& mode, const Options& o) {
   }
   return {{"mode", mode},
           {"tokens", o.batch * o.model.context},
-          {"parameters", model->parameter_count()},
+          // The unpadded model's: padded rows compute nothing useful.
+          {"parameters", model->parameter_count() -
+                             (padded_vocab(o.model) - o.model.vocab_size) * (o.model.width + 1)},
           {"ms", times},
           {"loss", loss},
           {"peak_bytes", peak}};
@@ -128,6 +131,7 @@ int main(int argc, char** argv) {
     flags.add("width", "768", "model width");
     flags.add("context", "1024", "tokens per sequence");
     flags.add("vocab", "50257", "vocabulary size");
+    flags.add("vocab-multiple", "1", "pad the head's logits to a multiple of this (llm.c: 64)");
     flags.add("batch", "8", "sequences per step");
     flags.add("warmup", "3", "untimed steps first");
     flags.add("steps", "10", "timed steps");
@@ -142,6 +146,7 @@ int main(int argc, char** argv) {
     o.model.width = flags.integer("width");
     o.model.context = flags.integer("context");
     o.model.vocab_size = flags.integer("vocab");
+    o.model.vocab_multiple = flags.integer("vocab-multiple");
     o.model.dropout = 0.0;
     o.batch = flags.integer("batch");
     o.warmup = flags.integer("warmup", 0);

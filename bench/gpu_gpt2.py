@@ -5,6 +5,9 @@ The model is GPT-2 small by default (12 layers, 12 heads, width 768, context 102
 50257, batch 8, dropout 0), as pipit's gpt() builds it: pre-LN blocks, tanh GELU, learned
 position embedding, untied head; AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1), random
 tokens. Modes: f32, tf32 (set_float32_matmul_precision "high") and bf16 (autocast).
+--vocab-multiple pads the vocabulary on both sides, as llm.c pads 50257 to 50304 and nanoGPT
+trains with 50304: pipit masks the padded logits out of its loss; the peer, as nanoGPT, takes
+them into the softmax (targets stay below --vocab).
 
 The peer is PyTorch as its users run it: attention through F.scaled_dot_product_attention
 (flash or memory-efficient kernels) and AdamW(fused=True). pipit runs its fused attention
@@ -21,7 +24,8 @@ sanity check only: the two initialise differently), and appends the table to ben
 mode. Without a GPU it says so and exits 0.
 
 usage: python3 bench/gpu_gpt2.py [--build build] [--modes f32,tf32,bf16] [--layers 12]
-           [--heads 12] [--width 768] [--context 1024] [--vocab 50257] [--batch 8]
+           [--heads 12] [--width 768] [--context 1024] [--vocab 50257] [--vocab-multiple 1]
+           [--batch 8]
            [--warmup 3] [--steps 10] [--profile] [--top 25] [--compile] [--written-out]
            [--attention automatic|pipit|cudnn] [--peak-tflops X] [--no-append]
 """
@@ -32,7 +36,8 @@ import statistics
 import gpu_common
 
 INT_FLAGS = [("layers", 12), ("heads", 12), ("width", 768), ("context", 1024),
-               ("vocab", 50257), ("batch", 8), ("warmup", 3), ("steps", 10), ("top", 25)]
+             ("vocab", 50257), ("vocab-multiple", 1), ("batch", 8), ("warmup", 3), ("steps", 10),
+             ("top", 25)]
 
 
 # Dense bf16 tensor-core peaks (TFLOP/s) by GPU name, from NVIDIA's data sheets (SXM parts).
@@ -51,7 +56,10 @@ def torch_run(torch, mode, args, compiled=False, attention="sdpa", profile=False
     torch.set_float32_matmul_precision("high" if mode == "tf32" else "highest")
     torch.manual_seed(0)
     torch.cuda.reset_peak_memory_stats()
-    model = Gpt(args.vocab, args.context, args.layers, args.heads, args.width, attention).cuda()
+    # With --vocab-multiple the peer's vocabulary is padded too, as nanoGPT's 50304 is.
+    multiple = args.vocab_multiple
+    vocab = (args.vocab + multiple - 1) // multiple * multiple
+    model = Gpt(vocab, args.context, args.layers, args.heads, args.width, attention).cuda()
     forward = torch.compile(model) if compiled else model
     opt = adamw(list(model.parameters()), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                 weight_decay=0.1)
@@ -63,7 +71,7 @@ def torch_run(torch, mode, args, compiled=False, attention="sdpa", profile=False
     def step():
         opt.zero_grad()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16"):
-            loss = F.cross_entropy(forward(x).view(-1, args.vocab), y.view(-1))
+            loss = F.cross_entropy(forward(x).view(-1, vocab), y.view(-1))
         loss.backward()
         opt.step()
         torch.cuda.synchronize()
@@ -129,7 +137,8 @@ def main():
     name = torch.cuda.get_device_name(0)
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
-    passed = [arg for name, _ in INT_FLAGS for arg in (f"--{name}", str(getattr(args, name)))]
+    passed = [arg for name, _ in INT_FLAGS
+              for arg in (f"--{name}", str(getattr(args, name.replace("-", "_"))))]
     passed += ["--attention", args.attention]
     if args.profile:
         passed.append("--profile")
@@ -177,7 +186,8 @@ def main():
     if row is None:
         return
     config = (f"{args.layers} layers, {args.heads} heads, width {args.width}, context "
-              f"{args.context}, vocab {args.vocab}, batch {args.batch}, {row['parameters']} "
+              f"{args.context}, vocab {args.vocab} (padded to a multiple of "
+              f"{args.vocab_multiple}), batch {args.batch}, {row['parameters']} "
               f"parameters; MFU against {peak} TFLOP/s; pipit's attention {args.attention}")
     print(f"\n{config}\n\n" + "\n".join(table))
     if not args.no_append:
