@@ -155,7 +155,7 @@ void reduce_columns(ReduceOp op, const Tensor& in, int64_t R, int64_t K, acc_t<T
                     const Tensor& out) {
   const int64_t rows_per_chunk = std::max<int64_t>(kRowsPerChunk, (R + 65534) / 65535);
   const int64_t chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
-  const DType partial_dtype = std::is_floating_point_v<T> ? DType::f64 : DType::i64;
+  const DType partial_dtype = std::is_floating_point_v<acc_t<T>> ? DType::f64 : DType::i64;
   Tensor partial = Tensor::empty({chunks, K}, partial_dtype, in.device());
   const dim3 grid(static_cast<unsigned>((K + kTileColumns - 1) / kTileColumns),
                   static_cast<unsigned>(chunks));
