@@ -1,5 +1,6 @@
 #pragma once
 // Fused scaled dot-product attention, as torch.nn.functional.scaled_dot_product_attention.
+#include <array>
 #include <optional>
 
 #include "tensor/tensor.h"
@@ -15,5 +16,17 @@ namespace pipit {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool is_causal = false,
                                     std::optional<double> scale = std::nullopt);
+
+// Self-attention of q, k and v packed as one projection writes them (GPT-2's c_attn): qkv
+// [B, T, 3 * heads * D] holds q | k | v, each [heads, D] per position. The same bits as
+// scaled_dot_product_attention on the three [B, heads, T, D] views of qkv, but the backward
+// writes the three gradients straight into one tensor shaped as qkv, where splitting qkv in the
+// graph would fill three of that size with zeros and add them up.
+Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool is_causal = false,
+                             std::optional<double> scale = std::nullopt);
+
+// qkv laid out as packed_self_attention reads it -> its q, k and v as [B, heads, T, D] views
+// (differentiable), for attention written out.
+std::array<Tensor, 3> split_packed_heads(const Tensor& qkv, int64_t heads);
 
 }  // namespace pipit

@@ -8,22 +8,6 @@
 #include "tensor/backend.h"
 
 namespace pipit {
-namespace {
-
-struct Heads {
-  Tensor q, k, v;
-};
-
-// [B, T, 3C] laid out q | k | v -> three [B, H, T, D] views (GEMM reads them in place).
-Heads split_heads(const Tensor& qkv, int64_t heads) {
-  const int64_t B = qkv.shape()[0], T = qkv.shape()[1], D = qkv.shape()[2] / (3 * heads);
-  Tensor qkv_heads = permute(reshape(qkv, {B, T, 3, heads, D}), {2, 0, 3, 1, 4});
-  return {squeeze(narrow(qkv_heads, 0, 0, 1), 0), squeeze(narrow(qkv_heads, 0, 1, 1), 0),
-          squeeze(narrow(qkv_heads, 0, 2, 1), 0)};
-}
-
-}  // namespace
-
 CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, double dropout,
                                          Generator* generator)
     : width_(width), heads_(heads), dropout_(dropout) {
@@ -42,8 +26,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   PIPIT_CHECK(x.dim() == 3 && x.shape()[2] == width_, "CausalSelfAttention: expects [B, T, ",
               width_, "], got ", shape_str(x.shape()));
   const int64_t B = x.shape()[0], T = x.shape()[1], D = width_ / heads_;
-  // [B, T, 3, H, D] -> [3, B, H, T, D]: q, k and v are views, and GEMM reads them in place.
-  const auto [q, k, v] = split_heads(qkv->forward(x), heads_);
+  const Tensor packed = qkv->forward(x);
   // Dropout on the weights needs them in memory. So, for now, does f32 on CUDA: there the
   // fused kernel runs on CUDA cores while the written-out products are cuBLAS GEMMs (on TF32
   // tensor cores where allowed), and no GPU run has yet measured which is faster.
@@ -52,9 +35,12 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
       x.device().is_cuda() && x.dtype() == DType::f32 && autocast_dtype() == DType::f32;
   Tensor heads_out;
   if (!weights_needed && !f32_on_cuda) {
-    // Fused: the [T, T] weights are never held, and the heads merge back for free.
-    heads_out = scaled_dot_product_attention(q, k, v, /*is_causal=*/true);
+    // Fused: the [T, T] weights are never held, the heads' gradients land in one tensor, and
+    // the heads merge back for free.
+    heads_out = packed_self_attention(packed, heads_, /*is_causal=*/true);
   } else {
+    // q, k and v are views of the packed projection, and GEMM reads them in place.
+    const auto [q, k, v] = split_packed_heads(packed, heads_);
     // Scale, mask and softmax in one kernel, between two batched GEMMs.
     Tensor weights =
         causal_softmax(matmul(q, transpose(k, -1, -2)), 1.0 / std::sqrt(static_cast<double>(D)));
@@ -75,7 +61,7 @@ Tensor CausalSelfAttention::forward_step(const Tensor& x, KvCacheLayer& cache, i
               "CausalSelfAttention: positions [", start, ", ", start + T,
               ") do not fit a KV cache of shape ", shape_str(cache_shape), " for ", B, " rows of ",
               heads_, " heads of ", D);
-  const auto [q, k, v] = split_heads(qkv->forward(x), heads_);
+  const auto [q, k, v] = split_packed_heads(qkv->forward(x), heads_);
   backend(k).copy(k, narrow(cache.keys, 2, start, T));
   backend(v).copy(v, narrow(cache.values, 2, start, T));
   const Tensor keys = narrow(cache.keys, 2, 0, start + T);

@@ -116,6 +116,52 @@ TEST_CASE("attention reads q, k, v as views of a packed projection and merges he
   CHECK(merged.same_storage(from_views));
 }
 
+TEST_CASE("packed self-attention gives the split heads' bits and one gradient tensor", "[nn]") {
+  Generator g(46);
+  const int64_t B = 2, T = 9, H = 3, D = 4;
+  for (DType dtype : {DType::f32, DType::f64}) {
+    for (bool causal : {true, false}) {
+      INFO(dtype << (causal ? " causal" : " full"));
+      const Tensor qkv = uniform({B, T, 3 * H * D}, -2, 2, &g).to(dtype);
+      const Tensor grad = uniform({B, H, T, D}, -1, 1, &g).to(dtype);
+      const Tensor packed = qkv.clone().requires_grad_(), split = qkv.clone().requires_grad_();
+      const Tensor got = packed_self_attention(packed, H, causal);
+      const auto [q, k, v] = split_packed_heads(split, H);
+      const Tensor want = scaled_dot_product_attention(q, k, v, causal);
+      CHECK(same_values(got, want));
+      got.backward(grad);
+      want.backward(grad);
+      CHECK(same_values(packed.grad(), split.grad()));
+      // One node between the output and qkv: no zero-filled gradient per head, no sum of three.
+      std::vector<std::string> nodes;
+      collect_nodes(got.grad_fn(), nodes);
+      CHECK(nodes == std::vector<std::string>{"PackedAttentionBackward", "AccumulateGrad"});
+    }
+  }
+  // Under autocast an f32 projection is rounded once; its gradient comes back in f32.
+  const Tensor qkv = uniform({B, T, 3 * H * D}, -2, 2, &g);
+  const Tensor packed = qkv.clone().requires_grad_(),
+               rounded = qkv.to(DType::bf16).requires_grad_();
+  Tensor got;
+  {
+    AutocastGuard autocast(DType::bf16);
+    got = packed_self_attention(packed, H, true);
+  }
+  const auto [q, k, v] = split_packed_heads(rounded, H);
+  const Tensor want = scaled_dot_product_attention(q, k, v, true);
+  CHECK(got.dtype() == DType::bf16);
+  CHECK(same_values(got, want));
+  const Tensor grad = uniform({B, H, T, D}, -1, 1, &g).to(DType::bf16);
+  got.backward(grad);
+  want.backward(grad);
+  CHECK(packed.grad().dtype() == DType::f32);
+  CHECK(same_values(packed.grad(), rounded.grad().to(DType::f32)));
+  CHECK_THROWS_WITH(packed_self_attention(zeros({2, 9, 35}), 3),
+                    Catch::Contains("packed_self_attention: expects qkv [B, T, 3 * heads * D]"));
+  CHECK_THROWS_WITH(packed_self_attention(zeros({2, 9, 0}), 3),
+                    Catch::Contains("packed_self_attention: expects qkv [B, T, 3 * heads * D]"));
+}
+
 TEST_CASE("attention gives the same bits on 1 and 2 threads", "[nn]") {
   Generator g(43);
   const Tensor q = uniform({2, 4, 40, 8}, -2, 2, &g), k = uniform({2, 4, 40, 8}, -2, 2, &g),
@@ -179,13 +225,14 @@ TEST_CASE("attention refuses bad shapes and dtypes by name", "[nn]") {
                     Catch::Contains("there are queries but no keys"));
 }
 
-TEST_CASE("CausalSelfAttention runs the fused kernel unless dropout needs the weights", "[nn]") {
+TEST_CASE("CausalSelfAttention runs the packed fused kernel unless dropout needs the weights",
+          "[nn]") {
   Generator g(45);
   const Tensor x = uniform({2, 10, 12}, -1, 1, &g);
   auto attention_nodes = [](const Tensor& out) {
     std::vector<std::string> names;
     collect_nodes(out.grad_fn(), names);
-    return std::count(names.begin(), names.end(), "AttentionBackward");
+    return std::count(names.begin(), names.end(), "PackedAttentionBackward");
   };
   CausalSelfAttention plain(12, 3, 0.0, &g);
   const Tensor got = plain.forward(x);

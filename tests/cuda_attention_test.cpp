@@ -188,6 +188,49 @@ TEST_CASE("cuda: attention reads strided views and repeats its bits", "[cuda]") 
 #endif
 }
 
+TEST_CASE("cuda: packed self-attention writes its gradients into the packed layout", "[cuda]") {
+  if (!cuda_ready()) return;
+#ifdef PIPIT_WITH_CUDA
+  Generator g(53);
+  for (AttentionProvider provider : attention_providers()) {
+    ProviderScope scope(provider);
+    for (DType dt : {DType::bf16, DType::f32}) {
+      if (provider == AttentionProvider::cudnn && dt == DType::f32) continue;
+      INFO(name(provider) << ", " << dt);
+      const int64_t B = 2, T = 100, H = 3, D = 64;
+      const Tensor qkv = uniform({B, T, 3 * H * D}, -2, 2, &g).to(dt);
+      const Tensor grad = uniform({B, H, T, D}, -1, 1, &g).to(dt);
+      // out and qkv's gradient: packed on `device`, or through split_packed_heads' views.
+      auto run_packed = [&](Device device, bool split) {
+        Tensor leaf = qkv.to(device).clone().requires_grad_();
+        Tensor out;
+        if (split) {
+          const auto [q, k, v] = split_packed_heads(leaf, H);
+          out = scaled_dot_product_attention(q, k, v, true);
+        } else {
+          out = packed_self_attention(leaf, H, true);
+        }
+        out.backward(grad.to(device));
+        return std::vector<Tensor>{out.detach(), leaf.grad()};
+      };
+      const auto packed = run_packed(kCuda, false), split = run_packed(kCuda, true),
+                 cpu = run_packed(kCpu, false);
+      for (size_t i = 0; i < packed.size(); ++i) {
+        INFO((i == 0 ? "output" : "qkv's gradient"));
+        // pipit's kernels write strided gradients with the bits of contiguous ones; cuDNN may
+        // plan another kernel for another layout.
+        if (provider == AttentionProvider::pipit) {
+          CHECK(packed[i].to_vector<double>() == split[i].to_vector<double>());
+        } else {
+          check_close(packed[i], split[i], tolerance(dt), "packed vs split");
+        }
+        check_close(packed[i], cpu[i], tolerance(dt), "CUDA vs CPU");
+      }
+    }
+  }
+#endif
+}
+
 // Inputs whose right answer can be read off a printout, for a first diagnosis on a GPU: with
 // q = 0 every visible key weighs the same, so output row i is the mean of v's rows 0..i, and
 // v's row j is (j, j, ...): row i of the output is i / 2 everywhere.
