@@ -84,12 +84,21 @@ struct LinearBackward : Node {
     Tensor g2_compute = autocast_operand(g2, weight.dtype());
     Tensor gx, gw, gb;
     if (next[0]) gx = reshape(matmul_raw(g2_compute, weight, x_dtype), x.shape());
+    const bool bias_grad = next.size() == 3 && next[2];
+    if (next[1] && bias_grad && bias_dtype == weight_dtype) {
+      // Both from one read of the output's gradient.
+      NoGradGuard no_grad;
+      gw = Tensor::empty(weight.shape(), weight_dtype, weight.device());
+      gb = Tensor::empty({out_features}, bias_dtype, weight.device());
+      backend(gw).matmul_bias_grad(mT(g2_compute), reshape(x, {-1, x.shape().back()}), gw, gb);
+      return {gx, gw, gb};
+    }
     if (next[1]) gw = matmul_raw(mT(g2_compute), reshape(x, {-1, x.shape().back()}), weight_dtype);
-    if (next.size() == 2) return {gx, gw};
-    if (next[2]) {
+    if (bias_grad) {
       NoGradGuard no_grad;
       gb = sum(g2, {0}).to(bias_dtype);
     }
+    if (next.size() == 2) return {gx, gw};
     return {gx, gw, gb};
   }
   std::string name() const override { return "LinearBackward"; }
@@ -129,9 +138,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     if (bias.defined()) {
       PIPIT_CHECK(bias.shape() == Shape{out_features}, "linear: bias of shape ",
                   shape_str(bias.shape()), " does not match ", out_features, " outputs");
-      backend(x).copy(expand(bias, out2.shape()), out2);
+      const Tensor bias_compute = autocast_operand(bias, out.dtype()).contiguous();
+      backend(x).matmul_bias(x2, mT(weight_compute), bias_compute, out2);
+    } else {
+      backend(x).matmul(x2, mT(weight_compute), out2, false);
     }
-    backend(x).matmul(x2, mT(weight_compute), out2, bias.defined());
   }
   auto node = bias.defined() ? detail::make_node<LinearBackward>(out, {x, weight, bias})
                              : detail::make_node<LinearBackward>(out, {x, weight});

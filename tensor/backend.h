@@ -101,6 +101,16 @@ struct AdamWParams {
      (products accumulate in f32 either way). */                                                   \
   X(matmul, (const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate),                \
     (a, b, out, accumulate))                                                                       \
+  /* Linear's products with their bias work fused (cuBLASLt's epilogues on CUDA), 2-D, dtypes      \
+     as for matmul. matmul_bias: out[M, N] = a[M, K] @ b[K, N] + bias[N] (bias contiguous, in      \
+     out's dtype), the bias added to the f32 sums before they are rounded once.                    \
+     matmul_bias_grad: out = a @ b as matmul, and bias_grad[M] (out's dtype) = a summed over K:    \
+     with a a Linear's output gradient transposed, its weight and bias gradients in one read. */   \
+  X(matmul_bias, (const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out),        \
+    (a, b, bias, out))                                                                             \
+  X(matmul_bias_grad,                                                                              \
+    (const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& bias_grad),                \
+    (a, b, out, bias_grad))                                                                        \
                                                                                                    \
   X(softmax, (const Tensor& in, int64_t dim, bool log, const Tensor& out), (in, dim, log, out))    \
   X(softmax_backward,                                                                              \

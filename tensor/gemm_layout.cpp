@@ -34,4 +34,26 @@ BatchFold batch_fold(const Tensor& a, const MatrixLayout& la, const Tensor& b, c
   return fold;
 }
 
+void check_matmul_with_vector(const char* op, const Tensor& a, const Tensor& b, const Tensor& out,
+                              const Tensor& vector, int64_t length) {
+  PIPIT_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2 && a.shape()[1] == b.shape()[0] &&
+                  out.shape() == Shape({a.shape()[0], b.shape()[1]}),
+              op, ": expects a [M, K], b [K, N] and out [M, N], got ", shape_str(a.shape()), ", ",
+              shape_str(b.shape()), " and ", shape_str(out.shape()));
+  PIPIT_CHECK(out.is_contiguous() && vector.is_contiguous(), op,
+              ": out and the vector must be contiguous");
+  const bool half = is_half(a.dtype());
+  PIPIT_CHECK(
+      a.dtype() == b.dtype() && (out.dtype() == a.dtype() || (half && out.dtype() == DType::f32)),
+      op, ": dtypes ", a.dtype(), ", ", b.dtype(), " and out ", out.dtype(), " do not go together");
+  PIPIT_CHECK(vector.shape() == Shape{length} && vector.dtype() == out.dtype(), op,
+              ": the vector must be [", length, "] in ", out.dtype(), ", got ",
+              shape_str(vector.shape()), " in ", vector.dtype());
+}
+
+Tensor rows_of(const Tensor& vector, int64_t rows) {
+  return Tensor::from_storage(vector.storage(), {rows, vector.shape()[0]}, {0, vector.strides()[0]},
+                              vector.offset(), vector.dtype());
+}
+
 }  // namespace pipit

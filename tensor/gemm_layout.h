@@ -26,4 +26,12 @@ struct BatchFold {
 };
 BatchFold batch_fold(const Tensor& a, const MatrixLayout& la, const Tensor& b, const Tensor& out);
 
+// The checks matmul_bias and matmul_bias_grad share (Backend): 2-D a [M, K], b [K, N] and a
+// contiguous out [M, N] whose dtype goes with theirs, and a contiguous vector of `length`
+// elements in out's dtype.
+void check_matmul_with_vector(const char* op, const Tensor& a, const Tensor& b, const Tensor& out,
+                              const Tensor& vector, int64_t length);
+// `vector` [N] as a [rows, N] view that repeats it in every row.
+Tensor rows_of(const Tensor& vector, int64_t rows);
+
 }  // namespace pipit

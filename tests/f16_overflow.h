@@ -1,8 +1,9 @@
 #pragma once
 // An f16 pipeline whose first steps overflow, shared by the loss-scaling and checkpoint
-// tests: targets far from the outputs give output gradients of about 1e3, and the f16
-// activations' gradients behind them a few times that, which overflow f16 (max 65504) at any
-// scale above 16: twelve steps are skipped while the scale backs off from 65536 to 16.
+// tests: targets far from the outputs give gradients of about 1e3, which overflow f16 (max
+// 65504) once multiplied by the initial scale of 65536, so ten steps are skipped while the
+// scale backs off to 64. (Bias gradients are f32 sums of the f16 gradients; when they were
+// rounded to f16, their sums overflowed too, down to a scale of 16.)
 #include <memory>
 #include <nlohmann/json.hpp>
 

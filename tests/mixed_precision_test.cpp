@@ -143,9 +143,11 @@ TEST_CASE("autocast linear rounds input, weight and bias, returns half, f32 grad
                         DType::bf16);
   check_same_products(x.grad(), matmul(g_r, w_r));
   check_same_products(w.grad(), matmul(transpose(g_r, 0, 1), x_r));
-  // The bias gradient: the bf16 gradient's rows summed in f32, rounded once to bf16.
+  // The bias gradient: the bf16 gradient's rows summed in f32 and kept so, read in the same pass
+  // as the weight gradient (matmul_bias_grad), not rounded to bf16 on the way.
   CHECK(bias.grad().dtype() == DType::f32);
-  CHECK(max_abs_diff(bias.grad(), rounded(sum(g_r, {0}), DType::bf16)) == 0);
+  CHECK(max_abs_diff(bias.grad(), sum(g_r, {0})) == 0);
+  CHECK(max_abs_diff(bias.grad(), rounded(sum(g_r, {0}), DType::bf16)) > 0);
 }
 
 TEST_CASE("autocast leaves f64 alone, nests and rejects other dtypes", "[autocast]") {
@@ -309,7 +311,7 @@ TEST_CASE("an f16 pipeline scales the loss, skips overflowing steps and backs of
   const PipelineConfig& config = overflow.config;
   // The first update that is not skipped, from plain gradients: the same model's f16 autocast
   // backward on one thread, each microbatch's loss gradient weighted 1/2 and never scaled.
-  // The pipeline scales it by 16 and unscales the gradients: powers of two, so exactly.
+  // The pipeline scales it by 64 and unscales the gradients: powers of two, so exactly.
   const auto reference = testing::f16_overflow(sgd).model;
   {
     auto optimizer = make_optimizer(sgd, reference->named_parameters());
@@ -342,7 +344,7 @@ TEST_CASE("an f16 pipeline scales the loss, skips overflowing steps and backs of
     CHECK(unchanged());
     scale /= 2;
   }
-  CHECK(step == 12);  // twelve skipped, 65536 halved down to 16, as tests/f16_overflow.h says
+  CHECK(step == 10);  // ten skipped, 65536 halved down to 64, as tests/f16_overflow.h says
   const auto want = reference->state_dict();
   for (const auto& [name, value] : model->state_dict()) {
     INFO(name);

@@ -24,6 +24,7 @@
 
 using namespace pipit;
 using asio::ip::tcp;
+using pipit::testing::Batch;
 using pipit::testing::WorkerProcess;
 using namespace std::chrono_literals;
 

@@ -297,4 +297,22 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, boo
   PIPIT_DISPATCH_FLOAT(a.dtype(), "matmul", matmul_typed<scalar_t>(a, b, out, accumulate));
 }
 
+void CpuBackend::matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias,
+                             const Tensor& out) {
+  check_matmul_with_vector("matmul_bias", a, b, out, bias, b.shape()[1]);
+  // GEMM's C: a half out widens the bias exactly and rounds bias + sums once.
+  copy(rows_of(bias, out.shape()[0]), out);
+  matmul(a, b, out, true);
+}
+
+void CpuBackend::matmul_bias_grad(const Tensor& a, const Tensor& b, const Tensor& out,
+                                  const Tensor& bias_grad) {
+  check_matmul_with_vector("matmul_bias_grad", a, b, out, bias_grad, a.shape()[0]);
+  matmul(a, b, out, false);
+  // An f32 bias gradient of half a: the f32 sum, not a rounded one.
+  const Tensor summed = is_half(a.dtype()) && !is_half(bias_grad.dtype()) ? cpu::widened(a) : a;
+  const int64_t over_k[] = {1};
+  reduce(ReduceOp::sum, summed, over_k, bias_grad);
+}
+
 }  // namespace pipit

@@ -6,10 +6,13 @@
 #include "tensor/kernel_layout.h"
 #include "tensor/precision.h"
 
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <vector>
+
+#include <cublasLt.h>
 
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
@@ -17,12 +20,13 @@
 namespace pipit {
 namespace {
 
-// One cuBLAS handle per device, created on first use and never destroyed (the driver may be
-// gone by static teardown). Calls only enqueue work, so serialising them costs little, and a
-// handle must not be used from two threads at once.
+// One cuBLAS and one cuBLASLt handle per device, created on first use and never destroyed (the
+// driver may be gone by static teardown). Calls only enqueue work, so serialising them costs
+// little, and a handle must not be used from two threads at once.
 struct Blas {
   std::mutex mutex;
   cublasHandle_t handle = nullptr;
+  cublasLtHandle_t lt = nullptr;
   // A workspace per stream: GEMMs queued on two streams at once must not share one, and
   // cublasSetStream resets the handle's workspace to the library's default pool.
   std::map<void*, std::shared_ptr<Storage>> workspaces;
@@ -42,8 +46,30 @@ Blas& blas(int device) {
     PIPIT_CUBLAS_CHECK("matmul", cublasCreate(&b->handle));
     // TF32 is chosen per call through the compute type, never by the handle's math mode.
     PIPIT_CUBLAS_CHECK("matmul", cublasSetMathMode(b->handle, CUBLAS_DEFAULT_MATH));
+    PIPIT_CUBLAS_CHECK("matmul", cublasLtCreate(&b->lt));
   }
   return *b;
+}
+
+// The device's handles with the calling thread's stream and that stream's workspace, locked
+// for as long as this lives.
+struct BoundBlas {
+  std::unique_lock<std::mutex> lock;
+  Blas& blas;
+  cudaStream_t stream;
+  void* workspace;
+};
+
+BoundBlas bind_blas(int device) {
+  Blas& h = blas(device);
+  std::unique_lock<std::mutex> lock(h.mutex);
+  void* stream = cuda::current_stream_handle(device);
+  std::shared_ptr<Storage>& workspace = h.workspaces[stream];
+  if (!workspace) workspace = cuda::allocate(device, kBlasWorkspaceBytes);
+  PIPIT_CUBLAS_CHECK("matmul", cublasSetStream(h.handle, static_cast<cudaStream_t>(stream)));
+  PIPIT_CUBLAS_CHECK("matmul",
+                     cublasSetWorkspace(h.handle, workspace->data(), kBlasWorkspaceBytes));
+  return {std::move(lock), h, static_cast<cudaStream_t>(stream), workspace->data()};
 }
 
 // The stride between consecutive matrices when t's batch dims walk memory evenly (broadcast
@@ -143,21 +169,106 @@ void matmul_on_device(int device, const Tensor& a_in, const Tensor& b_in, const 
   }
   const BatchFold fold = batch_fold(a, la, b, out);
   const int64_t stride_a = batch_stride(a), stride_b = batch_stride(b);
-  Blas& h = blas(device);
-  std::lock_guard<std::mutex> lock(h.mutex);
-  void* stream = cuda::current_stream_handle(device);
-  PIPIT_CUBLAS_CHECK("matmul", cublasSetStream(h.handle, static_cast<cudaStream_t>(stream)));
-  std::shared_ptr<Storage>& workspace = h.workspaces[stream];
-  if (!workspace) workspace = cuda::allocate(device, kBlasWorkspaceBytes);
-  PIPIT_CUBLAS_CHECK("matmul",
-                     cublasSetWorkspace(h.handle, workspace->data(), kBlasWorkspaceBytes));
+  const BoundBlas h = bind_blas(device);
   if (fold.batch > 1 && fold.folds) {
-    gemm(h.handle, a.dtype(), {a.raw_data(), la, 0}, {b.raw_data(), lb, 0}, M * fold.batch, N, K,
-         accumulate, out, 1);
+    gemm(h.blas.handle, a.dtype(), {a.raw_data(), la, 0}, {b.raw_data(), lb, 0}, M * fold.batch, N,
+         K, accumulate, out, 1);
     return;
   }
-  gemm(h.handle, a.dtype(), {a.raw_data(), la, stride_a}, {b.raw_data(), lb, stride_b}, M, N, K,
-       accumulate, out, fold.batch);
+  gemm(h.blas.handle, a.dtype(), {a.raw_data(), la, stride_a}, {b.raw_data(), lb, stride_b}, M, N,
+       K, accumulate, out, fold.batch);
+}
+
+// cuBLASLt's descriptors of one product, destroyed with it.
+struct LtProduct {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, out = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  LtProduct() = default;
+  LtProduct(const LtProduct&) = delete;
+  LtProduct& operator=(const LtProduct&) = delete;
+  ~LtProduct() {
+    if (preference) cublasLtMatmulPreferenceDestroy(preference);
+    for (cublasLtMatrixLayout_t layout : {a, b, out}) {
+      if (layout) cublasLtMatrixLayoutDestroy(layout);
+    }
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// The largest power of two up to 256 dividing p's address: what cuBLASLt may assume of it (it
+// assumes 256 unless told).
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+template <typename T>
+void set_attribute(const char* op, cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t name,
+                   const T& value) {
+  PIPIT_CUBLAS_CHECK(op, cublasLtMatmulDescSetAttribute(desc, name, &value, sizeof(value)));
+}
+
+template <typename T>
+void set_preference(const char* op, cublasLtMatmulPreference_t preference,
+                    cublasLtMatmulPreferenceAttributes_t name, const T& value) {
+  PIPIT_CUBLAS_CHECK(op,
+                     cublasLtMatmulPreferenceSetAttribute(preference, name, &value, sizeof(value)));
+}
+
+// out [M, N] = a [M, K] b [K, N] through cuBLASLt with `epilogue` reading or writing `vector`
+// (the bias, or the bias gradient). False, with nothing enqueued, where cuBLASLt has no
+// algorithm for it: the caller then runs the unfused ops.
+bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_in,
+               const Tensor& out, cublasLtEpilogue_t epilogue, const Tensor& vector) {
+  const int64_t M = out.shape()[0], N = out.shape()[1], K = a_in.shape()[1];
+  if (a_in.dtype() == DType::f64 || M == 0 || N == 0 || K == 0) return false;
+  if (alignment_of(vector.raw_data()) < 16) return false;
+  const Tensor a = cublas_ready(a_in), b = cublas_ready(b_in);
+  const MatrixLayout la = layout_of(a), lb = layout_of(b);
+  const cudaDataType_t in_type = cuda_type(a.dtype());
+  // Row-major out = a b is column-major out^T = b^T a^T, as in gemm(): cuBLASLt's first
+  // operand is b, its second a, each described as it is stored.
+  const cublasOperation_t op_first = lb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = la.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LtProduct p;
+  PIPIT_CUBLAS_CHECK(op, cublasLtMatmulDescCreate(&p.op, compute_type(a.dtype()), CUDA_R_32F));
+  set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_TRANSA, op_first);
+  set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_TRANSB, op_second);
+  set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector.raw_data());
+  const bool first_n = op_first == CUBLAS_OP_N, second_n = op_second == CUBLAS_OP_N;
+  PIPIT_CUBLAS_CHECK(
+      op, cublasLtMatrixLayoutCreate(&p.a, in_type, first_n ? N : K, first_n ? K : N, lb.ld));
+  PIPIT_CUBLAS_CHECK(
+      op, cublasLtMatrixLayoutCreate(&p.b, in_type, second_n ? K : M, second_n ? M : K, la.ld));
+  PIPIT_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.out, cuda_type(out.dtype()), N, M, N));
+  PIPIT_CUBLAS_CHECK(op, cublasLtMatmulPreferenceCreate(&p.preference));
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                 static_cast<uint64_t>(kBlasWorkspaceBytes));
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                 alignment_of(b.raw_data()));
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                 alignment_of(a.raw_data()));
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                 alignment_of(out.raw_data()));
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                 alignment_of(out.raw_data()));
+  const BoundBlas h = bind_blas(device);
+  cublasLtMatmulHeuristicResult_t found{};
+  int count = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(h.blas.lt, p.op, p.a, p.b, p.out, p.out, p.preference, 1,
+                                     &found, &count) != CUBLAS_STATUS_SUCCESS ||
+      count == 0) {
+    return false;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  PIPIT_CUBLAS_CHECK(op, cublasLtMatmul(h.blas.lt, p.op, &alpha, b.raw_data(), p.a, a.raw_data(),
+                                        p.b, &beta, out.raw_data(), p.out, out.raw_data(), p.out,
+                                        &found.algo, h.workspace, kBlasWorkspaceBytes, h.stream));
+  return true;
 }
 
 }  // namespace
@@ -173,6 +284,33 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, bo
   PIPIT_CHECK(out.dtype() == a.dtype() || (half && out.dtype() == DType::f32),
               "matmul: output dtype ", out.dtype(), " does not go with ", a.dtype(), " inputs");
   matmul_on_device(index_, a, b, out, accumulate);
+}
+
+void CudaBackend::matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias,
+                              const Tensor& out) {
+  cuda::DeviceGuard guard(index_);
+  check_matmul_with_vector("matmul_bias", a, b, out, bias, b.shape()[1]);
+  if (lt_matmul("matmul_bias", index_, a, b, out, CUBLASLT_EPILOGUE_BIAS, bias)) return;
+  copy(rows_of(bias, out.shape()[0]), out);
+  matmul_on_device(index_, a, b, out, true);
+}
+
+void CudaBackend::matmul_bias_grad(const Tensor& a, const Tensor& b, const Tensor& out,
+                                   const Tensor& bias_grad) {
+  cuda::DeviceGuard guard(index_);
+  check_matmul_with_vector("matmul_bias_grad", a, b, out, bias_grad, a.shape()[0]);
+  // cuBLASLt's second operand is a (see lt_matmul): BGRADB sums it over K.
+  if (lt_matmul("matmul_bias_grad", index_, a, b, out, CUBLASLT_EPILOGUE_BGRADB, bias_grad)) {
+    return;
+  }
+  matmul_on_device(index_, a, b, out, false);
+  Tensor summed = a;
+  if (a.dtype() != bias_grad.dtype()) {
+    summed = Tensor::empty(a.shape(), bias_grad.dtype(), a.device());
+    copy(a, summed);
+  }
+  const int64_t over_k[] = {1};
+  reduce(ReduceOp::sum, summed, over_k, bias_grad);
 }
 
 }  // namespace pipit

@@ -1,0 +1,154 @@
+// Backend::matmul_bias and matmul_bias_grad, Linear's products with their bias work fused
+// (cuBLASLt's epilogues on CUDA), against a double-precision reference in every operand layout
+// and dtype, into poisoned outputs, on the CPU and on CUDA; on CUDA a bias too misaligned for
+// cuBLASLt takes the unfused ops to the same values.
+#include <array>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "cuda_testing.h"
+#include "pipit.h"
+
+using namespace pipit;
+using testing::cuda_ready;
+using testing::kCpu;
+using testing::kCuda;
+using testing::poisoned;
+
+namespace {
+
+// The input and output dtypes a product may have: the backend's matmul rules.
+struct Dtypes {
+  DType in, out;
+};
+const Dtypes kBiasDtypes[] = {{DType::f32, DType::f32},
+                              {DType::f64, DType::f64},
+                              {DType::bf16, DType::bf16},
+                              {DType::bf16, DType::f32},
+                              {DType::f16, DType::f32}};
+
+// [rows, cols] of values `dtype` holds exactly, row-major or (transposed) column-major.
+Tensor operand(int64_t rows, int64_t cols, bool column_major, DType dtype, Generator& g) {
+  return column_major ? transpose(uniform({cols, rows}, -2, 2, &g).to(dtype), 0, 1)
+                      : uniform({rows, cols}, -2, 2, &g).to(dtype);
+}
+
+// The relative error a sum of K products may carry: the accumulator's rounding per term, the
+// inputs' rounding to TF32 when `tf32`, and one rounding of the result to out's dtype.
+double bound(DType in, DType out, int64_t K, bool tf32, double magnitude, double exact) {
+  const double unit = in == DType::f64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  const double result_step = out == DType::bf16  ? std::ldexp(1.0, -8)
+                             : out == DType::f16 ? std::ldexp(1.0, -11)
+                                                 : 0.0;
+  const double inputs = tf32 ? std::ldexp(1.0, -10) : 0.0;
+  return (2.0 * static_cast<double>(K + 1) * unit + inputs) * magnitude +
+         result_step * std::abs(exact);
+}
+
+// Runs both ops on `device` with a [M, K] (column-major when a_t), b [K, N] (when b_t) and,
+// with `misaligned`, a bias that starts one element into its storage; checks out, out_grad
+// (a @ b) and bias_grad (a summed over K) against the f64 reference.
+void check_bias_products(Device device, Dtypes dt, int64_t M, int64_t N, int64_t K, bool a_t,
+                         bool b_t, bool misaligned, bool tf32, Generator& g) {
+  INFO(dt.in << " -> " << dt.out << ", " << M << " x " << N << " x " << K << (a_t ? ", a^T" : "")
+             << (b_t ? ", b^T" : "") << (misaligned ? ", misaligned bias" : "")
+             << (tf32 ? ", TF32" : "") << " on " << device.str());
+  const Tensor a = operand(M, K, a_t, dt.in, g), b = operand(K, N, b_t, dt.in, g);
+  const Tensor bias_storage = uniform({N + 1}, -2, 2, &g).to(dt.out);
+  const Tensor bias = narrow(bias_storage, 0, misaligned ? 1 : 0, N);
+  const Tensor a_on = a.to(device), b_on = b.to(device), bias_on = bias_storage.to(device);
+  const Tensor bias_view = narrow(bias_on, 0, misaligned ? 1 : 0, N);
+  Tensor out = poisoned({M, N}, dt.out, device), product = poisoned({M, N}, dt.out, device);
+  Tensor bias_grad = poisoned({M}, dt.out, device);
+  backend(device).matmul_bias(a_on, b_on, bias_view, out);
+  backend(device).matmul_bias_grad(a_on, b_on, product, bias_grad);
+
+  const std::vector<double> av = a.contiguous().to_vector<double>();
+  const std::vector<double> bv = b.contiguous().to_vector<double>();
+  const std::vector<double> biasv = bias.to_vector<double>();
+  const std::vector<double> got = out.to_vector<double>(),
+                            got_product = product.to_vector<double>();
+  const std::vector<double> got_sums = bias_grad.to_vector<double>();
+  int64_t bad = 0, bad_product = 0, bad_sums = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    double sum = 0, sum_magnitude = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      sum += av[i * K + k];
+      sum_magnitude += std::abs(av[i * K + k]);
+    }
+    if (!(std::abs(got_sums[i] - sum) <= bound(dt.in, dt.out, K, tf32, sum_magnitude, sum))) {
+      ++bad_sums;
+    }
+    for (int64_t j = 0; j < N; ++j) {
+      double exact = 0, magnitude = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        exact += av[i * K + k] * bv[k * N + j];
+        magnitude += std::abs(av[i * K + k] * bv[k * N + j]);
+      }
+      const size_t at = static_cast<size_t>(i * N + j);
+      if (!(std::abs(got_product[at] - exact) <= bound(dt.in, dt.out, K, tf32, magnitude, exact))) {
+        ++bad_product;
+      }
+      const double with_bias = exact + biasv[j];
+      const double with_magnitude = magnitude + std::abs(biasv[j]);
+      if (!(std::abs(got[at] - with_bias) <=
+            bound(dt.in, dt.out, K, tf32, with_magnitude, with_bias))) {
+        ++bad;
+      }
+    }
+  }
+  CHECK(bad == 0);
+  CHECK(bad_product == 0);
+  CHECK(bad_sums == 0);
+}
+
+// Every dtype pair, layout and shape on `device`.
+void check_all_bias_products(Device device, bool misaligned, bool tf32) {
+  Generator g(71);
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {1, 1, 1}, {3, 5, 7}, {37, 53, 29}, {64, 48, 128}, {8, 256, 512}};
+  for (const Dtypes& dt : kBiasDtypes) {
+    if (tf32 && dt.in != DType::f32) continue;
+    for (const auto& [M, N, K] : shapes) {
+      for (int layout = 0; layout < 4; ++layout) {
+        check_bias_products(device, dt, M, N, K, layout & 1, layout & 2, misaligned, tf32, g);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("matmul_bias and matmul_bias_grad match a double-precision reference", "[tensor]") {
+  check_all_bias_products(kCpu, false, false);
+  check_all_bias_products(kCpu, true, false);
+}
+
+TEST_CASE("matmul_bias and matmul_bias_grad refuse mismatched operands by name", "[tensor]") {
+  Backend& cpu = backend(kCpu);
+  const Tensor a = zeros({4, 3}), b = zeros({3, 5});
+  CHECK_THROWS_WITH(cpu.matmul_bias(a, zeros({2, 5}), zeros({5}), zeros({4, 5})),
+                    Catch::Contains("matmul_bias: expects a [M, K], b [K, N] and out [M, N]"));
+  CHECK_THROWS_WITH(cpu.matmul_bias(a, b, zeros({4}), zeros({4, 5})),
+                    Catch::Contains("matmul_bias: the vector must be [5] in F32, got [4] in F32"));
+  CHECK_THROWS_WITH(cpu.matmul_bias(a, b, zeros({5}, {DType::f64}), zeros({4, 5})),
+                    Catch::Contains("the vector must be [5] in F32, got [5] in F64"));
+  CHECK_THROWS_WITH(cpu.matmul_bias(a, b, zeros({5}), zeros({4, 5}, {DType::bf16})),
+                    Catch::Contains("do not go together"));
+  CHECK_THROWS_WITH(cpu.matmul_bias_grad(a, b, zeros({4, 5}), zeros({5})),
+                    Catch::Contains("matmul_bias_grad: the vector must be [4]"));
+  CHECK_THROWS_WITH(cpu.matmul_bias_grad(a, b, transpose(zeros({5, 4}), 0, 1), zeros({4})),
+                    Catch::Contains("must be contiguous"));
+}
+
+TEST_CASE("cuda: matmul_bias and matmul_bias_grad match the reference, fused and unfused",
+          "[cuda]") {
+  if (!cuda_ready()) return;
+  check_all_bias_products(kCuda, false, false);
+  // A bias 4 or 2 bytes past an aligned address: cuBLASLt is not asked, the unfused ops run.
+  check_all_bias_products(kCuda, true, false);
+  set_float32_matmul_precision("high");
+  check_all_bias_products(kCuda, false, true);
+  set_float32_matmul_precision("highest");
+}
