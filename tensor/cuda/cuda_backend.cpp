@@ -6,10 +6,12 @@
 #include "tensor/kernel_layout.h"
 #include "tensor/precision.h"
 
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include <cublasLt.h>
@@ -23,10 +25,16 @@ namespace {
 // One cuBLAS and one cuBLASLt handle per device, created on first use and never destroyed (the
 // driver may be gone by static teardown). Calls only enqueue work, so serialising them costs
 // little, and a handle must not be used from two threads at once.
+// What cuBLASLt's heuristic is asked about a product (lt_matmul): sizes, leading dims,
+// transposes, dtypes, compute type, epilogue and the operands' alignments.
+using LtKey = std::array<int64_t, 14>;
+
 struct Blas {
   std::mutex mutex;
   cublasHandle_t handle = nullptr;
   cublasLtHandle_t lt = nullptr;
+  // Its answers, none where it had no algorithm.
+  std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> lt_algorithms;
   // A workspace per stream: GEMMs queued on two streams at once must not share one, and
   // cublasSetStream resets the handle's workspace to the library's default pool.
   std::map<void*, std::shared_ptr<Storage>> workspaces;
@@ -257,17 +265,41 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
   set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                  alignment_of(out.raw_data()));
   const BoundBlas h = bind_blas(device);
-  cublasLtMatmulHeuristicResult_t found{};
-  int count = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(h.blas.lt, p.op, p.a, p.b, p.out, p.out, p.preference, 1,
-                                     &found, &count) != CUBLAS_STATUS_SUCCESS ||
-      count == 0) {
-    return false;
+  // The heuristic's answer depends only on what the descriptors say, so it is asked once per
+  // kind of product: a training step repeats the same few.
+  const LtKey key{M,
+                  N,
+                  K,
+                  lb.ld,
+                  la.ld,
+                  op_first,
+                  op_second,
+                  static_cast<int>(a.dtype()),
+                  static_cast<int>(out.dtype()),
+                  static_cast<int>(compute_type(a.dtype())),
+                  static_cast<int>(epilogue),
+                  alignment_of(b.raw_data()),
+                  alignment_of(a.raw_data()),
+                  alignment_of(out.raw_data())};
+  auto cached = h.blas.lt_algorithms.find(key);
+  if (cached == h.blas.lt_algorithms.end()) {
+    cublasLtMatmulHeuristicResult_t found{};
+    int count = 0;
+    const bool usable =
+        cublasLtMatmulAlgoGetHeuristic(h.blas.lt, p.op, p.a, p.b, p.out, p.out, p.preference, 1,
+                                       &found, &count) == CUBLAS_STATUS_SUCCESS &&
+        count > 0;
+    cached =
+        h.blas.lt_algorithms
+            .emplace(key, usable ? std::optional<cublasLtMatmulAlgo_t>(found.algo) : std::nullopt)
+            .first;
   }
+  if (!cached->second) return false;
   const float alpha = 1.0f, beta = 0.0f;
-  PIPIT_CUBLAS_CHECK(op, cublasLtMatmul(h.blas.lt, p.op, &alpha, b.raw_data(), p.a, a.raw_data(),
-                                        p.b, &beta, out.raw_data(), p.out, out.raw_data(), p.out,
-                                        &found.algo, h.workspace, kBlasWorkspaceBytes, h.stream));
+  PIPIT_CUBLAS_CHECK(
+      op, cublasLtMatmul(h.blas.lt, p.op, &alpha, b.raw_data(), p.a, a.raw_data(), p.b, &beta,
+                         out.raw_data(), p.out, out.raw_data(), p.out, &*cached->second,
+                         h.workspace, kBlasWorkspaceBytes, h.stream));
   return true;
 }
 
