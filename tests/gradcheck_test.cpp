@@ -3,6 +3,7 @@
 #include <numeric>
 #include <thread>
 
+#include "autograd/node.h"
 #include "gradcheck.h"
 
 using namespace pipit;
@@ -201,5 +202,65 @@ TEST_CASE("autograd engine semantics", "[gradcheck][autograd]") {
   }
   SECTION("backward without a gradient needs one element") {
     CHECK_THROWS_WITH((x * 2.0).backward(), Catch::Contains("backward(grad)"));
+  }
+}
+
+namespace {
+
+// Passes `grad` back to its one input; keeps a handle to it when `keep` (as a node holding a
+// saved tensor would), else lets go of it as it returns it.
+struct HandsOver : Node {
+  Tensor grad;
+  bool keep = false;
+  std::vector<Tensor> apply(const Tensor&) override {
+    Tensor out = grad;
+    if (!keep) grad = Tensor();
+    return {out};
+  }
+  std::string name() const override { return "HandsOver"; }
+};
+
+// w's gradient after a backward through a HandsOver node that passes `given`.
+Tensor gradient_handed_over(Tensor given, bool keep) {
+  Tensor w = zeros({4}, {DType::f64}).requires_grad_();
+  Tensor out = zeros({1}, {DType::f64});
+  auto node = detail::make_node<HandsOver>(out, {w});
+  node->grad = std::move(given);
+  node->keep = keep;
+  node.reset();
+  out.backward(ones({1}, {DType::f64}));
+  return w.grad();
+}
+
+}  // namespace
+
+TEST_CASE("a leaf takes its first gradient without a copy only when nothing else holds it",
+          "[autograd]") {
+  const std::vector<double> values{1, 2, 3, 4};
+  SECTION("a fresh gradient is taken as it is") {
+    Tensor fresh = from_vector(values);
+    const void* address = fresh.raw_data();
+    const Tensor grad = gradient_handed_over(std::move(fresh), false);
+    CHECK(grad.raw_data() == address);
+    CHECK(grad.to_vector<double>() == values);
+  }
+  SECTION("a gradient another node holds is copied, so writing one leaves the other") {
+    const Tensor held = from_vector(values);
+    const Tensor grad = gradient_handed_over(held, true);
+    CHECK(grad.raw_data() != held.raw_data());
+    backend(held).fill(held, 0.0);
+    CHECK(grad.to_vector<double>() == values);
+  }
+  SECTION("a view of larger memory is copied, so the rest is not kept alive") {
+    const Tensor grad =
+        gradient_handed_over(narrow(from_vector<double>({0, 1, 2, 3, 4}), 0, 1, 4), false);
+    CHECK(grad.storage()->nbytes() == 4 * sizeof(double));
+    CHECK(grad.to_vector<double>() == values);
+  }
+  SECTION("the second gradient adds into the first") {
+    Tensor w = from_vector(values).requires_grad_();
+    sum(w * 2.0).backward();
+    sum(w * 3.0).backward();
+    CHECK(w.grad().to_vector<double>() == std::vector<double>{5, 5, 5, 5});
   }
 }
