@@ -98,6 +98,7 @@ void Stage::run() {
   } catch (...) {
     report_error(name() + " stopped on an unknown exception");
   }
+  weights_rounded_.reset();
 }
 
 Message Stage::next_message() {
@@ -592,6 +593,7 @@ void Stage::forward(const Task& task, const Tensor& input) {
     send(to, std::move(out));
     return;
   }
+  if (is_half(spec_.compute_dtype) && !weights_rounded_) weights_rounded_.emplace();
   Stashed& stashed = stash_[{task.microbatch, task.chunk}];
   if (spec_.recompute) {
     // Only the input is kept, and where the chunk's random streams stood, to draw the same
@@ -685,6 +687,7 @@ void Stage::weight_grad(const Task& task) {
 }
 
 void Stage::finish_step() {
+  weights_rounded_.reset();
   if (record_trace_ && replica_group_ && replica_group_->done()) {
     trace_.add({{step_, 0, 0, Phase::GradientSum, spec_.stage}, sum_started_us_, trace_clock_us()});
   }
@@ -886,6 +889,7 @@ void Stage::commit_remap() {
 }
 
 void Stage::reset() {
+  weights_rounded_.reset();
   remap_prepare_.reset();
   pooled_state_.clear();
   shares_awaited_ = 0;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "autograd/split_backward.h"
 #include "comm/communicator.h"
 #include "nn/generate.h"
@@ -213,6 +214,11 @@ class Stage {
   };
   // By (microbatch, chunk).
   std::map<std::pair<int, int>, Stashed> stash_;
+  // Under bf16/f16 autocast, each weight rounded once for the whole step rather than once per
+  // microbatch (and again in each recompute): open from a step's first forward to its
+  // finish_step, before the optimizer changes the weights. The stage's thread opens and closes
+  // it (CastCache is per thread).
+  std::optional<CastCache> weights_rounded_;
   // When the running task recomputed its forward first: that part's start and end, for the
   // trace.
   std::optional<std::pair<double, double>> recomputed_;

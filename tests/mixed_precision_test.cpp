@@ -1,6 +1,7 @@
 // Mixed precision on the CPU: autocast rounds matmul operands, keeps f32 accumulation and
 // returns half activations, the grad scaler unscales and skips overflowing steps, and a pipeline
 // trains in bf16 and f16.
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -258,6 +259,65 @@ TEST_CASE("the grad scaler unscales, skips overflowing steps and adapts its scal
   }
   CHECK(scaler.get_scale() == 1024);
   CHECK_THROWS_WITH(GradScaler({.init_scale = 0}), Catch::Contains("init_scale"));
+}
+
+namespace {
+
+// Forwards every op to the CPU backend, counting the copies that round a parameter (an f32
+// leaf that requires grad) to bf16: autocast's weight casts.
+class WeightCastCounter final : public Backend {
+ public:
+  std::atomic<int> weight_casts{0};
+  Device device() const override { return cpu_.device(); }
+  std::shared_ptr<Storage> allocate(size_t nbytes) override { return cpu_.allocate(nbytes); }
+#define PIPIT_ARGUMENTS(...) __VA_ARGS__
+#define PIPIT_COUNTED_OP(name, params, args) \
+  void name params override {                \
+    seen(#name, PIPIT_ARGUMENTS args);       \
+    cpu_.name args;                          \
+  }
+  PIPIT_BACKEND_OPS(PIPIT_COUNTED_OP)
+#undef PIPIT_COUNTED_OP
+#undef PIPIT_ARGUMENTS
+
+ private:
+  template <typename... Args>
+  void seen(const char*, const Args&...) {}
+  void seen(const char* op, const Tensor& src, const Tensor& dst) {
+    if (std::strcmp(op, "copy") == 0 && src.dtype() == DType::f32 && dst.dtype() == DType::bf16 &&
+        src.requires_grad() && src.is_leaf()) {
+      ++weight_casts;
+    }
+  }
+  Backend& cpu_ = backend(Device::cpu());
+};
+
+}  // namespace
+
+TEST_CASE("a bf16 pipeline rounds each weight once a step, however many microbatches",
+          "[autocast]") {
+  const GptConfig config{11, 6, 4, 2, 16, 0.0};
+  const auto [input, target] = token_batch(11, 8, 6);
+  auto casts_in_one_step = [&](int microbatches, const char* recompute) {
+    Generator g(19);
+    PipelineConfig pipeline_config;
+    pipeline_config.stages = 2;
+    pipeline_config.microbatches = microbatches;
+    pipeline_config.recompute = recompute;
+    pipeline_config.dtype = "bf16";
+    Pipeline pipeline(gpt(config, &g), pipeline_config);
+    pipeline.train_step(input, target);  // the first step builds what the stages keep
+    WeightCastCounter counter;
+    REQUIRE(set_backend_override(Device::cpu(), &counter) == nullptr);
+    pipeline.train_step(input, target);
+    set_backend_override(Device::cpu(), nullptr);
+    return counter.weight_casts.load();
+  };
+  // Each Linear's weight and bias, rounded for its products: 4 layers x 4 Linears, and the head.
+  const int per_step = 2 * (4 * 4 + 1);
+  CHECK(casts_in_one_step(1, "none") == per_step);
+  CHECK(casts_in_one_step(4, "none") == per_step);
+  CHECK(casts_in_one_step(4, "full") == per_step);
 }
 
 TEST_CASE("a bf16 pipeline equals bf16 autocast accumulation on one thread", "[autocast]") {
