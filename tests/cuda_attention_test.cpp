@@ -106,6 +106,31 @@ std::vector<Tensor> random_inputs(const Case& c, DType dt, Generator& g) {
           uniform(ks, -2, 2, &g).to(dt), uniform(qs, -1, 1, &g).to(dt)};
 }
 
+// Runs body(provider, dtype) for each provider this build has, set for the call, in bf16 and
+// f32 (cuDNN takes half only).
+template <typename Body>
+void each_provider_and_dtype(Body body) {
+  for (AttentionProvider provider : attention_providers()) {
+    ProviderScope scope(provider);
+    for (DType dt : {DType::bf16, DType::f32}) {
+      if (provider == AttentionProvider::cudnn && dt == DType::f32) continue;
+      INFO(name(provider) << ", " << dt);
+      body(provider, dt);
+    }
+  }
+}
+
+// The same result through views and through dense tensors: pipit's kernels give the same bits;
+// cuDNN may plan another kernel for another layout, so there the two only agree closely.
+void check_layout_free(AttentionProvider provider, DType dt, const Tensor& views,
+                       const Tensor& dense, const char* what) {
+  if (provider == AttentionProvider::pipit) {
+    CHECK(views.to_vector<double>() == dense.to_vector<double>());
+  } else {
+    check_close(views, dense, tolerance(dt), what);
+  }
+}
+
 }  // namespace
 #endif
 
@@ -155,36 +180,25 @@ TEST_CASE("cuda: attention reads strided views and repeats its bits", "[cuda]") 
   if (!cuda_ready()) return;
 #ifdef PIPIT_WITH_CUDA
   Generator g(52);
-  for (AttentionProvider provider : attention_providers()) {
-    ProviderScope scope(provider);
-    for (DType dt : {DType::bf16, DType::f32}) {
-      if (provider == AttentionProvider::cudnn && dt == DType::f32) continue;
-      INFO(name(provider) << ", " << dt);
-      const int64_t B = 2, T = 100, H = 3, D = 64;
-      // [B, T, 3, H, D] -> q, k, v [B, H, T, D] views, as CausalSelfAttention makes them.
-      const Tensor packed = uniform({B, T, 3, H, D}, -2, 2, &g).to(dt).to(kCuda);
-      const Tensor heads = permute(packed, {2, 0, 3, 1, 4});
-      const Tensor q = squeeze(narrow(heads, 0, 0, 1), 0), k = squeeze(narrow(heads, 0, 1, 1), 0),
-                   v = squeeze(narrow(heads, 0, 2, 1), 0);
-      const Tensor grad = uniform({B, H, T, D}, -1, 1, &g).to(dt).to(kCuda);
-      const Case c{B, H, T, T, D, true};
-      auto strided = run(kCuda, c, {q, k, v, grad}, 0.125);
-      auto dense = run(kCuda, c, {q.contiguous(), k.contiguous(), v.contiguous(), grad}, 0.125);
-      auto again = run(kCuda, c, {q, k, v, grad}, 0.125);
-      for (size_t i = 0; i < strided.size(); ++i) {
-        INFO("output " << i);
-        // Every run repeats its bits (cuDNN's backward in its deterministic mode).
-        CHECK(strided[i].to_vector<double>() == again[i].to_vector<double>());
-        // pipit's kernels read views and copies alike; cuDNN may plan another kernel for
-        // another layout, so there the two only agree closely.
-        if (provider == AttentionProvider::pipit) {
-          CHECK(strided[i].to_vector<double>() == dense[i].to_vector<double>());
-        } else {
-          check_close(strided[i], dense[i], tolerance(dt), "strided vs dense");
-        }
-      }
+  const int64_t B = 2, T = 100, H = 3, D = 64;
+  each_provider_and_dtype([&](AttentionProvider provider, DType dt) {
+    // [B, T, 3, H, D] -> q, k, v [B, H, T, D] views, as CausalSelfAttention makes them.
+    const Tensor packed = uniform({B, T, 3, H, D}, -2, 2, &g).to(dt).to(kCuda);
+    const Tensor heads = permute(packed, {2, 0, 3, 1, 4});
+    const Tensor q = squeeze(narrow(heads, 0, 0, 1), 0), k = squeeze(narrow(heads, 0, 1, 1), 0),
+                 v = squeeze(narrow(heads, 0, 2, 1), 0);
+    const Tensor grad = uniform({B, H, T, D}, -1, 1, &g).to(dt).to(kCuda);
+    const Case c{B, H, T, T, D, true};
+    auto strided = run(kCuda, c, {q, k, v, grad}, 0.125);
+    auto dense = run(kCuda, c, {q.contiguous(), k.contiguous(), v.contiguous(), grad}, 0.125);
+    auto again = run(kCuda, c, {q, k, v, grad}, 0.125);
+    for (size_t i = 0; i < strided.size(); ++i) {
+      INFO("output " << i);
+      // Every run repeats its bits (cuDNN's backward in its deterministic mode).
+      CHECK(strided[i].to_vector<double>() == again[i].to_vector<double>());
+      check_layout_free(provider, dt, strided[i], dense[i], "strided vs dense");
     }
-  }
+  });
 #endif
 }
 
@@ -192,42 +206,31 @@ TEST_CASE("cuda: packed self-attention writes its gradients into the packed layo
   if (!cuda_ready()) return;
 #ifdef PIPIT_WITH_CUDA
   Generator g(53);
-  for (AttentionProvider provider : attention_providers()) {
-    ProviderScope scope(provider);
-    for (DType dt : {DType::bf16, DType::f32}) {
-      if (provider == AttentionProvider::cudnn && dt == DType::f32) continue;
-      INFO(name(provider) << ", " << dt);
-      const int64_t B = 2, T = 100, H = 3, D = 64;
-      const Tensor qkv = uniform({B, T, 3 * H * D}, -2, 2, &g).to(dt);
-      const Tensor grad = uniform({B, H, T, D}, -1, 1, &g).to(dt);
-      // out and qkv's gradient: packed on `device`, or through split_packed_heads' views.
-      auto run_packed = [&](Device device, bool split) {
-        Tensor leaf = qkv.to(device).clone().requires_grad_();
-        Tensor out;
-        if (split) {
-          const auto [q, k, v] = split_packed_heads(leaf, H);
-          out = scaled_dot_product_attention(q, k, v, true);
-        } else {
-          out = packed_self_attention(leaf, H, true);
-        }
-        out.backward(grad.to(device));
-        return std::vector<Tensor>{out.detach(), leaf.grad()};
-      };
-      const auto packed = run_packed(kCuda, false), split = run_packed(kCuda, true),
-                 cpu = run_packed(kCpu, false);
-      for (size_t i = 0; i < packed.size(); ++i) {
-        INFO((i == 0 ? "output" : "qkv's gradient"));
-        // pipit's kernels write strided gradients with the bits of contiguous ones; cuDNN may
-        // plan another kernel for another layout.
-        if (provider == AttentionProvider::pipit) {
-          CHECK(packed[i].to_vector<double>() == split[i].to_vector<double>());
-        } else {
-          check_close(packed[i], split[i], tolerance(dt), "packed vs split");
-        }
-        check_close(packed[i], cpu[i], tolerance(dt), "CUDA vs CPU");
+  const int64_t B = 2, T = 100, H = 3, D = 64;
+  each_provider_and_dtype([&](AttentionProvider provider, DType dt) {
+    const Tensor qkv = uniform({B, T, 3 * H * D}, -2, 2, &g).to(dt);
+    const Tensor grad = uniform({B, H, T, D}, -1, 1, &g).to(dt);
+    // out and qkv's gradient: packed on `device`, or through split_packed_heads' views.
+    auto run_packed = [&](Device device, bool split) {
+      Tensor leaf = qkv.to(device).clone().requires_grad_();
+      Tensor out;
+      if (split) {
+        const auto [q, k, v] = split_packed_heads(leaf, H);
+        out = scaled_dot_product_attention(q, k, v, true);
+      } else {
+        out = packed_self_attention(leaf, H, true);
       }
+      out.backward(grad.to(device));
+      return std::vector<Tensor>{out.detach(), leaf.grad()};
+    };
+    const auto packed = run_packed(kCuda, false), split = run_packed(kCuda, true),
+               cpu = run_packed(kCpu, false);
+    for (size_t i = 0; i < packed.size(); ++i) {
+      INFO((i == 0 ? "output" : "qkv's gradient"));
+      check_layout_free(provider, dt, packed[i], split[i], "packed vs split");
+      check_close(packed[i], cpu[i], tolerance(dt), "CUDA vs CPU");
     }
-  }
+  });
 #endif
 }
 

@@ -204,6 +204,15 @@ TEST_CASE("errors name the op and the shapes", "[tensor]") {
                     Catch::Contains("index 3"));
   CHECK_THROWS_WITH(a.item<float>(), Catch::Contains("6 elements"));
   CHECK_THROWS_WITH(a.data<double>(), Catch::Contains("F32"));
+  // A kernel's dtype switch names the op, the dtype and what it takes.
+  Backend& cpu = backend(Device::cpu());
+  Generator g(3);
+  const Tensor ints = zeros({2}, {DType::i64});
+  CHECK_THROWS_WITH(cpu.uniform(ints, g, 0, 1),
+                    Catch::Equals("uniform: dtype I64 is not supported (expected F32 or F64)"));
+  CHECK_THROWS_WITH(
+      cpu.dropout(ints, g, 0.5, ints, zeros({2}, {DType::b8})),
+      Catch::Contains("dropout: dtype I64 is not supported (expected a float dtype)"));
 }
 
 TEST_CASE("printing shows shape, dtype and abbreviated values", "[tensor]") {

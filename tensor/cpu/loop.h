@@ -8,6 +8,7 @@
 
 #include "tensor/cpu/thread_team.h"
 #include "tensor/dtype.h"
+#include "tensor/dtype_dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/tensor.h"
 
@@ -31,56 +32,11 @@ struct BFloat16 {
 template <typename T>
 using compute_t = std::conditional_t<sizeof(T) == 2 && !std::is_integral_v<T>, float, T>;
 
-#define PIPIT_CASE(DT, T, ...) \
-  case DT: {                   \
-    using scalar_t = T;        \
-    __VA_ARGS__;               \
-    break;                     \
-  }
-
-#define PIPIT_DISPATCH_FLOAT(dtype, op, ...)                                           \
-  switch (dtype) {                                                                     \
-    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                         \
-    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                        \
-    default:                                                                           \
-      throw Error(::pipit::detail::concat(op, ": dtype ", dtype,                       \
-                                          " is not supported (expected F32 or F64)")); \
-  }
-
-// Floating dtypes, half ones included: kernels compute in compute_t<scalar_t>.
 #define PIPIT_DISPATCH_FLOAT_AND_HALF(dtype, op, ...)                                     \
-  switch (dtype) {                                                                        \
-    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                            \
-    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                           \
-    PIPIT_CASE(DType::f16, ::pipit::cpu::Half, __VA_ARGS__)                               \
-    PIPIT_CASE(DType::bf16, ::pipit::cpu::BFloat16, __VA_ARGS__)                          \
-    default:                                                                              \
-      throw Error(::pipit::detail::concat(op, ": dtype ", dtype,                          \
-                                          " is not supported (expected a float dtype)")); \
-  }
-
-#define PIPIT_DISPATCH_NUMERIC(dtype, op, ...)                                          \
-  switch (dtype) {                                                                      \
-    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                          \
-    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                         \
-    PIPIT_CASE(DType::i32, int32_t, __VA_ARGS__)                                        \
-    PIPIT_CASE(DType::i64, int64_t, __VA_ARGS__)                                        \
-    default:                                                                            \
-      throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
-  }
-
-#define PIPIT_DISPATCH_ALL(dtype, op, ...)                                              \
-  switch (dtype) {                                                                      \
-    PIPIT_CASE(DType::f32, float, __VA_ARGS__)                                          \
-    PIPIT_CASE(DType::f64, double, __VA_ARGS__)                                         \
-    PIPIT_CASE(DType::i32, int32_t, __VA_ARGS__)                                        \
-    PIPIT_CASE(DType::i64, int64_t, __VA_ARGS__)                                        \
-    PIPIT_CASE(DType::b8, bool, __VA_ARGS__)                                            \
-    PIPIT_CASE(DType::f16, ::pipit::cpu::Half, __VA_ARGS__)                             \
-    PIPIT_CASE(DType::bf16, ::pipit::cpu::BFloat16, __VA_ARGS__)                        \
-    default:                                                                            \
-      throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
-  }
+  PIPIT_DISPATCH_FLOAT_AND_HALF_AS(::pipit::cpu::Half, ::pipit::cpu::BFloat16, dtype, op, \
+                                   __VA_ARGS__)
+#define PIPIT_DISPATCH_ALL(dtype, op, ...) \
+  PIPIT_DISPATCH_ALL_AS(::pipit::cpu::Half, ::pipit::cpu::BFloat16, dtype, op, __VA_ARGS__)
 
 // Threads to use for a loop over n elements of unit cost.
 inline int threads_for(int64_t n) {

@@ -137,7 +137,7 @@ using cuda::ptr;
 void CudaBackend::causal_softmax(const Tensor& scores, double scale, const Tensor& out) {
   DeviceGuard guard(index_);
   check_causal_softmax("causal_softmax", scores, out);
-  PIPIT_CUDA_DISPATCH_FLOAT(scores.dtype(), "causal_softmax", {
+  PIPIT_DISPATCH_FLOAT(scores.dtype(), "causal_softmax", {
     using T = scalar_t;
     const Tensor x = dense(scores);
     const int64_t C = x.shape()[x.dim() - 1];
@@ -152,7 +152,7 @@ void CudaBackend::causal_softmax_backward(const Tensor& grad, const Tensor& out,
                                           const Tensor& grad_scores) {
   DeviceGuard guard(index_);
   check_causal_softmax("causal_softmax_backward", out, grad_scores);
-  PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "causal_softmax_backward", {
+  PIPIT_DISPATCH_FLOAT(out.dtype(), "causal_softmax_backward", {
     using T = scalar_t;
     const Tensor g = dense(grad), y = dense(out);
     const int64_t C = y.shape()[y.dim() - 1];

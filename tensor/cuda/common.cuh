@@ -12,72 +12,17 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
+#include "tensor/dtype_dispatch.h"
 #include "tensor/kernel_layout.h"
 
 namespace pipit::cuda {
 
-#define PIPIT_CUDA_CASE(DT, T, ...) \
-  case DT: {                        \
-    using scalar_t = T;             \
-    __VA_ARGS__;                    \
-    break;                          \
-  }
-
-#define PIPIT_CUDA_DISPATCH_FLOAT(dtype, op, ...)                                      \
-  switch (dtype) {                                                                     \
-    PIPIT_CUDA_CASE(DType::f32, float, __VA_ARGS__)                                    \
-    PIPIT_CUDA_CASE(DType::f64, double, __VA_ARGS__)                                   \
-    default:                                                                           \
-      throw Error(::pipit::detail::concat(op, ": dtype ", dtype,                       \
-                                          " is not supported (expected F32 or F64)")); \
-  }
-
-#define PIPIT_CUDA_DISPATCH_NUMERIC(dtype, op, ...)                                     \
-  switch (dtype) {                                                                      \
-    PIPIT_CUDA_CASE(DType::f32, float, __VA_ARGS__)                                     \
-    PIPIT_CUDA_CASE(DType::f64, double, __VA_ARGS__)                                    \
-    PIPIT_CUDA_CASE(DType::i32, int32_t, __VA_ARGS__)                                   \
-    PIPIT_CUDA_CASE(DType::i64, int64_t, __VA_ARGS__)                                   \
-    default:                                                                            \
-      throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
-  }
-
-// Floating dtypes, half ones included: kernels compute in compute_t<scalar_t>.
-#define PIPIT_CUDA_DISPATCH_FLOAT_AND_HALF(dtype, op, ...)                                \
-  switch (dtype) {                                                                        \
-    PIPIT_CUDA_CASE(DType::f32, float, __VA_ARGS__)                                       \
-    PIPIT_CUDA_CASE(DType::f64, double, __VA_ARGS__)                                      \
-    PIPIT_CUDA_CASE(DType::f16, __half, __VA_ARGS__)                                      \
-    PIPIT_CUDA_CASE(DType::bf16, __nv_bfloat16, __VA_ARGS__)                              \
-    default:                                                                              \
-      throw Error(::pipit::detail::concat(op, ": dtype ", dtype,                          \
-                                          " is not supported (expected a float dtype)")); \
-  }
-
-#define PIPIT_CUDA_DISPATCH_NUMERIC_AND_HALF(dtype, op, ...)                            \
-  switch (dtype) {                                                                      \
-    PIPIT_CUDA_CASE(DType::f32, float, __VA_ARGS__)                                     \
-    PIPIT_CUDA_CASE(DType::f64, double, __VA_ARGS__)                                    \
-    PIPIT_CUDA_CASE(DType::i32, int32_t, __VA_ARGS__)                                   \
-    PIPIT_CUDA_CASE(DType::i64, int64_t, __VA_ARGS__)                                   \
-    PIPIT_CUDA_CASE(DType::f16, __half, __VA_ARGS__)                                    \
-    PIPIT_CUDA_CASE(DType::bf16, __nv_bfloat16, __VA_ARGS__)                            \
-    default:                                                                            \
-      throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
-  }
-
-#define PIPIT_CUDA_DISPATCH_ALL(dtype, op, ...)                                         \
-  switch (dtype) {                                                                      \
-    PIPIT_CUDA_CASE(DType::f32, float, __VA_ARGS__)                                     \
-    PIPIT_CUDA_CASE(DType::f64, double, __VA_ARGS__)                                    \
-    PIPIT_CUDA_CASE(DType::i32, int32_t, __VA_ARGS__)                                   \
-    PIPIT_CUDA_CASE(DType::i64, int64_t, __VA_ARGS__)                                   \
-    PIPIT_CUDA_CASE(DType::b8, bool, __VA_ARGS__)                                       \
-    PIPIT_CUDA_CASE(DType::f16, __half, __VA_ARGS__)                                    \
-    PIPIT_CUDA_CASE(DType::bf16, __nv_bfloat16, __VA_ARGS__)                            \
-    default:                                                                            \
-      throw Error(::pipit::detail::concat(op, ": dtype ", dtype, " is not supported")); \
-  }
+#define PIPIT_CUDA_DISPATCH_FLOAT_AND_HALF(dtype, op, ...) \
+  PIPIT_DISPATCH_FLOAT_AND_HALF_AS(__half, __nv_bfloat16, dtype, op, __VA_ARGS__)
+#define PIPIT_CUDA_DISPATCH_NUMERIC_AND_HALF(dtype, op, ...) \
+  PIPIT_DISPATCH_NUMERIC_AND_HALF_AS(__half, __nv_bfloat16, dtype, op, __VA_ARGS__)
+#define PIPIT_CUDA_DISPATCH_ALL(dtype, op, ...) \
+  PIPIT_DISPATCH_ALL_AS(__half, __nv_bfloat16, dtype, op, __VA_ARGS__)
 
 constexpr int kThreads = 256;
 

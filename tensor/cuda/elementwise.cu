@@ -448,7 +448,7 @@ void CudaBackend::fill(const Tensor& out, double value) {
 
 void CudaBackend::arange(const Tensor& out, double start, double step) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_NUMERIC(out.dtype(), "arange", {
+  PIPIT_DISPATCH_NUMERIC(out.dtype(), "arange", {
     fill_indexed<scalar_t>("arange", out, [=] __device__(int64_t i) {
       // Rounded multiply and add (no FMA contraction), as the CPU computes it.
       return __dadd_rn(start, __dmul_rn(step, static_cast<double>(i)));
@@ -459,7 +459,7 @@ void CudaBackend::arange(const Tensor& out, double start, double step) {
 void CudaBackend::uniform(const Tensor& out, Generator& generator, double low, double high) {
   DeviceGuard guard(index_);
   const Draws draws = reserve_draws(generator, out.numel());
-  PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "uniform", {
+  PIPIT_DISPATCH_FLOAT(out.dtype(), "uniform", {
     fill_indexed<scalar_t>("uniform", out, [=] __device__(int64_t i) {
       // No FMA contraction: the CPU's rounding.
       return __dadd_rn(low, __dmul_rn(high - low, draws.uniform(i)));
@@ -494,7 +494,7 @@ void CudaBackend::normal(const Tensor& out, Generator& generator, double mean, d
   DeviceGuard guard(index_);
   const Draws draws = reserve_draws(generator, out.numel());
   // Box-Muller on the two 32-bit halves of one counter's bits, as on the CPU.
-  PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "normal", {
+  PIPIT_DISPATCH_FLOAT(out.dtype(), "normal", {
     fill_indexed<scalar_t>("normal", out, [=] __device__(int64_t i) {
       const uint64_t bits = draws.bits(i);
       const double u1 = (static_cast<double>(bits >> 32) + 1.0) / 4294967296.0;
@@ -537,7 +537,7 @@ void CudaBackend::where(const Tensor& mask, const Tensor& a, const Tensor& b, co
 void CudaBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
                            double lr, double momentum, double weight_decay, bool first_step) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(param.dtype(), "sgd_step", {
+  PIPIT_DISPATCH_FLOAT(param.dtype(), "sgd_step", {
     using T = scalar_t;
     T* p = param.data<T>();
     const T* g = grad.data<T>();
@@ -561,7 +561,7 @@ void CudaBackend::adamw_step(std::span<const AdamWSlot> slots, const AdamWParams
     PIPIT_CHECK(slot.param.dtype() == dtype, "adamw_step: parameters of dtypes ", dtype, " and ",
                 slot.param.dtype(), " in one call");
   }
-  PIPIT_CUDA_DISPATCH_FLOAT(dtype, "adamw_step", adamw_multi<scalar_t>(slots, a));
+  PIPIT_DISPATCH_FLOAT(dtype, "adamw_step", adamw_multi<scalar_t>(slots, a));
 }
 
 }  // namespace pipit

@@ -220,7 +220,7 @@ using cuda::rows_grid;
 
 void CudaBackend::softmax(const Tensor& in, int64_t dim, bool log, const Tensor& out) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(in.dtype(), "softmax", {
+  PIPIT_DISPATCH_FLOAT(in.dtype(), "softmax", {
     along_dim({in}, out, dim, [&](auto& rows, const Tensor& o, int64_t R, int64_t C) {
       softmax_kernel<scalar_t><<<rows_grid(R), row_threads(C), 0, cuda::stream()>>>(
           ptr<scalar_t>(rows[0]), ptr<scalar_t>(o), R, C, log);
@@ -232,7 +232,7 @@ void CudaBackend::softmax(const Tensor& in, int64_t dim, bool log, const Tensor&
 void CudaBackend::softmax_backward(const Tensor& grad, const Tensor& out, int64_t dim, bool log,
                                    const Tensor& grad_in) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(out.dtype(), "softmax_backward", {
+  PIPIT_DISPATCH_FLOAT(out.dtype(), "softmax_backward", {
     along_dim({grad, out}, grad_in, dim, [&](auto& rows, const Tensor& o, int64_t R, int64_t C) {
       softmax_backward_kernel<scalar_t><<<rows_grid(R), row_threads(C), 0, cuda::stream()>>>(
           ptr<scalar_t>(rows[0]), ptr<scalar_t>(rows[1]), ptr<scalar_t>(o), R, C, log);
@@ -245,7 +245,7 @@ void CudaBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Ten
                              double eps, const Tensor& out, const Tensor& mean,
                              const Tensor& rstd) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(x_in.dtype(), "layer_norm", {
+  PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm", {
     using T = scalar_t;
     Tensor x = dense(x_in);
     Tensor w = dense(weight), b = dense(bias);
@@ -264,7 +264,7 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
                                       const Tensor& grad_x, const Tensor& grad_weight,
                                       const Tensor& grad_bias) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(x_in.dtype(), "layer_norm_backward", {
+  PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm_backward", {
     using T = scalar_t;
     Tensor x = dense(x_in), g = dense(grad_in);
     Tensor w = dense(weight);
@@ -323,7 +323,7 @@ void CudaBackend::embedding(const Tensor& weight_in, const Tensor& indices_in, c
 void CudaBackend::embedding_backward(const Tensor& grad_in, const Tensor& indices_in,
                                      const Tensor& grad_weight) {
   DeviceGuard guard(index_);
-  PIPIT_CUDA_DISPATCH_FLOAT(grad_weight.dtype(), "embedding_backward", {
+  PIPIT_DISPATCH_FLOAT(grad_weight.dtype(), "embedding_backward", {
     using T = scalar_t;
     Tensor indices = dense(indices_in), g = dense(grad_in);
     const int64_t n = indices.numel(), V = grad_weight.shape()[0], C = grad_weight.shape()[1];

@@ -155,8 +155,8 @@ void CudaBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& window, cons
   cuda::pool::check_output("max_pool2d", argmax);
   const Tensor input = dense(x);
   const cuda::pool::Geometry g = cuda::pool::geometry(x, out, window);
-  PIPIT_CUDA_DISPATCH_FLOAT(x.dtype(), "max_pool2d",
-                            cuda::pool::max_forward<scalar_t>(input, out, argmax, g));
+  PIPIT_DISPATCH_FLOAT(x.dtype(), "max_pool2d",
+                       cuda::pool::max_forward<scalar_t>(input, out, argmax, g));
 }
 
 void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& argmax,
@@ -167,8 +167,8 @@ void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& argm
               argmax.dtype());
   const Tensor grad = dense(grad_out), indices = dense(argmax);
   const cuda::pool::Geometry g = cuda::pool::geometry(grad_x, grad_out, window);
-  PIPIT_CUDA_DISPATCH_FLOAT(grad.dtype(), "max_pool2d_backward",
-                            cuda::pool::max_backward<scalar_t>(grad, indices, grad_x, g));
+  PIPIT_DISPATCH_FLOAT(grad.dtype(), "max_pool2d_backward",
+                       cuda::pool::max_backward<scalar_t>(grad, indices, grad_x, g));
 }
 
 void CudaBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& window, const Tensor& out) {
@@ -176,8 +176,7 @@ void CudaBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& window, cons
   cuda::pool::check_output("avg_pool2d", out);
   const Tensor input = dense(x);
   const cuda::pool::Geometry g = cuda::pool::geometry(x, out, window);
-  PIPIT_CUDA_DISPATCH_FLOAT(x.dtype(), "avg_pool2d",
-                            cuda::pool::avg_forward<scalar_t>(input, out, g));
+  PIPIT_DISPATCH_FLOAT(x.dtype(), "avg_pool2d", cuda::pool::avg_forward<scalar_t>(input, out, g));
 }
 
 void CudaBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dGeometry& window,
@@ -186,8 +185,8 @@ void CudaBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dGeomet
   cuda::pool::check_output("avg_pool2d_backward", grad_x);
   const Tensor grad = dense(grad_out);
   const cuda::pool::Geometry g = cuda::pool::geometry(grad_x, grad_out, window);
-  PIPIT_CUDA_DISPATCH_FLOAT(grad.dtype(), "avg_pool2d_backward",
-                            cuda::pool::avg_backward<scalar_t>(grad, grad_x, g));
+  PIPIT_DISPATCH_FLOAT(grad.dtype(), "avg_pool2d_backward",
+                       cuda::pool::avg_backward<scalar_t>(grad, grad_x, g));
 }
 
 }  // namespace pipit
