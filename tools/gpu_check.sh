@@ -3,15 +3,15 @@
 # the [cuda] test cases one process each (a crash loses one case, not the rest), the rest of
 # the suite, the GEMM, attention and GPT-2 benchmarks against PyTorch on the same GPU, and
 # train_gpt on the GPU with 1, 2 and 4 pipeline stages. Each step has a time limit; logs go to
-# OUT_DIR (one file per step) and a summary to stdout. Pack gpu_attention too:
+# OUT_DIR (one file per step) and a summary to stdout. Pack gpu_attention and gpu_linear too:
 #   bash ../shared/tools/gpu_pack.sh build .gpu/pack.tar.xz pipit_tests train_gpt gpu_gemm \
-#     gpu_gpt2 gpu_attention tcp_throughput pipit-worker
+#     gpu_gpt2 gpu_attention gpu_linear tcp_throughput pipit-worker
 # and put the GPU machine's libnvrtc folder on LD_LIBRARY_PATH beside libcublas', libcudnn's
 # and libcudart's (the cuDNN frontend links NVRTC; gpu_pack.sh leaves CUDA's libraries out).
 #
 # usage: bash tools/gpu_check.sh [BUILD_DIR] [OUT_DIR] [STEPS]
 #   BUILD_DIR: a Release build with CUDA (default build); OUT_DIR: default gpu-logs;
-#   STEPS: comma-separated subset of info,cuda,suite,asan,gemm,attention,gpt2,train (default
+#   STEPS: comma-separated subset of info,cuda,suite,asan,gemm,linear,attention,gpt2,train (default
 #   all but asan; asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build).
 #   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile); PIPIT_GPT2_SECONDS: its
 #   time limit (default 420).
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 export PIPIT_TEST_DATA="$(pwd)/tests/data"
 build=$(realpath "${1:-build}")
 out=$(realpath -m "${2:-gpu-logs}")
-steps=",${3:-info,cuda,suite,gemm,attention,gpt2,train},"
+steps=",${3:-info,cuda,suite,gemm,linear,attention,gpt2,train},"
 mkdir -p "$out"
 
 want() { [[ $steps == *",$1,"* ]]; }
@@ -87,6 +87,16 @@ if want gemm; then
   limited 150 "$out/gemm.log" python3 bench/gpu_gemm.py --build "$build"
   echo "gemm: rc=$?"
   grep -E "^\|" "$out/gemm.log"
+fi
+if want linear; then
+  # Not among gpu_pack.sh's default binaries either: pack it by name.
+  if [[ -x "$build/gpu_linear" ]]; then
+    limited 120 "$out/linear.log" python3 bench/gpu_linear.py --build "$build"
+    echo "linear: rc=$?"
+    grep -E "^\| (bf16|tf32|f32) " "$out/linear.log"
+  else
+    echo "linear: skipped, $build/gpu_linear missing"
+  fi
 fi
 if want attention; then
   # gpu_attention is not among gpu_pack.sh's default binaries: pack it by name.
