@@ -296,10 +296,15 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
   }
   if (!cached->second) return false;
   const float alpha = 1.0f, beta = 0.0f;
-  PIPIT_CUBLAS_CHECK(
-      op, cublasLtMatmul(h.blas.lt, p.op, &alpha, b.raw_data(), p.a, a.raw_data(), p.b, &beta,
-                         out.raw_data(), p.out, out.raw_data(), p.out, &*cached->second,
-                         h.workspace, kBlasWorkspaceBytes, h.stream));
+  const cublasStatus_t status = cublasLtMatmul(
+      h.blas.lt, p.op, &alpha, b.raw_data(), p.a, a.raw_data(), p.b, &beta, out.raw_data(), p.out,
+      out.raw_data(), p.out, &*cached->second, h.workspace, kBlasWorkspaceBytes, h.stream);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    // An algorithm the heuristic offered but the call refused: the unfused ops from now on.
+    cached->second.reset();
+    return false;
+  }
+  if (status != CUBLAS_STATUS_SUCCESS) cuda::throw_cublas_error(op, "cublasLtMatmul", status);
   return true;
 }
 
