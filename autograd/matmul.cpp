@@ -1,5 +1,7 @@
 #include "autograd/matmul.h"
 
+#include <type_traits>
+
 #include "autograd/autocast.h"
 #include "autograd/node.h"
 #include "autograd/reduce.h"
@@ -104,6 +106,20 @@ struct LinearBackward : Node {
   std::string name() const override { return "LinearBackward"; }
 };
 
+// The GELU's gradient through its saved input (the product plus bias), then Linear's.
+struct LinearGeluBackward : LinearBackward {
+  Tensor pre;  // in the compute dtype
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor grad_pre = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
+    {
+      NoGradGuard no_grad;
+      backend(pre).binary(BinaryOp::gelu_backward, autocast_operand(g, pre.dtype()), pre, grad_pre);
+    }
+    return LinearBackward::apply(grad_pre);
+  }
+  std::string name() const override { return "LinearGeluBackward"; }
+};
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -119,7 +135,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+namespace {
+
+// linear, or with `gelu` linear_gelu: the node type and, for GELU, its saved input differ.
+template <typename NodeType>
+Tensor linear_product(const Tensor& x, const Tensor& weight, const Tensor& bias, bool gelu) {
   PIPIT_CHECK(weight.dim() == 2, "linear: weight must be 2-D, got ", shape_str(weight.shape()));
   PIPIT_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "linear: input of shape ",
               shape_str(x.shape()), " does not match weight of shape ", shape_str(weight.shape()));
@@ -130,30 +150,50 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor out = Tensor::empty(out_shape, compute, x.device());
+  Tensor pre = gelu ? Tensor::empty(out_shape, compute, x.device()) : Tensor();
   {
     NoGradGuard no_grad;
     Tensor x2 = reshape(x_compute, {-1, x.shape().back()});
-    Tensor out2 = Tensor::from_storage(out.storage(), {x2.shape()[0], out_features},
-                                       {out_features, 1}, 0, out.dtype());
+    auto as_rows = [&](const Tensor& t) {
+      return Tensor::from_storage(t.storage(), {x2.shape()[0], out_features}, {out_features, 1}, 0,
+                                  t.dtype());
+    };
     if (bias.defined()) {
       PIPIT_CHECK(bias.shape() == Shape{out_features}, "linear: bias of shape ",
                   shape_str(bias.shape()), " does not match ", out_features, " outputs");
       const Tensor bias_compute = autocast_operand(bias, out.dtype()).contiguous();
-      backend(x).matmul_bias(x2, mT(weight_compute), bias_compute, out2);
+      if (gelu) {
+        backend(x).matmul_bias_gelu(x2, mT(weight_compute), bias_compute, as_rows(pre),
+                                    as_rows(out));
+      } else {
+        backend(x).matmul_bias(x2, mT(weight_compute), bias_compute, as_rows(out));
+      }
     } else {
-      backend(x).matmul(x2, mT(weight_compute), out2, false);
+      backend(x).matmul(x2, mT(weight_compute), as_rows(out), false);
     }
   }
-  auto node = bias.defined() ? detail::make_node<LinearBackward>(out, {x, weight, bias})
-                             : detail::make_node<LinearBackward>(out, {x, weight});
+  auto node = bias.defined() ? detail::make_node<NodeType>(out, {x, weight, bias})
+                             : detail::make_node<NodeType>(out, {x, weight});
   if (node) {
     node->x = x_compute.detach();
     node->weight = weight_compute.detach();
     node->x_dtype = x.dtype();
     node->weight_dtype = weight.dtype();
     if (bias.defined()) node->bias_dtype = bias.dtype();
+    if constexpr (std::is_same_v<NodeType, LinearGeluBackward>) node->pre = pre;
   }
   return out;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear_product<LinearBackward>(x, weight, bias, false);
+}
+
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  PIPIT_CHECK(bias.defined(), "linear_gelu: needs a bias");
+  return linear_product<LinearGeluBackward>(x, weight, bias, true);
 }
 
 }  // namespace pipit

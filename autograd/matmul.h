@@ -7,5 +7,8 @@ namespace pipit {
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x[..., in] @ weight[out, in]^T + bias[out] (bias may be undefined), as one GEMM.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// gelu(linear(x, weight, bias)) (tanh form), the bias and GELU fused into the GEMM where the
+// backend can (cuBLASLt's epilogue on CUDA): an MLP's first layer. bias must be defined.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 }  // namespace pipit

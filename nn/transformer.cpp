@@ -101,15 +101,24 @@ TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout,
   mlp_dropout_ = register_module("mlp_dropout", std::make_shared<Dropout>(dropout, generator));
 }
 
+namespace {
+
+// fc then GELU, fused into fc's product where it has a bias.
+Tensor fc_gelu(Linear& fc, const Tensor& x) {
+  return fc.bias.defined() ? linear_gelu(x, fc.weight, fc.bias) : gelu(fc.forward(x));
+}
+
+}  // namespace
+
 Tensor TransformerBlock::forward(const Tensor& x) {
   Tensor h = x + attn->forward(ln1->forward(x));
-  return h + mlp_dropout_->forward(proj->forward(gelu(fc->forward(ln2->forward(h)))));
+  return h + mlp_dropout_->forward(proj->forward(fc_gelu(*fc, ln2->forward(h))));
 }
 
 Tensor TransformerBlock::forward_step(const Tensor& x, KvCacheLayer& cache, int64_t start,
                                       const Tensor& mask) {
   Tensor h = x + attn->forward_step(ln1->forward(x), cache, start, mask);
-  return h + proj->forward(gelu(fc->forward(ln2->forward(h))));
+  return h + proj->forward(fc_gelu(*fc, ln2->forward(h)));
 }
 
 json TransformerBlock::config() const {

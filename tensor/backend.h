@@ -111,6 +111,12 @@ struct AdamWParams {
   X(matmul_bias_grad,                                                                              \
     (const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& bias_grad),                \
     (a, b, out, bias_grad))                                                                        \
+  /* pre = a @ b + bias as matmul_bias, and out = gelu(pre) (tanh form), both [M, N] in out's      \
+     dtype: an MLP's first product and its activation in one pass (on CUDA cuBLASLt computes       \
+     gelu from the f32 sum before rounding; the CPU from pre as rounded). */                       \
+  X(matmul_bias_gelu,                                                                              \
+    (const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& pre, const Tensor& out),  \
+    (a, b, bias, pre, out))                                                                        \
                                                                                                    \
   X(softmax, (const Tensor& in, int64_t dim, bool log, const Tensor& out), (in, dim, log, out))    \
   X(softmax_backward,                                                                              \

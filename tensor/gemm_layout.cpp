@@ -51,6 +51,12 @@ void check_matmul_with_vector(const char* op, const Tensor& a, const Tensor& b, 
               shape_str(vector.shape()), " in ", vector.dtype());
 }
 
+void check_matmul_with_gelu(const char* op, const Tensor& pre, const Tensor& out) {
+  PIPIT_CHECK(pre.shape() == out.shape() && pre.dtype() == out.dtype() && pre.is_contiguous(), op,
+              ": pre must be contiguous with out's shape ", shape_str(out.shape()), " and dtype ",
+              out.dtype(), ", got ", shape_str(pre.shape()), " in ", pre.dtype());
+}
+
 Tensor rows_of(const Tensor& vector, int64_t rows) {
   return Tensor::from_storage(vector.storage(), {rows, vector.shape()[0]}, {0, vector.strides()[0]},
                               vector.offset(), vector.dtype());

@@ -31,6 +31,8 @@ BatchFold batch_fold(const Tensor& a, const MatrixLayout& la, const Tensor& b, c
 // elements in out's dtype.
 void check_matmul_with_vector(const char* op, const Tensor& a, const Tensor& b, const Tensor& out,
                               const Tensor& vector, int64_t length);
+// matmul_bias_gelu's pre and out: one shape and dtype, contiguous.
+void check_matmul_with_gelu(const char* op, const Tensor& pre, const Tensor& out);
 // `vector` [N] as a [rows, N] view that repeats it in every row.
 Tensor rows_of(const Tensor& vector, int64_t rows);
 

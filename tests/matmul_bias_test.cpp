@@ -1,13 +1,17 @@
-// Backend::matmul_bias and matmul_bias_grad, Linear's products with their bias work fused
-// (cuBLASLt's epilogues on CUDA), against a double-precision reference in every operand layout
-// and dtype, into poisoned outputs, on the CPU and on CUDA; on CUDA a bias too misaligned for
-// cuBLASLt takes the unfused ops to the same values.
+// Backend::matmul_bias, matmul_bias_grad and matmul_bias_gelu, Linear's products with their
+// bias (and an MLP's GELU) fused (cuBLASLt's epilogues on CUDA), against a double-precision
+// reference in every operand layout and dtype, into poisoned outputs, on the CPU and on CUDA;
+// on CUDA a bias too misaligned for cuBLASLt takes the unfused ops to the same values. And
+// linear_gelu, the autograd op on top: gelu(linear) to the bit on the CPU, in the GPT block.
 #include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <set>
 #include <vector>
 
+#include "autograd/node.h"
 #include "cuda_testing.h"
+#include "nn/transformer.h"
 #include "pipit.h"
 
 using namespace pipit;
@@ -46,9 +50,14 @@ double bound(DType in, DType out, int64_t K, bool tf32, double magnitude, double
          result_step * std::abs(exact);
 }
 
-// Runs both ops on `device` with a [M, K] (column-major when a_t), b [K, N] (when b_t) and,
-// with `misaligned`, a bias that starts one element into its storage; checks out, out_grad
-// (a @ b) and bias_grad (a summed over K) against the f64 reference.
+// GELU's tanh form in double.
+double gelu_reference(double x) {
+  return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+// Runs the three ops on `device` with a [M, K] (column-major when a_t), b [K, N] (when b_t) and,
+// with `misaligned`, a bias that starts one element into its storage; checks out, the product
+// (a @ b), bias_grad (a summed over K) and GELU's input and output against the f64 reference.
 void check_bias_products(Device device, Dtypes dt, int64_t M, int64_t N, int64_t K, bool a_t,
                          bool b_t, bool misaligned, bool tf32, Generator& g) {
   INFO(dt.in << " -> " << dt.out << ", " << M << " x " << N << " x " << K << (a_t ? ", a^T" : "")
@@ -61,8 +70,10 @@ void check_bias_products(Device device, Dtypes dt, int64_t M, int64_t N, int64_t
   const Tensor bias_view = narrow(bias_on, 0, misaligned ? 1 : 0, N);
   Tensor out = poisoned({M, N}, dt.out, device), product = poisoned({M, N}, dt.out, device);
   Tensor bias_grad = poisoned({M}, dt.out, device);
+  Tensor pre = poisoned({M, N}, dt.out, device), activated = poisoned({M, N}, dt.out, device);
   backend(device).matmul_bias(a_on, b_on, bias_view, out);
   backend(device).matmul_bias_grad(a_on, b_on, product, bias_grad);
+  backend(device).matmul_bias_gelu(a_on, b_on, bias_view, pre, activated);
 
   const std::vector<double> av = a.contiguous().to_vector<double>();
   const std::vector<double> bv = b.contiguous().to_vector<double>();
@@ -70,7 +81,9 @@ void check_bias_products(Device device, Dtypes dt, int64_t M, int64_t N, int64_t
   const std::vector<double> got = out.to_vector<double>(),
                             got_product = product.to_vector<double>();
   const std::vector<double> got_sums = bias_grad.to_vector<double>();
-  int64_t bad = 0, bad_product = 0, bad_sums = 0;
+  const std::vector<double> got_pre = pre.to_vector<double>(),
+                            got_gelu = activated.to_vector<double>();
+  int64_t bad = 0, bad_product = 0, bad_sums = 0, bad_gelu = 0;
   for (int64_t i = 0; i < M; ++i) {
     double sum = 0, sum_magnitude = 0;
     for (int64_t k = 0; k < K; ++k) {
@@ -92,15 +105,21 @@ void check_bias_products(Device device, Dtypes dt, int64_t M, int64_t N, int64_t
       }
       const double with_bias = exact + biasv[j];
       const double with_magnitude = magnitude + std::abs(biasv[j]);
-      if (!(std::abs(got[at] - with_bias) <=
-            bound(dt.in, dt.out, K, tf32, with_magnitude, with_bias))) {
-        ++bad;
-      }
+      const double pre_bound = bound(dt.in, dt.out, K, tf32, with_magnitude, with_bias);
+      if (!(std::abs(got[at] - with_bias) <= pre_bound)) ++bad;
+      if (!(std::abs(got_pre[at] - with_bias) <= pre_bound)) ++bad_gelu;
+      // GELU's slope is below 1.13: the sum's error carries over at most 1.2 times, plus the
+      // result's rounding and the exp's.
+      const double want_gelu = gelu_reference(with_bias);
+      const double gelu_bound = 1.2 * pre_bound + bound(dt.in, dt.out, 0, false, 0.0, want_gelu) +
+                                (dt.in == DType::f64 ? 1e-14 : 1e-6) * (std::abs(with_bias) + 1);
+      if (!(std::abs(got_gelu[at] - want_gelu) <= gelu_bound)) ++bad_gelu;
     }
   }
   CHECK(bad == 0);
   CHECK(bad_product == 0);
   CHECK(bad_sums == 0);
+  CHECK(bad_gelu == 0);
 }
 
 // Every dtype pair, layout and shape on `device`.
@@ -151,4 +170,54 @@ TEST_CASE("cuda: matmul_bias and matmul_bias_grad match the reference, fused and
   set_float32_matmul_precision("high");
   check_all_bias_products(kCuda, false, true);
   set_float32_matmul_precision("highest");
+}
+
+TEST_CASE("linear_gelu gives gelu(linear)'s bits and gradients, and the GPT block uses it",
+          "[nn]") {
+  Generator g(72);
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    INFO(dtype);
+    // bf16: f32 tensors under bf16 autocast, as training runs it.
+    const DType stored = dtype == DType::bf16 ? DType::f32 : dtype;
+    const Tensor x = uniform({2, 5, 12}, -2, 2, &g).to(stored);
+    const Tensor w = uniform({16, 12}, -0.5, 0.5, &g).to(stored);
+    const Tensor b = uniform({16}, -0.5, 0.5, &g).to(stored);
+    const Tensor grad = uniform({2, 5, 16}, -1, 1, &g).to(dtype);
+    auto run = [&](bool fused) {
+      Tensor xx = x.clone().requires_grad_(), ww = w.clone().requires_grad_(),
+             bb = b.clone().requires_grad_();
+      Tensor out;
+      {
+        AutocastGuard autocast(dtype == DType::bf16 ? DType::bf16 : DType::f32);
+        out = fused ? linear_gelu(xx, ww, bb) : gelu(linear(xx, ww, bb));
+      }
+      if (fused) CHECK(out.grad_fn()->name() == "LinearGeluBackward");
+      out.backward(grad);
+      return std::vector<Tensor>{out.detach(), xx.grad(), ww.grad(), bb.grad()};
+    };
+    const auto fused = run(true), plain = run(false);
+    for (size_t i = 0; i < fused.size(); ++i) {
+      INFO("result " << i);
+      CHECK(fused[i].dtype() == plain[i].dtype());
+      CHECK(fused[i].to_vector<double>() == plain[i].to_vector<double>());
+    }
+  }
+  CHECK_THROWS_WITH(linear_gelu(zeros({2, 3}), zeros({4, 3}), Tensor()),
+                    Catch::Contains("linear_gelu: needs a bias"));
+  // The block's MLP runs it (a block built without it would have a GeluBackward instead).
+  TransformerBlock block(12, 3, 0.0, &g);
+  const Tensor y = block.forward(uniform({1, 4, 12}, -1, 1, &g));
+  std::vector<std::shared_ptr<Node>> todo{y.grad_fn()};
+  std::set<const Node*> seen;
+  int fused_nodes = 0, gelu_nodes = 0;
+  while (!todo.empty()) {
+    const auto node = todo.back();
+    todo.pop_back();
+    if (!node || !seen.insert(node.get()).second) continue;
+    fused_nodes += node->name() == "LinearGeluBackward";
+    gelu_nodes += node->name() == "GeluBackward";
+    for (const auto& next : node->next) todo.push_back(next);
+  }
+  CHECK(fused_nodes == 1);
+  CHECK(gelu_nodes == 0);
 }

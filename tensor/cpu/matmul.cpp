@@ -305,6 +305,13 @@ void CpuBackend::matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bia
   matmul(a, b, out, true);
 }
 
+void CpuBackend::matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias,
+                                  const Tensor& pre, const Tensor& out) {
+  check_matmul_with_gelu("matmul_bias_gelu", pre, out);
+  matmul_bias(a, b, bias, pre);
+  unary(UnaryOp::gelu, pre, out);
+}
+
 void CpuBackend::matmul_bias_grad(const Tensor& a, const Tensor& b, const Tensor& out,
                                   const Tensor& bias_grad) {
   check_matmul_with_vector("matmul_bias_grad", a, b, out, bias_grad, a.shape()[0]);

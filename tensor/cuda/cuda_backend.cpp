@@ -26,8 +26,8 @@ namespace {
 // driver may be gone by static teardown). Calls only enqueue work, so serialising them costs
 // little, and a handle must not be used from two threads at once.
 // What cuBLASLt's heuristic is asked about a product (lt_matmul): sizes, leading dims,
-// transposes, dtypes, compute type, epilogue and the operands' alignments.
-using LtKey = std::array<int64_t, 14>;
+// transposes, dtypes, compute type, epilogue and the operands' (and GELU's input's) alignments.
+using LtKey = std::array<int64_t, 15>;
 
 struct Blas {
   std::mutex mutex;
@@ -230,10 +230,13 @@ void set_preference(const char* op, cublasLtMatmulPreference_t preference,
 // (the bias, or the bias gradient). False, with nothing enqueued, where cuBLASLt has no
 // algorithm for it: the caller then runs the unfused ops.
 bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_in,
-               const Tensor& out, cublasLtEpilogue_t epilogue, const Tensor& vector) {
+               const Tensor& out, cublasLtEpilogue_t epilogue, const Tensor& vector,
+               const Tensor& aux = Tensor()) {
   const int64_t M = out.shape()[0], N = out.shape()[1], K = a_in.shape()[1];
   if (a_in.dtype() == DType::f64 || M == 0 || N == 0 || K == 0) return false;
   if (alignment_of(vector.raw_data()) < 16) return false;
+  // GELU's input matrix (row-major [M, N] here): its leading dim must be a multiple of 8.
+  if (aux.defined() && (N % 8 != 0 || alignment_of(aux.raw_data()) < 16)) return false;
   const Tensor a = cublas_ready(a_in), b = cublas_ready(b_in);
   const MatrixLayout la = layout_of(a), lb = layout_of(b);
   const cudaDataType_t in_type = cuda_type(a.dtype());
@@ -247,6 +250,10 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
   set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_TRANSB, op_second);
   set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
   set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector.raw_data());
+  if (aux.defined()) {
+    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.raw_data());
+    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, N);
+  }
   const bool first_n = op_first == CUBLAS_OP_N, second_n = op_second == CUBLAS_OP_N;
   PIPIT_CUBLAS_CHECK(
       op, cublasLtMatrixLayoutCreate(&p.a, in_type, first_n ? N : K, first_n ? K : N, lb.ld));
@@ -280,7 +287,8 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
                   static_cast<int>(epilogue),
                   alignment_of(b.raw_data()),
                   alignment_of(a.raw_data()),
-                  alignment_of(out.raw_data())};
+                  alignment_of(out.raw_data()),
+                  aux.defined() ? alignment_of(aux.raw_data()) : 0};
   auto cached = h.blas.lt_algorithms.find(key);
   if (cached == h.blas.lt_algorithms.end()) {
     cublasLtMatmulHeuristicResult_t found{};
@@ -330,6 +338,19 @@ void CudaBackend::matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bi
   if (lt_matmul("matmul_bias", index_, a, b, out, CUBLASLT_EPILOGUE_BIAS, bias)) return;
   copy(rows_of(bias, out.shape()[0]), out);
   matmul_on_device(index_, a, b, out, true);
+}
+
+void CudaBackend::matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias,
+                                   const Tensor& pre, const Tensor& out) {
+  cuda::DeviceGuard guard(index_);
+  check_matmul_with_vector("matmul_bias_gelu", a, b, out, bias, b.shape()[1]);
+  check_matmul_with_gelu("matmul_bias_gelu", pre, out);
+  if (lt_matmul("matmul_bias_gelu", index_, a, b, out, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias,
+                pre)) {
+    return;
+  }
+  matmul_bias(a, b, bias, pre);
+  unary(UnaryOp::gelu, pre, out);
 }
 
 void CudaBackend::matmul_bias_grad(const Tensor& a, const Tensor& b, const Tensor& out,
