@@ -16,7 +16,6 @@ usage: python3 bench/gpu_attention.py [--build build] [--dtypes bf16,f16,f32]
 """
 import argparse
 import os
-import statistics
 
 import gpu_common
 
@@ -46,10 +45,6 @@ def torch_attention(torch, dtype_name, B, H, T, D, warmup, repeats):
         forward().backward(grad)
         torch.cuda.synchronize()
     return time_steps(warmup, repeats, run_forward), time_steps(warmup, repeats, run_step)
-
-
-def tflops(flops, ms):
-    return flops / (ms * 1e-3) / 1e12
 
 
 def main():
@@ -82,17 +77,9 @@ def main():
         [row] = rows
         B, H, T, D = row["batch"], row["heads"], row["context"], row["head_dim"]
         forward_flops = 2.0 * B * H * T * T * D
-        step_flops = 3.5 * forward_flops
-        mine_f = tflops(forward_flops, statistics.median(row["forward_ms"]))
-        mine_s = tflops(step_flops, statistics.median(row["step_ms"]))
         fwd, step = torch_attention(torch, dtype, B, H, T, D, args.warmup, args.repeats)
-        theirs_f = tflops(forward_flops, statistics.median(fwd))
-        theirs_s = tflops(step_flops, statistics.median(step))
-        line = (f"| {dtype} | {provider} | {shape} | {mine_f:.1f} | {theirs_f:.1f} | "
-                f"{mine_f / theirs_f:.2f} | {mine_s:.1f} | {theirs_s:.1f} | "
-                f"{mine_s / theirs_s:.2f} |")
-        table.append(line)
-        print(line, flush=True)
+        table.append(gpu_common.forward_and_step_row([dtype, provider, shape], forward_flops,
+                                                     3.5 * forward_flops, row, fwd, step))
         torch.cuda.empty_cache()
     print("\n" + "\n".join(table))
     if not args.no_append:

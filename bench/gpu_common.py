@@ -4,6 +4,7 @@ import ctypes
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -66,3 +67,19 @@ def append_results(title, torch, table):
                f"torch {torch.__version__}, CUDA {torch.version.cuda}\n\n")
     with open(os.path.join(HERE, "RESULTS.md"), "a") as f:
         f.write(heading + "\n".join(table) + "\n")
+
+
+def forward_and_step_row(cells, forward_flops, step_flops, pipit_row, torch_forward_ms,
+                         torch_step_ms):
+    """A table row: `cells` (what the row is), then TFLOP/s of pipit's and torch's forward and
+    forward + backward from median times, each pair with pipit/torch. Printed as it goes."""
+    def tflops(flops, times):
+        return flops / (statistics.median(times) * 1e-3) / 1e12
+    mine_f = tflops(forward_flops, pipit_row["forward_ms"])
+    mine_s = tflops(step_flops, pipit_row["step_ms"])
+    theirs_f = tflops(forward_flops, torch_forward_ms)
+    theirs_s = tflops(step_flops, torch_step_ms)
+    line = ("| " + " | ".join(cells) + f" | {mine_f:.1f} | {theirs_f:.1f} | "
+            f"{mine_f / theirs_f:.2f} | {mine_s:.1f} | {theirs_s:.1f} | {mine_s / theirs_s:.2f} |")
+    print(line, flush=True)
+    return line

@@ -16,7 +16,6 @@ usage: python3 bench/gpu_linear.py [--build build] [--modes bf16,tf32,f32]
 import argparse
 import contextlib
 import os
-import statistics
 
 import gpu_common
 
@@ -59,10 +58,6 @@ def torch_linear(torch, mode, M, K, N, warmup, repeats):
         torch.backends.cuda.matmul.allow_tf32 = False
 
 
-def tflops(flops, ms):
-    return flops / (ms * 1e-3) / 1e12
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default=os.path.join(gpu_common.HERE, "..", "build"))
@@ -88,16 +83,9 @@ def main():
             [row] = rows
             M, K, N = row["m"], row["k"], row["n"]
             forward_flops = 2.0 * M * K * N
-            mine_f = tflops(forward_flops, statistics.median(row["forward_ms"]))
-            mine_s = tflops(3 * forward_flops, statistics.median(row["step_ms"]))
             fwd, step = torch_linear(torch, mode, M, K, N, args.warmup, args.repeats)
-            theirs_f = tflops(forward_flops, statistics.median(fwd))
-            theirs_s = tflops(3 * forward_flops, statistics.median(step))
-            line = (f"| {mode} | {shape} | {mine_f:.1f} | {theirs_f:.1f} | "
-                    f"{mine_f / theirs_f:.2f} | {mine_s:.1f} | {theirs_s:.1f} | "
-                    f"{mine_s / theirs_s:.2f} |")
-            table.append(line)
-            print(line, flush=True)
+            table.append(gpu_common.forward_and_step_row([mode, shape], forward_flops,
+                                                         3 * forward_flops, row, fwd, step))
             torch.cuda.empty_cache()
     print("\n" + "\n".join(table))
     if not args.no_append:

@@ -88,26 +88,21 @@ if want gemm; then
   echo "gemm: rc=$?"
   grep -E "^\|" "$out/gemm.log"
 fi
-if want linear; then
-  # Not among gpu_pack.sh's default binaries either: pack it by name.
-  if [[ -x "$build/gpu_linear" ]]; then
-    limited 120 "$out/linear.log" python3 bench/gpu_linear.py --build "$build"
-    echo "linear: rc=$?"
-    grep -E "^\| (bf16|tf32|f32) " "$out/linear.log"
+# A benchmark whose binary gpu_pack.sh does not pack by default (pack it by name): STEP runs
+# bench/gpu_STEP.py for at most SECONDS and shows its table's rows.
+packed_by_name() {
+  local step=$1 seconds=$2
+  want "$step" || return 0
+  if [[ -x "$build/gpu_$step" ]]; then
+    limited "$seconds" "$out/$step.log" python3 "bench/gpu_$step.py" --build "$build"
+    echo "$step: rc=$?"
+    grep -E "^\| (bf16|f16|tf32|f32) " "$out/$step.log"
   else
-    echo "linear: skipped, $build/gpu_linear missing"
+    echo "$step: skipped, $build/gpu_$step missing"
   fi
-fi
-if want attention; then
-  # gpu_attention is not among gpu_pack.sh's default binaries: pack it by name.
-  if [[ -x "$build/gpu_attention" ]]; then
-    limited 120 "$out/attention.log" python3 bench/gpu_attention.py --build "$build"
-    echo "attention: rc=$?"
-    grep -E "^\| (bf16|f16|f32) " "$out/attention.log"
-  else
-    echo "attention: skipped, $build/gpu_attention missing"
-  fi
-fi
+}
+packed_by_name linear 120
+packed_by_name attention 120
 if want gpt2; then
   # shellcheck disable=SC2086 # the flags are words
   limited "${PIPIT_GPT2_SECONDS:-420}" "$out/gpt2.log" python3 bench/gpu_gpt2.py --build "$build" ${PIPIT_GPT2_FLAGS:---profile}
