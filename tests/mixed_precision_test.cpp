@@ -297,7 +297,10 @@ class WeightCastCounter final : public Backend {
 TEST_CASE("a bf16 pipeline rounds each weight once a step, however many microbatches",
           "[autocast]") {
   const GptConfig config{11, 6, 4, 2, 16, 0.0};
-  const auto [input, target] = token_batch(11, 8, 6);
+  // Named variables, not structured bindings: clang 14 cannot capture those in a lambda.
+  const auto batch = token_batch(11, 8, 6);
+  const Tensor& input = batch.first;
+  const Tensor& target = batch.second;
   auto casts_in_one_step = [&](int microbatches, const char* recompute) {
     Generator g(19);
     PipelineConfig pipeline_config;
