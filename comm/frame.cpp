@@ -333,6 +333,13 @@ Message decode_frame_message(const FrameHeader& header, std::string_view json_he
   const std::string where = describe(header);
   require(json_header.size() == header.header_length, where, "JSON header has ", json_header.size(),
           " bytes but header_length says ", header.header_length);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    try {
+      check_safetensors_values(tensors[i], where + "body tensor '" + std::to_string(i) + "': ");
+    } catch (const Error& e) {
+      throw FrameError(e.what());
+    }
+  }
   int64_t plain_step = 0;
   int plain_microbatch = 0, plain_chunk = 0;
   if (read_plain_json_header(json_header, &plain_step, &plain_microbatch, &plain_chunk)) {

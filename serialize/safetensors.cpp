@@ -208,6 +208,16 @@ uint64_t safetensors_header_length(const char* data, size_t size, const std::str
   return header_size;
 }
 
+void check_safetensors_values(const Tensor& tensor, const std::string& where) {
+  if (tensor.dtype() != DType::b8) return;
+  // Read as bytes: a bool holding anything but 0 or 1 is undefined behaviour once read as bool.
+  const auto* bytes = static_cast<const uint8_t*>(tensor.raw_data());
+  for (size_t i = 0; i < tensor.nbytes(); ++i) {
+    PIPIT_CHECK(bytes[i] <= 1, where, "BOOL element ", i, " holds the byte ", int(bytes[i]),
+                ", not 0 or 1");
+  }
+}
+
 OrderedTensors decode_safetensors_ordered(const char* data, size_t size, const std::string& source,
                                           json* metadata) {
   const uint64_t header_size = safetensors_header_length(data, size, source);
@@ -217,6 +227,7 @@ OrderedTensors decode_safetensors_ordered(const char* data, size_t size, const s
   for (SafetensorsEntry& e :
        plan_safetensors({data + 8, header_size}, data_size, source, metadata)) {
     if (e.end > e.begin) std::memcpy(e.tensor.raw_data(), bytes + e.begin, e.end - e.begin);
+    check_safetensors_values(e.tensor, fail_prefix(source) + "tensor '" + e.name + "': ");
     tensors.emplace_back(std::move(e.name), std::move(e.tensor));
   }
   return tensors;

@@ -45,6 +45,10 @@ using SafetensorsLayout = std::vector<SafetensorsEntry>;
 uint64_t safetensors_header_length(const char* data, size_t size, const std::string& source);
 SafetensorsLayout plan_safetensors(std::string_view header_text, uint64_t data_size,
                                    const std::string& source, nlohmann::json* metadata = nullptr);
+// Refuses bytes the tensor's dtype does not allow (a BOOL byte other than 0 or 1), naming the
+// element; `where` starts the message. The decoders above run it; a reader that fills a
+// planned layout itself runs it once the bytes are in.
+void check_safetensors_values(const Tensor& tensor, const std::string& where);
 
 // Written to a temporary file, fsynced and renamed: a crash leaves the old file or the new.
 void save_safetensors(const std::string& path, const StateDict& tensors,

@@ -343,6 +343,15 @@ TEST_CASE("frame payload rejects bodies that are not position-named safetensors"
   expect_frame_error([&] { payload(fields, body_of({{"weight", a}})); }, "'weight'");
   expect_frame_error([&] { payload(fields, body_of({{"-0", a}})); }, "'-0'");
 
+  // A bool byte other than 0 or 1 is not a bool: refused by position and element.
+  Tensor flags = Tensor::empty({3}, DType::b8);
+  std::memcpy(flags.raw_data(), "\x01\x00\x02", 3);
+  expect_frame_error(
+      [&] {
+        payload(fields, body_of({{"0", a}, {"1", flags}}));
+      },
+      "body tensor '1': BOOL element 2 holds the byte 2, not 0 or 1");
+
   const Message out = payload(fields, body_of({{"0", a}, {"1", b}}));
   REQUIRE(out.tensors.size() == 2);
   CHECK(out.tensors[1].to_vector<double>() == std::vector<double>{3});

@@ -114,6 +114,13 @@ TEST_CASE("corrupt safetensors input gives errors naming the field", "[serialize
                  data),
       "too large");
   expect_error(file_bytes(R"({"__metadata__":{"k":1}})", ""), "__metadata__");
+  const std::string flags = R"({"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})";
+  REQUIRE(decode_safetensors(file_bytes(flags, std::string("\1\0\1", 3)).data(),
+                             8 + flags.size() + 3, "x")
+              .at("m")
+              .to_vector<float>() == std::vector<float>{1, 0, 1});
+  expect_error(file_bytes(flags, std::string("\1\0\xff", 3)),
+               "tensor 'm': BOOL element 2 holds the byte 255, not 0 or 1");
 }
 
 TEST_CASE("every truncation of a valid file is rejected cleanly", "[serialize]") {

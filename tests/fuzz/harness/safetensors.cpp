@@ -2,6 +2,7 @@
 // the two steps a socket reader takes (header length, then the planned layout), and from a
 // file. Every path must agree, and an accepted blob must re-encode to the same tensors and
 // metadata.
+#include <cstring>
 #include <optional>
 
 #include "pipit.h"
@@ -24,7 +25,15 @@ bool fuzz_safetensors(const uint8_t* data, size_t size) {
   refuses_only_with("safetensors_header_length and plan_safetensors", [&] {
     const uint64_t header = safetensors_header_length(bytes, size, kSource);
     require(header <= size - 8, "safetensors_header_length exceeds the blob");
-    layout = plan_safetensors({bytes + 8, header}, size - 8 - header, kSource);
+    SafetensorsLayout planned = plan_safetensors({bytes + 8, header}, size - 8 - header, kSource);
+    // As a socket reader does: fill the planned tensors, then check what their bytes hold.
+    for (const SafetensorsEntry& e : planned) {
+      if (e.end > e.begin) {
+        std::memcpy(e.tensor.raw_data(), bytes + 8 + header + e.begin, e.end - e.begin);
+      }
+      check_safetensors_values(e.tensor, kSource + ": tensor '" + e.name + "': ");
+    }
+    layout = std::move(planned);
   });
   require(ordered.has_value() == layout.has_value(),
           "decoding in one step and in two steps disagree on whether the blob is valid");
