@@ -175,7 +175,18 @@ def jax_tiny_op(warmup, steps):
     return [t * 1000.0 / ops for t in time_steps(warmup, steps, step)]
 
 
-MODELS = {"mlp": jax_mlp, "gpt": jax_gpt, "tiny_op": jax_tiny_op}
+def jax_bf16_ops(warmup, steps):
+    key_a, key_b = jax.random.split(jax.random.PRNGKey(0))
+    a = jax.random.normal(key_a, (4096, 1024)).astype(jnp.bfloat16)
+    b = jax.random.normal(key_b, (4096, 1024)).astype(jnp.bfloat16)
+    ops = jax.jit(lambda a, b: (a + b, a * b, jax.nn.gelu(a, approximate=True)))
+
+    def step():
+        jax.block_until_ready(ops(a, b))
+    return time_steps(warmup, steps, step)
+
+
+MODELS = {"mlp": jax_mlp, "gpt": jax_gpt, "tiny_op": jax_tiny_op, "bf16_ops": jax_bf16_ops}
 
 if __name__ == "__main__":
     model, _threads, warmup, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

@@ -115,7 +115,18 @@ def torch_tiny_op(warmup, steps):
     return [t * 1000.0 / ops for t in time_steps(warmup, steps, step)]
 
 
-TORCH = {"mlp": torch_mlp, "gpt": torch_gpt, "tiny_op": torch_tiny_op}
+def torch_bf16_ops(warmup, steps):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(4096, 1024, generator=g).to(torch.bfloat16)
+    b = torch.randn(4096, 1024, generator=g).to(torch.bfloat16)
+
+    def step():
+        torch.add(a, b), torch.mul(a, b), F.gelu(a, approximate="tanh")
+    return time_steps(warmup, steps, step)
+
+
+TORCH = {"mlp": torch_mlp, "gpt": torch_gpt, "tiny_op": torch_tiny_op,
+         "bf16_ops": torch_bf16_ops}
 
 
 if __name__ == "__main__":

@@ -80,6 +80,16 @@ std::vector<double> bench_tiny_op(int warmup, int steps) {
   return ms;
 }
 
+// Milliseconds for add, mul and gelu of bf16 [4096, 1024] tensors: elementwise ops on half
+// activations, computed in f32 and rounded once.
+std::vector<double> bench_bf16_ops(int warmup, int steps) {
+  Generator generator(0);
+  Tensor a = randn({4096, 1024}, &generator).to(DType::bf16);
+  Tensor b = randn({4096, 1024}, &generator).to(DType::bf16);
+  return time_steps(warmup, steps,
+                    [&] { Tensor sum = add(a, b), product = mul(a, b), activated = gelu(a); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -89,9 +99,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc != 5 && argc != 6) {
-    std::fprintf(stderr,
-                 "usage: cpu_vs_torch mlp|gpt|tiny_op THREADS WARMUP STEPS [onednn|openblas], or "
-                 "cpu_vs_torch peak\n");
+    std::fprintf(
+        stderr,
+        "usage: cpu_vs_torch mlp|gpt|tiny_op|bf16_ops THREADS WARMUP STEPS [onednn|openblas], or "
+        "cpu_vs_torch peak\n");
     return 2;
   }
   const std::string model = argv[1];
@@ -113,8 +124,11 @@ int main(int argc, char** argv) {
     times = bench_gpt(warmup, steps);
   } else if (model == "tiny_op") {
     times = bench_tiny_op(warmup, steps);
+  } else if (model == "bf16_ops") {
+    times = bench_bf16_ops(warmup, steps);
   } else {
-    std::fprintf(stderr, "cpu_vs_torch: unknown model '%s' (mlp, gpt, tiny_op)\n", model.c_str());
+    std::fprintf(stderr, "cpu_vs_torch: unknown model '%s' (mlp, gpt, tiny_op, bf16_ops)\n",
+                 model.c_str());
     return 2;
   }
   std::printf("{\"model\": \"%s\", \"threads\": %d, \"ms\": [", model.c_str(), threads);

@@ -19,6 +19,7 @@ Each run is pinned with taskset to as many cores as it has threads.
 
 usage: /usr/bin/python3 bench/cpu_vs_torch.py [--build build] [--rounds 3] [--threads 1,2]
                                               [--no-jax] [--torch2] [--no-append]
+                                              [--models mlp,gpt,tiny_op,bf16_ops]
 """
 import argparse
 import datetime
@@ -31,15 +32,16 @@ import sys
 from bench_common import cpu_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS = ["mlp", "gpt", "tiny_op"]
+MODELS = ["mlp", "gpt", "tiny_op", "bf16_ops"]
 # tiny_op times one add of two 1-element tensors: pipit's C++ call against the peers' Python
 # call, the cost a user of each API pays per op, not two kernels.
-LABEL = {"mlp": "mlp", "gpt": "gpt", "tiny_op": "tiny_op (C++ API vs Python API)"}
+LABEL = {"mlp": "mlp", "gpt": "gpt", "tiny_op": "tiny_op (C++ API vs Python API)",
+         "bf16_ops": "bf16_ops (add, mul, gelu of bf16 [4096, 1024])"}
 # Debian's PyTorch runs OpenBLAS's thread pool beside its OpenMP one: above one thread the two
 # oversubscribe the cores, so it runs at one thread only (PyTorch 2.x has one pool).
 ONE_THREAD_ONLY = {"PyTorch (Debian)"}
-STEPS = {"mlp": (3, 10), "gpt": (2, 6), "tiny_op": (1, 5)}  # (warm-up, timed) per round
-UNIT = {"mlp": "ms/step", "gpt": "ms/step", "tiny_op": "us/op"}
+STEPS = {"mlp": (3, 10), "gpt": (2, 6), "tiny_op": (1, 5), "bf16_ops": (2, 10)}  # (warm-up, timed) per round
+UNIT = {"mlp": "ms/step", "gpt": "ms/step", "tiny_op": "us/op", "bf16_ops": "ms/round"}
 MLP_SIZES = [784, 1024, 1024, 10]
 MLP_BATCH = 256
 
@@ -88,11 +90,17 @@ def main():
     parser.add_argument("--no-jax", action="store_true")
     parser.add_argument("--torch2", action="store_true")
     parser.add_argument("--no-append", action="store_true")
+    parser.add_argument("--models", default=",".join(MODELS))
     args = parser.parse_args()
     binary = os.path.join(args.build, "cpu_vs_torch")
     torch_peer = os.path.join(HERE, "cpu_peer_torch.py")
 
-    runners = [("pipit", [binary]), ("PyTorch (Debian)", ["/usr/bin/python3", torch_peer])]
+    runners = [("pipit", [binary])]
+    if subprocess.run(["/usr/bin/python3", "-c", "import torch"],
+                      capture_output=True).returncode == 0:
+        runners.append(("PyTorch (Debian)", ["/usr/bin/python3", torch_peer]))
+    else:
+        print("Debian's python3-torch is not installed: its column is left out", flush=True)
     if args.torch2:
         runners.append(("PyTorch 2.x", [venv_python("torch2", ["torch", "numpy"]), torch_peer]))
     if not args.no_jax:
@@ -107,7 +115,7 @@ def main():
     versions = {}
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
-        for model in MODELS:
+        for model in args.models.split(","):
             times = {name: [] for name, _ in runners}
             for _ in range(args.rounds):
                 for name, argv in runners:

@@ -9,9 +9,26 @@ namespace pipit {
 namespace {
 
 using cpu::byte_ptr;
+using cpu::compute_t;
 
 // map1 and map2 apply f elementwise; a row kernel, when given, takes over contiguous runs.
+// Half elements are computed on in f32: each run passes through f32 buffers a chunk at a
+// time, through the row kernel, so the bits are those of the f32 kernel on the widened
+// tensors, rounded once, without widened copies of whole operands.
 struct NoRowKernel {};
+
+template <typename S>
+constexpr bool is_half_element = !std::is_same_v<compute_t<S>, S>;
+constexpr int64_t kHalfChunk = 256;
+
+template <typename F, typename Row, typename T, typename... In>
+void apply_row(F& f, Row& row, T* out, int64_t n, const In*... in) {
+  if constexpr (std::is_same_v<Row, NoRowKernel>) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(in[i]...);
+  } else {
+    row(in..., out, n);
+  }
+}
 
 template <typename O, typename I, typename F, typename Row = NoRowKernel>
 void map1(const Tensor& in, const Tensor& out, F f, Row row = {}) {
@@ -20,12 +37,18 @@ void map1(const Tensor& in, const Tensor& out, F f, Row row = {}) {
                        [&](auto p, int64_t n, auto s) {
                          O* o = reinterpret_cast<O*>(p[0]);
                          const I* x = reinterpret_cast<const I*>(p[1]);
-                         if (s[0] == 1 && s[1] == 1) {
-                           if constexpr (std::is_same_v<Row, NoRowKernel>) {
-                             for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
-                           } else {
-                             row(x, o, n);
+                         if constexpr (is_half_element<I>) {
+                           compute_t<I> xs[kHalfChunk];
+                           compute_t<O> ys[kHalfChunk];
+                           for (int64_t begin = 0; begin < n; begin += kHalfChunk) {
+                             const int64_t m = std::min(kHalfChunk, n - begin);
+                             for (int64_t i = 0; i < m; ++i)
+                               xs[i] = compute_t<I>(x[(begin + i) * s[1]]);
+                             apply_row(f, row, ys, m, xs);
+                             for (int64_t i = 0; i < m; ++i) o[(begin + i) * s[0]] = O(ys[i]);
                            }
+                         } else if (s[0] == 1 && s[1] == 1) {
+                           apply_row(f, row, o, n, x);
                          } else {
                            for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(x[i * s[1]]);
                          }
@@ -40,12 +63,20 @@ void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f, Row row = {}
                          O* o = reinterpret_cast<O*>(p[0]);
                          const T* x = reinterpret_cast<const T*>(p[1]);
                          const T* y = reinterpret_cast<const T*>(p[2]);
-                         if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
-                           if constexpr (std::is_same_v<Row, NoRowKernel>) {
-                             for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
-                           } else {
-                             row(x, y, o, n);
+                         if constexpr (is_half_element<T>) {
+                           compute_t<T> xs[kHalfChunk], ys[kHalfChunk];
+                           compute_t<O> zs[kHalfChunk];
+                           for (int64_t begin = 0; begin < n; begin += kHalfChunk) {
+                             const int64_t m = std::min(kHalfChunk, n - begin);
+                             for (int64_t i = 0; i < m; ++i) {
+                               xs[i] = compute_t<T>(x[(begin + i) * s[1]]);
+                               ys[i] = compute_t<T>(y[(begin + i) * s[2]]);
+                             }
+                             apply_row(f, row, zs, m, xs, ys);
+                             for (int64_t i = 0; i < m; ++i) o[(begin + i) * s[0]] = O(zs[i]);
                            }
+                         } else if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+                           apply_row(f, row, o, n, x, y);
                          } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
                            const T yv = *y;
                            for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], yv);
@@ -56,15 +87,16 @@ void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f, Row row = {}
                        });
 }
 
-template <typename T>
+template <typename S>
 void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
+  using T = compute_t<S>;
   switch (op) {
     case UnaryOp::neg:
-      return map1<T, T>(in, out, [](T x) { return T(-x); });
+      return map1<S, S>(in, out, [](T x) { return T(-x); });
     case UnaryOp::abs:
-      return map1<T, T>(in, out, [](T x) { return T(x < 0 ? -x : x); });
+      return map1<S, S>(in, out, [](T x) { return T(x < 0 ? -x : x); });
     case UnaryOp::relu:
-      return map1<T, T>(in, out, [](T x) { return T(x > 0 ? x : 0); });
+      return map1<S, S>(in, out, [](T x) { return T(x > 0 ? x : 0); });
     default:
       break;
   }
@@ -72,36 +104,36 @@ void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
     switch (op) {
       case UnaryOp::exp:
         if constexpr (std::is_same_v<T, float>) {
-          return map1<T, T>(
+          return map1<S, S>(
               in, out, [](T x) { return cpu::fast_exp(x); },
               [](const T* x, T* y, int64_t n) { cpu::exp_shifted_row(x, 0.0f, y, n); });
         } else {
-          return map1<T, T>(in, out, [](T x) { return std::exp(x); });
+          return map1<S, S>(in, out, [](T x) { return std::exp(x); });
         }
       case UnaryOp::log:
-        return map1<T, T>(in, out, [](T x) { return std::log(x); });
+        return map1<S, S>(in, out, [](T x) { return std::log(x); });
       case UnaryOp::sqrt:
-        return map1<T, T>(in, out, [](T x) { return std::sqrt(x); });
+        return map1<S, S>(in, out, [](T x) { return std::sqrt(x); });
       case UnaryOp::tanh:
         if constexpr (std::is_same_v<T, float>) {
-          return map1<T, T>(
+          return map1<S, S>(
               in, out, [](T x) { return cpu::fast_tanh(x); }, cpu::tanh_row);
         } else {
-          return map1<T, T>(in, out, [](T x) { return std::tanh(x); });
+          return map1<S, S>(in, out, [](T x) { return std::tanh(x); });
         }
       case UnaryOp::sigmoid:
         if constexpr (std::is_same_v<T, float>) {
-          return map1<T, T>(
+          return map1<S, S>(
               in, out, [](T x) { return cpu::sigmoid(x); }, cpu::sigmoid_row);
         } else {
-          return map1<T, T>(in, out, [](T x) { return cpu::sigmoid(x); });
+          return map1<S, S>(in, out, [](T x) { return cpu::sigmoid(x); });
         }
       case UnaryOp::gelu:
         if constexpr (std::is_same_v<T, float>) {
-          return map1<T, T>(
+          return map1<S, S>(
               in, out, [](T x) { return cpu::gelu(x); }, cpu::gelu_row);
         } else {
-          return map1<T, T>(in, out, [](T x) { return cpu::gelu(x); });
+          return map1<S, S>(in, out, [](T x) { return cpu::gelu(x); });
         }
       default:
         break;
@@ -110,64 +142,66 @@ void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
   throw Error(detail::concat("unary: op not supported for dtype ", in.dtype()));
 }
 
-template <typename T>
+template <typename S>
 void compare_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  using T = compute_t<S>;
   switch (op) {
     case BinaryOp::eq:
-      return map2<bool, T>(a, b, out, [](T x, T y) { return x == y; });
+      return map2<bool, S>(a, b, out, [](T x, T y) { return x == y; });
     case BinaryOp::ne:
-      return map2<bool, T>(a, b, out, [](T x, T y) { return x != y; });
+      return map2<bool, S>(a, b, out, [](T x, T y) { return x != y; });
     case BinaryOp::lt:
-      return map2<bool, T>(a, b, out, [](T x, T y) { return x < y; });
+      return map2<bool, S>(a, b, out, [](T x, T y) { return x < y; });
     case BinaryOp::le:
-      return map2<bool, T>(a, b, out, [](T x, T y) { return x <= y; });
+      return map2<bool, S>(a, b, out, [](T x, T y) { return x <= y; });
     case BinaryOp::gt:
-      return map2<bool, T>(a, b, out, [](T x, T y) { return x > y; });
+      return map2<bool, S>(a, b, out, [](T x, T y) { return x > y; });
     case BinaryOp::ge:
-      return map2<bool, T>(a, b, out, [](T x, T y) { return x >= y; });
+      return map2<bool, S>(a, b, out, [](T x, T y) { return x >= y; });
     default:
       throw Error("compare: not a comparison");
   }
 }
 
-template <typename T>
+template <typename S>
 void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  using T = compute_t<S>;
   switch (op) {
     case BinaryOp::add:
-      return map2<T, T>(a, b, out, [](T x, T y) { return T(x + y); });
+      return map2<S, S>(a, b, out, [](T x, T y) { return T(x + y); });
     case BinaryOp::sub:
-      return map2<T, T>(a, b, out, [](T x, T y) { return T(x - y); });
+      return map2<S, S>(a, b, out, [](T x, T y) { return T(x - y); });
     case BinaryOp::mul:
-      return map2<T, T>(a, b, out, [](T x, T y) { return T(x * y); });
+      return map2<S, S>(a, b, out, [](T x, T y) { return T(x * y); });
     case BinaryOp::maximum:
-      return map2<T, T>(a, b, out, [](T x, T y) { return x > y || x != x ? x : y; });
+      return map2<S, S>(a, b, out, [](T x, T y) { return x > y || x != x ? x : y; });
     case BinaryOp::minimum:
-      return map2<T, T>(a, b, out, [](T x, T y) { return x < y || x != x ? x : y; });
+      return map2<S, S>(a, b, out, [](T x, T y) { return x < y || x != x ? x : y; });
     case BinaryOp::div:
       if constexpr (std::is_integral_v<T>) {
         PIPIT_CHECK(false, "div: integer division is not supported; convert to a float dtype");
       }
-      return map2<T, T>(a, b, out, [](T x, T y) { return T(x / y); });
+      return map2<S, S>(a, b, out, [](T x, T y) { return T(x / y); });
     default:
       break;
   }
   if constexpr (std::is_floating_point_v<T>) {
     switch (op) {
       case BinaryOp::pow:
-        return map2<T, T>(a, b, out, [](T x, T y) { return std::pow(x, y); });
+        return map2<S, S>(a, b, out, [](T x, T y) { return std::pow(x, y); });
       case BinaryOp::relu_backward:
-        return map2<T, T>(a, b, out, [](T g, T x) { return x > 0 ? g : T(0); });
+        return map2<S, S>(a, b, out, [](T g, T x) { return x > 0 ? g : T(0); });
       case BinaryOp::tanh_backward:
-        return map2<T, T>(a, b, out, [](T g, T y) { return g * (T(1) - y * y); });
+        return map2<S, S>(a, b, out, [](T g, T y) { return g * (T(1) - y * y); });
       case BinaryOp::sigmoid_backward:
-        return map2<T, T>(a, b, out, [](T g, T y) { return g * (y * (T(1) - y)); });
+        return map2<S, S>(a, b, out, [](T g, T y) { return g * (y * (T(1) - y)); });
       case BinaryOp::gelu_backward:
         if constexpr (std::is_same_v<T, float>) {
-          return map2<T, T>(
+          return map2<S, S>(
               a, b, out, [](T g, T x) { return g * cpu::gelu_derivative(x); },
               cpu::gelu_backward_row);
         } else {
-          return map2<T, T>(a, b, out, [](T g, T x) { return g * cpu::gelu_derivative(x); });
+          return map2<S, S>(a, b, out, [](T g, T x) { return g * cpu::gelu_derivative(x); });
         }
       default:
         break;
@@ -184,24 +218,16 @@ bool is_comparison(BinaryOp op) {
 }  // namespace
 
 void CpuBackend::unary(UnaryOp op, const Tensor& in, const Tensor& out) {
-  if (is_half(in.dtype())) {
-    const Tensor wide = cpu::widened(in);
-    return cpu::into_f32(out, [&](const Tensor& target) { unary(op, wide, target); });
-  }
-  PIPIT_DISPATCH_NUMERIC(in.dtype(), "unary", unary_typed<scalar_t>(op, in, out));
+  PIPIT_DISPATCH_NUMERIC_AND_HALF(in.dtype(), "unary", unary_typed<scalar_t>(op, in, out));
 }
 
 void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  if (is_half(a.dtype())) {
-    const Tensor wide_a = cpu::widened(a), wide_b = cpu::widened(b);
-    return cpu::into_f32(out, [&](const Tensor& target) { binary(op, wide_a, wide_b, target); });
-  }
   if (is_comparison(op)) {
     if (a.dtype() == DType::b8) return compare_typed<bool>(op, a, b, out);
-    PIPIT_DISPATCH_NUMERIC(a.dtype(), "compare", compare_typed<scalar_t>(op, a, b, out));
+    PIPIT_DISPATCH_NUMERIC_AND_HALF(a.dtype(), "compare", compare_typed<scalar_t>(op, a, b, out));
     return;
   }
-  PIPIT_DISPATCH_NUMERIC(a.dtype(), "binary", binary_typed<scalar_t>(op, a, b, out));
+  PIPIT_DISPATCH_NUMERIC_AND_HALF(a.dtype(), "binary", binary_typed<scalar_t>(op, a, b, out));
 }
 
 void CpuBackend::where(const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out) {

@@ -35,6 +35,9 @@ using compute_t = std::conditional_t<sizeof(T) == 2 && !std::is_integral_v<T>, f
 #define PIPIT_DISPATCH_FLOAT_AND_HALF(dtype, op, ...)                                     \
   PIPIT_DISPATCH_FLOAT_AND_HALF_AS(::pipit::cpu::Half, ::pipit::cpu::BFloat16, dtype, op, \
                                    __VA_ARGS__)
+#define PIPIT_DISPATCH_NUMERIC_AND_HALF(dtype, op, ...)                                     \
+  PIPIT_DISPATCH_NUMERIC_AND_HALF_AS(::pipit::cpu::Half, ::pipit::cpu::BFloat16, dtype, op, \
+                                     __VA_ARGS__)
 #define PIPIT_DISPATCH_ALL(dtype, op, ...) \
   PIPIT_DISPATCH_ALL_AS(::pipit::cpu::Half, ::pipit::cpu::BFloat16, dtype, op, __VA_ARGS__)
 
