@@ -108,11 +108,15 @@ void for_each_half_kernel(const std::function<void(const std::string&, const std
                         BinaryOp::maximum, BinaryOp::minimum, BinaryOp::relu_backward,
                         BinaryOp::gelu_backward, BinaryOp::tanh_backward,
                         BinaryOp::sigmoid_backward, BinaryOp::eq, BinaryOp::lt, BinaryOp::ge}) {
-      check(name + " " + op_name(op),
-            {half_random({4, 1, 5}, dt, g, 0.5, 3), half_random({3, 5}, dt, g, 0.5, 3)},
-            [op](Device d, const std::vector<Tensor>& in) {
-              return run_binary(op, is_comparison_op(op) ? DType::b8 : in[0].dtype(), d, in);
-            });
+      // The second operand broadcast along the outer dims, then along the innermost one,
+      // where the two operands' rows step differently.
+      for (const Shape& second : {Shape{3, 5}, Shape{3, 1}}) {
+        check(name + " " + op_name(op) + " with " + shape_str(second),
+              {half_random({4, 1, 5}, dt, g, 0.5, 3), half_random(second, dt, g, 0.5, 3)},
+              [op](Device d, const std::vector<Tensor>& in) {
+                return run_binary(op, is_comparison_op(op) ? DType::b8 : in[0].dtype(), d, in);
+              });
+      }
     }
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
       check(name + " reduce " + op_name(op), {half_random({300, 7}, dt, g)},
