@@ -3,16 +3,17 @@
 # the [cuda] test cases one process each (a crash loses one case, not the rest), the rest of
 # the suite, the GEMM, attention and GPT-2 benchmarks against PyTorch on the same GPU, and
 # train_gpt on the GPU with 1, 2 and 4 pipeline stages. Each step has a time limit; logs go to
-# OUT_DIR (one file per step) and a summary to stdout. Pack gpu_attention and gpu_linear too:
+# OUT_DIR (one file per step) and a summary to stdout. Pack gpu_attention, gpu_linear and
+# gpu_kernels too:
 #   bash ../shared/tools/gpu_pack.sh build .gpu/pack.tar.xz pipit_tests train_gpt gpu_gemm \
-#     gpu_gpt2 gpu_attention gpu_linear tcp_throughput pipit-worker
+#     gpu_gpt2 gpu_attention gpu_linear gpu_kernels tcp_throughput pipit-worker
 # and put the GPU machine's libnvrtc folder on LD_LIBRARY_PATH beside libcublas', libcudnn's
 # and libcudart's (the cuDNN frontend links NVRTC; gpu_pack.sh leaves CUDA's libraries out).
 #
 # usage: bash tools/gpu_check.sh [BUILD_DIR] [OUT_DIR] [STEPS]
 #   BUILD_DIR: a Release build with CUDA (default build); OUT_DIR: default gpu-logs;
-#   STEPS: comma-separated subset of info,cuda,suite,asan,gemm,linear,attention,gpt2,train (default
-#   all but asan; asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build).
+#   STEPS: comma-separated subset of info,cuda,suite,asan,gemm,linear,kernels,attention,gpt2,train
+#   (default all but asan; asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build).
 #   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile); PIPIT_GPT2_SECONDS: its
 #   time limit (default 420).
 set -uo pipefail
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/.."
 export PIPIT_TEST_DATA="$(pwd)/tests/data"
 build=$(realpath "${1:-build}")
 out=$(realpath -m "${2:-gpu-logs}")
-steps=",${3:-info,cuda,suite,gemm,linear,attention,gpt2,train},"
+steps=",${3:-info,cuda,suite,gemm,linear,kernels,attention,gpt2,train},"
 mkdir -p "$out"
 
 want() { [[ $steps == *",$1,"* ]]; }
@@ -96,12 +97,13 @@ packed_by_name() {
   if [[ -x "$build/gpu_$step" ]]; then
     limited "$seconds" "$out/$step.log" python3 "bench/gpu_$step.py" --build "$build"
     echo "$step: rc=$?"
-    grep -E "^\| (bf16|f16|tf32|f32) " "$out/$step.log"
+    grep -E "^\| (bf16|f16|tf32|f32|layer_norm|cross_entropy|adamw) " "$out/$step.log"
   else
     echo "$step: skipped, $build/gpu_$step missing"
   fi
 }
 packed_by_name linear 120
+packed_by_name kernels 120
 packed_by_name attention 120
 if want gpt2; then
   # shellcheck disable=SC2086 # the flags are words

@@ -1,0 +1,147 @@
+// pipit's half of bench/gpu_kernels.py: GPT-2 small's memory-bound kernels on cuda:0 at batch
+// 8, context 1024, through the API a training step uses. Prints one JSON line per kernel:
+//   layer_norm:    f32 x [8192, 768] (the residual stream; LayerNorm runs in f32 under
+//                  autocast), forward and forward + backward with the output's gradient given;
+//   cross_entropy: bf16 logits [8192, 50257] (the head's output under bf16 autocast), mean
+//                  loss, forward and forward + backward;
+//   adamw:         one AdamW step over GPT-2 small's parameters (untied head, 163M), gradients
+//                  set.
+// {"kernel", "shape", "forward_ms": [...], "step_ms": [...]} (adamw: step_ms only).
+//
+// usage: gpu_kernels [--kernels layer_norm,cross_entropy,adamw] [--warmup 3] [--repeats 10]
+//                    [--device cuda]
+#include <cstdio>
+#include <exception>
+#include <nlohmann/json.hpp>
+
+#include "bench/gpu_bench.h"
+#include "optim/optimizer.h"
+#include "pipit.h"
+#include "support/flags.h"
+#include "tensor/stream.h"
+
+using namespace pipit;
+
+namespace {
+
+constexpr int64_t kRows = 8 * 1024, kWidth = 768, kVocab = 50257, kLayers = 12;
+// cuda:0 unless --device cpu (a check of this program on a machine without a GPU).
+Device g_device = Device::cuda(0);
+
+template <typename Forward>
+nlohmann::json time_forward_and_step(const std::string& kernel, const std::string& shape,
+                                     const std::vector<Tensor>& leaves, const Tensor& grad,
+                                     int64_t warmup, int64_t repeats, Forward forward) {
+  const auto forward_ms = bench::time_ms(warmup, repeats, [&] {
+    NoGradGuard no_grad;
+    forward();
+    synchronize(g_device);
+  });
+  const auto step_ms = bench::time_ms(warmup, repeats, [&] {
+    for (Tensor t : leaves) t.zero_grad();
+    if (grad.defined()) {
+      forward().backward(grad);
+    } else {
+      forward().backward();
+    }
+    synchronize(g_device);
+  });
+  return {{"kernel", kernel}, {"shape", shape}, {"forward_ms", forward_ms}, {"step_ms", step_ms}};
+}
+
+nlohmann::json time_layer_norm(int64_t warmup, int64_t repeats) {
+  Generator generator(0);
+  const Tensor x = randn({kRows, kWidth}, &generator, {DType::f32, g_device}).requires_grad_();
+  const Tensor weight = ones({kWidth}, {DType::f32, g_device}).requires_grad_();
+  const Tensor bias = zeros({kWidth}, {DType::f32, g_device}).requires_grad_();
+  const Tensor grad = randn({kRows, kWidth}, &generator, {DType::f32, g_device});
+  return time_forward_and_step("layer_norm", "8192x768 f32", {x, weight, bias}, grad, warmup,
+                               repeats, [&] { return layer_norm(x, weight, bias); });
+}
+
+nlohmann::json time_cross_entropy(int64_t warmup, int64_t repeats) {
+  Generator generator(0);
+  const Tensor logits =
+      randn({kRows, kVocab}, &generator, {DType::f32, g_device}).to(DType::bf16).requires_grad_();
+  std::vector<int64_t> ids(kRows);
+  for (int64_t i = 0; i < kRows; ++i) ids[i] = (i * 7919) % kVocab;
+  const Tensor targets = from_vector(ids, {kRows}).to(g_device);
+  return time_forward_and_step("cross_entropy", "8192x50257 bf16", {logits}, Tensor(), warmup,
+                               repeats, [&] { return cross_entropy(logits, targets); });
+}
+
+nlohmann::json time_adamw(int64_t warmup, int64_t repeats) {
+  Generator generator(0);
+  std::vector<Shape> shapes = {{kVocab, kWidth}, {1024, kWidth}, {kWidth}, {kWidth}};
+  for (int64_t layer = 0; layer < kLayers; ++layer) {
+    for (const Shape& s : std::vector<Shape>{{kWidth},
+                                             {kWidth},
+                                             {3 * kWidth, kWidth},
+                                             {3 * kWidth},
+                                             {kWidth, kWidth},
+                                             {kWidth},
+                                             {kWidth},
+                                             {kWidth},
+                                             {4 * kWidth, kWidth},
+                                             {4 * kWidth},
+                                             {kWidth, 4 * kWidth},
+                                             {kWidth}}) {
+      shapes.push_back(s);
+    }
+  }
+  shapes.push_back({kVocab, kWidth});
+  NamedParameters parameters;
+  int64_t count = 0;
+  for (const Shape& s : shapes) {
+    Tensor p = (randn(s, &generator, {DType::f32, g_device}) * 0.02).requires_grad_();
+    p.set_grad(randn(s, &generator, {DType::f32, g_device}) * 1e-3);
+    parameters.emplace_back("p" + std::to_string(parameters.size()), p);
+    count += p.numel();
+  }
+  AdamW optimizer(parameters, {3e-4, 0.9, 0.95, 1e-8, 0.1});
+  const auto step_ms = bench::time_ms(warmup, repeats, [&] {
+    optimizer.step();
+    synchronize(g_device);
+  });
+  return {{"kernel", "adamw"},
+          {"shape", std::to_string(parameters.size()) + " tensors, " + std::to_string(count) +
+                        " parameters"},
+          {"step_ms", step_ms}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    samples::Flags flags("gpu_kernels", "GPT-2 small's LayerNorm, cross-entropy and AdamW.");
+    flags.add("kernels", "layer_norm,cross_entropy,adamw", "kernels to time");
+    flags.add("warmup", "3", "untimed calls first");
+    flags.add("repeats", "10", "timed calls");
+    flags.add("device", "cuda", "cuda (cuda:0), or cpu to check this program without a GPU");
+    flags.parse(argc, argv);
+    const auto kernels = flags.items("kernels");
+    const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
+    for (const auto& kernel : kernels) {
+      PIPIT_CHECK(kernel == "layer_norm" || kernel == "cross_entropy" || kernel == "adamw",
+                  "unknown kernel '", kernel, "' (layer_norm, cross_entropy, adamw)");
+    }
+    PIPIT_CHECK(flags.str("device") == "cuda" || flags.str("device") == "cpu", "unknown device '",
+                flags.str("device"), "' (cuda, cpu)");
+    if (flags.str("device") == "cpu") {
+      g_device = Device::cpu();
+    } else if (!bench::has_cuda_device("gpu_kernels")) {
+      return 0;
+    }
+    for (const auto& kernel : kernels) {
+      const nlohmann::json row = kernel == "layer_norm"      ? time_layer_norm(warmup, repeats)
+                                 : kernel == "cross_entropy" ? time_cross_entropy(warmup, repeats)
+                                                             : time_adamw(warmup, repeats);
+      std::printf("%s\n", row.dump().c_str());
+      std::fflush(stdout);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_kernels: %s\n", e.what());
+    return 1;
+  }
+}
