@@ -278,29 +278,55 @@ void CpuBackend::embedding_backward(const Tensor& grad_in, const Tensor& indices
   });
 }
 
+namespace {
+
+// One row of logits in the compute type: the row itself, or for half logits its values
+// widened into `buffer` (exactly), so the kernels never widen the whole [N, C] tensor.
+template <typename S>
+const cpu::compute_t<S>* row_in_compute_type(const S* row, int64_t C,
+                                             std::vector<cpu::compute_t<S>>& buffer) {
+  if constexpr (std::is_same_v<cpu::compute_t<S>, S>) {
+    return row;
+  } else {
+    buffer.resize(C);
+    for (int64_t c = 0; c < C; ++c) buffer[c] = cpu::compute_t<S>(row[c]);
+    return buffer.data();
+  }
+}
+
+template <typename T, typename G>
+void round_row(const T* from, int64_t n, G* to) {
+  for (int64_t c = 0; c < n; ++c) to[c] = G(from[c]);
+}
+
+void check_targets(const int64_t* t, int64_t N, int64_t C, int64_t ignore_index) {
+  for (int64_t i = 0; i < N; ++i) {
+    PIPIT_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < C), "cross_entropy: target ", t[i],
+                " at row ", i, " is out of range for ", C, " classes");
+  }
+}
+
+}  // namespace
+
 void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
                                int64_t ignore_index, const Tensor& losses) {
-  if (is_half(logits_in.dtype())) {
-    return cross_entropy(cpu::widened(logits_in), targets_in, ignore_index, losses);
-  }
-  PIPIT_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy", {
-    using T = scalar_t;
+  PIPIT_DISPATCH_FLOAT_AND_HALF(logits_in.dtype(), "cross_entropy", {
+    using T = cpu::compute_t<scalar_t>;
     Tensor logits = unit_stride_rows(logits_in), targets = dense(targets_in);
     const int64_t N = logits.shape()[0], C = logits.shape()[1], ld = logits.strides()[0];
-    const T* x = logits.data<T>();
+    const auto* x = static_cast<const scalar_t*>(logits.raw_data());
     const int64_t* t = targets.data<int64_t>();
+    check_targets(t, N, C, ignore_index);
+    // Half logits give an f32 loss: each row computed on its values widened.
     T* loss = losses.data<T>();
-    for (int64_t i = 0; i < N; ++i) {
-      PIPIT_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < C), "cross_entropy: target ", t[i],
-                  " at row ", i, " is out of range for ", C, " classes");
-    }
     for_rows(N, C, [&](int64_t begin, int64_t end) {
+      std::vector<T> buffer;
       for (int64_t i = begin; i < end; ++i) {
         if (t[i] == ignore_index) {
           loss[i] = 0;
           continue;
         }
-        const T* row = x + i * ld;
+        const T* row = row_in_compute_type(x + i * ld, C, buffer);
         T mx = row[0];
         for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
         T sum = 0;
@@ -315,43 +341,44 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
                                         int64_t ignore_index, const Tensor& scale_in,
                                         const Tensor& grad_logits) {
   check_cross_entropy_scale("cross_entropy_backward", scale_in, logits_in);
-  if (is_half(logits_in.dtype())) {
-    const Tensor wide = cpu::widened(logits_in);
-    return cpu::into_f32(grad_logits, [&](const Tensor& target) {
-      cross_entropy_backward(wide, targets_in, ignore_index, scale_in, target);
-    });
-  }
-  PIPIT_DISPATCH_FLOAT(logits_in.dtype(), "cross_entropy_backward", {
-    using T = scalar_t;
+  PIPIT_DISPATCH_FLOAT_AND_HALF(logits_in.dtype(), "cross_entropy_backward", {
+    using T = cpu::compute_t<scalar_t>;
     const T scale = dense(scale_in).data<T>()[0];
     Tensor logits = unit_stride_rows(logits_in), targets = dense(targets_in);
     PIPIT_CHECK(grad_logits.strides()[1] == 1,
                 "cross_entropy_backward: the gradient's rows need unit stride");
     const int64_t N = logits.shape()[0], C = logits.shape()[1], ld = logits.strides()[0];
     const int64_t ldg = grad_logits.strides()[0];
-    const T* x = logits.data<T>();
+    const auto* x = static_cast<const scalar_t*>(logits.raw_data());
     const int64_t* t = targets.data<int64_t>();
-    T* g = grad_logits.data<T>();
-    for (int64_t i = 0; i < N; ++i) {
-      PIPIT_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < C), "cross_entropy: target ", t[i],
-                  " at row ", i, " is out of range for ", C, " classes");
-    }
+    check_targets(t, N, C, ignore_index);
+    // A gradient in the compute type is written in place; a half one is computed in f32 and
+    // rounded once per row.
+    const bool in_place = !is_half(grad_logits.dtype());
+    char* g = static_cast<char*>(grad_logits.raw_data());
+    const int64_t g_row_bytes = ldg * static_cast<int64_t>(dtype_size(grad_logits.dtype()));
     for_rows(N, C, [&](int64_t begin, int64_t end) {
+      std::vector<T> buffer, wide_gradient(in_place ? 0 : C);
       for (int64_t i = begin; i < end; ++i) {
-        T* gr = g + i * ldg;
+        T* gr = in_place ? reinterpret_cast<T*>(g + i * g_row_bytes) : wide_gradient.data();
         if (t[i] == ignore_index) {
           std::fill(gr, gr + C, T(0));
-          continue;
+        } else {
+          const T* row = row_in_compute_type(x + i * ld, C, buffer);
+          T mx = row[0];
+          for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+          cpu::exp_shifted(row, mx, gr, C);
+          T sum = 0;
+          for (int64_t c = 0; c < C; ++c) sum += gr[c];
+          T inv = scale / sum;
+          for (int64_t c = 0; c < C; ++c) gr[c] *= inv;
+          gr[t[i]] -= scale;
         }
-        const T* row = x + i * ld;
-        T mx = row[0];
-        for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
-        cpu::exp_shifted(row, mx, gr, C);
-        T sum = 0;
-        for (int64_t c = 0; c < C; ++c) sum += gr[c];
-        T inv = scale / sum;
-        for (int64_t c = 0; c < C; ++c) gr[c] *= inv;
-        gr[t[i]] -= scale;
+        if (!in_place && grad_logits.dtype() == DType::bf16) {
+          round_row(gr, C, reinterpret_cast<cpu::BFloat16*>(g + i * g_row_bytes));
+        } else if (!in_place) {
+          round_row(gr, C, reinterpret_cast<cpu::Half*>(g + i * g_row_bytes));
+        }
       }
     });
   });
