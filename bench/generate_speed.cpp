@@ -1,8 +1,10 @@
 // Generation speed with a KV cache: pipit's generate() against Hugging Face transformers'
 // generate (bench/generate_speed.py) on the same GPT-2 checkpoint, prompts and greedy decoding,
-// on the CPU in f32 and in bf16, each with all cores. Prints new tokens per second for each batch
-// size, and whether both produced the same ids; appends the table to bench/RESULTS.md.
-//   generate_speed [--model DIR] [--new 256] [--reps 2] [--python PYTHON] [--peer-bf16-batch8]
+// in f32 and in bf16, on the CPU with all cores or on a GPU (--device cuda, both sides). Prints new
+// tokens per second for each batch size, and whether both produced the same ids; appends the
+// table to bench/RESULTS.md.
+//   generate_speed [--model DIR] [--device cpu|cuda] [--new 256] [--reps 2] [--python PYTHON]
+//                  [--peer-bf16-batch8]
 // Without --model, bench/generate_speed.py makes a random GPT-2 small (124M) in a temporary folder.
 #include <chrono>
 #include <cstdio>
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
   flags.add("new", "256", "new tokens per prompt");
   flags.add("prompt", "16", "tokens per prompt");
   flags.add("reps", "2", "runs per measurement; the best is reported");
+  flags.add("device", "cpu", "cpu, or cuda: the model and transformers' on GPU 0");
   flags.add("python", "python3", "the Python with torch and transformers installed");
   flags.add_switch("peer-bf16-batch8", "also time transformers in bf16 at batch 8 (slow)");
   flags.parse(argc, argv);
@@ -66,26 +69,32 @@ int main(int argc, char** argv) {
                                "generate_speed");
       }
     }
+    const std::string device_name = flags.str("device");
+    if (device_name != "cpu" && device_name != "cuda")
+      throw std::invalid_argument("--device: expected cpu or cuda, got '" + device_name + "'");
+    const bool on_gpu = device_name == "cuda";
     auto model = load_hf_gpt2(dir);
+    if (on_gpu) model->to(Device::cuda(0));
     const int64_t vocab = read_hf_gpt2_config(dir).gpt.vocab_size;
     GenerationOptions options;
     options.max_new_tokens = flags.integer("new");
     const int64_t prompt_length = flags.integer("prompt");
     const int reps = static_cast<int>(flags.integer("reps"));
     // transformers in bf16 on a CPU without AVX-512 BF16 runs far slower than in f32 (one
-    // batch-8 run took over 14 minutes here): its bf16 row is batch 1, one run, unless
-    // --peer-bf16-batch8.
+    // batch-8 run took over 14 minutes here): there its bf16 row is batch 1, one run, unless
+    // --peer-bf16-batch8. A GPU runs both.
     auto peer_rows = [&](const std::string& dtype, const std::string& batches, int runs) {
-      return bench::peer_json_lines(flags.str("python") + " " + script + " --model " + dir +
-                                        " --batch " + batches + " --new " +
-                                        std::to_string(options.max_new_tokens) + " --prompt " +
-                                        std::to_string(prompt_length) + " --reps " +
-                                        std::to_string(runs) + " --dtype " + dtype,
-                                    "generate_speed");
+      return bench::peer_json_lines(
+          flags.str("python") + " " + script + " --model " + dir + " --batch " + batches +
+              " --new " + std::to_string(options.max_new_tokens) + " --prompt " +
+              std::to_string(prompt_length) + " --reps " + std::to_string(runs) + " --dtype " +
+              dtype + " --device " + device_name,
+          "generate_speed");
     };
     const std::vector<json> peers_f32 = peer_rows("f32", "1 8", reps);
-    const std::vector<json> peers_bf16 =
-        flags.on("peer-bf16-batch8") ? peer_rows("bf16", "1 8", reps) : peer_rows("bf16", "1", 1);
+    const std::vector<json> peers_bf16 = flags.on("peer-bf16-batch8") || on_gpu
+                                             ? peer_rows("bf16", "1 8", reps)
+                                             : peer_rows("bf16", "1", 1);
     auto peer_of = [](const std::vector<json>& rows, int64_t batch) {
       for (const json& row : rows) {
         if (row.value("batch", 0) == batch) return row;
@@ -95,9 +104,10 @@ int main(int argc, char** argv) {
     std::ostringstream table;
     table << "GPT-2 shape of " << dir << " (" << model->parameter_count()
           << " parameters), greedy, " << prompt_length << "-token prompts, "
-          << options.max_new_tokens << " new tokens, KV cache on both sides; pipit "
-          << get_num_threads()
-          << " threads. bf16: pipit runs under autocast (GenerationOptions::dtype): weights and "
+          << options.max_new_tokens << " new tokens, KV cache on both sides, "
+          << (on_gpu ? "on GPU 0"
+                     : "on the CPU: pipit " + std::to_string(get_num_threads()) + " threads")
+          << ". bf16: pipit runs under autocast (GenerationOptions::dtype): weights and "
              "each product's operands rounded to bf16, f32 sums, bf16 activations; transformers "
              "loads the model in bf16 "
              "(`dtype=torch.bfloat16`). Fastest: the better of transformers' two dtypes at that "
@@ -122,8 +132,9 @@ int main(int argc, char** argv) {
         const double ours = double(batch * options.max_new_tokens) / best;
         const json peer = peer_of(dtype == DType::f32 ? peers_f32 : peers_bf16, batch);
         if (!peer.is_null())
-          peer_tool = peer.value("tool", "?") + ", " + std::to_string(peer.value("threads", 0)) +
-                      " threads";
+          peer_tool = peer.value("tool", "?") + ", " +
+                      (on_gpu ? peer.value("device", "?")
+                              : std::to_string(peer.value("threads", 0)) + " threads");
         const double theirs = peer.is_null() ? 0.0 : peer.value("tokens_per_s", 0.0);
         double fastest = 0.0;
         for (const auto* rows : {&peers_f32, &peers_bf16}) {
@@ -146,7 +157,9 @@ int main(int argc, char** argv) {
     }
     if (!peer_tool.empty()) table << "\nPeer: " << peer_tool << ".\n";
     std::printf("%s", table.str().c_str());
-    bench::append_results("generate (KV cache) vs transformers", table.str());
+    bench::append_results(on_gpu ? "generate (KV cache) vs transformers on a GPU"
+                                 : "generate (KV cache) vs transformers",
+                          table.str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "generate_speed: %s\n", e.what());
     return 1;

@@ -3,17 +3,19 @@
 # the [cuda] test cases one process each (a crash loses one case, not the rest), the rest of
 # the suite, the GEMM, attention and GPT-2 benchmarks against PyTorch on the same GPU, and
 # train_gpt on the GPU with 1, 2 and 4 pipeline stages. Each step has a time limit; logs go to
-# OUT_DIR (one file per step) and a summary to stdout. Pack gpu_attention, gpu_linear and
-# gpu_kernels too:
+# OUT_DIR (one file per step) and a summary to stdout. Pack gpu_attention, gpu_linear,
+# gpu_kernels and generate_speed too:
 #   bash ../shared/tools/gpu_pack.sh build .gpu/pack.tar.xz pipit_tests train_gpt gpu_gemm \
-#     gpu_gpt2 gpu_attention gpu_linear gpu_kernels tcp_throughput pipit-worker
+#     gpu_gpt2 gpu_attention gpu_linear gpu_kernels generate_speed tcp_throughput pipit-worker
 # and put the GPU machine's libnvrtc folder on LD_LIBRARY_PATH beside libcublas', libcudnn's
 # and libcudart's (the cuDNN frontend links NVRTC; gpu_pack.sh leaves CUDA's libraries out).
 #
 # usage: bash tools/gpu_check.sh [BUILD_DIR] [OUT_DIR] [STEPS]
 #   BUILD_DIR: a Release build with CUDA (default build); OUT_DIR: default gpu-logs;
-#   STEPS: comma-separated subset of info,cuda,suite,asan,gemm,linear,kernels,attention,gpt2,train
-#   (default all but asan; asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build).
+#   STEPS: comma-separated subset of
+#   info,cuda,suite,asan,gemm,linear,kernels,attention,gpt2,train,generate (default all but asan;
+#   asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build; generate is bench/generate_speed
+#   --device cuda, which appends to the bench/RESULTS.md of the source folder it was built in).
 #   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile); PIPIT_GPT2_SECONDS: its
 #   time limit (default 420).
 set -uo pipefail
@@ -22,7 +24,7 @@ cd "$(dirname "$0")/.."
 export PIPIT_TEST_DATA="$(pwd)/tests/data"
 build=$(realpath "${1:-build}")
 out=$(realpath -m "${2:-gpu-logs}")
-steps=",${3:-info,cuda,suite,gemm,linear,kernels,attention,gpt2,train},"
+steps=",${3:-info,cuda,suite,gemm,linear,kernels,attention,gpt2,train,generate},"
 mkdir -p "$out"
 
 want() { [[ $steps == *",$1,"* ]]; }
@@ -123,4 +125,10 @@ if want train; then
     echo "train stages=$stages: rc=$? $(grep -E "^step +30 " "$out/train.log" | tail -1)" \
       "$(grep -o "CRC-32C: [0-9a-f]*" "$out/train.log" | tail -1)"
   done
+fi
+if want generate; then
+  # KV-cache generation of a random GPT-2 small against transformers' generate, both on the GPU.
+  limited 240 "$out/generate.log" "$build/generate_speed" --device cuda
+  echo "generate: rc=$?"
+  grep -E "^\| [0-9]+ \| (f32|bf16) " "$out/generate.log" | sort -u
 fi
