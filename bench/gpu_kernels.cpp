@@ -5,11 +5,16 @@
 //   cross_entropy: bf16 logits [8192, 50257] (the head's output under bf16 autocast), mean
 //                  loss, forward and forward + backward;
 //   adamw:         one AdamW step over GPT-2 small's parameters (untied head, 163M), gradients
-//                  set.
-// {"kernel", "shape", "forward_ms": [...], "step_ms": [...]} (adamw: step_ms only).
+//                  set;
+//   bias_grad:     (not in the default list, no torch side) a Linear's weight gradient with its
+//                  bias gradient for each of GPT-2 small's Linear shapes, bf16 operands, f32
+//                  results: cuBLASLt's BGRADB epilogue (Backend::matmul_bias_grad) against the
+//                  plain product and a separate column sum of the output's gradient.
+// {"kernel", "shape", "forward_ms": [...], "step_ms": [...]} (adamw: step_ms only; bias_grad:
+// "fused_ms" and "split_ms").
 //
-// usage: gpu_kernels [--kernels layer_norm,cross_entropy,adamw] [--warmup 3] [--repeats 10]
-//                    [--device cuda]
+// usage: gpu_kernels [--kernels layer_norm,cross_entropy,adamw,bias_grad] [--warmup 3]
+//                    [--repeats 10] [--device cuda]
 #include <cstdio>
 #include <exception>
 #include <nlohmann/json.hpp>
@@ -109,6 +114,40 @@ nlohmann::json time_adamw(int64_t warmup, int64_t repeats) {
           {"step_ms", step_ms}};
 }
 
+// One row per Linear shape (out features x in features); prints each as it goes.
+void time_bias_grad(int64_t warmup, int64_t repeats) {
+  Generator generator(0);
+  Backend& device = backend(g_device);
+  for (const auto& [N, K] : std::vector<std::pair<int64_t, int64_t>>{{3 * kWidth, kWidth},
+                                                                     {kWidth, kWidth},
+                                                                     {4 * kWidth, kWidth},
+                                                                     {kWidth, 4 * kWidth},
+                                                                     {50304, kWidth}}) {
+    const Tensor grad_out = randn({kRows, N}, &generator, {DType::f32, g_device}).to(DType::bf16);
+    const Tensor input = randn({kRows, K}, &generator, {DType::f32, g_device}).to(DType::bf16);
+    const Tensor a = transpose(grad_out, 0, 1);
+    const Tensor weight_grad = Tensor::empty({N, K}, DType::f32, g_device);
+    const Tensor bias_grad = Tensor::empty({N}, DType::f32, g_device);
+    const Tensor column_sums = Tensor::empty({N}, DType::bf16, g_device);
+    const int64_t rows[] = {0};
+    const auto fused_ms = bench::time_ms(warmup, repeats, [&] {
+      device.matmul_bias_grad(a, input, weight_grad, bias_grad);
+      synchronize(g_device);
+    });
+    const auto split_ms = bench::time_ms(warmup, repeats, [&] {
+      device.matmul(a, input, weight_grad, false);
+      device.reduce(ReduceOp::sum, grad_out, rows, column_sums);
+      synchronize(g_device);
+    });
+    const nlohmann::json row = {{"kernel", "bias_grad"},
+                                {"shape", std::to_string(N) + "x" + std::to_string(K)},
+                                {"fused_ms", fused_ms},
+                                {"split_ms", split_ms}};
+    std::printf("%s\n", row.dump().c_str());
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,8 +161,9 @@ int main(int argc, char** argv) {
     const auto kernels = flags.items("kernels");
     const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
     for (const auto& kernel : kernels) {
-      PIPIT_CHECK(kernel == "layer_norm" || kernel == "cross_entropy" || kernel == "adamw",
-                  "unknown kernel '", kernel, "' (layer_norm, cross_entropy, adamw)");
+      PIPIT_CHECK(kernel == "layer_norm" || kernel == "cross_entropy" || kernel == "adamw" ||
+                      kernel == "bias_grad",
+                  "unknown kernel '", kernel, "' (layer_norm, cross_entropy, adamw, bias_grad)");
     }
     PIPIT_CHECK(flags.str("device") == "cuda" || flags.str("device") == "cpu", "unknown device '",
                 flags.str("device"), "' (cuda, cpu)");
@@ -133,6 +173,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     for (const auto& kernel : kernels) {
+      if (kernel == "bias_grad") {
+        time_bias_grad(warmup, repeats);
+        continue;
+      }
       const nlohmann::json row = kernel == "layer_norm"      ? time_layer_norm(warmup, repeats)
                                  : kernel == "cross_entropy" ? time_cross_entropy(warmup, repeats)
                                                              : time_adamw(warmup, repeats);

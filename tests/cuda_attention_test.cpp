@@ -44,8 +44,9 @@ std::vector<Tensor> run(Device device, const Case& c, const std::vector<Tensor>&
   return {out, lse, dq, dk, dv};
 }
 
-// |got - want| <= tol * max(|want|, mean |want|) everywhere, NaN (poison) nowhere.
-void check_close(const Tensor& got, const Tensor& want, double tol, const char* what) {
+// |got - want| <= tol * max(|want|, mean |want|, floor) everywhere, NaN (poison) nowhere.
+void check_close(const Tensor& got, const Tensor& want, double tol, const char* what,
+                 double floor = 0) {
   INFO(what);
   const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
   REQUIRE(g.size() == w.size());
@@ -54,7 +55,7 @@ void check_close(const Tensor& got, const Tensor& want, double tol, const char* 
   mean = w.empty() ? 0 : mean / static_cast<double>(w.size());
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < g.size(); ++i) {
-    const bool ok = std::abs(g[i] - w[i]) <= tol * std::max(std::abs(w[i]), mean);
+    const bool ok = std::abs(g[i] - w[i]) <= tol * std::max({std::abs(w[i]), mean, floor});
     if (!ok && bad++ == 0) first = i;
   }
   INFO("first of " << bad << " mismatches at " << first << ": got " << (g.empty() ? 0 : g[first])
@@ -62,7 +63,9 @@ void check_close(const Tensor& got, const Tensor& want, double tol, const char* 
   CHECK(bad == 0);
 }
 
-// bf16 keeps 8 bits and the kernels round the weights to it before multiplying by v.
+// bf16 keeps 8 bits and the kernels round the weights to it before multiplying by v (or by the
+// output's gradient): where such a sum cancels, an H200 was 5.8% off one element of v's gradient
+// (0.0713 for 0.0757, 130 tokens) and cuDNN 4.2% off one of qkv's.
 double tolerance(DType dt) {
   switch (dt) {
     case DType::f64:
@@ -72,7 +75,7 @@ double tolerance(DType dt) {
     case DType::f16:
       return 1e-2;
     default:
-      return 4e-2;
+      return 8e-2;
   }
 }
 
@@ -96,8 +99,8 @@ const char* name(AttentionProvider p) {
 
 // What cuDNN's fused attention takes (attention_provider.h).
 bool cudnn_takes(const Case& c, DType dt) {
-  return (dt == DType::bf16 || dt == DType::f16) && c.queries == c.keys && c.head_dim % 8 == 0 &&
-         c.head_dim <= 128;
+  return (dt == DType::bf16 || dt == DType::f16) && c.queries == c.keys && c.queries > 1 &&
+         c.head_dim % 8 == 0 && c.head_dim <= 128;
 }
 
 std::vector<Tensor> random_inputs(const Case& c, DType dt, Generator& g) {
@@ -159,8 +162,13 @@ TEST_CASE("cuda: attention and its backward match the CPU", "[cuda]") {
         const std::vector<Tensor> want = run(kCpu, c, inputs, scale);
         const std::vector<Tensor> got = run(kCuda, c, inputs, scale);
         const char* names[] = {"out", "lse", "grad q", "grad k", "grad v"};
+        // With one key q's and k's gradients are 0 on the CPU; the GPU forms the two sums that
+        // cancel there in another order, leaving their accumulator's rounding: an H200 left
+        // 1.8e-7 in bf16 and 2e-16 in f64. That is allowed (scaled by tol), not more.
+        const double unit = std::ldexp(1.0, dt == DType::f64 ? -52 : -23);
+        const double floor = 2.0 * static_cast<double>(c.head_dim) * unit / tolerance(dt);
         for (size_t i = 0; i < got.size(); ++i) {
-          check_close(got[i], want[i], tolerance(dt), names[i]);
+          check_close(got[i], want[i], tolerance(dt), names[i], floor);
         }
       }
     }

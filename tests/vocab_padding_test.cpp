@@ -189,7 +189,8 @@ TEST_CASE("cuda: the cross-entropy of padded logits matches the CPU", "[cuda]") 
     INFO(dtype);
     const Tensor logits = uniform({6, 1000}, -3, 3, &g).to(dtype);
     auto run = [&](Device device) {
-      Tensor x = logits.to(device).requires_grad_();
+      // detach: on the CPU to() returns logits itself, which must stay a plain tensor.
+      Tensor x = logits.to(device).detach().requires_grad_();
       Tensor loss = cross_entropy(x, targets.to(device), -100, 997);
       loss.backward();
       return std::pair{loss.to(Device::cpu()), x.grad().to(Device::cpu())};

@@ -309,11 +309,12 @@ bool use_cudnn(const char* op, const Tensor& q, const Tensor& k, const Attention
     case AttentionProvider::cudnn:
       break;
   }
-  PIPIT_CHECK(attention_cudnn_supports(q, k, g), op,
-              ": cuDNN's fused attention (set_attention_provider) takes bf16/f16 with as many "
-              "queries as keys and a head dim that is a multiple of 8 up to 128, on sm_80 or "
-              "newer; got ",
-              q.dtype(), ", ", g.queries, " queries, ", g.keys, " keys, head dim ", g.head_dim);
+  PIPIT_CHECK(
+      attention_cudnn_supports(q, k, g), op,
+      ": cuDNN's fused attention (set_attention_provider) takes bf16/f16 with as many "
+      "queries as keys (at least 2) and a head dim that is a multiple of 8 up to 128, on sm_80 or "
+      "newer; got ",
+      q.dtype(), ", ", g.queries, " queries, ", g.keys, " keys, head dim ", g.head_dim);
   return true;
 }
 

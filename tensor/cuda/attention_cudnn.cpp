@@ -133,7 +133,8 @@ void execute(const char* op, fe::graph::Graph& graph, cudnnHandle_t handle,
 
 bool attention_cudnn_supports(const Tensor& q, const Tensor& k, const AttentionGeometry& g) {
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
-  if (k.dtype() != q.dtype() || g.queries != g.keys) return false;
+  // Its backward refuses one query and one key (seen on an H200, cuDNN 9).
+  if (k.dtype() != q.dtype() || g.queries != g.keys || g.queries < 2) return false;
   if (g.head_dim % 8 != 0 || g.head_dim > 128) return false;
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device().index) !=

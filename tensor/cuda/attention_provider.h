@@ -4,7 +4,7 @@
 namespace pipit::cuda {
 
 enum class AttentionProvider {
-  // cuDNN's fused attention where this build has it and it takes the call (Tq == Tk, head dim
+  // cuDNN's fused attention where this build has it and it takes the call (Tq == Tk > 1, head dim
   // a multiple of 8 up to 128, an sm_80 or newer GPU), else pipit's kernels.
   automatic,
   // pipit's own kernels (tensor cores for head dims 32, 64, 128).

@@ -138,7 +138,83 @@ __global__ void layer_norm_partial_kernel(const T* g, const T* x, const T* mean,
   }
 }
 
-// Half logits are read as they are and summed in f32 (A): no widened copy of the logits.
+// Cross-entropy reads each row of logits in one pass with an online softmax (a running max
+// and the sum of exp(x - max), rescaled when the max grows), 16 bytes per load from the row's
+// first 16-byte boundary on: one-element loads of bf16 left too few bytes in flight to use the
+// memory system (an H200 read GPT-2's [8192, 50304] logits at 0.6 TB/s). Half logits are summed
+// in f32 (A).
+constexpr int kVectorBytes = 16;
+
+// Elements of `row` before its first 16-byte boundary (all C if it has none).
+template <typename T>
+__device__ __forceinline__ int64_t unaligned_head(const T* row, int64_t C) {
+  const auto address = reinterpret_cast<uintptr_t>(row);
+  if (address % sizeof(T) != 0) return C;
+  return min(
+      C, static_cast<int64_t>((kVectorBytes - address % kVectorBytes) % kVectorBytes / sizeof(T)));
+}
+
+// f(c, x[c]) for the elements of `row` this thread owns, in an order fixed by C and the row's
+// address: the head one at a time, then 16-byte vectors strided over the block, then the rest.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_in_row(const T* row, int64_t C, F f) {
+  constexpr int kPer = kVectorBytes / sizeof(T);
+  const int64_t head = unaligned_head(row, C), vectors = (C - head) / kPer;
+  for (int64_t c = threadIdx.x; c < head; c += blockDim.x) f(c, row[c]);
+  const uint4* row16 = reinterpret_cast<const uint4*>(row + head);
+  for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
+    const uint4 raw = row16[j];
+    const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) f(head + j * kPer + k, x[k]);
+  }
+  for (int64_t c = head + vectors * kPer + threadIdx.x; c < C; c += blockDim.x) f(c, row[c]);
+}
+
+// out[c] = f(c, x[c]) over a row, 16 bytes per load and store where the two rows share their
+// alignment, else one element at a time.
+template <typename T, typename F>
+__device__ __forceinline__ void map_row(const T* row, T* out, int64_t C, F f) {
+  constexpr int kPer = kVectorBytes / sizeof(T);
+  const bool together = reinterpret_cast<uintptr_t>(row) % kVectorBytes ==
+                        reinterpret_cast<uintptr_t>(out) % kVectorBytes;
+  const int64_t head = together ? unaligned_head(row, C) : C;
+  const int64_t vectors = (C - head) / kPer;
+  for (int64_t c = threadIdx.x; c < head; c += blockDim.x) out[c] = f(c, row[c]);
+  const uint4* row16 = reinterpret_cast<const uint4*>(row + head);
+  uint4* out16 = reinterpret_cast<uint4*>(out + head);
+  for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
+    const uint4 raw = row16[j];
+    const T* x = reinterpret_cast<const T*>(&raw);
+    uint4 result;
+    T* y = reinterpret_cast<T*>(&result);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) y[k] = f(head + j * kPer + k, x[k]);
+    out16[j] = result;
+  }
+  for (int64_t c = head + vectors * kPer + threadIdx.x; c < C; c += blockDim.x) {
+    out[c] = f(c, row[c]);
+  }
+}
+
+// The row's max and sum of exp(x - max) over the block, every thread getting both.
+template <typename T>
+__device__ void row_softmax_sums(const T* row, int64_t C, compute_t<T>& max, compute_t<T>& sum) {
+  using A = compute_t<T>;
+  A m = -A(INFINITY), s = A(0);
+  for_each_in_row(row, C, [&](int64_t, T x) {
+    const A v = widen(x);
+    if (v > m) {
+      s = s * exp_(m - v) + A(1);
+      m = v;
+    } else if (!(v == -A(INFINITY))) {  // -inf adds nothing; NaN carries through
+      s += exp_(v - m);
+    }
+  });
+  max = block_max(m);
+  sum = block_sum(s * exp_(m - max));
+}
+
 template <typename T>
 __global__ void cross_entropy_kernel(const T* x, int64_t ld, const int64_t* t, int64_t N, int64_t C,
                                      int64_t ignore, compute_t<T>* loss) {
@@ -149,10 +225,8 @@ __global__ void cross_entropy_kernel(const T* x, int64_t ld, const int64_t* t, i
       continue;
     }
     const T* row = x + i * ld;
-    const A mx = row_max(row, C);
-    A s = A(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(widen(row[c]) - mx);
-    const A sum = block_sum(s);
+    A mx, sum;
+    row_softmax_sums(row, C, mx, sum);
     // A target out of range (check_indices raises it at the next read-back) gives NaN.
     if (threadIdx.x == 0) {
       loss[i] = t[i] >= 0 && t[i] < C ? mx + log_(sum) - widen(row[t[i]]) : A(NAN);
@@ -169,18 +243,18 @@ __global__ void cross_entropy_backward_kernel(const T* x, int64_t ld, const int6
   const A scale = *scale_on_device;
   for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
     T* gr = g + i * ldg;
+    const T* row = x + i * ld;
     if (t[i] == ignore) {
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) gr[c] = round_to<T>(A(0));
+      map_row(row, gr, C, [](int64_t, T) { return round_to<T>(A(0)); });
       continue;
     }
-    const T* row = x + i * ld;
-    const A mx = row_max(row, C);
-    A s = A(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(widen(row[c]) - mx);
-    const A inv = scale / block_sum(s);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      gr[c] = round_to<T>(exp_(widen(row[c]) - mx) * inv - (c == t[i] ? scale : A(0)));
-    }
+    A mx, sum;
+    row_softmax_sums(row, C, mx, sum);
+    const A inv = scale / sum;
+    const int64_t target = t[i];
+    map_row(row, gr, C, [&](int64_t c, T v) {
+      return round_to<T>(exp_(widen(v) - mx) * inv - (c == target ? scale : A(0)));
+    });
   }
 }
 
