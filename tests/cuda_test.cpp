@@ -376,16 +376,20 @@ TEST_CASE("cuda: softmax, layer norm, embedding and cross-entropy kernels", "[cu
             tol);
       }
     }
-    for (int64_t C : {7, 300}) {
-      Tensor x = random({130, C}, dt, g, -3, 5);
-      Tensor w = random({C}, dt, g), b = random({C}, dt, g), grad = random({130, C}, dt, g);
+    // Rows of 7 are read one element at a time, rows of 300 16 bytes at a time; 600 rows make
+    // three chunks of the weight and bias gradients' partial sums.
+    for (const auto& shape :
+         std::vector<std::pair<int64_t, int64_t>>{{130, 7}, {130, 300}, {600, 300}}) {
+      const int64_t R = shape.first, C = shape.second;
+      Tensor x = random({R, C}, dt, g, -3, 5);
+      Tensor w = random({C}, dt, g), b = random({C}, dt, g), grad = random({R, C}, dt, g);
       compare_devices(
           "layer_norm", {x, w, b, grad},
           [&](Device d, const std::vector<Tensor>& in) {
-            Tensor out = poisoned({130, C}, dt, d);
-            Tensor mean = poisoned({130}, dt, d), rstd = poisoned({130}, dt, d);
+            Tensor out = poisoned({R, C}, dt, d);
+            Tensor mean = poisoned({R}, dt, d), rstd = poisoned({R}, dt, d);
             backend(d).layer_norm(in[0], in[1], in[2], 1e-5, out, mean, rstd);
-            Tensor gx = poisoned({130, C}, dt, d);
+            Tensor gx = poisoned({R, C}, dt, d);
             Tensor gw = poisoned({C}, dt, d), gb = poisoned({C}, dt, d);
             backend(d).layer_norm_backward(in[3], in[0], in[1], mean, rstd, gx, gw, gb);
             return std::vector<Tensor>{out, mean, rstd, gx, gw, gb};

@@ -209,12 +209,19 @@ __device__ __forceinline__ T log_(T x) {
   }
 }
 
+// Sum of v over the warp, in a fixed tree; every lane gets it.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
 template <typename T>
 __device__ T block_sum(T v) {
   __shared__ T warp_sums[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_sum(v);
   __syncthreads();  // warp_sums may still be read by a previous call
   if (lane == 0) warp_sums[warp] = v;
   __syncthreads();

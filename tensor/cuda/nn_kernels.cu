@@ -1,6 +1,6 @@
-// The fused nn kernels on CUDA: softmax, layer norm, embedding and cross-entropy. Every sum is
-// taken in a fixed order (per-thread strides, then a fixed tree, or the indices' order for
-// embedding gradients), so results do not change between runs.
+// The fused nn kernels on CUDA: softmax, embedding and cross-entropy (layer norm is in
+// layer_norm.cu). Every sum is taken in a fixed order (per-thread strides, then a fixed tree, or
+// the indices' order for embedding gradients), so results do not change between runs.
 #include <cmath>
 #include <cub/device/device_radix_sort.cuh>
 #include <limits>
@@ -72,70 +72,6 @@ void along_dim(const std::vector<Tensor>& inputs, const Tensor& out, int64_t dim
   const int64_t C = out.shape()[dim];
   if (out.numel() > 0) kernel(rows, out_rows, out.numel() / C, C);
   if (!out_rows.same_storage(out)) backend(out).copy(out_rows, out_view);
-}
-
-template <typename T>
-__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T eps, int64_t rows,
-                                  int64_t C, T* y, T* mean, T* rstd) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * C;
-    T s = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += xr[c];
-    const T m = block_sum(s) / T(C);
-    T v = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) v += (xr[c] - m) * (xr[c] - m);
-    const T rs = T(1) / sqrt(block_sum(v) / T(C) + eps);
-    if (threadIdx.x == 0) {
-      mean[r] = m;
-      rstd[r] = rs;
-    }
-    T* yr = y + r * C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
-  }
-}
-
-template <typename T>
-__global__ void layer_norm_grad_x_kernel(const T* g, const T* x, const T* w, const T* mean,
-                                         const T* rstd, int64_t rows, int64_t C, T* gx) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * C;
-    const T* gr = g + r * C;
-    const T m = mean[r], rs = rstd[r];
-    T s1 = T(0), s2 = T(0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      s1 += gr[c] * w[c];
-      s2 += gr[c] * w[c] * ((xr[c] - m) * rs);
-    }
-    const T sum_gw = block_sum(s1) / T(C);
-    const T sum_gw_xhat = block_sum(s2) / T(C);
-    T* out = gx + r * C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const T xhat = (xr[c] - m) * rs;
-      out[c] = rs * (gr[c] * w[c] - sum_gw - xhat * sum_gw_xhat);
-    }
-  }
-}
-
-// Weight and bias gradients: each block of kRowsPerBlock rows writes partial column sums, then
-// one thread per column adds the blocks in order, so the sum order is fixed.
-constexpr int64_t kRowsPerBlock = 64;
-
-template <typename T>
-__global__ void layer_norm_partial_kernel(const T* g, const T* x, const T* mean, const T* rstd,
-                                          int64_t rows, int64_t C, int64_t blocks, T* pw, T* pb) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int64_t blk = blockIdx.y; blk < blocks; blk += gridDim.y) {
-    T sw = T(0), sb = T(0);
-    const int64_t end = min(rows, (blk + 1) * kRowsPerBlock);
-    for (int64_t r = blk * kRowsPerBlock; r < end; ++r) {
-      const T gr = g[r * C + c];
-      sw += gr * ((x[r * C + c] - mean[r]) * rstd[r]);
-      sb += gr;
-    }
-    pw[blk * C + c] = sw;
-    pb[blk * C + c] = sb;
-  }
 }
 
 // Cross-entropy reads each row of logits in one pass with an online softmax (a running max
@@ -311,68 +247,6 @@ void CudaBackend::softmax_backward(const Tensor& grad, const Tensor& out, int64_
       softmax_backward_kernel<scalar_t><<<rows_grid(R), row_threads(C), 0, cuda::stream()>>>(
           ptr<scalar_t>(rows[0]), ptr<scalar_t>(rows[1]), ptr<scalar_t>(o), R, C, log);
       PIPIT_CUDA_CHECK_LAUNCH("softmax_backward");
-    });
-  });
-}
-
-void CudaBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
-                             double eps, const Tensor& out, const Tensor& mean,
-                             const Tensor& rstd) {
-  DeviceGuard guard(index_);
-  PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm", {
-    using T = scalar_t;
-    Tensor x = dense(x_in);
-    Tensor w = dense(weight), b = dense(bias);
-    const int64_t C = x.shape().back();
-    const int64_t rows = C == 0 ? 0 : x.numel() / C;
-    if (rows == 0) break;
-    layer_norm_kernel<T><<<rows_grid(rows), row_threads(C), 0, cuda::stream()>>>(
-        ptr<T>(x), ptr<T>(w), ptr<T>(b), T(eps), rows, C, out.data<T>(), mean.data<T>(),
-        rstd.data<T>());
-    PIPIT_CUDA_CHECK_LAUNCH("layer_norm");
-  });
-}
-
-void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
-                                      const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                                      const Tensor& grad_x, const Tensor& grad_weight,
-                                      const Tensor& grad_bias) {
-  DeviceGuard guard(index_);
-  PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm_backward", {
-    using T = scalar_t;
-    Tensor x = dense(x_in), g = dense(grad_in);
-    Tensor w = dense(weight);
-    const int64_t C = x.shape().back();
-    const int64_t rows = C == 0 ? 0 : x.numel() / C;
-    if (rows > 0) {
-      layer_norm_grad_x_kernel<T><<<rows_grid(rows), row_threads(C), 0, cuda::stream()>>>(
-          ptr<T>(g), ptr<T>(x), ptr<T>(w), mean.data<T>(), rstd.data<T>(), rows, C,
-          grad_x.data<T>());
-      PIPIT_CUDA_CHECK_LAUNCH("layer_norm_backward");
-    }
-    const int64_t blocks = std::max<int64_t>(1, (rows + kRowsPerBlock - 1) / kRowsPerBlock);
-    Tensor pw = Tensor::empty({blocks, C}, x.dtype(), x.device());
-    Tensor pb = Tensor::empty({blocks, C}, x.dtype(), x.device());
-    if (C == 0) break;
-    const dim3 grid(static_cast<unsigned>((C + cuda::kThreads - 1) / cuda::kThreads),
-                    static_cast<unsigned>(std::min<int64_t>(blocks, 65535)));
-    layer_norm_partial_kernel<T><<<grid, cuda::kThreads, 0, cuda::stream()>>>(
-        ptr<T>(g), ptr<T>(x), mean.data<T>(), rstd.data<T>(), rows, C, blocks, ptr<T>(pw),
-        ptr<T>(pb));
-    PIPIT_CUDA_CHECK_LAUNCH("layer_norm_backward");
-    // With rows == 0 the partials are zero: one block, no rows.
-    const T* pwp = ptr<T>(pw);
-    const T* pbp = ptr<T>(pb);
-    T* gw = grad_weight.data<T>();
-    T* gb = grad_bias.data<T>();
-    cuda::for_each("layer_norm_backward", C, [=] __device__(int64_t c) {
-      T sw = T(0), sb = T(0);
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        sw += pwp[blk * C + c];
-        sb += pbp[blk * C + c];
-      }
-      gw[c] = sw;
-      gb[c] = sb;
     });
   });
 }
