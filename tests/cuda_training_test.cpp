@@ -189,7 +189,8 @@ TEST_CASE("cuda: a tiny GPT trains five steps as on the CPU, in f32 and bf16", "
       const double difference = std::abs(cpu[i] - gpu[i]) / cpu[i];
       worst = std::isnan(difference) ? INFINITY : std::max(worst, difference);
     }
-    CHECK(worst <= (dtype == DType::f32 ? 1e-4 : 2e-2));
+    // A few times what an H200 measured (2026-11-27): f32 8.4e-8, bf16 4.2e-4.
+    CHECK(worst <= (dtype == DType::f32 ? 5e-7 : 2e-3));
   }
 }
 
