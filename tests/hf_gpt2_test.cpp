@@ -240,46 +240,6 @@ TEST_CASE("prompts of different lengths in one batch get what each gets alone", 
   }
 }
 
-TEST_CASE("cuda: generation with the KV cache on the GPU equals transformers' and the CPU's",
-          "[cuda]") {
-  if (!cuda_ready()) return;
-  auto model = load_hf_gpt2(kHfDir + "/tied");
-  auto on_cpu = load_hf_gpt2(kHfDir + "/tied");
-  model->to(kCuda);
-  GenerationOptions options;
-  options.max_new_tokens = 20;
-  options.stop_token = 511;
-  std::vector<std::vector<int64_t>> prompts;
-  for (int i = 0; i < 3; ++i) {
-    INFO("prompt " << i);
-    prompts.push_back(ids(hf_reference().at("prompt_" + std::to_string(i))));
-    CHECK(generate(*model, {prompts.back()}, options).at(0) ==
-          ids(hf_reference().at("greedy_" + std::to_string(i))));
-  }
-  options.stop_token.reset();
-  options.max_new_tokens = 15;
-  const auto batched = generate(*model, prompts, options);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    INFO("batched prompt " << i);
-    CHECK(batched[i] == generate(*model, {prompts[i]}, options).at(0));
-  }
-  // The cached bf16 step (a padded batch, then one token against the cache) as on the CPU.
-  NoGradGuard no_grad;
-  model->eval();
-  on_cpu->eval();
-  AutocastGuard autocast(DType::bf16);
-  CachedLayers gpu_layers(*model, 2, 8, {0, 2}), cpu_layers(*on_cpu, 2, 8, {0, 2});
-  const Tensor tokens = from_vector<int64_t>({3, 77, 12, 90, 0, 0, 5, 6}, {2, 4});
-  const Tensor next = from_vector<int64_t>({40, 41}, {2, 1});
-  for (const auto& [x, start] : {std::pair{tokens, 0}, std::pair{next, 4}}) {
-    INFO("positions from " << start);
-    const Tensor got = gpu_layers.forward(x.to(kCuda), start).to(kCpu).to(DType::f64);
-    const Tensor want = cpu_layers.forward(x, start).to(DType::f64);
-    const double scale = max(abs(want)).item<double>();
-    CHECK(max(abs(sub(got, want))).item<double>() <= 2e-2 * scale);
-  }
-}
-
 TEST_CASE("sampling is seeded, and top-k 1 or a tiny top-p is greedy", "[hf_gpt2]") {
   auto model = load_hf_gpt2(kHfDir + "/untied");
   const std::vector<std::vector<int64_t>> prompt = {{5, 6, 7}};
@@ -388,6 +348,22 @@ TEST_CASE("CUDA: generation on the GPU gives the CPU's greedy tokens, and transf
           ids(hf_reference().at("greedy_" + std::to_string(i))));
   }
   set_float32_matmul_precision(precision);
+  // The cached bf16 step (a padded batch, then one token against the cache) as on the CPU.
+  auto cpu_model = load_hf_gpt2(kHfDir + "/tied");
+  NoGradGuard no_grad;
+  model->eval();
+  cpu_model->eval();
+  AutocastGuard autocast(DType::bf16);
+  CachedLayers gpu_layers(*model, 2, 8, {0, 2}), cpu_layers(*cpu_model, 2, 8, {0, 2});
+  const Tensor tokens = from_vector<int64_t>({3, 77, 12, 90, 0, 0, 5, 6}, {2, 4});
+  const Tensor next = from_vector<int64_t>({40, 41}, {2, 1});
+  for (const auto& [x, start] : {std::pair{tokens, 0}, std::pair{next, 4}}) {
+    INFO("positions from " << start);
+    const Tensor got = gpu_layers.forward(x.to(kCuda), start).to(kCpu).to(DType::f64);
+    const Tensor want = cpu_layers.forward(x, start).to(DType::f64);
+    const double scale = max(abs(want)).item<double>();
+    CHECK(max(abs(sub(got, want))).item<double>() <= 2e-2 * scale);
+  }
 }
 
 TEST_CASE("generation in bf16 rounds the weights: a logit lead smaller than bf16's step is lost",
