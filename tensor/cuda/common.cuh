@@ -209,6 +209,12 @@ __device__ __forceinline__ T log_(T x) {
   }
 }
 
+// W elements of T moved together: one 16-byte load or store when W * sizeof(T) is 16.
+template <typename T, int W>
+struct alignas(sizeof(T) * W) Pack {
+  T v[W];
+};
+
 // Sum of v over the warp, in a fixed tree; every lane gets it.
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {

@@ -45,11 +45,6 @@ constexpr int vector_width() {
   return static_cast<int>(16 / std::max(sizeof(A), sizeof(B)));
 }
 
-template <typename T, int W>
-struct alignas(sizeof(T) * W) Pack {
-  T v[W];
-};
-
 template <int W, typename... Ptr>
 bool packs_aligned(const Ptr*... ptrs) {
   return ((reinterpret_cast<uintptr_t>(ptrs) % (sizeof(Ptr) * W) == 0) && ...);

@@ -16,12 +16,6 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kRowWarps = 8;  // warps per block, each a row at a time
 
-// N elements of T read or written together (16 bytes, or one element).
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
 template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> load(const T* p) {
   return *reinterpret_cast<const Pack<T, N>*>(p);

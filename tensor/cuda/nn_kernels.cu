@@ -97,12 +97,11 @@ __device__ __forceinline__ void for_each_in_row(const T* row, int64_t C, F f) {
   constexpr int kPer = kVectorBytes / sizeof(T);
   const int64_t head = unaligned_head(row, C), vectors = (C - head) / kPer;
   for (int64_t c = threadIdx.x; c < head; c += blockDim.x) f(c, row[c]);
-  const uint4* row16 = reinterpret_cast<const uint4*>(row + head);
+  const Pack<T, kPer>* row16 = reinterpret_cast<const Pack<T, kPer>*>(row + head);
   for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
-    const uint4 raw = row16[j];
-    const T* x = reinterpret_cast<const T*>(&raw);
+    const Pack<T, kPer> x = row16[j];
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) f(head + j * kPer + k, x[k]);
+    for (int k = 0; k < kPer; ++k) f(head + j * kPer + k, x.v[k]);
   }
   for (int64_t c = head + vectors * kPer + threadIdx.x; c < C; c += blockDim.x) f(c, row[c]);
 }
@@ -117,16 +116,14 @@ __device__ __forceinline__ void map_row(const T* row, T* out, int64_t C, F f) {
   const int64_t head = together ? unaligned_head(row, C) : C;
   const int64_t vectors = (C - head) / kPer;
   for (int64_t c = threadIdx.x; c < head; c += blockDim.x) out[c] = f(c, row[c]);
-  const uint4* row16 = reinterpret_cast<const uint4*>(row + head);
-  uint4* out16 = reinterpret_cast<uint4*>(out + head);
+  const Pack<T, kPer>* row16 = reinterpret_cast<const Pack<T, kPer>*>(row + head);
+  Pack<T, kPer>* out16 = reinterpret_cast<Pack<T, kPer>*>(out + head);
   for (int64_t j = threadIdx.x; j < vectors; j += blockDim.x) {
-    const uint4 raw = row16[j];
-    const T* x = reinterpret_cast<const T*>(&raw);
-    uint4 result;
-    T* y = reinterpret_cast<T*>(&result);
+    const Pack<T, kPer> x = row16[j];
+    Pack<T, kPer> y;
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) y[k] = f(head + j * kPer + k, x[k]);
-    out16[j] = result;
+    for (int k = 0; k < kPer; ++k) y.v[k] = f(head + j * kPer + k, x.v[k]);
+    out16[j] = y;
   }
   for (int64_t c = head + vectors * kPer + threadIdx.x; c < C; c += blockDim.x) {
     out[c] = f(c, row[c]);
