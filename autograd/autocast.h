@@ -5,9 +5,10 @@
 // returns bf16: activations between products stay bf16 (GELU, dropout and the cross-entropy
 // read them as they are, computing in f32), and each gradient goes back in its tensor's own
 // dtype. Parameters, their gradients and optimizer state stay f32 (the master copy). Softmax
-// and layer norm widen bf16 inputs to f32; adding a bf16 tensor to an f32 one (a residual)
-// gives f32. f16's narrow range needs loss scaling (optim/grad_scaler.h); bf16 has f32's range
-// and needs none.
+// and layer norm widen bf16 inputs to f32 (layer_norm_for_products, for a result that only
+// feeds products, writes it in bf16 at once); adding a bf16 tensor to an f32 one (a residual)
+// gives f32, the bf16 one read as it is. f16's narrow range needs loss scaling
+// (optim/grad_scaler.h); bf16 has f32's range and needs none.
 #include "tensor/tensor.h"
 
 namespace pipit {

@@ -8,16 +8,18 @@
 namespace pipit {
 namespace {
 
-void check_pair(const Tensor& a, const Tensor& b, const char* op) {
-  PIPIT_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ (", a.dtype(), " ", shape_str(a.shape()),
-              " and ", b.dtype(), " ", shape_str(b.shape()), ")");
+// A widening add (backend.h) may pair f32 with a half dtype.
+void check_pair(const Tensor& a, const Tensor& b, const char* op, bool widening = false) {
+  PIPIT_CHECK(a.dtype() == b.dtype() || (widening && is_widening_add(a, b)), op,
+              ": dtypes differ (", a.dtype(), " ", shape_str(a.shape()), " and ", b.dtype(), " ",
+              shape_str(b.shape()), ")");
   PIPIT_CHECK(a.device() == b.device(), op, ": devices differ (", a.device(), " and ", b.device(),
               ")");
 }
 
 Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, DType out_dtype) {
   const char* name = op_name(op);
-  check_pair(a, b, name);
+  check_pair(a, b, name, op == BinaryOp::add);
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = Tensor::empty(shape, out_dtype, a.device());
   NoGradGuard no_grad;
@@ -35,11 +37,18 @@ Tensor unary_raw(UnaryOp op, const Tensor& x) {
   return out;
 }
 
-// Backward of a two-input op: each input's gradient, reduced to the input's shape.
+// Backward of a two-input op: each input's gradient, reduced to the input's shape and in its
+// dtype (a widening add's half operand gets its gradient rounded).
 struct BinaryNode : Node {
   Shape a_shape, b_shape;
+  DType a_dtype = DType::f32, b_dtype = DType::f32;
   std::vector<Tensor> reduce(const Tensor& ga, const Tensor& gb) {
-    return {ga.defined() ? sum_to(ga, a_shape) : ga, gb.defined() ? sum_to(gb, b_shape) : gb};
+    auto shaped = [](const Tensor& g, const Shape& shape, DType dtype) {
+      if (!g.defined()) return g;
+      const Tensor reduced = sum_to(g, shape);
+      return reduced.dtype() == dtype ? reduced : reduced.to(dtype);
+    };
+    return {shaped(ga, a_shape, a_dtype), shaped(gb, b_shape, b_dtype)};
   }
 };
 
@@ -49,6 +58,8 @@ std::shared_ptr<N> binary_node(Tensor& out, const Tensor& a, const Tensor& b) {
   if (node) {
     node->a_shape = a.shape();
     node->b_shape = b.shape();
+    node->a_dtype = a.dtype();
+    node->b_dtype = b.dtype();
   }
   return node;
 }
@@ -190,8 +201,9 @@ Tensor scalar_like(const Tensor& x, double value) {
 namespace {
 
 // Two floating dtypes meet in the wider one, as in torch (f16 with bf16 in f32): so autocast's
-// half activations join f32 residuals. The narrower operand is cast inside the graph, so its
-// gradient goes back in its own dtype. Other mixes are left for binary_raw to refuse.
+// half activations join f32 residuals (add reads them as they are; the other ops get a copy).
+// The narrower operand is cast inside the graph, so its gradient goes back in its own dtype.
+// Other mixes are left for binary_raw to refuse.
 std::pair<Tensor, Tensor> promoted(const Tensor& a, const Tensor& b) {
   if (a.dtype() == b.dtype() || !is_floating(a.dtype()) || !is_floating(b.dtype())) return {a, b};
   const DType common = a.dtype() == DType::f64 || b.dtype() == DType::f64 ? DType::f64 : DType::f32;
@@ -201,6 +213,12 @@ std::pair<Tensor, Tensor> promoted(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor add(const Tensor& a_in, const Tensor& b_in) {
+  if (is_widening_add(a_in, b_in)) {
+    // No f32 copy of the half operand: the kernel widens it as it reads.
+    Tensor out = binary_raw(BinaryOp::add, a_in, b_in, DType::f32);
+    binary_node<AddBackward>(out, a_in, b_in);
+    return out;
+  }
   const auto [a, b] = promoted(a_in, b_in);
   Tensor out = binary_raw(BinaryOp::add, a, b);
   binary_node<AddBackward>(out, a, b);

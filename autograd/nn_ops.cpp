@@ -56,6 +56,7 @@ struct CausalSoftmaxBackward : Node {
   std::string name() const override { return "CausalSoftmaxBackward"; }
 };
 
+// g comes in the output's dtype: x's, or autocast's for layer_norm_for_products.
 struct LayerNormBackward : Node {
   Tensor x, weight, mean, rstd;
   std::vector<Tensor> apply(const Tensor& g) override {
@@ -125,7 +126,11 @@ Tensor causal_softmax(const Tensor& scores_in, double scale) {
   return out;
 }
 
-Tensor layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
+namespace {
+
+// for_products: the result is rounded to autocast's dtype inside an AutocastGuard.
+Tensor layer_norm_into(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps,
+                       bool for_products) {
   const Tensor x = autocast_widened(x_in);
   PIPIT_CHECK(x.dim() >= 1, "layer_norm: input must have rank >= 1");
   const int64_t C = x.shape().back();
@@ -136,7 +141,8 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
               "layer_norm: dtypes differ (input ", x.dtype(), ", weight ", weight.dtype(),
               ", bias ", bias.dtype(), ")");
   const int64_t rows = C == 0 ? 0 : x.numel() / C;
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const bool rounded = for_products && x.dtype() == DType::f32 && autocast_dtype() != DType::f32;
+  Tensor out = Tensor::empty(x.shape(), rounded ? autocast_dtype() : x.dtype(), x.device());
   Tensor mean = Tensor::empty({rows}, x.dtype(), x.device());
   Tensor rstd = Tensor::empty({rows}, x.dtype(), x.device());
   backend(x).layer_norm(x, weight, bias, eps, out, mean, rstd);
@@ -147,6 +153,17 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
     node->rstd = rstd;
   }
   return out;
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  return layer_norm_into(x, weight, bias, eps, false);
+}
+
+Tensor layer_norm_for_products(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                               double eps) {
+  return layer_norm_into(x, weight, bias, eps, true);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

@@ -13,6 +13,12 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor causal_softmax(const Tensor& scores, double scale);
 // Normalises over the last dim, then scales by weight and shifts by bias (both [C]).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// layer_norm for a result that only feeds matrix products (a transformer's attention and
+// MLP): inside an AutocastGuard, for f32 x, it comes out in autocast's dtype, rounded once as
+// the products would round it, and its gradient comes back in that dtype, as under torch's
+// autocast; torch writes the f32 result and casts it, a pass over it each way more.
+Tensor layer_norm_for_products(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                               double eps = 1e-5);
 // Rows of weight [V, C] picked by i64 indices of any shape: result [..., C].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Zeroes each element with probability p and scales the rest by 1 / (1 - p) when training.

@@ -121,6 +121,10 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return layer_norm(x, weight, bias, eps_);
 }
 
+Tensor LayerNorm::forward_for_products(const Tensor& x) {
+  return layer_norm_for_products(x, weight, bias, eps_);
+}
+
 json LayerNorm::config() const {
   return {{"type", "LayerNorm"}, {"dim", dim_}, {"eps", eps_}};
 }

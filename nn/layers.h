@@ -67,6 +67,9 @@ class LayerNorm final : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5);
   Tensor forward(const Tensor& x) override;
+  // For a result that only feeds matrix products: in autocast's dtype inside an AutocastGuard
+  // (autograd/nn_ops.h, layer_norm_for_products).
+  Tensor forward_for_products(const Tensor& x);
   json config() const override;
   double eps() const { return eps_; }
   Tensor weight, bias;

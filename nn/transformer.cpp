@@ -110,15 +110,17 @@ Tensor fc_gelu(Linear& fc, const Tensor& x) {
 
 }  // namespace
 
+// Under autocast the layer norms' results go straight to products (rounded as those would round
+// them), and the residual adds read the sublayers' half outputs as they are: no cast either way.
 Tensor TransformerBlock::forward(const Tensor& x) {
-  Tensor h = x + attn->forward(ln1->forward(x));
-  return h + mlp_dropout_->forward(proj->forward(fc_gelu(*fc, ln2->forward(h))));
+  Tensor h = x + attn->forward(ln1->forward_for_products(x));
+  return h + mlp_dropout_->forward(proj->forward(fc_gelu(*fc, ln2->forward_for_products(h))));
 }
 
 Tensor TransformerBlock::forward_step(const Tensor& x, KvCacheLayer& cache, int64_t start,
                                       const Tensor& mask) {
-  Tensor h = x + attn->forward_step(ln1->forward(x), cache, start, mask);
-  return h + proj->forward(fc_gelu(*fc, ln2->forward(h)));
+  Tensor h = x + attn->forward_step(ln1->forward_for_products(x), cache, start, mask);
+  return h + proj->forward(fc_gelu(*fc, ln2->forward_for_products(h)));
 }
 
 json TransformerBlock::config() const {

@@ -142,6 +142,17 @@ const char* op_name(BinaryOp op) {
   return "binary";
 }
 
+bool is_widening_add(const Tensor& a, const Tensor& b) {
+  return (a.dtype() == DType::f32 && is_half(b.dtype())) ||
+         (b.dtype() == DType::f32 && is_half(a.dtype()));
+}
+
+void check_widening_add(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  PIPIT_CHECK(op == BinaryOp::add && is_widening_add(a, b) && out.dtype() == DType::f32,
+              op_name(op), ": operands of dtypes ", a.dtype(), " and ", b.dtype(), " into ",
+              out.dtype(), " (only add takes two dtypes: F32 and a half one, into F32)");
+}
+
 const char* op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:

@@ -38,6 +38,11 @@ enum class ReduceOp { sum, max, min };
 const char* op_name(UnaryOp op);
 const char* op_name(BinaryOp op);
 const char* op_name(ReduceOp op);
+// binary's one mix of dtypes: add of an f32 operand and a half one into f32, the half one
+// widened as it is read (a residual joining autocast's activations, with no f32 copy of them).
+bool is_widening_add(const Tensor& a, const Tensor& b);
+// Throws, naming the dtypes, unless op, a, b and out are that mix.
+void check_widening_add(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
 
 // One parameter's tensors in an AdamW update: contiguous, one shape, one floating dtype.
 struct AdamWSlot {
@@ -84,8 +89,9 @@ struct AdamWParams {
     (const Tensor& in, Generator& generator, double p, const Tensor& out, const Tensor& mask),     \
     (in, generator, p, out, mask))                                                                 \
                                                                                                    \
-  /* Elementwise. Inputs have out's shape (broadcast inputs arrive as expanded views). Half        \
-     inputs compute in f32, each result rounded once (so do dropout, reduce and argmax). */        \
+  /* Elementwise. Inputs have out's shape (broadcast inputs arrive as expanded views) and its      \
+     dtype (but see is_widening_add). Half inputs compute in f32, each result rounded once (so do  \
+     dropout, reduce and argmax). */                                                               \
   X(unary, (UnaryOp op, const Tensor& in, const Tensor& out), (op, in, out))                       \
   X(binary, (BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out), (op, a, b, out))   \
   X(where, (const Tensor& mask, const Tensor& a, const Tensor& b, const Tensor& out),              \
@@ -146,7 +152,10 @@ struct AdamWParams {
      const Tensor& lse, double scale, bool causal, const Tensor& grad_q, const Tensor& grad_k,     \
      const Tensor& grad_v),                                                                        \
     (grad_out, q, k, v, out, lse, scale, causal, grad_q, grad_k, grad_v))                          \
-  /* Normalises over the last dim; mean and rstd have the leading dims' numel. */                  \
+  /* Normalises over the last dim; mean and rstd have the leading dims' numel. weight, bias,       \
+     mean, rstd, grad_x, grad_weight and grad_bias have x's dtype; so have out and grad, or for    \
+     f32 x either may be f16 or bf16 (a normalised operand of autocast's products: out rounded     \
+     once from the f32 result, grad widened as read). */                                           \
   X(layer_norm,                                                                                    \
     (const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,     \
      const Tensor& mean, const Tensor& rstd),                                                      \

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
+#include <tuple>
 
 #include "cuda_testing.h"
 #include "optim/optimizer.h"
@@ -442,6 +443,96 @@ TEST_CASE("cuda: softmax, layer norm, embedding and cross-entropy kernels", "[cu
                                       "classes"));
     CHECK(std::isnan(losses.item<double>()));
   }
+}
+
+namespace {
+
+// Every element equal, NaN (a poisoned element left unwritten) never.
+void check_same_values(const Tensor& got, const Tensor& want, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.shape() == want.shape());
+  CHECK(got.dtype() == want.dtype());
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  size_t bad = 0;
+  for (size_t i = 0; i < g.size(); ++i) bad += !(g[i] == w[i]);
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("cuda: a widening add and layer norm's half results and gradients equal f32 ones cast",
+          "[cuda]") {
+  if (!cuda_ready()) return;
+  Generator g(21);
+  for (DType half : {DType::bf16, DType::f16}) {
+    INFO("half dtype " << half);
+    // f32 + half into f32, both operand orders: the packed path (1003 = 250 packs of 4 and 3
+    // more) and a broadcast strided one, the sums of the f32 add after a cast.
+    for (const auto& [a_shape, b_shape, shape] : std::vector<std::tuple<Shape, Shape, Shape>>{
+             {{1003}, {1003}, {1003}}, {{4, 1, 5}, {3, 5}, {4, 3, 5}}}) {
+      const Tensor a = random(a_shape, DType::f32, g).to(kCuda);
+      const Tensor b = random(b_shape, DType::f32, g).to(half).to(kCuda);
+      Tensor want = poisoned(shape, DType::f32, kCuda);
+      backend(kCuda).binary(BinaryOp::add, expand(a, shape), expand(b.to(DType::f32), shape), want);
+      for (bool half_first : {false, true}) {
+        Tensor got = poisoned(shape, DType::f32, kCuda);
+        const Tensor x = expand(half_first ? b : a, shape), y = expand(half_first ? a : b, shape);
+        backend(kCuda).binary(BinaryOp::add, x, y, got);
+        check_same_values(got, want, "widening add");
+        Tensor on_cpu = poisoned(shape, DType::f32, kCpu);
+        backend(kCpu).binary(BinaryOp::add, x.to(kCpu), y.to(kCpu), on_cpu);
+        check_same_values(got.to(kCpu), on_cpu, "widening add on the CPU");
+      }
+    }
+    // Rows of 7 one element at a time, rows of 300 in packs (8-byte half loads).
+    for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{{130, 7}, {600, 300}}) {
+      const Tensor x = random({R, C}, DType::f32, g, -3, 5).to(kCuda);
+      const Tensor w = random({C}, DType::f32, g).to(kCuda),
+                   b = random({C}, DType::f32, g).to(kCuda);
+      const Tensor grad = random({R, C}, DType::f32, g).to(half).to(kCuda);
+      // The f32 kernels, their output cast and their gradient from the half one widened.
+      Tensor out = poisoned({R, C}, DType::f32, kCuda);
+      Tensor mean = poisoned({R}, DType::f32, kCuda), rstd = poisoned({R}, DType::f32, kCuda);
+      backend(kCuda).layer_norm(x, w, b, 1e-5, out, mean, rstd);
+      Tensor gx = poisoned({R, C}, DType::f32, kCuda);
+      Tensor gw = poisoned({C}, DType::f32, kCuda), gb = poisoned({C}, DType::f32, kCuda);
+      backend(kCuda).layer_norm_backward(grad.to(DType::f32), x, w, mean, rstd, gx, gw, gb);
+      for (Device d : {kCuda, kCpu}) {
+        INFO("layer norm with half output and gradient on " << d);
+        Tensor out_h = poisoned({R, C}, half, d);
+        Tensor mean_h = poisoned({R}, DType::f32, d), rstd_h = poisoned({R}, DType::f32, d);
+        backend(d).layer_norm(x.to(d), w.to(d), b.to(d), 1e-5, out_h, mean_h, rstd_h);
+        Tensor gx_h = poisoned({R, C}, DType::f32, d);
+        Tensor gw_h = poisoned({C}, DType::f32, d), gb_h = poisoned({C}, DType::f32, d);
+        backend(d).layer_norm_backward(grad.to(d), x.to(d), w.to(d), mean_h, rstd_h, gx_h, gw_h,
+                                       gb_h);
+        if (d == kCuda) {
+          check_same_values(out_h, out.to(half), "output");
+          check_same_values(mean_h, mean, "mean");
+          check_same_values(gx_h, gx, "grad_x");
+          check_same_values(gw_h, gw, "grad_weight");
+          check_same_values(gb_h, gb, "grad_bias");
+        } else {
+          // The CPU sums in another order: within f32 roundoff, and the output within one step
+          // of the half dtype.
+          check_close(out_h.to(kCuda).to(DType::f32), out,
+                      half == DType::bf16 ? 1.0 / 256 : 1.0 / 2048, "output against the CPU");
+          check_close(gx_h, gx.to(kCpu), 1e-5, "grad_x against the CPU");
+          check_close(gw_h, gw.to(kCpu), 1e-5, "grad_weight against the CPU");
+          check_close(gb_h, gb.to(kCpu), 1e-5, "grad_bias against the CPU");
+        }
+      }
+    }
+  }
+  // Other pairs of dtypes are refused, naming them.
+  const Tensor f = random({4}, DType::f32, g).to(kCuda), h = f.to(DType::bf16);
+  CHECK_THROWS_WITH(backend(kCuda).binary(BinaryOp::mul, f, h, poisoned({4}, DType::f32, kCuda)),
+                    Catch::Contains("mul: operands of dtypes F32 and BF16"));
+  CHECK_THROWS_WITH(
+      backend(kCuda).layer_norm(f.to(DType::f64), f.to(DType::f64), f.to(DType::f64), 1e-5,
+                                poisoned({4}, DType::bf16, kCuda), poisoned({1}, DType::f64, kCuda),
+                                poisoned({1}, DType::f64, kCuda)),
+      Catch::Contains("layer_norm: BF16 with an input of F64"));
 }
 
 TEST_CASE("cuda: causal softmax and its backward match the CPU", "[cuda]") {

@@ -1,11 +1,14 @@
 // Mixed precision on the CPU: autocast rounds matmul operands, keeps f32 accumulation and
 // returns half activations, the grad scaler unscales and skips overflowing steps, and a pipeline
 // trains in bf16 and f16.
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <set>
 
+#include "autograd/node.h"
 #include "f16_overflow.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
@@ -149,6 +152,92 @@ TEST_CASE("autocast linear rounds input, weight and bias, returns half, f32 grad
   CHECK(bias.grad().dtype() == DType::f32);
   CHECK(max_abs_diff(bias.grad(), sum(g_r, {0})) == 0);
   CHECK(max_abs_diff(bias.grad(), rounded(sum(g_r, {0}), DType::bf16)) > 0);
+}
+
+TEST_CASE("a residual reads half activations as they are, with the bits of a cast then an add",
+          "[autocast]") {
+  for (DType half : {DType::bf16, DType::f16}) {
+    INFO("half dtype " << half);
+    Generator g(16);
+    // A residual [2, 3, 8] meeting a sublayer's half output, and a broadcast half bias.
+    for (const Shape& b_shape : {Shape{2, 3, 8}, Shape{8}}) {
+      Tensor a = randn({2, 3, 8}, &g).requires_grad_();
+      Tensor b = randn(b_shape, &g).to(half).requires_grad_();
+      const Tensor grad = randn({2, 3, 8}, &g);
+      Tensor out = a + b;
+      CHECK(out.dtype() == DType::f32);
+      CHECK(max_abs_diff(out, a.detach() + b.detach().to(DType::f32)) == 0);
+      CHECK(max_abs_diff(b + a, out) == 0);
+      out.backward(grad);
+      CHECK(max_abs_diff(a.grad(), grad) == 0);
+      // The half operand's gradient: the f32 one reduced to its shape, then rounded.
+      CHECK(b.grad().dtype() == half);
+      CHECK(max_abs_diff(b.grad(), sum_to(grad, b_shape).to(half)) == 0);
+    }
+  }
+  // In a transformer block under autocast nothing is cast inside the graph: the layer norms'
+  // results come out in bf16 for their products, and the residual adds read the sublayers' bf16
+  // outputs as they are (a cast's CopyBackward would show each).
+  Generator g(18);
+  TransformerBlock block(16, 2, 0.0, &g);
+  Tensor y;
+  {
+    AutocastGuard autocast(DType::bf16);
+    y = block.forward(randn({2, 5, 16}, &g).requires_grad_());
+  }
+  CHECK(y.dtype() == DType::f32);
+  std::vector<std::shared_ptr<Node>> todo{y.grad_fn()};
+  std::set<const Node*> seen;
+  std::vector<std::string> names;
+  while (!todo.empty()) {
+    const auto node = todo.back();
+    todo.pop_back();
+    if (!node || !seen.insert(node.get()).second) continue;
+    names.push_back(node->name());
+    for (const auto& next : node->next) todo.push_back(next);
+  }
+  CHECK(std::count(names.begin(), names.end(), "LayerNormBackward") == 2);
+  CHECK(std::count(names.begin(), names.end(), "CopyBackward") == 0);
+  // The backends take no other mix: mul of f32 and bf16 is refused, naming the dtypes.
+  const Tensor f = ones({3}), h = ones({3}).to(DType::bf16);
+  CHECK_THROWS_WITH(backend(f).binary(BinaryOp::mul, f, h, Tensor::empty({3}, DType::f32)),
+                    Catch::Contains("mul: operands of dtypes F32 and BF16"));
+  CHECK(max_abs_diff(f * h, full({3}, 1.0)) == 0);  // autograd's mul casts first
+}
+
+TEST_CASE("layer_norm_for_products rounds its result once to autocast's dtype, as a cast would",
+          "[autocast]") {
+  for (DType half : {DType::bf16, DType::f16}) {
+    INFO("autocast dtype " << half);
+    Generator g(17);
+    const Tensor x0 = randn({3, 4, 16}, &g) * 3.0, w0 = randn({16}, &g), b0 = randn({16}, &g);
+    const Tensor grad = randn({3, 4, 16}, &g).to(half);
+    auto leaves = [&] {
+      return std::vector<Tensor>{x0.detach().requires_grad_(), w0.detach().requires_grad_(),
+                                 b0.detach().requires_grad_()};
+    };
+    // The written-out way: an f32 layer norm, then the cast a product would make.
+    std::vector<Tensor> want = leaves();
+    const Tensor f32_out = layer_norm(want[0], want[1], want[2]);
+    f32_out.to(half).backward(grad);
+    std::vector<Tensor> got = leaves();
+    Tensor out;
+    {
+      AutocastGuard autocast(half);
+      out = layer_norm_for_products(got[0], got[1], got[2]);
+      CHECK(layer_norm(got[0], got[1], got[2]).dtype() == DType::f32);  // torch's autocast's
+    }
+    CHECK(out.dtype() == half);
+    CHECK(max_abs_diff(out, f32_out.to(half)) == 0);
+    out.backward(grad);
+    for (size_t i = 0; i < got.size(); ++i) {
+      CHECK(got[i].grad().dtype() == DType::f32);
+      CHECK(max_abs_diff(got[i].grad(), want[i].grad()) == 0);
+    }
+    // Outside autocast it is layer_norm.
+    CHECK(layer_norm_for_products(x0, w0, b0).dtype() == DType::f32);
+    CHECK(max_abs_diff(layer_norm_for_products(x0, w0, b0), f32_out) == 0);
+  }
 }
 
 TEST_CASE("autocast leaves f64 alone, nests and rejects other dtypes", "[autocast]") {

@@ -227,6 +227,11 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
     PIPIT_DISPATCH_NUMERIC_AND_HALF(a.dtype(), "compare", compare_typed<scalar_t>(op, a, b, out));
     return;
   }
+  if (a.dtype() != b.dtype()) {
+    // The reference for CUDA's widening add: the same sums, through an f32 copy here.
+    check_widening_add(op, a, b, out);
+    return binary_typed<float>(op, cpu::widened(a), cpu::widened(b), out);
+  }
   PIPIT_DISPATCH_NUMERIC_AND_HALF(a.dtype(), "binary", binary_typed<scalar_t>(op, a, b, out));
 }
 

@@ -153,6 +153,13 @@ void CpuBackend::causal_softmax_backward(const Tensor& grad, const Tensor& out, 
 void CpuBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
                             double eps, const Tensor& out, const Tensor& mean_out,
                             const Tensor& rstd_out) {
+  if (out.dtype() != x_in.dtype()) {
+    PIPIT_CHECK(x_in.dtype() == DType::f32 && is_half(out.dtype()), "layer_norm: output ",
+                out.dtype(), " for input ", x_in.dtype());
+    return cpu::into_f32(out, [&](const Tensor& wide) {
+      layer_norm(x_in, weight, bias, eps, wide, mean_out, rstd_out);
+    });
+  }
   PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm", {
     using T = scalar_t;
     Tensor x = dense(x_in);
@@ -184,6 +191,12 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
                                      const Tensor& weight, const Tensor& mean_in,
                                      const Tensor& rstd_in, const Tensor& grad_x,
                                      const Tensor& grad_weight, const Tensor& grad_bias) {
+  if (grad_in.dtype() != x_in.dtype()) {
+    PIPIT_CHECK(x_in.dtype() == DType::f32 && is_half(grad_in.dtype()),
+                "layer_norm_backward: gradient ", grad_in.dtype(), " for input ", x_in.dtype());
+    return layer_norm_backward(cpu::widened(grad_in), x_in, weight, mean_in, rstd_in, grad_x,
+                               grad_weight, grad_bias);
+  }
   PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm_backward", {
     using T = scalar_t;
     Tensor x = dense(x_in), g = dense(grad_in);

@@ -40,9 +40,9 @@ __device__ __forceinline__ T gelu_derivative(T x) {
 
 // Elements each thread moves per access in the contiguous case: 16 bytes of the wider type,
 // so loads and stores are single 128-bit instructions.
-template <typename A, typename B>
+template <typename... T>
 constexpr int vector_width() {
-  return static_cast<int>(16 / std::max(sizeof(A), sizeof(B)));
+  return static_cast<int>(16 / std::max({sizeof(T)...}));
 }
 
 template <int W, typename... Ptr>
@@ -62,13 +62,13 @@ __global__ void map1_packed(int64_t packs, const I* x, O* o, F f) {
   }
 }
 
-template <typename O, typename T, int W, typename F>
-__global__ void map2_packed(int64_t packs, const T* x, const T* y, O* o, F f) {
+template <typename O, typename A, typename B, int W, typename F>
+__global__ void map2_packed(int64_t packs, const A* x, const B* y, O* o, F f) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
        p += stride) {
-    const Pack<T, W> a = reinterpret_cast<const Pack<T, W>*>(x)[p];
-    const Pack<T, W> b = reinterpret_cast<const Pack<T, W>*>(y)[p];
+    const Pack<A, W> a = reinterpret_cast<const Pack<A, W>*>(x)[p];
+    const Pack<B, W> b = reinterpret_cast<const Pack<B, W>*>(y)[p];
     Pack<O, W> out;
     for (int k = 0; k < W; ++k) out.v[k] = f(a.v[k], b.v[k]);
     reinterpret_cast<Pack<O, W>*>(o)[p] = out;
@@ -136,17 +136,18 @@ void copy_on_device(const Tensor& src, const Tensor& dst) {
   });
 }
 
-template <typename O, typename T, typename F>
+// Operands of types A and B (B = A unless named).
+template <typename O, typename A, typename B = A, typename F>
 void map2(const char* op, const Tensor& a, const Tensor& b, const Tensor& out, F f) {
-  const T* x = ptr<T>(a);
-  const T* y = ptr<T>(b);
+  const A* x = ptr<A>(a);
+  const B* y = ptr<B>(b);
   O* o = ptr<O>(out);
-  constexpr int W = vector_width<O, T>();
+  constexpr int W = vector_width<O, A, B>();
   const int64_t n = out.numel();
   if (make_indexer<3>(op, out.shape(), {&out, &a, &b}).contiguous && packs_aligned<W>(x, y, o)) {
     const int64_t packs = n / W;
     if (packs > 0) {
-      map2_packed<O, T, W><<<grid_for_packs(packs), kThreads, 0, stream()>>>(packs, x, y, o, f);
+      map2_packed<O, A, B, W><<<grid_for_packs(packs), kThreads, 0, stream()>>>(packs, x, y, o, f);
       PIPIT_CUDA_CHECK_LAUNCH(op);
     }
     const int64_t done = packs * W;
@@ -273,6 +274,15 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
     }
   }
   throw Error(detail::concat("binary: op not supported for dtype ", a.dtype()));
+}
+
+// out (f32) = wide (f32) + half, the half operand widened as it is read: a residual joining
+// autocast's half activations without an f32 copy of them. f32 addition commutes exactly, so
+// either operand order gives these bits.
+template <typename H>
+void add_widened(const Tensor& wide, const Tensor& half, const Tensor& out) {
+  map2<float, float, H>("binary", wide, half, out,
+                        [] __device__(float x, H y) { return x + widen(y); });
 }
 
 bool is_comparison(BinaryOp op) {
@@ -511,6 +521,14 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Te
     PIPIT_CUDA_DISPATCH_NUMERIC_AND_HALF(a.dtype(), "compare",
                                          compare_typed<scalar_t>(op, a, b, out));
     return;
+  }
+  if (a.dtype() != b.dtype()) {
+    check_widening_add(op, a, b, out);
+    const bool a_wide = a.dtype() == DType::f32;
+    const Tensor& wide = a_wide ? a : b;
+    const Tensor& half = a_wide ? b : a;
+    if (half.dtype() == DType::bf16) return add_widened<__nv_bfloat16>(wide, half, out);
+    return add_widened<__half>(wide, half, out);
   }
   PIPIT_CUDA_DISPATCH_NUMERIC_AND_HALF(a.dtype(), "binary", binary_typed<scalar_t>(op, a, b, out));
 }

@@ -1,4 +1,5 @@
-// Layer norm on CUDA (Backend::layer_norm and layer_norm_backward), f32 and f64. A warp owns a
+// Layer norm on CUDA (Backend::layer_norm and layer_norm_backward), f32 and f64, with a half
+// output and gradient for f32 inputs (autocast's operands). A warp owns a
 // row and reads it 16 bytes per load where the row allows, with warp shuffles for its sums: a
 // block per row with block-wide barriers spent more time waiting than reading (an H200 took
 // 37 us for GPT-2's [8192, 768] f32 forward, four times its bytes over the memory's bandwidth).
@@ -39,9 +40,10 @@ __device__ __forceinline__ int64_t row_step() {
   return static_cast<int64_t>(gridDim.x) * kRowWarps;
 }
 
-template <typename T, int N>
+// y in TO: T, or a half type rounded once from T.
+template <typename T, typename TO, int N>
 __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T eps, int64_t rows,
-                                  int64_t C, T* y, T* mean, T* rstd) {
+                                  int64_t C, TO* y, T* mean, T* rstd) {
   const int lane = threadIdx.x % kWarp;
   for (int64_t r = first_row(); r < rows; r += row_step()) {
     const T* xr = x + r * C;
@@ -65,40 +67,44 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T eps, int
     }
     for (int64_t c = lane * N; c < C; c += kWarp * N) {
       const Pack<T, N> xv = load<T, N>(xr + c), wv = load<T, N>(w + c), bv = load<T, N>(b + c);
-      Pack<T, N> out;
+      Pack<TO, N> out;
 #pragma unroll
-      for (int k = 0; k < N; ++k) out.v[k] = (xv.v[k] - m) * rs * wv.v[k] + bv.v[k];
+      for (int k = 0; k < N; ++k) out.v[k] = round_to<TO>((xv.v[k] - m) * rs * wv.v[k] + bv.v[k]);
       store(y + r * C + c, out);
     }
   }
 }
 
-template <typename T, int N>
-__global__ void layer_norm_grad_x_kernel(const T* g, const T* x, const T* w, const T* mean,
+// g in TG: T, or a half type widened as read.
+template <typename T, typename TG, int N>
+__global__ void layer_norm_grad_x_kernel(const TG* g, const T* x, const T* w, const T* mean,
                                          const T* rstd, int64_t rows, int64_t C, T* gx) {
   const int lane = threadIdx.x % kWarp;
   for (int64_t r = first_row(); r < rows; r += row_step()) {
     const T* xr = x + r * C;
-    const T* gr = g + r * C;
+    const TG* gr = g + r * C;
     const T m = mean[r], rs = rstd[r];
     T s1 = T(0), s2 = T(0);
     for (int64_t c = lane * N; c < C; c += kWarp * N) {
-      const Pack<T, N> gv = load<T, N>(gr + c), xv = load<T, N>(xr + c), wv = load<T, N>(w + c);
+      const Pack<TG, N> gv = load<TG, N>(gr + c);
+      const Pack<T, N> xv = load<T, N>(xr + c), wv = load<T, N>(w + c);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        s1 += gv.v[k] * wv.v[k];
-        s2 += gv.v[k] * wv.v[k] * ((xv.v[k] - m) * rs);
+        const T gk = widen(gv.v[k]);
+        s1 += gk * wv.v[k];
+        s2 += gk * wv.v[k] * ((xv.v[k] - m) * rs);
       }
     }
     const T sum_gw = warp_sum(s1) / T(C);
     const T sum_gw_xhat = warp_sum(s2) / T(C);
     for (int64_t c = lane * N; c < C; c += kWarp * N) {
-      const Pack<T, N> gv = load<T, N>(gr + c), xv = load<T, N>(xr + c), wv = load<T, N>(w + c);
+      const Pack<TG, N> gv = load<TG, N>(gr + c);
+      const Pack<T, N> xv = load<T, N>(xr + c), wv = load<T, N>(w + c);
       Pack<T, N> out;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         const T xhat = (xv.v[k] - m) * rs;
-        out.v[k] = rs * (gv.v[k] * wv.v[k] - sum_gw - xhat * sum_gw_xhat);
+        out.v[k] = rs * (widen(gv.v[k]) * wv.v[k] - sum_gw - xhat * sum_gw_xhat);
       }
       store(gx + r * C + c, out);
     }
@@ -111,8 +117,8 @@ __global__ void layer_norm_grad_x_kernel(const T* g, const T* x, const T* w, con
 constexpr int kChunkLanes = 8;
 constexpr int64_t kRowsPerChunk = 256;
 
-template <typename T, int N>
-__global__ void layer_norm_partial_kernel(const T* g, const T* x, const T* mean, const T* rstd,
+template <typename T, typename TG, int N>
+__global__ void layer_norm_partial_kernel(const TG* g, const T* x, const T* mean, const T* rstd,
                                           int64_t rows, int64_t C, int64_t rows_per_chunk, T* pw,
                                           T* pb) {
   __shared__ Pack<T, N> tile_w[kChunkLanes][kWarp], tile_b[kChunkLanes][kWarp];
@@ -122,12 +128,14 @@ __global__ void layer_norm_partial_kernel(const T* g, const T* x, const T* mean,
   Pack<T, N> sw{}, sb{};
   if (c < C) {
     for (int64_t r = begin + threadIdx.y; r < end; r += kChunkLanes) {
-      const Pack<T, N> gv = load<T, N>(g + r * C + c), xv = load<T, N>(x + r * C + c);
+      const Pack<TG, N> gv = load<TG, N>(g + r * C + c);
+      const Pack<T, N> xv = load<T, N>(x + r * C + c);
       const T m = mean[r], rs = rstd[r];
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        sw.v[k] += gv.v[k] * ((xv.v[k] - m) * rs);
-        sb.v[k] += gv.v[k];
+        const T gk = widen(gv.v[k]);
+        sw.v[k] += gk * ((xv.v[k] - m) * rs);
+        sb.v[k] += gk;
       }
     }
   }
@@ -174,22 +182,40 @@ void with_pack(int64_t C, std::initializer_list<const void*> pointers, Run run) 
   }
 }
 
-template <typename T, int N>
+// run(TypeTag<U>{}) where U is T when `dtype` is T's, or f32's half types for T = float.
+template <typename U>
+struct TypeTag {
+  using type = U;
+};
+
+template <typename T, typename Run>
+void with_operand_type(DType dtype, const char* op, Run run) {
+  if (dtype == DTypeOf<T>::value) return run(TypeTag<T>{});
+  if constexpr (std::is_same_v<T, float>) {
+    if (dtype == DType::bf16) return run(TypeTag<__nv_bfloat16>{});
+    if (dtype == DType::f16) return run(TypeTag<__half>{});
+  }
+  throw Error(detail::concat(op, ": ", dtype, " with an input of ", DTypeOf<T>::value,
+                             " (a half dtype pairs only with F32)"));
+}
+
+template <typename T, typename TO, int N>
 void layer_norm_typed(const Tensor& x, const Tensor& w, const Tensor& b, T eps, int64_t rows,
                       int64_t C, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
-  layer_norm_kernel<T, N><<<blocks_for(rows), kRowWarps * kWarp, 0, stream()>>>(
-      ptr<T>(x), ptr<T>(w), ptr<T>(b), eps, rows, C, out.data<T>(), mean.data<T>(), rstd.data<T>());
+  layer_norm_kernel<T, TO, N><<<blocks_for(rows), kRowWarps * kWarp, 0, stream()>>>(
+      ptr<T>(x), ptr<T>(w), ptr<T>(b), eps, rows, C, ptr<TO>(out), mean.data<T>(), rstd.data<T>());
   PIPIT_CUDA_CHECK_LAUNCH("layer_norm");
 }
 
-template <typename T, int N>
+template <typename T, typename TG, int N>
 void layer_norm_backward_typed(const Tensor& g, const Tensor& x, const Tensor& w,
                                const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t C,
                                const Tensor& grad_x, const Tensor& grad_weight,
                                const Tensor& grad_bias) {
   if (rows > 0) {
-    layer_norm_grad_x_kernel<T, N><<<blocks_for(rows), kRowWarps * kWarp, 0, stream()>>>(
-        ptr<T>(g), ptr<T>(x), ptr<T>(w), mean.data<T>(), rstd.data<T>(), rows, C, grad_x.data<T>());
+    layer_norm_grad_x_kernel<T, TG, N><<<blocks_for(rows), kRowWarps * kWarp, 0, stream()>>>(
+        ptr<TG>(g), ptr<T>(x), ptr<T>(w), mean.data<T>(), rstd.data<T>(), rows, C,
+        grad_x.data<T>());
     PIPIT_CUDA_CHECK_LAUNCH("layer_norm_backward");
   }
   if (C == 0) return;
@@ -200,8 +226,8 @@ void layer_norm_backward_typed(const Tensor& g, const Tensor& x, const Tensor& w
   Tensor pb = Tensor::empty({chunks, C}, x.dtype(), x.device());
   const dim3 grid(static_cast<unsigned>((C / N + kWarp - 1) / kWarp),
                   static_cast<unsigned>(chunks));
-  layer_norm_partial_kernel<T, N><<<grid, dim3(kWarp, kChunkLanes), 0, stream()>>>(
-      ptr<T>(g), ptr<T>(x), mean.data<T>(), rstd.data<T>(), rows, C, rows_per_chunk, ptr<T>(pw),
+  layer_norm_partial_kernel<T, TG, N><<<grid, dim3(kWarp, kChunkLanes), 0, stream()>>>(
+      ptr<TG>(g), ptr<T>(x), mean.data<T>(), rstd.data<T>(), rows, C, rows_per_chunk, ptr<T>(pw),
       ptr<T>(pb));
   PIPIT_CUDA_CHECK_LAUNCH("layer_norm_backward");
   layer_norm_finish_kernel<T>
@@ -223,11 +249,14 @@ void CudaBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Ten
     const int64_t C = x.shape().back();
     const int64_t rows = C == 0 ? 0 : x.numel() / C;
     if (rows == 0) break;
-    cuda::with_pack<T>(C, {x.raw_data(), w.raw_data(), b.raw_data(), out.raw_data()},
-                       [&](auto pack) {
-                         cuda::layer_norm_typed<T, decltype(pack)::value>(x, w, b, T(eps), rows, C,
-                                                                          out, mean, rstd);
-                       });
+    cuda::with_operand_type<T>(out.dtype(), "layer_norm", [&](auto out_type) {
+      using TO = typename decltype(out_type)::type;
+      cuda::with_pack<T>(C, {x.raw_data(), w.raw_data(), b.raw_data(), out.raw_data()},
+                         [&](auto pack) {
+                           cuda::layer_norm_typed<T, TO, decltype(pack)::value>(
+                               x, w, b, T(eps), rows, C, out, mean, rstd);
+                         });
+    });
   });
 }
 
@@ -241,11 +270,14 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
     const Tensor x = dense(x_in), g = dense(grad_in), w = dense(weight);
     const int64_t C = x.shape().back();
     const int64_t rows = C == 0 ? 0 : x.numel() / C;
-    cuda::with_pack<T>(C, {x.raw_data(), g.raw_data(), w.raw_data(), grad_x.raw_data()},
-                       [&](auto pack) {
-                         cuda::layer_norm_backward_typed<T, decltype(pack)::value>(
-                             g, x, w, mean, rstd, rows, C, grad_x, grad_weight, grad_bias);
-                       });
+    cuda::with_operand_type<T>(g.dtype(), "layer_norm_backward", [&](auto grad_type) {
+      using TG = typename decltype(grad_type)::type;
+      cuda::with_pack<T>(C, {x.raw_data(), g.raw_data(), w.raw_data(), grad_x.raw_data()},
+                         [&](auto pack) {
+                           cuda::layer_norm_backward_typed<T, TG, decltype(pack)::value>(
+                               g, x, w, mean, rstd, rows, C, grad_x, grad_weight, grad_bias);
+                         });
+    });
   });
 }
 
