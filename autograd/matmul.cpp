@@ -77,17 +77,20 @@ struct MatmulBackward : Node {
   std::string name() const override { return "MatmulBackward"; }
 };
 
-struct LinearBackward : Node {
-  Tensor x, weight;  // in the compute dtype, as for MatmulBackward
+// What Linear's backward reads: x and weight as the product used them (in the compute dtype,
+// as for MatmulBackward) and the dtypes the gradients go back in.
+struct SavedLinear {
+  Tensor x, weight;
   DType x_dtype = DType::f32, weight_dtype = DType::f32, bias_dtype = DType::f32;
-  std::vector<Tensor> apply(const Tensor& g) override {
+
+  // The gradients of x, weight and bias that are wanted, from the output's gradient g.
+  std::vector<Tensor> grads(const Tensor& g, bool want_x, bool want_weight, bool want_bias) const {
     const int64_t out_features = weight.shape()[0];
     Tensor g2 = reshape(g, {-1, out_features});
     Tensor g2_compute = autocast_operand(g2, weight.dtype());
     Tensor gx, gw, gb;
-    if (next[0]) gx = reshape(matmul_raw(g2_compute, weight, x_dtype), x.shape());
-    const bool bias_grad = next.size() == 3 && next[2];
-    if (next[1] && bias_grad && bias_dtype == weight_dtype) {
+    if (want_x) gx = reshape(matmul_raw(g2_compute, weight, x_dtype), x.shape());
+    if (want_weight && want_bias && bias_dtype == weight_dtype) {
       // Both from one read of the output's gradient.
       NoGradGuard no_grad;
       gw = Tensor::empty(weight.shape(), weight_dtype, weight.device());
@@ -95,13 +98,24 @@ struct LinearBackward : Node {
       backend(gw).matmul_bias_grad(mT(g2_compute), reshape(x, {-1, x.shape().back()}), gw, gb);
       return {gx, gw, gb};
     }
-    if (next[1]) gw = matmul_raw(mT(g2_compute), reshape(x, {-1, x.shape().back()}), weight_dtype);
-    if (bias_grad) {
+    if (want_weight) {
+      gw = matmul_raw(mT(g2_compute), reshape(x, {-1, x.shape().back()}), weight_dtype);
+    }
+    if (want_bias) {
       NoGradGuard no_grad;
       gb = sum(g2, {0}).to(bias_dtype);
     }
-    if (next.size() == 2) return {gx, gw};
     return {gx, gw, gb};
+  }
+};
+
+struct LinearBackward : Node {
+  SavedLinear saved;
+  std::vector<Tensor> apply(const Tensor& g) override {
+    std::vector<Tensor> grads =
+        saved.grads(g, next[0] != nullptr, next[1] != nullptr, next.size() == 3 && next[2]);
+    grads.resize(next.size());
+    return grads;
   }
   std::string name() const override { return "LinearBackward"; }
 };
@@ -118,6 +132,35 @@ struct LinearGeluBackward : LinearBackward {
     return LinearBackward::apply(grad_pre);
   }
   std::string name() const override { return "LinearGeluBackward"; }
+};
+
+// An MLP, linear(linear_gelu(x)): the second product's gradient with respect to its input and
+// the GELU's derivative in one pass (matmul_dgelu), then the first Linear's gradients.
+struct GeluMlpBackward : Node {
+  SavedLinear fc, proj;
+  Tensor pre;  // the GELU's input, in the compute dtype
+  // A split backward (autograd/split_backward.h) asks for x's gradient first and the weights'
+  // later: the GELU input's gradient is kept for the second call, not computed again.
+  Tensor kept_grad_pre;
+  std::vector<Tensor> apply(const Tensor& g) override {
+    const bool all_weights = next[1] && next[2] && next[3] && next[4];
+    const std::vector<Tensor> proj_grads =
+        proj.grads(g, false, next[3] != nullptr, next[4] != nullptr);
+    Tensor grad_pre = std::move(kept_grad_pre);
+    if (!grad_pre.defined()) {
+      NoGradGuard no_grad;
+      grad_pre = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
+      const int64_t hidden = pre.shape().back();
+      const Tensor g2 = autocast_operand(reshape(g, {-1, proj.weight.shape()[0]}), pre.dtype());
+      backend(pre).matmul_dgelu(g2, proj.weight, reshape(pre, {-1, hidden}),
+                                reshape(grad_pre, {-1, hidden}));
+    }
+    if (next[0] && !all_weights) kept_grad_pre = grad_pre;
+    const std::vector<Tensor> fc_grads =
+        fc.grads(grad_pre, next[0] != nullptr, next[1] != nullptr, next[2] != nullptr);
+    return {fc_grads[0], fc_grads[1], fc_grads[2], proj_grads[1], proj_grads[2]};
+  }
+  std::string name() const override { return "GeluMlpBackward"; }
 };
 
 }  // namespace
@@ -137,63 +180,82 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 namespace {
 
-// linear, or with `gelu` linear_gelu: the node type and, for GELU, its saved input differ.
-template <typename NodeType>
-Tensor linear_product(const Tensor& x, const Tensor& weight, const Tensor& bias, bool gelu) {
+// A product of linear or linear_gelu, and what its backward reads.
+struct LinearProduct {
+  Tensor out, pre;  // pre: GELU's input, with `gelu`
+  SavedLinear saved;
+};
+
+LinearProduct linear_product(const Tensor& x, const Tensor& weight, const Tensor& bias, bool gelu) {
   PIPIT_CHECK(weight.dim() == 2, "linear: weight must be 2-D, got ", shape_str(weight.shape()));
   PIPIT_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "linear: input of shape ",
               shape_str(x.shape()), " does not match weight of shape ", shape_str(weight.shape()));
   const int64_t out_features = weight.shape()[0];
   const DType compute = compute_dtype(x, weight, "linear");
-  const Tensor x_compute = autocast_operand(x, compute),
-               weight_compute = autocast_operand(weight, compute);
+  LinearProduct p;
+  p.saved = {autocast_operand(x, compute).detach(), autocast_operand(weight, compute).detach(),
+             x.dtype(), weight.dtype(), bias.defined() ? bias.dtype() : DType::f32};
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
-  Tensor out = Tensor::empty(out_shape, compute, x.device());
-  Tensor pre = gelu ? Tensor::empty(out_shape, compute, x.device()) : Tensor();
-  {
-    NoGradGuard no_grad;
-    Tensor x2 = reshape(x_compute, {-1, x.shape().back()});
-    auto as_rows = [&](const Tensor& t) {
-      return Tensor::from_storage(t.storage(), {x2.shape()[0], out_features}, {out_features, 1}, 0,
-                                  t.dtype());
-    };
-    if (bias.defined()) {
-      PIPIT_CHECK(bias.shape() == Shape{out_features}, "linear: bias of shape ",
-                  shape_str(bias.shape()), " does not match ", out_features, " outputs");
-      const Tensor bias_compute = autocast_operand(bias, out.dtype()).contiguous();
-      if (gelu) {
-        backend(x).matmul_bias_gelu(x2, mT(weight_compute), bias_compute, as_rows(pre),
-                                    as_rows(out));
-      } else {
-        backend(x).matmul_bias(x2, mT(weight_compute), bias_compute, as_rows(out));
-      }
-    } else {
-      backend(x).matmul(x2, mT(weight_compute), as_rows(out), false);
-    }
+  p.out = Tensor::empty(out_shape, compute, x.device());
+  if (gelu) p.pre = Tensor::empty(out_shape, compute, x.device());
+  NoGradGuard no_grad;
+  Tensor x2 = reshape(p.saved.x, {-1, x.shape().back()});
+  auto as_rows = [&](const Tensor& t) {
+    return Tensor::from_storage(t.storage(), {x2.shape()[0], out_features}, {out_features, 1}, 0,
+                                t.dtype());
+  };
+  const Tensor w_t = mT(p.saved.weight);
+  if (!bias.defined()) {
+    backend(x).matmul(x2, w_t, as_rows(p.out), false);
+    return p;
   }
-  auto node = bias.defined() ? detail::make_node<NodeType>(out, {x, weight, bias})
-                             : detail::make_node<NodeType>(out, {x, weight});
+  PIPIT_CHECK(bias.shape() == Shape{out_features}, "linear: bias of shape ",
+              shape_str(bias.shape()), " does not match ", out_features, " outputs");
+  const Tensor bias_compute = autocast_operand(bias, compute).contiguous();
+  if (gelu) {
+    backend(x).matmul_bias_gelu(x2, w_t, bias_compute, as_rows(p.pre), as_rows(p.out));
+  } else {
+    backend(x).matmul_bias(x2, w_t, bias_compute, as_rows(p.out));
+  }
+  return p;
+}
+
+template <typename NodeType>
+Tensor linear_op(const Tensor& x, const Tensor& weight, const Tensor& bias, bool gelu) {
+  LinearProduct p = linear_product(x, weight, bias, gelu);
+  auto node = bias.defined() ? detail::make_node<NodeType>(p.out, {x, weight, bias})
+                             : detail::make_node<NodeType>(p.out, {x, weight});
   if (node) {
-    node->x = x_compute.detach();
-    node->weight = weight_compute.detach();
-    node->x_dtype = x.dtype();
-    node->weight_dtype = weight.dtype();
-    if (bias.defined()) node->bias_dtype = bias.dtype();
-    if constexpr (std::is_same_v<NodeType, LinearGeluBackward>) node->pre = pre;
+    node->saved = p.saved;
+    if constexpr (std::is_same_v<NodeType, LinearGeluBackward>) node->pre = p.pre;
   }
-  return out;
+  return p.out;
 }
 
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  return linear_product<LinearBackward>(x, weight, bias, false);
+  return linear_op<LinearBackward>(x, weight, bias, false);
 }
 
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   PIPIT_CHECK(bias.defined(), "linear_gelu: needs a bias");
-  return linear_product<LinearGeluBackward>(x, weight, bias, true);
+  return linear_op<LinearGeluBackward>(x, weight, bias, true);
+}
+
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                          const Tensor& proj_weight, const Tensor& proj_bias) {
+  PIPIT_CHECK(fc_bias.defined() && proj_bias.defined(), "linear_gelu_linear: needs both biases");
+  const LinearProduct fc = linear_product(x, fc_weight, fc_bias, true);
+  LinearProduct proj = linear_product(fc.out, proj_weight, proj_bias, false);
+  if (auto node = detail::make_node<GeluMlpBackward>(
+          proj.out, {x, fc_weight, fc_bias, proj_weight, proj_bias})) {
+    node->fc = fc.saved;
+    node->proj = proj.saved;
+    node->pre = fc.pre;
+  }
+  return proj.out;
 }
 
 }  // namespace pipit

@@ -101,26 +101,21 @@ TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout,
   mlp_dropout_ = register_module("mlp_dropout", std::make_shared<Dropout>(dropout, generator));
 }
 
-namespace {
-
-// fc then GELU, fused into fc's product where it has a bias.
-Tensor fc_gelu(Linear& fc, const Tensor& x) {
-  return fc.bias.defined() ? linear_gelu(x, fc.weight, fc.bias) : gelu(fc.forward(x));
-}
-
-}  // namespace
-
 // Under autocast the layer norms' results go straight to products (rounded as those would round
 // them), and the residual adds read the sublayers' half outputs as they are: no cast either way.
 Tensor TransformerBlock::forward(const Tensor& x) {
   Tensor h = x + attn->forward(ln1->forward_for_products(x));
-  return h + mlp_dropout_->forward(proj->forward(fc_gelu(*fc, ln2->forward_for_products(h))));
+  return h + mlp_dropout_->forward(mlp(ln2->forward_for_products(h)));
 }
 
 Tensor TransformerBlock::forward_step(const Tensor& x, KvCacheLayer& cache, int64_t start,
                                       const Tensor& mask) {
   Tensor h = x + attn->forward_step(ln1->forward_for_products(x), cache, start, mask);
-  return h + proj->forward(fc_gelu(*fc, ln2->forward_for_products(h)));
+  return h + mlp(ln2->forward_for_products(h));
+}
+
+Tensor TransformerBlock::mlp(const Tensor& x) {
+  return linear_gelu_linear(x, fc->weight, fc->bias, proj->weight, proj->bias);
 }
 
 json TransformerBlock::config() const {

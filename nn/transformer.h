@@ -50,6 +50,8 @@ class TransformerBlock final : public Module {
   std::shared_ptr<Linear> fc, proj;
 
  private:
+  // proj(gelu(fc(x))), one fused op (linear_gelu_linear).
+  Tensor mlp(const Tensor& x);
   int64_t width_, heads_;
   double dropout_, layer_norm_eps_;
   std::shared_ptr<Dropout> mlp_dropout_;

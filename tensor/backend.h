@@ -123,6 +123,12 @@ struct AdamWParams {
   X(matmul_bias_gelu,                                                                              \
     (const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& pre, const Tensor& out),  \
     (a, b, bias, pre, out))                                                                        \
+  /* out = (a @ b) * gelu'(pre) (tanh form), pre and out [M, N] in out's dtype: the gradient at    \
+     an MLP's GELU input from its second product's output gradient a and weight b (on CUDA         \
+     cuBLASLt's DGELU epilogue scales the f32 sums before rounding once; the CPU rounds the        \
+     product first, as matmul then gelu_backward would). */                                        \
+  X(matmul_dgelu, (const Tensor& a, const Tensor& b, const Tensor& pre, const Tensor& out),        \
+    (a, b, pre, out))                                                                              \
                                                                                                    \
   X(softmax, (const Tensor& in, int64_t dim, bool log, const Tensor& out), (in, dim, log, out))    \
   X(softmax_backward,                                                                              \

@@ -28,7 +28,7 @@ BatchFold batch_fold(const Tensor& a, const MatrixLayout& la, const Tensor& b, c
 
 // The checks matmul_bias and matmul_bias_grad share (Backend): 2-D a [M, K], b [K, N] and a
 // contiguous out [M, N] whose dtype goes with theirs, and a contiguous vector of `length`
-// elements in out's dtype.
+// elements in out's dtype (none for an undefined vector: matmul_dgelu's).
 void check_matmul_with_vector(const char* op, const Tensor& a, const Tensor& b, const Tensor& out,
                               const Tensor& vector, int64_t length);
 // matmul_bias_gelu's pre and out: one shape and dtype, contiguous.

@@ -1,15 +1,19 @@
-// Backend::matmul_bias, matmul_bias_grad and matmul_bias_gelu, Linear's products with their
-// bias (and an MLP's GELU) fused (cuBLASLt's epilogues on CUDA), against a double-precision
-// reference in every operand layout and dtype, into poisoned outputs, on the CPU and on CUDA;
-// on CUDA a bias too misaligned for cuBLASLt takes the unfused ops to the same values. And
-// linear_gelu, the autograd op on top: gelu(linear) to the bit on the CPU, in the GPT block.
+// Backend::matmul_bias, matmul_bias_grad, matmul_bias_gelu and matmul_dgelu, Linear's products
+// with their bias (and an MLP's GELU and its derivative) fused (cuBLASLt's epilogues on CUDA),
+// against a double-precision reference in every operand layout and dtype, into poisoned
+// outputs, on the CPU and on CUDA; on CUDA a bias too misaligned for cuBLASLt takes the unfused
+// ops to the same values. And linear_gelu and linear_gelu_linear, the autograd ops on top: the
+// unfused ops' bits on the CPU, the latter in the GPT block.
 #include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/node.h"
+#include "autograd/split_backward.h"
 #include "cuda_testing.h"
 #include "nn/transformer.h"
 #include "pipit.h"
@@ -50,14 +54,19 @@ double bound(DType in, DType out, int64_t K, bool tf32, double magnitude, double
          result_step * std::abs(exact);
 }
 
-// GELU's tanh form in double.
+// GELU's tanh form in double, and its derivative.
 double gelu_reference(double x) {
   return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
+double gelu_derivative_reference(double x) {
+  const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x);
+}
 
-// Runs the three ops on `device` with a [M, K] (column-major when a_t), b [K, N] (when b_t) and,
+// Runs the four ops on `device` with a [M, K] (column-major when a_t), b [K, N] (when b_t) and,
 // with `misaligned`, a bias that starts one element into its storage; checks out, the product
-// (a @ b), bias_grad (a summed over K) and GELU's input and output against the f64 reference.
+// (a @ b), bias_grad (a summed over K), GELU's input and output, and the product times GELU's
+// derivative at that input (matmul_dgelu) against the f64 reference.
 void check_bias_products(Device device, Dtypes dt, int64_t M, int64_t N, int64_t K, bool a_t,
                          bool b_t, bool misaligned, bool tf32, Generator& g) {
   INFO(dt.in << " -> " << dt.out << ", " << M << " x " << N << " x " << K << (a_t ? ", a^T" : "")
@@ -74,6 +83,8 @@ void check_bias_products(Device device, Dtypes dt, int64_t M, int64_t N, int64_t
   backend(device).matmul_bias(a_on, b_on, bias_view, out);
   backend(device).matmul_bias_grad(a_on, b_on, product, bias_grad);
   backend(device).matmul_bias_gelu(a_on, b_on, bias_view, pre, activated);
+  Tensor dgelu = poisoned({M, N}, dt.out, device);
+  backend(device).matmul_dgelu(a_on, b_on, pre, dgelu);
 
   const std::vector<double> av = a.contiguous().to_vector<double>();
   const std::vector<double> bv = b.contiguous().to_vector<double>();
@@ -83,7 +94,8 @@ void check_bias_products(Device device, Dtypes dt, int64_t M, int64_t N, int64_t
   const std::vector<double> got_sums = bias_grad.to_vector<double>();
   const std::vector<double> got_pre = pre.to_vector<double>(),
                             got_gelu = activated.to_vector<double>();
-  int64_t bad = 0, bad_product = 0, bad_sums = 0, bad_gelu = 0;
+  const std::vector<double> got_dgelu = dgelu.to_vector<double>();
+  int64_t bad = 0, bad_product = 0, bad_sums = 0, bad_gelu = 0, bad_dgelu = 0;
   for (int64_t i = 0; i < M; ++i) {
     double sum = 0, sum_magnitude = 0;
     for (int64_t k = 0; k < K; ++k) {
@@ -114,12 +126,20 @@ void check_bias_products(Device device, Dtypes dt, int64_t M, int64_t N, int64_t
       const double gelu_bound = 1.2 * pre_bound + bound(dt.in, dt.out, 0, false, 0.0, want_gelu) +
                                 (dt.in == DType::f64 ? 1e-14 : 1e-6) * (std::abs(with_bias) + 1);
       if (!(std::abs(got_gelu[at] - want_gelu) <= gelu_bound)) ++bad_gelu;
+      // The derivative at pre as stored is below 1.13 in magnitude, so likewise; the CPU rounds
+      // the product before scaling it, CUDA's epilogue after.
+      const double want_dgelu = exact * gelu_derivative_reference(got_pre[at]);
+      const double dgelu_bound = 1.2 * bound(dt.in, dt.out, K, tf32, magnitude, exact) +
+                                 bound(dt.in, dt.out, 0, false, 0.0, want_dgelu) +
+                                 (dt.in == DType::f64 ? 1e-14 : 1e-6) * std::abs(exact);
+      if (!(std::abs(got_dgelu[at] - want_dgelu) <= dgelu_bound)) ++bad_dgelu;
     }
   }
   CHECK(bad == 0);
   CHECK(bad_product == 0);
   CHECK(bad_sums == 0);
   CHECK(bad_gelu == 0);
+  CHECK(bad_dgelu == 0);
 }
 
 // Every dtype pair, layout and shape on `device`.
@@ -159,6 +179,9 @@ TEST_CASE("matmul_bias and matmul_bias_grad refuse mismatched operands by name",
                     Catch::Contains("matmul_bias_grad: the vector must be [4]"));
   CHECK_THROWS_WITH(cpu.matmul_bias_grad(a, b, transpose(zeros({5, 4}), 0, 1), zeros({4})),
                     Catch::Contains("must be contiguous"));
+  CHECK_THROWS_WITH(cpu.matmul_dgelu(a, b, zeros({4, 5}, {DType::f64}), zeros({4, 5})),
+                    Catch::Contains("matmul_dgelu: pre must be contiguous with out's shape [4, 5] "
+                                    "and dtype F32, got [4, 5] in F64"));
 }
 
 TEST_CASE("cuda: matmul_bias and matmul_bias_grad match the reference, fused and unfused",
@@ -172,52 +195,100 @@ TEST_CASE("cuda: matmul_bias and matmul_bias_grad match the reference, fused and
   set_float32_matmul_precision("highest");
 }
 
-TEST_CASE("linear_gelu gives gelu(linear)'s bits and gradients, and the GPT block uses it",
-          "[nn]") {
+namespace {
+
+// The names of the nodes between y and its leaves.
+std::multiset<std::string> node_names(const Tensor& y) {
+  std::vector<std::shared_ptr<Node>> todo{y.grad_fn()};
+  std::set<const Node*> seen;
+  std::multiset<std::string> names;
+  while (!todo.empty()) {
+    const auto node = todo.back();
+    todo.pop_back();
+    if (!node || !seen.insert(node.get()).second) continue;
+    names.insert(node->name());
+    for (const auto& next : node->next) todo.push_back(next);
+  }
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("linear_gelu and linear_gelu_linear give the unfused ops' bits and gradients", "[nn]") {
   Generator g(72);
   for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
     INFO(dtype);
     // bf16: f32 tensors under bf16 autocast, as training runs it.
     const DType stored = dtype == DType::bf16 ? DType::f32 : dtype;
-    const Tensor x = uniform({2, 5, 12}, -2, 2, &g).to(stored);
-    const Tensor w = uniform({16, 12}, -0.5, 0.5, &g).to(stored);
-    const Tensor b = uniform({16}, -0.5, 0.5, &g).to(stored);
-    const Tensor grad = uniform({2, 5, 16}, -1, 1, &g).to(dtype);
-    auto run = [&](bool fused) {
-      Tensor xx = x.clone().requires_grad_(), ww = w.clone().requires_grad_(),
-             bb = b.clone().requires_grad_();
+    const std::vector<Tensor> inputs = {
+        uniform({2, 5, 12}, -2, 2, &g).to(stored), uniform({16, 12}, -0.5, 0.5, &g).to(stored),
+        uniform({16}, -0.5, 0.5, &g).to(stored), uniform({12, 16}, -0.5, 0.5, &g).to(stored),
+        uniform({12}, -0.5, 0.5, &g).to(stored)};
+    const Tensor grad_hidden = uniform({2, 5, 16}, -1, 1, &g).to(dtype);
+    const Tensor grad_out = uniform({2, 5, 12}, -1, 1, &g).to(dtype);
+    // 0: gelu(linear), 1: linear_gelu, 2: linear(gelu(linear)), 3: linear_gelu_linear,
+    // 4: linear_gelu_linear through a split backward (x's gradient first, the weights' later).
+    auto run = [&](int variant) {
+      std::vector<Tensor> leaves;
+      for (const Tensor& t : inputs) leaves.push_back(t.clone().requires_grad_());
+      const Tensor &x = leaves[0], &w1 = leaves[1], &b1 = leaves[2], &w2 = leaves[3],
+                   &b2 = leaves[4];
       Tensor out;
       {
         AutocastGuard autocast(dtype == DType::bf16 ? DType::bf16 : DType::f32);
-        out = fused ? linear_gelu(xx, ww, bb) : gelu(linear(xx, ww, bb));
+        switch (variant) {
+          case 0:
+            out = gelu(linear(x, w1, b1));
+            break;
+          case 1:
+            out = linear_gelu(x, w1, b1);
+            break;
+          case 2:
+            out = linear(gelu(linear(x, w1, b1)), w2, b2);
+            break;
+          default:
+            out = linear_gelu_linear(x, w1, b1, w2, b2);
+        }
       }
-      if (fused) CHECK(out.grad_fn()->name() == "LinearGeluBackward");
-      out.backward(grad);
-      return std::vector<Tensor>{out.detach(), xx.grad(), ww.grad(), bb.grad()};
+      const char* node = variant == 1 ? "LinearGeluBackward" : "GeluMlpBackward";
+      if (variant % 2 == 1 || variant == 4) CHECK(out.grad_fn()->name() == node);
+      const Tensor& grad = variant < 2 ? grad_hidden : grad_out;
+      if (variant == 4) {
+        DeferredGradients later = backward_inputs_first(out, grad, {x});
+        CHECK(x.grad().defined());
+        CHECK(!w1.grad().defined());
+        later.run();
+      } else {
+        out.backward(grad);
+      }
+      std::vector<Tensor> results{out.detach()};
+      for (const Tensor& leaf : leaves) {
+        if (leaf.grad().defined()) results.push_back(leaf.grad());
+      }
+      return results;
     };
-    const auto fused = run(true), plain = run(false);
-    for (size_t i = 0; i < fused.size(); ++i) {
-      INFO("result " << i);
-      CHECK(fused[i].dtype() == plain[i].dtype());
-      CHECK(fused[i].to_vector<double>() == plain[i].to_vector<double>());
+    for (const auto& [fused, plain] : std::vector<std::pair<int, int>>{{1, 0}, {3, 2}, {4, 2}}) {
+      INFO("variant " << fused << " against " << plain);
+      const auto got = run(fused), want = run(plain);
+      REQUIRE(got.size() == want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO("result " << i);
+        CHECK(got[i].dtype() == want[i].dtype());
+        CHECK(got[i].to_vector<double>() == want[i].to_vector<double>());
+      }
     }
   }
   CHECK_THROWS_WITH(linear_gelu(zeros({2, 3}), zeros({4, 3}), Tensor()),
                     Catch::Contains("linear_gelu: needs a bias"));
-  // The block's MLP runs it (a block built without it would have a GeluBackward instead).
+  CHECK_THROWS_WITH(
+      linear_gelu_linear(zeros({2, 3}), zeros({4, 3}), zeros({4}), zeros({3, 4}), Tensor()),
+      Catch::Contains("linear_gelu_linear: needs both biases"));
+  // The block's MLP is one node (a block built without it would have Linear and GELU nodes).
   TransformerBlock block(12, 3, 0.0, &g);
-  const Tensor y = block.forward(uniform({1, 4, 12}, -1, 1, &g));
-  std::vector<std::shared_ptr<Node>> todo{y.grad_fn()};
-  std::set<const Node*> seen;
-  int fused_nodes = 0, gelu_nodes = 0;
-  while (!todo.empty()) {
-    const auto node = todo.back();
-    todo.pop_back();
-    if (!node || !seen.insert(node.get()).second) continue;
-    fused_nodes += node->name() == "LinearGeluBackward";
-    gelu_nodes += node->name() == "GeluBackward";
-    for (const auto& next : node->next) todo.push_back(next);
-  }
-  CHECK(fused_nodes == 1);
-  CHECK(gelu_nodes == 0);
+  const std::multiset<std::string> names =
+      node_names(block.forward(uniform({1, 4, 12}, -1, 1, &g)));
+  CHECK(names.count("GeluMlpBackward") == 1);
+  CHECK(names.count("LinearGeluBackward") == 0);
+  CHECK(names.count("GeluBackward") == 0);
+  CHECK(names.count("LinearBackward") == 2);  // the attention's two products
 }

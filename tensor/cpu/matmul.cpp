@@ -312,6 +312,14 @@ void CpuBackend::matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor
   unary(UnaryOp::gelu, pre, out);
 }
 
+void CpuBackend::matmul_dgelu(const Tensor& a, const Tensor& b, const Tensor& pre,
+                              const Tensor& out) {
+  check_matmul_with_vector("matmul_dgelu", a, b, out, Tensor(), 0);
+  check_matmul_with_gelu("matmul_dgelu", pre, out);
+  matmul(a, b, out, false);
+  binary(BinaryOp::gelu_backward, out, pre, out);
+}
+
 void CpuBackend::matmul_bias_grad(const Tensor& a, const Tensor& b, const Tensor& out,
                                   const Tensor& bias_grad) {
   check_matmul_with_vector("matmul_bias_grad", a, b, out, bias_grad, a.shape()[0]);

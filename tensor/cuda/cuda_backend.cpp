@@ -227,14 +227,15 @@ void set_preference(const char* op, cublasLtMatmulPreference_t preference,
 }
 
 // out [M, N] = a [M, K] b [K, N] through cuBLASLt with `epilogue` reading or writing `vector`
-// (the bias, or the bias gradient). False, with nothing enqueued, where cuBLASLt has no
-// algorithm for it: the caller then runs the unfused ops.
+// (the bias, or the bias gradient; none for DGELU) and `aux` (GELU's input, written by
+// GELU_AUX_BIAS, read by DGELU). False, with nothing enqueued, where cuBLASLt has no algorithm
+// for it: the caller then runs the unfused ops.
 bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_in,
                const Tensor& out, cublasLtEpilogue_t epilogue, const Tensor& vector,
                const Tensor& aux = Tensor()) {
   const int64_t M = out.shape()[0], N = out.shape()[1], K = a_in.shape()[1];
   if (a_in.dtype() == DType::f64 || M == 0 || N == 0 || K == 0) return false;
-  if (alignment_of(vector.raw_data()) < 16) return false;
+  if (vector.defined() && alignment_of(vector.raw_data()) < 16) return false;
   // A half output whose rows are not a multiple of 16 bytes got a bias epilogue that was off by
   // more than one rounding (a bf16 [37, 53] product on an H200, 13% of its elements).
   const bool half_out = out.dtype() == DType::bf16 || out.dtype() == DType::f16;
@@ -253,7 +254,9 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
   set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_TRANSA, op_first);
   set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_TRANSB, op_second);
   set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
-  set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector.raw_data());
+  if (vector.defined()) {
+    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector.raw_data());
+  }
   if (aux.defined()) {
     set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.raw_data());
     set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, N);
@@ -365,6 +368,16 @@ void CudaBackend::matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tenso
   }
   matmul_bias(a, b, bias, pre);
   unary(UnaryOp::gelu, pre, out);
+}
+
+void CudaBackend::matmul_dgelu(const Tensor& a, const Tensor& b, const Tensor& pre,
+                               const Tensor& out) {
+  cuda::DeviceGuard guard(index_);
+  check_matmul_with_vector("matmul_dgelu", a, b, out, Tensor(), 0);
+  check_matmul_with_gelu("matmul_dgelu", pre, out);
+  if (lt_matmul("matmul_dgelu", index_, a, b, out, CUBLASLT_EPILOGUE_DGELU, Tensor(), pre)) return;
+  matmul_on_device(index_, a, b, out, false);
+  binary(BinaryOp::gelu_backward, out, pre, out);
 }
 
 void CudaBackend::matmul_bias_grad(const Tensor& a, const Tensor& b, const Tensor& out,
