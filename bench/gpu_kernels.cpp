@@ -9,9 +9,12 @@
 //   bias_grad:     (not in the default list, no torch side) a Linear's weight gradient with its
 //                  bias gradient for each of GPT-2 small's Linear shapes, bf16 operands, f32
 //                  results: cuBLASLt's BGRADB epilogue (Backend::matmul_bias_grad) against the
-//                  plain product and a separate column sum of the output's gradient.
+//                  plain product and a separate column sum of the output's gradient, and
+//                  against the product split over 2 and 4 slices of the rows (a batched GEMM:
+//                  more output tiles where one product's are too few to fill the GPU's SMs)
+//                  whose parts are then summed in order, with the column sum.
 // {"kernel", "shape", "forward_ms": [...], "step_ms": [...]} (adamw: step_ms only; bias_grad:
-// "fused_ms" and "split_ms").
+// "fused_ms", "split_ms", "rows_in_2_ms" and "rows_in_4_ms").
 //
 // usage: gpu_kernels [--kernels layer_norm,cross_entropy,adamw,bias_grad] [--warmup 3]
 //                    [--repeats 10] [--device cuda]
@@ -139,10 +142,31 @@ void time_bias_grad(int64_t warmup, int64_t repeats) {
       device.reduce(ReduceOp::sum, grad_out, rows, column_sums);
       synchronize(g_device);
     });
-    const nlohmann::json row = {{"kernel", "bias_grad"},
-                                {"shape", std::to_string(N) + "x" + std::to_string(K)},
-                                {"fused_ms", fused_ms},
-                                {"split_ms", split_ms}};
+    const Tensor product = weight_grad.to(Device::cpu());
+    nlohmann::json row = {{"kernel", "bias_grad"},
+                          {"shape", std::to_string(N) + "x" + std::to_string(K)},
+                          {"fused_ms", fused_ms},
+                          {"split_ms", split_ms}};
+    for (const int64_t parts : {2, 4}) {
+      // a's columns (grad_out's rows) in `parts` slices, each a transposed [N, rows / parts].
+      const int64_t slice = kRows / parts;
+      const Tensor a_parts = Tensor::from_storage(
+          grad_out.storage(), {parts, N, slice}, {slice * N, 1, N}, grad_out.offset(), DType::bf16);
+      const Tensor input_parts = reshape(input, {parts, slice, K});
+      const Tensor partial = Tensor::empty({parts, N, K}, DType::f32, g_device);
+      const Tensor summed = reshape(weight_grad, {1, N, K});
+      row["rows_in_" + std::to_string(parts) + "_ms"] = bench::time_ms(warmup, repeats, [&] {
+        device.matmul(a_parts, input_parts, partial, false);
+        device.reduce(ReduceOp::sum, partial, rows, summed);
+        device.reduce(ReduceOp::sum, grad_out, rows, column_sums);
+        synchronize(g_device);
+      });
+      // The same product, up to the f32 sums' order.
+      const double scale = max(abs(product)).item<double>();
+      const double off = max(abs(weight_grad.to(Device::cpu()) - product)).item<double>();
+      PIPIT_CHECK(off <= 1e-4 * scale, "bias_grad: the product over ", parts,
+                  " slices of the rows is off by ", off, " (largest element ", scale, ")");
+    }
     std::printf("%s\n", row.dump().c_str());
     std::fflush(stdout);
   }
