@@ -6,9 +6,9 @@
 #include <cmath>
 #include <functional>
 
-#include "autograd/node.h"
 #include "bitwise.h"
 #include "gradcheck.h"
+#include "graph_names.h"
 #include "nn/builders.h"
 #include "nn/transformer.h"
 #include "pipit.h"
@@ -36,13 +36,6 @@ Tensor written_out(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
 
 bool same_values(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.to_vector<double>() == b.to_vector<double>();
-}
-
-// Names of every node reachable from t's grad_fn.
-void collect_nodes(const std::shared_ptr<Node>& node, std::vector<std::string>& names) {
-  if (!node) return;
-  names.push_back(node->name());
-  for (const auto& next : node->next) collect_nodes(next, names);
 }
 
 }  // namespace
@@ -133,9 +126,8 @@ TEST_CASE("packed self-attention gives the split heads' bits and one gradient te
       want.backward(grad);
       CHECK(same_values(packed.grad(), split.grad()));
       // One node between the output and qkv: no zero-filled gradient per head, no sum of three.
-      std::vector<std::string> nodes;
-      collect_nodes(got.grad_fn(), nodes);
-      CHECK(nodes == std::vector<std::string>{"PackedAttentionBackward", "AccumulateGrad"});
+      CHECK(testing::node_names(got) ==
+            std::multiset<std::string>{"PackedAttentionBackward", "AccumulateGrad"});
     }
   }
   // Under autocast an f32 projection is rounded once; its gradient comes back in f32.
@@ -230,9 +222,7 @@ TEST_CASE("CausalSelfAttention runs the packed fused kernel unless dropout needs
   Generator g(45);
   const Tensor x = uniform({2, 10, 12}, -1, 1, &g);
   auto attention_nodes = [](const Tensor& out) {
-    std::vector<std::string> names;
-    collect_nodes(out.grad_fn(), names);
-    return std::count(names.begin(), names.end(), "PackedAttentionBackward");
+    return testing::node_names(out).count("PackedAttentionBackward");
   };
   CausalSelfAttention plain(12, 3, 0.0, &g);
   const Tensor got = plain.forward(x);

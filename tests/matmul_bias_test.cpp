@@ -15,6 +15,7 @@
 #include "autograd/node.h"
 #include "autograd/split_backward.h"
 #include "cuda_testing.h"
+#include "graph_names.h"
 #include "nn/transformer.h"
 #include "pipit.h"
 
@@ -22,6 +23,7 @@ using namespace pipit;
 using testing::cuda_ready;
 using testing::kCpu;
 using testing::kCuda;
+using testing::node_names;
 using testing::poisoned;
 
 namespace {
@@ -194,25 +196,6 @@ TEST_CASE("cuda: matmul_bias and matmul_bias_grad match the reference, fused and
   check_all_bias_products(kCuda, false, true);
   set_float32_matmul_precision("highest");
 }
-
-namespace {
-
-// The names of the nodes between y and its leaves.
-std::multiset<std::string> node_names(const Tensor& y) {
-  std::vector<std::shared_ptr<Node>> todo{y.grad_fn()};
-  std::set<const Node*> seen;
-  std::multiset<std::string> names;
-  while (!todo.empty()) {
-    const auto node = todo.back();
-    todo.pop_back();
-    if (!node || !seen.insert(node.get()).second) continue;
-    names.insert(node->name());
-    for (const auto& next : node->next) todo.push_back(next);
-  }
-  return names;
-}
-
-}  // namespace
 
 TEST_CASE("linear_gelu and linear_gelu_linear give the unfused ops' bits and gradients", "[nn]") {
   Generator g(72);

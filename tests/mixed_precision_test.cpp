@@ -1,15 +1,13 @@
 // Mixed precision on the CPU: autocast rounds matmul operands, keeps f32 accumulation and
 // returns half activations, the grad scaler unscales and skips overflowing steps, and a pipeline
 // trains in bf16 and f16.
-#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
-#include <set>
 
-#include "autograd/node.h"
 #include "f16_overflow.h"
+#include "graph_names.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/grad_scaler.h"
@@ -186,18 +184,9 @@ TEST_CASE("a residual reads half activations as they are, with the bits of a cas
     y = block.forward(randn({2, 5, 16}, &g).requires_grad_());
   }
   CHECK(y.dtype() == DType::f32);
-  std::vector<std::shared_ptr<Node>> todo{y.grad_fn()};
-  std::set<const Node*> seen;
-  std::vector<std::string> names;
-  while (!todo.empty()) {
-    const auto node = todo.back();
-    todo.pop_back();
-    if (!node || !seen.insert(node.get()).second) continue;
-    names.push_back(node->name());
-    for (const auto& next : node->next) todo.push_back(next);
-  }
-  CHECK(std::count(names.begin(), names.end(), "LayerNormBackward") == 2);
-  CHECK(std::count(names.begin(), names.end(), "CopyBackward") == 0);
+  const std::multiset<std::string> names = testing::node_names(y);
+  CHECK(names.count("LayerNormBackward") == 2);
+  CHECK(names.count("CopyBackward") == 0);
   // The backends take no other mix: mul of f32 and bf16 is refused, naming the dtypes.
   const Tensor f = ones({3}), h = ones({3}).to(DType::bf16);
   CHECK_THROWS_WITH(backend(f).binary(BinaryOp::mul, f, h, Tensor::empty({3}, DType::f32)),
