@@ -16,6 +16,7 @@
 #include <random>
 
 #include "autograd/autocast.h"
+#include "bench/gpt2_flags.h"
 #include "bench/gpu_bench.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
@@ -126,12 +127,7 @@ int main(int argc, char** argv) {
   try {
     samples::Flags flags("gpu_gpt2", "GPT-2 training steps on one GPU, per precision mode.");
     flags.add("modes", "f32,tf32,bf16", "precision modes to time (f32, tf32, bf16)");
-    flags.add("layers", "12", "transformer blocks");
-    flags.add("heads", "12", "attention heads");
-    flags.add("width", "768", "model width");
-    flags.add("context", "1024", "tokens per sequence");
-    flags.add("vocab", "50257", "vocabulary size");
-    flags.add("vocab-multiple", "1", "pad the head's logits to a multiple of this (llm.c: 64)");
+    bench::add_gpt2_flags(flags, "1");
     flags.add("batch", "8", "sequences per step");
     flags.add("warmup", "3", "untimed steps first");
     flags.add("steps", "10", "timed steps");
@@ -141,13 +137,7 @@ int main(int argc, char** argv) {
     flags.parse(argc, argv);
     const auto modes = flags.items("modes");
     Options o;
-    o.model.layers = flags.integer("layers");
-    o.model.heads = flags.integer("heads");
-    o.model.width = flags.integer("width");
-    o.model.context = flags.integer("context");
-    o.model.vocab_size = flags.integer("vocab");
-    o.model.vocab_multiple = flags.integer("vocab-multiple");
-    o.model.dropout = 0.0;
+    o.model = bench::gpt2_config(flags);
     o.batch = flags.integer("batch");
     o.warmup = flags.integer("warmup", 0);
     o.steps = flags.integer("steps");

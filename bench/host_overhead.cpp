@@ -13,6 +13,7 @@
 #include <exception>
 #include <nlohmann/json.hpp>
 
+#include "bench/gpt2_flags.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
@@ -56,12 +57,7 @@ Tensor tokens(int64_t batch, int64_t context, int64_t vocab) {
 int main(int argc, char** argv) {
   try {
     samples::Flags flags("host_overhead", "A training step's host work, every kernel a no-op.");
-    flags.add("layers", "12", "transformer blocks");
-    flags.add("width", "768", "model width");
-    flags.add("heads", "12", "attention heads");
-    flags.add("context", "1024", "tokens per sequence");
-    flags.add("vocab", "50257", "vocabulary size");
-    flags.add("vocab-multiple", "64", "the head's rows padded to a multiple of this");
+    bench::add_gpt2_flags(flags, "64");
     flags.add("batch", "8", "sequences per step");
     flags.add("dtype", "bf16", "bf16 (autocast) or f32");
     flags.add("warmup", "2", "untimed steps first");
@@ -69,13 +65,7 @@ int main(int argc, char** argv) {
     flags.parse(argc, argv);
     const std::string dtype = flags.str("dtype");
     PIPIT_CHECK(dtype == "bf16" || dtype == "f32", "unknown --dtype '", dtype, "' (bf16, f32)");
-    GptConfig config;
-    config.layers = flags.integer("layers", 1);
-    config.width = flags.integer("width", 1);
-    config.heads = flags.integer("heads", 1);
-    config.context = flags.integer("context", 1);
-    config.vocab_size = flags.integer("vocab", 1);
-    config.vocab_multiple = flags.integer("vocab-multiple", 1);
+    const GptConfig config = bench::gpt2_config(flags);
     const int64_t batch = flags.integer("batch", 1);
     Generator generator(0);
     auto model = gpt(config, &generator);
