@@ -16,6 +16,7 @@ namespace pipit {
 
 namespace {
 thread_local bool t_grad_enabled = true;
+thread_local GradientSums t_gradient_sums;
 
 Tensor add_raw(const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
@@ -35,13 +36,17 @@ void check_root(const Tensor& root, const Tensor& grad) {
 using Rooted = std::vector<std::pair<std::shared_ptr<Node>, Tensor>>;
 // Which of a node's edges a propagation follows.
 using Follows = std::function<bool(const Node& child)>;
-// Computes a node's input gradients from the gradient it received.
-using Apply = std::function<std::vector<Tensor>(const std::shared_ptr<Node>&, const Tensor&)>;
+// Computes a node's input gradients from the gradient it received, offered the gradients that
+// wait for its inputs (Node::apply_adding).
+using Apply = std::function<std::vector<Tensor>(const std::shared_ptr<Node>&, const Tensor&,
+                                                std::vector<Tensor>& waiting)>;
 
-std::vector<Tensor> apply_node(const std::shared_ptr<Node>& node, const Tensor& grad) {
+std::vector<Tensor> apply_node(const std::shared_ptr<Node>& node, const Tensor& grad,
+                               std::vector<Tensor>& waiting) {
   // A node that received no gradient passes none on, but still releases its children.
-  return grad.defined() || node->runs_without_gradient() ? node->apply(grad)
-                                                         : std::vector<Tensor>(node->next.size());
+  if (grad.defined() || node->runs_without_gradient()) return node->apply_adding(grad, waiting);
+  waiting.assign(waiting.size(), Tensor());
+  return std::vector<Tensor>(node->next.size());
 }
 
 // Runs nodes in dependency order from the roots over the edges `follows` admits, summing the
@@ -63,6 +68,7 @@ void propagate(Rooted roots, const Follows& follows, const Apply& apply) {
     }
   }
 
+  t_gradient_sums = {};
   std::unordered_map<Node*, Tensor> pending;
   std::vector<std::shared_ptr<Node>> ready;
   // Reversed, so that the first root runs first.
@@ -75,16 +81,34 @@ void propagate(Rooted roots, const Follows& follows, const Apply& apply) {
     ready.pop_back();
     Tensor node_grad = std::move(pending[node.get()]);
     pending.erase(node.get());
-    std::vector<Tensor> input_grads = apply(node, node_grad);
-    PIPIT_CHECK(input_grads.size() == node->next.size(), "backward: node ", node->name(),
-                " returned ", input_grads.size(), " gradients for ", node->next.size(), " inputs");
+    // An input's node that appears twice is offered its waiting gradient once, so that no
+    // sum counts it twice.
+    std::vector<Tensor> waiting(node->next.size());
     for (size_t i = 0; i < node->next.size(); ++i) {
       const std::shared_ptr<Node>& child = node->next[i];
       if (!child || !follows(*child)) continue;
-      if (input_grads[i].defined()) {
+      bool repeated = false;
+      for (size_t j = 0; j < i; ++j) repeated = repeated || node->next[j] == child;
+      auto it = pending.find(child.get());
+      if (!repeated && it != pending.end()) waiting[i] = it->second;
+    }
+    std::vector<Tensor> input_grads = apply(node, node_grad, waiting);
+    PIPIT_CHECK(input_grads.size() == node->next.size() && waiting.size() == node->next.size(),
+                "backward: node ", node->name(), " returned ", input_grads.size(),
+                " gradients for ", node->next.size(), " inputs");
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      const std::shared_ptr<Node>& child = node->next[i];
+      if (!child || !follows(*child)) continue;
+      if (input_grads[i].defined() && waiting[i].defined()) {
+        pending[child.get()] = input_grads[i];  // the node's sum of both
+        ++t_gradient_sums.taken;
+      } else if (input_grads[i].defined()) {
         auto [it, inserted] = pending.try_emplace(child.get(), input_grads[i]);
-        if (!inserted) {
-          it->second = it->second.defined() ? add_raw(it->second, input_grads[i]) : input_grads[i];
+        if (!inserted && it->second.defined()) {
+          it->second = add_raw(it->second, input_grads[i]);
+          ++t_gradient_sums.separate;
+        } else if (!inserted) {
+          it->second = input_grads[i];
         }
       }
       if (--dependencies[child.get()] == 0) ready.push_back(child);
@@ -169,10 +193,13 @@ DeferredGradients backward_inputs_first(const Tensor& output, const Tensor& grad
     deferred.work_.push_back({start, grad});
     return deferred;
   }
-  propagate({{start, grad}}, in_b, [&](const std::shared_ptr<Node>& node, const Tensor& g) {
+  // B: each node computes its input gradients; what it leaves to W is deferred.
+  const Apply run_b = [&](const std::shared_ptr<Node>& node, const Tensor& g,
+                          std::vector<Tensor>& waiting) {
     if (computed_inputs.count(node.get()) > 0) {
       deferred.work_.push_back({node, g});
       w_edges_of.push_back(node->next);
+      waiting.assign(waiting.size(), Tensor());
       return std::vector<Tensor>(node->next.size());
     }
     // Hide the W edges while the node runs, so that it computes the B gradients only. Once B is
@@ -185,7 +212,7 @@ DeferredGradients backward_inputs_first(const Tensor& output, const Tensor& grad
         any_w = true;
       }
     }
-    std::vector<Tensor> result = apply_node(node, g);
+    std::vector<Tensor> result = apply_node(node, g, waiting);
     if (!any_w) return result;
     // A node that ignores missing edges (layer norm) computed its W gradients already: W keeps
     // those instead of the node, its saved tensors and its gradient (all of them, or W asks the
@@ -206,7 +233,8 @@ DeferredGradients backward_inputs_first(const Tensor& output, const Tensor& grad
     }
     w_edges_of.push_back(std::move(w_edges));
     return result;
-  });
+  };
+  propagate({{start, grad}}, in_b, run_b);
   for (size_t i = 0; i < w_edges_of.size(); ++i) deferred.work_[i].node->next = w_edges_of[i];
   return deferred;
 }
@@ -218,6 +246,10 @@ void DeferredGradients::run() {
   work_.clear();
   propagate(
       std::move(roots), [](const Node&) { return true; }, apply_node);
+}
+
+GradientSums last_gradient_sums() {
+  return t_gradient_sums;
 }
 
 bool is_grad_enabled() {

@@ -56,14 +56,26 @@ struct CausalSoftmaxBackward : Node {
   std::string name() const override { return "CausalSoftmaxBackward"; }
 };
 
-// g comes in the output's dtype: x's, or autocast's for layer_norm_for_products.
+// g comes in the output's dtype: x's, or autocast's for layer_norm_for_products. x's gradient
+// is added into the one that waits for x (a residual stream's, from the block above) as it is
+// written.
 struct LayerNormBackward : Node {
   Tensor x, weight, mean, rstd;
   std::vector<Tensor> apply(const Tensor& g) override {
+    std::vector<Tensor> none(3);
+    return apply_adding(g, none);
+  }
+  std::vector<Tensor> apply_adding(const Tensor& g, std::vector<Tensor>& waiting) override {
+    const Tensor residual = waiting[0];
+    waiting.assign(3, Tensor());
+    if (residual.defined() && residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
+        residual.device() == x.device() && residual.is_contiguous()) {
+      waiting[0] = residual;
+    }
     Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());
     Tensor gw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
     Tensor gb = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
-    backend(x).layer_norm_backward(g, x, weight, mean, rstd, gx, gw, gb);
+    backend(x).layer_norm_backward(g, x, weight, mean, rstd, waiting[0], gx, gw, gb);
     return {gx, gw, gb};
   }
   std::string name() const override { return "LayerNormBackward"; }
@@ -87,7 +99,7 @@ Tensor taking_part(const Tensor& logits, int64_t classes) {
 }
 
 struct CrossEntropyBackward : Node {
-  Tensor logits, targets, count;
+  Tensor logits, targets, count, stats;
   Shape logits_shape;
   int64_t ignore_index = -100, classes = 0;
   std::vector<Tensor> apply(const Tensor& g) override {
@@ -97,7 +109,8 @@ struct CrossEntropyBackward : Node {
       // In f64 then rounded once, as a host double divided by the count would be.
       scale = (g.to(DType::f64) / count).to(accumulate_dtype(logits.dtype()));
     }
-    const Tensor grad = cross_entropy_gradient(logits, targets, ignore_index, classes, scale);
+    const Tensor grad =
+        cross_entropy_gradient(logits, targets, ignore_index, classes, scale, stats);
     return {reshape(grad, logits_shape), Tensor()};
   }
   std::string name() const override { return "CrossEntropyBackward"; }
@@ -217,13 +230,13 @@ int64_t check_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t
 }
 
 Tensor cross_entropy_gradient(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                              int64_t classes, const Tensor& scale) {
+                              int64_t classes, const Tensor& scale, const Tensor& stats) {
   NoGradGuard no_grad;
   Tensor grad = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   const int64_t C = logits.shape()[1];
   if (classes < C) backend(grad).fill(narrow(grad, 1, classes, C - classes), 0.0);
   backend(grad).cross_entropy_backward(taking_part(logits, classes), targets, ignore_index, scale,
-                                       taking_part(grad, classes));
+                                       stats, taking_part(grad, classes));
   return grad;
 }
 
@@ -241,7 +254,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   // Half logits give f32 losses: summed in f32, the logits never widened in memory.
   const DType loss_dtype = accumulate_dtype(logits.dtype());
   Tensor losses = Tensor::empty({N}, loss_dtype, logits.device());
-  backend(logits).cross_entropy(taking_part(logits2, classes), targets1, ignore_index, losses);
+  // Kept for the backward when there is one, which then reads each row once.
+  Tensor stats;
+  if (is_grad_enabled() && logits.requires_grad()) {
+    stats = Tensor::empty({N, 2}, loss_dtype, logits.device());
+  }
+  backend(logits).cross_entropy(taking_part(logits2, classes), targets1, ignore_index, losses,
+                                stats);
   Tensor total = Tensor::empty({}, loss_dtype, logits.device());
   int64_t all[] = {0};
   backend(logits).reduce(ReduceOp::sum, losses, all, total);
@@ -259,6 +278,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
     node->ignore_index = ignore_index;
     node->classes = classes;
     node->count = count;
+    node->stats = stats;
   }
   return result;
 }

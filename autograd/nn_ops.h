@@ -34,9 +34,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // classes itself, in [1, C].
 int64_t check_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t classes);
 // cross_entropy's gradient for logits [N, C] (rows of unit stride) and targets [N], outside
-// the graph: (softmax - onehot) * scale over the first `classes` columns, 0 in the others.
+// the graph: (softmax - onehot) * scale over the first `classes` columns, 0 in the others;
+// softmax from the forward's row stats when given (Backend::cross_entropy), else from logits.
 Tensor cross_entropy_gradient(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                              int64_t classes, const Tensor& scale);
+                              int64_t classes, const Tensor& scale, const Tensor& stats = {});
 // The rows of targets that are not ignore_index, as an f64 scalar on their device: the mean's
 // divisor, counted without waiting for the device.
 Tensor cross_entropy_rows(const Tensor& targets, int64_t ignore_index);

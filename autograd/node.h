@@ -26,6 +26,15 @@ class Node {
   // batch outputs, which gathers add rows into) is applied even when no edge brought one:
   // apply then gets an undefined grad_output.
   virtual bool runs_without_gradient() const { return false; }
+  // As apply, offered the gradients that already wait for each input's node (`waiting`, one
+  // entry per input, undefined where none): a node may add its own gradient into one as it
+  // computes it, one pass instead of a separate sum. It returns that sum for the input and
+  // leaves the entry; the entries it clears it did not add. The default adds none.
+  virtual std::vector<Tensor> apply_adding(const Tensor& grad_output,
+                                           std::vector<Tensor>& waiting) {
+    waiting.assign(waiting.size(), Tensor());
+    return apply(grad_output);
+  }
 
   std::vector<std::shared_ptr<Node>> next;
 };
@@ -40,6 +49,13 @@ class AccumulateGrad final : public Node {
  private:
   std::shared_ptr<AutogradMeta> meta_;
 };
+
+// How the calling thread's last backward pass (or the last of its two parts, split) summed the
+// gradients that met at a node: `separate` adds, and sums `taken` into a node's own pass.
+struct GradientSums {
+  int64_t separate = 0, taken = 0;
+};
+GradientSums last_gradient_sums();
 
 namespace detail {
 

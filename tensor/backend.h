@@ -161,16 +161,18 @@ struct AdamWParams {
   /* Normalises over the last dim; mean and rstd have the leading dims' numel. weight, bias,       \
      mean, rstd, grad_x, grad_weight and grad_bias have x's dtype; so have out and grad, or for    \
      f32 x either may be f16 or bf16 (a normalised operand of autocast's products: out rounded     \
-     once from the f32 result, grad widened as read). */                                           \
+     once from the f32 result, grad widened as read). The backward's residual, when defined (x's   \
+     shape and dtype, contiguous), is a gradient that already waits for x: grad_x = residual +     \
+     x's own gradient, the bits of a separate add (grad_x may be residual itself). */              \
   X(layer_norm,                                                                                    \
     (const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,     \
      const Tensor& mean, const Tensor& rstd),                                                      \
     (x, weight, bias, eps, out, mean, rstd))                                                       \
   X(layer_norm_backward,                                                                           \
     (const Tensor& grad, const Tensor& x, const Tensor& weight, const Tensor& mean,                \
-     const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,                          \
+     const Tensor& rstd, const Tensor& residual, const Tensor& grad_x, const Tensor& grad_weight,  \
      const Tensor& grad_bias),                                                                     \
-    (grad, x, weight, mean, rstd, grad_x, grad_weight, grad_bias))                                 \
+    (grad, x, weight, mean, rstd, residual, grad_x, grad_weight, grad_bias))                       \
   /* out[i, :] = weight[indices[i], :]; the backward adds rows of grad into grad_weight. */        \
   X(embedding, (const Tensor& weight, const Tensor& indices, const Tensor& out),                   \
     (weight, indices, out))                                                                        \
@@ -178,18 +180,23 @@ struct AdamWParams {
     (grad, indices, grad_weight))                                                                  \
   /* Per-row -log softmax(logits)[target] for logits [N, C] (rows of unit stride, spaced any       \
      distance apart: a narrowed view of padded rows), ignored rows give 0. losses has              \
-     accumulate_dtype(logits' dtype): half logits are read as they are, summed in f32. */          \
+     accumulate_dtype(logits' dtype): half logits are read as they are, summed in f32. stats,      \
+     when defined ([N, 2], losses' dtype, contiguous), gets each row's max and sum of              \
+     exp(x - max) as the backward would compute them, so that it need not read the row twice       \
+     ((0, 0) on ignored rows). */                                                                  \
   X(cross_entropy,                                                                                 \
-    (const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& losses),     \
-    (logits, targets, ignore_index, losses))                                                       \
+    (const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& losses,      \
+     const Tensor& stats),                                                                         \
+    (logits, targets, ignore_index, losses, stats))                                                \
   /* grad_logits = (softmax(logits) - onehot(target)) * scale, zero on ignored rows, in the        \
      logits' dtype, its rows of unit stride as the logits' are. scale is one element of            \
      accumulate_dtype(logits' dtype) on their device (the loss's gradient over the row count,      \
-     computed there: reading it on the host would wait for the device). */                         \
+     computed there: reading it on the host would wait for the device). With stats (as             \
+     cross_entropy wrote them) softmax is exp(x - max) / sum from them, else from the row. */      \
   X(cross_entropy_backward,                                                                        \
     (const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& scale,       \
-     const Tensor& grad_logits),                                                                   \
-    (logits, targets, ignore_index, scale, grad_logits))                                           \
+     const Tensor& stats, const Tensor& grad_logits),                                              \
+    (logits, targets, ignore_index, scale, stats, grad_logits))                                    \
                                                                                                    \
   /* Convolution (groups = 1, no bias: autograd adds it) and pooling over [N, C, H, W], as         \
      PyTorch computes them. x [N, C, H, W] * weight [O, C, kh, kw] -> out [N, O, OH, OW]; the      \

@@ -42,6 +42,26 @@ void check_cross_entropy_scale(const char* op, const Tensor& scale, const Tensor
               shape_str(scale.shape()), " ", scale.dtype(), " on ", scale.device());
 }
 
+void check_layer_norm_residual(const char* op, const Tensor& residual, const Tensor& x) {
+  if (!residual.defined()) return;
+  PIPIT_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
+                  residual.is_contiguous() && residual.device() == x.device(),
+              op, ": residual must be contiguous ", x.dtype(), " ", shape_str(x.shape()), " on ",
+              x.device(), ", got ", shape_str(residual.shape()), " ", residual.dtype(), " on ",
+              residual.device(), residual.is_contiguous() ? "" : " (not contiguous)");
+}
+
+void check_cross_entropy_stats(const char* op, const Tensor& stats, const Tensor& logits) {
+  if (!stats.defined()) return;
+  const DType dtype = accumulate_dtype(logits.dtype());
+  const Shape expected{logits.shape()[0], 2};
+  PIPIT_CHECK(stats.shape() == expected && stats.dtype() == dtype && stats.is_contiguous() &&
+                  stats.device() == logits.device(),
+              op, ": stats must be contiguous ", dtype, " ", shape_str(expected), " on ",
+              logits.device(), ", got ", shape_str(stats.shape()), " ", stats.dtype(), " on ",
+              stats.device());
+}
+
 AttentionSizes check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& lse, bool causal,
                                std::initializer_list<const Tensor*> outputs) {

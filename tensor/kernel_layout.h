@@ -32,5 +32,11 @@ AttentionSizes check_attention(const char* op, const Tensor& q, const Tensor& k,
 // What Backend::cross_entropy_backward needs of its scale: one element of
 // accumulate_dtype(the logits' dtype) on their device.
 void check_cross_entropy_scale(const char* op, const Tensor& scale, const Tensor& logits);
+// What layer_norm_backward needs of its residual: undefined, or contiguous with x's shape,
+// dtype and device.
+void check_layer_norm_residual(const char* op, const Tensor& residual, const Tensor& x);
+// What cross_entropy and its backward need of the row statistics: undefined, or [N, 2]
+// contiguous in accumulate_dtype(the logits' dtype) on their device.
+void check_cross_entropy_stats(const char* op, const Tensor& stats, const Tensor& logits);
 
 }  // namespace pipit

@@ -6,6 +6,7 @@
 #include <functional>
 #include <tuple>
 
+#include "bitwise.h"
 #include "cuda_testing.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
@@ -384,16 +385,24 @@ TEST_CASE("cuda: softmax, layer norm, embedding and cross-entropy kernels", "[cu
       const int64_t R = shape.first, C = shape.second;
       Tensor x = random({R, C}, dt, g, -3, 5);
       Tensor w = random({C}, dt, g), b = random({C}, dt, g), grad = random({R, C}, dt, g);
+      Tensor residual = random({R, C}, dt, g);
       compare_devices(
-          "layer_norm", {x, w, b, grad},
+          "layer_norm", {x, w, b, grad, residual},
           [&](Device d, const std::vector<Tensor>& in) {
             Tensor out = poisoned({R, C}, dt, d);
             Tensor mean = poisoned({R}, dt, d), rstd = poisoned({R}, dt, d);
             backend(d).layer_norm(in[0], in[1], in[2], 1e-5, out, mean, rstd);
             Tensor gx = poisoned({R, C}, dt, d);
             Tensor gw = poisoned({C}, dt, d), gb = poisoned({C}, dt, d);
-            backend(d).layer_norm_backward(in[3], in[0], in[1], mean, rstd, gx, gw, gb);
-            return std::vector<Tensor>{out, mean, rstd, gx, gw, gb};
+            backend(d).layer_norm_backward(in[3], in[0], in[1], mean, rstd, Tensor(), gx, gw, gb);
+            // With a residual: a separate add's bits, also written over the residual itself.
+            Tensor summed = poisoned({R, C}, dt, d), in_place = in[4].clone();
+            backend(d).layer_norm_backward(in[3], in[0], in[1], mean, rstd, in[4], summed, gw, gb);
+            backend(d).layer_norm_backward(in[3], in[0], in[1], mean, rstd, in_place, in_place, gw,
+                                           gb);
+            CHECK(testing::bitwise_equal(summed.to(kCpu), (in[4] + gx).to(kCpu)));
+            CHECK(testing::bitwise_equal(in_place.to(kCpu), summed.to(kCpu)));
+            return std::vector<Tensor>{out, mean, rstd, gx, gw, gb, summed};
           },
           dt == DType::f64 ? 1e-11 : 1e-5);
     }
@@ -427,17 +436,21 @@ TEST_CASE("cuda: softmax, layer norm, embedding and cross-entropy kernels", "[cu
       compare_devices(
           "cross_entropy", {logits, targets},
           [&](Device d, const std::vector<Tensor>& in) {
-            Tensor losses = poisoned({9}, dt, d);
-            backend(d).cross_entropy(in[0], in[1], -100, losses);
-            Tensor gl = poisoned({9, C}, dt, d);
-            backend(d).cross_entropy_backward(in[0], in[1], -100, scalar_tensor(0.25, {dt, d}), gl);
-            return std::vector<Tensor>{losses, gl};
+            Tensor losses = poisoned({9}, dt, d), stats = poisoned({9, 2}, dt, d);
+            backend(d).cross_entropy(in[0], in[1], -100, losses, stats);
+            const Tensor scale = scalar_tensor(0.25, {dt, d});
+            Tensor gl = poisoned({9, C}, dt, d), recomputed = poisoned({9, C}, dt, d);
+            backend(d).cross_entropy_backward(in[0], in[1], -100, scale, stats, gl);
+            backend(d).cross_entropy_backward(in[0], in[1], -100, scale, Tensor(), recomputed);
+            CHECK(testing::bitwise_equal(
+                gl.to(kCpu), recomputed.to(kCpu)));  // the saved stats are the backward's own bits
+            return std::vector<Tensor>{losses, stats, gl};
           },
           tol);
     }
     Tensor losses = Tensor::empty({1}, dt, kCuda);
     backend(kCuda).cross_entropy(random({1, 5}, dt, g).to(kCuda),
-                                 from_vector<int64_t>({5}).to(kCuda), -100, losses);
+                                 from_vector<int64_t>({5}).to(kCuda), -100, losses, Tensor());
     CHECK_THROWS_WITH(synchronize(kCuda),
                       Catch::Contains("cross_entropy: target 5 at row 0 is out of range for 5 "
                                       "classes"));
@@ -496,7 +509,8 @@ TEST_CASE("cuda: a widening add and layer norm's half results and gradients equa
       backend(kCuda).layer_norm(x, w, b, 1e-5, out, mean, rstd);
       Tensor gx = poisoned({R, C}, DType::f32, kCuda);
       Tensor gw = poisoned({C}, DType::f32, kCuda), gb = poisoned({C}, DType::f32, kCuda);
-      backend(kCuda).layer_norm_backward(grad.to(DType::f32), x, w, mean, rstd, gx, gw, gb);
+      backend(kCuda).layer_norm_backward(grad.to(DType::f32), x, w, mean, rstd, Tensor(), gx, gw,
+                                         gb);
       for (Device d : {kCuda, kCpu}) {
         INFO("layer norm with half output and gradient on " << d);
         Tensor out_h = poisoned({R, C}, half, d);
@@ -504,8 +518,8 @@ TEST_CASE("cuda: a widening add and layer norm's half results and gradients equa
         backend(d).layer_norm(x.to(d), w.to(d), b.to(d), 1e-5, out_h, mean_h, rstd_h);
         Tensor gx_h = poisoned({R, C}, DType::f32, d);
         Tensor gw_h = poisoned({C}, DType::f32, d), gb_h = poisoned({C}, DType::f32, d);
-        backend(d).layer_norm_backward(grad.to(d), x.to(d), w.to(d), mean_h, rstd_h, gx_h, gw_h,
-                                       gb_h);
+        backend(d).layer_norm_backward(grad.to(d), x.to(d), w.to(d), mean_h, rstd_h, Tensor(), gx_h,
+                                       gw_h, gb_h);
         if (d == kCuda) {
           check_same_values(out_h, out.to(half), "output");
           check_same_values(mean_h, mean, "mean");

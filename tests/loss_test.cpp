@@ -3,6 +3,7 @@
 
 #include "loss/loss.h"
 #include "pipit.h"
+#include "tensor/backend.h"
 
 using namespace pipit;
 
@@ -50,6 +51,54 @@ TEST_CASE("CrossEntropyLoss values and gradient", "[loss]") {
                     Catch::Contains("target 7"));
   CHECK_THROWS_WITH(loss.compute_loss(logits, from_vector<int64_t>({0, 1, 2})),
                     Catch::Contains("do not match"));
+}
+
+TEST_CASE("cross_entropy's backward takes the softmax from the forward's row stats", "[loss]") {
+  Generator g(3);
+  const Tensor x = randn({5, 40}, &g) * 3.0;
+  const Tensor targets = from_vector<int64_t>({0, 39, -100, 7, 7});
+  const std::vector<float> xs = x.to_vector<float>();
+  // Each row's max and sum of exp(x - max); (0, 0) where the row is ignored.
+  Tensor losses = Tensor::empty({5}), stats = Tensor::empty({5, 2});
+  backend(x).cross_entropy(x, targets, -100, losses, stats);
+  const std::vector<float> st = stats.to_vector<float>();
+  for (size_t i = 0; i < 5; ++i) {
+    INFO("row " << i);
+    if (i == 2) {
+      CHECK((st[4] == 0 && st[5] == 0));
+      continue;
+    }
+    float mx = xs[i * 40];
+    for (size_t c = 0; c < 40; ++c) mx = std::max(mx, xs[i * 40 + c]);
+    double sum = 0;
+    for (size_t c = 0; c < 40; ++c) sum += std::exp(double(xs[i * 40 + c]) - mx);
+    CHECK(st[2 * i] == mx);
+    CHECK(st[2 * i + 1] == Approx(sum).epsilon(1e-6));
+  }
+  // A sum twice as large halves each softmax term: the backward computes from the stats given.
+  const Tensor scale = scalar_tensor(0.5), halved = stats * from_vector<float>({1, 2}, {1, 2});
+  Tensor grad = Tensor::empty({5, 40}), from_halved = Tensor::empty({5, 40});
+  backend(x).cross_entropy_backward(x, targets, -100, scale, stats, grad);
+  backend(x).cross_entropy_backward(x, targets, -100, scale, halved, from_halved);
+  const std::vector<float> gs = grad.to_vector<float>(), hs = from_halved.to_vector<float>();
+  for (size_t i = 0; i < gs.size(); ++i) {
+    const bool target = static_cast<int64_t>(i % 40) == targets.to_vector<int64_t>()[i / 40];
+    if (!target) CHECK(hs[i] == gs[i] / 2);
+  }
+  // Through autograd: logits shifted by ln 2 in place after the forward. Softmax ignores the
+  // shift, so a backward that recomputed it would give the plain gradient; one that takes it
+  // from the forward's stats sees every exp(x - max) doubled.
+  Tensor plain = x.detach().requires_grad_(), shifted = x.clone().requires_grad_();
+  cross_entropy(plain, targets).backward();
+  Tensor loss = cross_entropy(shifted, targets);
+  backend(shifted).copy(x + std::log(2.0), shifted);
+  loss.backward();
+  const std::vector<float> p = plain.grad().to_vector<float>(),
+                           s = shifted.grad().to_vector<float>();
+  for (size_t i = 0; i < p.size(); ++i) {
+    const bool target = static_cast<int64_t>(i % 40) == targets.to_vector<int64_t>()[i / 40];
+    if (!target) CHECK(s[i] == Approx(2 * p[i]).epsilon(1e-5).margin(1e-12));
+  }
 }
 
 TEST_CASE("losses rebuild from their config", "[loss]") {

@@ -13,9 +13,12 @@
 # usage: bash tools/gpu_check.sh [BUILD_DIR] [OUT_DIR] [STEPS]
 #   BUILD_DIR: a Release build with CUDA (default build); OUT_DIR: default gpu-logs;
 #   STEPS: comma-separated subset of
-#   info,cuda,suite,asan,gemm,linear,kernels,attention,gpt2,train,generate (default all but asan;
-#   asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build; generate is bench/generate_speed
-#   --device cuda, which appends to the bench/RESULTS.md of the source folder it was built in).
+#   info,cuda,suite,asan,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,train,generate
+#   (default all but asan; asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build; mutants
+#   runs each BUILD_DIR/pipit_tests_* (tools/build_mutant.sh) on the GPU cases that must catch
+#   it, and a mutant that passes is a test that needs fixing; bias_grad is gpu_kernels'
+#   weight-gradient split-K rows; generate is bench/generate_speed --device cuda, which appends
+#   to the bench/RESULTS.md of the source folder it was built in).
 #   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile); PIPIT_GPT2_SECONDS: its
 #   time limit (default 420).
 set -uo pipefail
@@ -24,7 +27,7 @@ cd "$(dirname "$0")/.."
 export PIPIT_TEST_DATA="$(pwd)/tests/data"
 build=$(realpath "${1:-build}")
 out=$(realpath -m "${2:-gpu-logs}")
-steps=",${3:-info,cuda,suite,gemm,linear,kernels,attention,gpt2,train,generate},"
+steps=",${3:-info,cuda,suite,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,train,generate},"
 mkdir -p "$out"
 
 want() { [[ $steps == *",$1,"* ]]; }
@@ -86,6 +89,23 @@ if [[ -n $suite_pid ]]; then
   echo "suite (~[cuda]): rc=$? $(grep -E '^test cases|^All tests passed' "$out/suite.log" | tail -1)"
 fi
 
+if want mutants; then
+  # A mutant is a deliberately broken build (f32 GEMMs on TF32, bf16 casts truncating): the tiny
+  # GPT's CPU/GPU bounds must fail on it.
+  for mutant in "$build"/pipit_tests_*; do
+    [[ -x $mutant ]] || continue
+    echo "### $(basename "$mutant")" >>"$out/mutants.log"
+    limited 150 "$out/mutants.log" "$mutant" \
+      "cuda: a tiny GPT trains five steps as on the CPU\, in f32 and bf16"
+    rc=$?
+    if [[ $rc == 0 ]]; then
+      echo "mutant $(basename "$mutant"): PASSED, so no case catches it"
+    else
+      echo "mutant $(basename "$mutant"): failed (rc=$rc), as it should"
+    fi
+  done
+fi
+
 if want gemm; then
   limited 150 "$out/gemm.log" python3 bench/gpu_gemm.py --build "$build"
   echo "gemm: rc=$?"
@@ -107,6 +127,11 @@ packed_by_name() {
 packed_by_name linear 120
 packed_by_name kernels 120
 packed_by_name attention 120
+if want bias_grad && [[ -x "$build/gpu_kernels" ]]; then
+  limited 120 "$out/bias_grad.log" "$build/gpu_kernels" --kernels bias_grad
+  echo "bias_grad: rc=$?"
+  grep '^{' "$out/bias_grad.log"
+fi
 if want gpt2; then
   # shellcheck disable=SC2086 # the flags are words
   limited "${PIPIT_GPT2_SECONDS:-420}" "$out/gpt2.log" python3 bench/gpu_gpt2.py --build "$build" ${PIPIT_GPT2_FLAGS:---profile}

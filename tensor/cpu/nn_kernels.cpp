@@ -189,14 +189,16 @@ void CpuBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Tens
 
 void CpuBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
                                      const Tensor& weight, const Tensor& mean_in,
-                                     const Tensor& rstd_in, const Tensor& grad_x,
-                                     const Tensor& grad_weight, const Tensor& grad_bias) {
+                                     const Tensor& rstd_in, const Tensor& residual,
+                                     const Tensor& grad_x, const Tensor& grad_weight,
+                                     const Tensor& grad_bias) {
   if (grad_in.dtype() != x_in.dtype()) {
     PIPIT_CHECK(x_in.dtype() == DType::f32 && is_half(grad_in.dtype()),
                 "layer_norm_backward: gradient ", grad_in.dtype(), " for input ", x_in.dtype());
-    return layer_norm_backward(cpu::widened(grad_in), x_in, weight, mean_in, rstd_in, grad_x,
-                               grad_weight, grad_bias);
+    return layer_norm_backward(cpu::widened(grad_in), x_in, weight, mean_in, rstd_in, residual,
+                               grad_x, grad_weight, grad_bias);
   }
+  check_layer_norm_residual("layer_norm_backward", residual, x_in);
   PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm_backward", {
     using T = scalar_t;
     Tensor x = dense(x_in), g = dense(grad_in);
@@ -208,6 +210,7 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
     const T* mean = mean_in.data<T>();
     const T* rstd = rstd_in.data<T>();
     T* gx = grad_x.data<T>();
+    const T* res = residual.defined() ? residual.data<T>() : nullptr;
     // Weight and bias gradients sum over rows in fixed blocks, combined in block order, so the
     // result is the same on any number of threads.
     constexpr int64_t kRowsPerBlock = 64;
@@ -233,7 +236,8 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
               T(C);
           for (int64_t c = 0; c < C; ++c) {
             const T xhat = (xr[c] - m) * rs;
-            gxr[c] = rs * (gr[c] * w[c] - sum_gw - xhat * sum_gw_xhat);
+            const T own = rs * (gr[c] * w[c] - sum_gw - xhat * sum_gw_xhat);
+            gxr[c] = res ? res[r * C + c] + own : own;
           }
         }
       }
@@ -312,6 +316,17 @@ void round_row(const T* from, int64_t n, G* to) {
   for (int64_t c = 0; c < n; ++c) to[c] = G(from[c]);
 }
 
+// A row's max and the sum of exp(x - max), the exponentials left in exps: the one computation
+// of both that cross_entropy and its backward share, so stats saved by one are the other's bits.
+template <typename T>
+void softmax_sums(const T* row, int64_t C, T* exps, T& mx, T& sum) {
+  mx = row[0];
+  for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
+  cpu::exp_shifted(row, mx, exps, C);
+  sum = 0;
+  for (int64_t c = 0; c < C; ++c) sum += exps[c];
+}
+
 void check_targets(const int64_t* t, int64_t N, int64_t C, int64_t ignore_index) {
   for (int64_t i = 0; i < N; ++i) {
     PIPIT_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < C), "cross_entropy: target ", t[i],
@@ -322,7 +337,8 @@ void check_targets(const int64_t* t, int64_t N, int64_t C, int64_t ignore_index)
 }  // namespace
 
 void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
-                               int64_t ignore_index, const Tensor& losses) {
+                               int64_t ignore_index, const Tensor& losses, const Tensor& stats) {
+  check_cross_entropy_stats("cross_entropy", stats, logits_in);
   PIPIT_DISPATCH_FLOAT_AND_HALF(logits_in.dtype(), "cross_entropy", {
     using T = cpu::compute_t<scalar_t>;
     Tensor logits = unit_stride_rows(logits_in), targets = dense(targets_in);
@@ -332,19 +348,22 @@ void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in
     check_targets(t, N, C, ignore_index);
     // Half logits give an f32 loss: each row computed on its values widened.
     T* loss = losses.data<T>();
+    T* row_stats = stats.defined() ? stats.data<T>() : nullptr;
     for_rows(N, C, [&](int64_t begin, int64_t end) {
-      std::vector<T> buffer;
+      std::vector<T> buffer, exps(C);
       for (int64_t i = begin; i < end; ++i) {
+        T mx = 0, sum = 0;
         if (t[i] == ignore_index) {
           loss[i] = 0;
-          continue;
+        } else {
+          const T* row = row_in_compute_type(x + i * ld, C, buffer);
+          softmax_sums(row, C, exps.data(), mx, sum);
+          loss[i] = mx + std::log(sum) - row[t[i]];
         }
-        const T* row = row_in_compute_type(x + i * ld, C, buffer);
-        T mx = row[0];
-        for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
-        T sum = 0;
-        for (int64_t c = 0; c < C; ++c) sum += std::exp(row[c] - mx);
-        loss[i] = mx + std::log(sum) - row[t[i]];
+        if (row_stats) {
+          row_stats[2 * i] = mx;
+          row_stats[2 * i + 1] = sum;
+        }
       }
     });
   });
@@ -352,8 +371,9 @@ void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in
 
 void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& targets_in,
                                         int64_t ignore_index, const Tensor& scale_in,
-                                        const Tensor& grad_logits) {
+                                        const Tensor& stats_in, const Tensor& grad_logits) {
   check_cross_entropy_scale("cross_entropy_backward", scale_in, logits_in);
+  check_cross_entropy_stats("cross_entropy_backward", stats_in, logits_in);
   PIPIT_DISPATCH_FLOAT_AND_HALF(logits_in.dtype(), "cross_entropy_backward", {
     using T = cpu::compute_t<scalar_t>;
     const T scale = dense(scale_in).data<T>()[0];
@@ -364,6 +384,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
     const int64_t ldg = grad_logits.strides()[0];
     const auto* x = static_cast<const scalar_t*>(logits.raw_data());
     const int64_t* t = targets.data<int64_t>();
+    const T* row_stats = stats_in.defined() ? stats_in.data<T>() : nullptr;
     check_targets(t, N, C, ignore_index);
     // A gradient in the compute type is written in place; a half one is computed in f32 and
     // rounded once per row.
@@ -378,12 +399,15 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& t
           std::fill(gr, gr + C, T(0));
         } else {
           const T* row = row_in_compute_type(x + i * ld, C, buffer);
-          T mx = row[0];
-          for (int64_t c = 1; c < C; ++c) mx = std::max(mx, row[c]);
-          cpu::exp_shifted(row, mx, gr, C);
-          T sum = 0;
-          for (int64_t c = 0; c < C; ++c) sum += gr[c];
-          T inv = scale / sum;
+          T mx, sum;
+          if (row_stats) {
+            mx = row_stats[2 * i];
+            sum = row_stats[2 * i + 1];
+            cpu::exp_shifted(row, mx, gr, C);
+          } else {
+            softmax_sums(row, C, gr, mx, sum);
+          }
+          const T inv = scale / sum;
           for (int64_t c = 0; c < C; ++c) gr[c] *= inv;
           gr[t[i]] -= scale;
         }

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "tensor/cuda/common.cuh"
+#include "tensor/kernel_layout.h"
 
 namespace pipit {
 namespace cuda {
@@ -75,10 +76,19 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T eps, int
   }
 }
 
-// g in TG: T, or a half type widened as read.
+// a + b never contracted into a multiply before it: a separate add's bits.
+__device__ __forceinline__ float add_rounded(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ __forceinline__ double add_rounded(double a, double b) {
+  return __dadd_rn(a, b);
+}
+
+// g in TG: T, or a half type widened as read. residual (or null) is added to each result.
 template <typename T, typename TG, int N>
 __global__ void layer_norm_grad_x_kernel(const TG* g, const T* x, const T* w, const T* mean,
-                                         const T* rstd, int64_t rows, int64_t C, T* gx) {
+                                         const T* rstd, const T* residual, int64_t rows, int64_t C,
+                                         T* gx) {
   const int lane = threadIdx.x % kWarp;
   for (int64_t r = first_row(); r < rows; r += row_step()) {
     const T* xr = x + r * C;
@@ -105,6 +115,11 @@ __global__ void layer_norm_grad_x_kernel(const TG* g, const T* x, const T* w, co
       for (int k = 0; k < N; ++k) {
         const T xhat = (xv.v[k] - m) * rs;
         out.v[k] = rs * (widen(gv.v[k]) * wv.v[k] - sum_gw - xhat * sum_gw_xhat);
+      }
+      if (residual) {
+        const Pack<T, N> rv = load<T, N>(residual + r * C + c);
+#pragma unroll
+        for (int k = 0; k < N; ++k) out.v[k] = add_rounded(rv.v[k], out.v[k]);
       }
       store(gx + r * C + c, out);
     }
@@ -209,13 +224,13 @@ void layer_norm_typed(const Tensor& x, const Tensor& w, const Tensor& b, T eps, 
 
 template <typename T, typename TG, int N>
 void layer_norm_backward_typed(const Tensor& g, const Tensor& x, const Tensor& w,
-                               const Tensor& mean, const Tensor& rstd, int64_t rows, int64_t C,
-                               const Tensor& grad_x, const Tensor& grad_weight,
-                               const Tensor& grad_bias) {
+                               const Tensor& mean, const Tensor& rstd, const Tensor& residual,
+                               int64_t rows, int64_t C, const Tensor& grad_x,
+                               const Tensor& grad_weight, const Tensor& grad_bias) {
   if (rows > 0) {
     layer_norm_grad_x_kernel<T, TG, N><<<blocks_for(rows), kRowWarps * kWarp, 0, stream()>>>(
-        ptr<TG>(g), ptr<T>(x), ptr<T>(w), mean.data<T>(), rstd.data<T>(), rows, C,
-        grad_x.data<T>());
+        ptr<TG>(g), ptr<T>(x), ptr<T>(w), mean.data<T>(), rstd.data<T>(),
+        residual.defined() ? ptr<T>(residual) : nullptr, rows, C, grad_x.data<T>());
     PIPIT_CUDA_CHECK_LAUNCH("layer_norm_backward");
   }
   if (C == 0) return;
@@ -262,9 +277,10 @@ void CudaBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Ten
 
 void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
                                       const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                                      const Tensor& grad_x, const Tensor& grad_weight,
-                                      const Tensor& grad_bias) {
+                                      const Tensor& residual, const Tensor& grad_x,
+                                      const Tensor& grad_weight, const Tensor& grad_bias) {
   cuda::DeviceGuard guard(index_);
+  check_layer_norm_residual("layer_norm_backward", residual, x_in);
   PIPIT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm_backward", {
     using T = scalar_t;
     const Tensor x = dense(x_in), g = dense(grad_in), w = dense(weight);
@@ -272,10 +288,14 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
     const int64_t rows = C == 0 ? 0 : x.numel() / C;
     cuda::with_operand_type<T>(g.dtype(), "layer_norm_backward", [&](auto grad_type) {
       using TG = typename decltype(grad_type)::type;
-      cuda::with_pack<T>(C, {x.raw_data(), g.raw_data(), w.raw_data(), grad_x.raw_data()},
+      // An undefined residual's null pointer is 16-byte aligned.
+      cuda::with_pack<T>(C,
+                         {x.raw_data(), g.raw_data(), w.raw_data(), grad_x.raw_data(),
+                          residual.defined() ? residual.raw_data() : nullptr},
                          [&](auto pack) {
                            cuda::layer_norm_backward_typed<T, TG, decltype(pack)::value>(
-                               g, x, w, mean, rstd, rows, C, grad_x, grad_weight, grad_bias);
+                               g, x, w, mean, rstd, residual, rows, C, grad_x, grad_weight,
+                               grad_bias);
                          });
     });
   });
