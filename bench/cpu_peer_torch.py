@@ -51,13 +51,16 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, vocab, context, layers, heads, width, attention="sdpa"):
+    def __init__(self, vocab, context, layers, heads, width, attention="sdpa", tied=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, width)
         self.wpe = nn.Embedding(context, width)
         self.blocks = nn.Sequential(*[Block(width, heads, attention) for _ in range(layers)])
         self.ln = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab)
+        # tied: GPT-2's head, the token embedding's table without a bias (as pipit's --tied).
+        self.head = nn.Linear(width, vocab, bias=not tied)
+        if tied:
+            self.head.weight = self.wte.weight
 
     def forward(self, idx):
         pos = torch.arange(idx.shape[1], device=idx.device)

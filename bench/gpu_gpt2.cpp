@@ -7,7 +7,8 @@
 // attention provider (tensor/cuda/attention_provider.h; automatic by default).
 //
 // usage: gpu_gpt2 [--modes f32,tf32,bf16] [--layers 12] [--heads 12] [--width 768]
-//                 [--context 1024] [--vocab 50257] [--batch 8] [--warmup 3] [--steps 10]
+//                 [--context 1024] [--vocab 50257] [--vocab-multiple 1] [--tied] [--batch 8]
+//                 [--warmup 3] [--steps 10]
 //                 [--attention automatic|pipit|cudnn] [--profile] [--top 25]
 #include <chrono>
 #include <cstdio>

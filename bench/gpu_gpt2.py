@@ -3,8 +3,9 @@
 
 The model is GPT-2 small by default (12 layers, 12 heads, width 768, context 1024, vocab
 50257, batch 8, dropout 0), as pipit's gpt() builds it: pre-LN blocks, tanh GELU, learned
-position embedding, untied head; AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1), random
-tokens. Modes: f32, tf32 (set_float32_matmul_precision "high") and bf16 (autocast).
+position embedding, untied head (--tied: GPT-2's head, the token embedding's table without a
+bias, as llm.c trains it, on both sides); AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1),
+random tokens. Modes: f32, tf32 (set_float32_matmul_precision "high") and bf16 (autocast).
 --vocab-multiple pads the vocabulary on both sides, as llm.c pads 50257 to 50304 and nanoGPT
 trains with 50304: pipit masks the padded logits out of its loss; the peer, as nanoGPT, takes
 them into the softmax (targets stay below --vocab).
@@ -14,7 +15,7 @@ The peer is PyTorch as its users run it: attention through F.scaled_dot_product_
 kernel. --compile adds the same model under torch.compile; --written-out adds torch eager with
 attention written out (matmul, mask, softmax), the peer of earlier tables. MFU counts
 6 N + 6 L C T FLOPs per token as llm.c does, N without the token embedding (it multiplies
-nothing; the untied head is counted instead), against the GPU's dense bf16 peak (--peak-tflops,
+nothing; the untied head is counted instead; tied, the one table counts once), against the GPU's dense bf16 peak (--peak-tflops,
 default from the GPU's name).
 
 Mode by mode, runs pipit's binary and then PyTorch in this process, prints the median ms/step,
@@ -25,7 +26,7 @@ mode. Without a GPU it says so and exits 0.
 
 usage: python3 bench/gpu_gpt2.py [--build build] [--modes f32,tf32,bf16] [--layers 12]
            [--heads 12] [--width 768] [--context 1024] [--vocab 50257] [--vocab-multiple 1]
-           [--batch 8]
+           [--batch 8] [--tied]
            [--warmup 3] [--steps 10] [--profile] [--top 25] [--compile] [--written-out]
            [--attention automatic|pipit|cudnn] [--peak-tflops X] [--no-append]
 """
@@ -59,7 +60,8 @@ def torch_run(torch, mode, args, compiled=False, attention="sdpa", profile=False
     # With --vocab-multiple the peer's vocabulary is padded too, as nanoGPT's 50304 is.
     multiple = args.vocab_multiple
     vocab = (args.vocab + multiple - 1) // multiple * multiple
-    model = Gpt(vocab, args.context, args.layers, args.heads, args.width, attention).cuda()
+    model = Gpt(vocab, args.context, args.layers, args.heads, args.width, attention,
+                tied=args.tied).cuda()
     forward = torch.compile(model) if compiled else model
     opt = adamw(list(model.parameters()), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                 weight_decay=0.1)
@@ -122,6 +124,8 @@ def main():
     for name, default in INT_FLAGS:
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--tied", action="store_true",
+                        help="GPT-2's tied head on both sides (the token embedding's table)")
     parser.add_argument("--compile", action="store_true",
                         help="also time PyTorch under torch.compile (with SDPA)")
     parser.add_argument("--written-out", action="store_true",
@@ -142,6 +146,8 @@ def main():
     passed += ["--attention", args.attention]
     if args.profile:
         passed.append("--profile")
+    if args.tied:
+        passed.append("--tied")
     gib = 1024.0 ** 3
     table = ["| mode | pipit ms/step | pipit tokens/s | pipit MFU | torch SDPA ms/step | "
              "torch/pipit | torch.compile SDPA ms/step | compiled/pipit | "
@@ -158,7 +164,7 @@ def main():
         pipit_ms = statistics.median(row["ms"])
         tokens = row["tokens"]
         # 6 N + 6 L C T per token, N without the token embedding (see the docstring).
-        matmul_parameters = row["parameters"] - args.vocab * args.width
+        matmul_parameters = row["parameters"] - (0 if args.tied else args.vocab * args.width)
         flops_per_token = 6 * matmul_parameters + 6 * args.layers * args.width * args.context
         mfu = (f"{flops_per_token * tokens / (pipit_ms * 1e-3) / (peak * 1e12) * 100:.1f}%"
                if peak else "-")
@@ -187,7 +193,8 @@ def main():
         return
     config = (f"{args.layers} layers, {args.heads} heads, width {args.width}, context "
               f"{args.context}, vocab {args.vocab} (padded to a multiple of "
-              f"{args.vocab_multiple}), batch {args.batch}, {row['parameters']} "
+              f"{args.vocab_multiple}), {'tied' if args.tied else 'untied'} head, batch "
+              f"{args.batch}, {row['parameters']} "
               f"parameters; MFU against {peak} TFLOP/s; pipit's attention {args.attention}")
     print(f"\n{config}\n\n" + "\n".join(table))
     if not args.no_append:

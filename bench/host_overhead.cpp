@@ -6,7 +6,7 @@
 // this does not count. Prints one JSON line: {"ms": [per step], "ops": backend calls per step}.
 //
 // usage: host_overhead [--layers 12] [--width 768] [--heads 12] [--context 1024]
-//                      [--vocab 50257] [--vocab-multiple 64] [--batch 8] [--dtype bf16]
+//                      [--vocab 50257] [--vocab-multiple 64] [--tied] [--batch 8] [--dtype bf16]
 //                      [--warmup 2] [--steps 5]
 #include <chrono>
 #include <cstdio>
