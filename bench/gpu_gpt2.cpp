@@ -9,7 +9,8 @@
 // usage: gpu_gpt2 [--modes f32,tf32,bf16] [--layers 12] [--heads 12] [--width 768]
 //                 [--context 1024] [--vocab 50257] [--vocab-multiple 1] [--tied] [--batch 8]
 //                 [--warmup 3] [--steps 10]
-//                 [--attention automatic|pipit|cudnn] [--profile] [--top 25]
+//                 [--attention automatic|pipit|cudnn] [--weight-gradient-parts 1] [--profile]
+//                 [--top 25]
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -27,6 +28,7 @@
 #include "tensor/cuda/attention_provider.h"
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/op_timer.h"
+#include "tensor/cuda/weight_gradient_split.h"
 #include "tensor/precision.h"
 #include "tensor/stream.h"
 
@@ -135,6 +137,9 @@ int main(int argc, char** argv) {
     flags.add("top", "25", "ops listed by --profile");
     flags.add_switch("profile", "time every backend op (cuda::OpTimer) in one more step");
     flags.add("attention", "automatic", "fused attention provider: automatic, pipit or cudnn");
+    flags.add("weight-gradient-parts", "1",
+              "runs of rows a small weight gradient is split over: 1, 2 or 4 "
+              "(cuda::set_weight_gradient_parts)");
     flags.parse(argc, argv);
     const auto modes = flags.items("modes");
     Options o;
@@ -148,7 +153,12 @@ int main(int argc, char** argv) {
     if (attention != "automatic" && attention != "pipit" && attention != "cudnn") {
       flags.fail("--attention takes automatic, pipit or cudnn, got '" + attention + "'");
     }
+    const int64_t parts = flags.integer("weight-gradient-parts");
+    if (parts != 1 && parts != 2 && parts != 4) {
+      flags.fail("--weight-gradient-parts takes 1, 2 or 4, got " + std::to_string(parts));
+    }
     if (!bench::has_cuda_device("gpu_gpt2")) return 0;
+    cuda::set_weight_gradient_parts(static_cast<int>(parts));
     cuda::set_attention_provider(attention == "cudnn"   ? cuda::AttentionProvider::cudnn
                                  : attention == "pipit" ? cuda::AttentionProvider::pipit
                                                         : cuda::AttentionProvider::automatic);

@@ -18,6 +18,9 @@ attention written out (matmul, mask, softmax), the peer of earlier tables. MFU c
 nothing; the untied head is counted instead; tied, the one table counts once), against the GPU's dense bf16 peak (--peak-tflops,
 default from the GPU's name).
 
+--weight-gradient-parts 2 or 4 splits pipit's weight gradients whose outputs have fewer tiles
+than the GPU has SMs (tensor/cuda/weight_gradient_split.h; the peer's are its own).
+
 Mode by mode, runs pipit's binary and then PyTorch in this process, prints the median ms/step,
 tokens/s, the ratio torch/pipit (> 1 means pipit is faster), peak memory and the last loss (a
 sanity check only: the two initialise differently), and appends the table to bench/RESULTS.md.
@@ -26,7 +29,7 @@ mode. Without a GPU it says so and exits 0.
 
 usage: python3 bench/gpu_gpt2.py [--build build] [--modes f32,tf32,bf16] [--layers 12]
            [--heads 12] [--width 768] [--context 1024] [--vocab 50257] [--vocab-multiple 1]
-           [--batch 8] [--tied]
+           [--batch 8] [--tied] [--weight-gradient-parts 1]
            [--warmup 3] [--steps 10] [--profile] [--top 25] [--compile] [--written-out]
            [--attention automatic|pipit|cudnn] [--peak-tflops X] [--no-append]
 """
@@ -38,7 +41,7 @@ import gpu_common
 
 INT_FLAGS = [("layers", 12), ("heads", 12), ("width", 768), ("context", 1024),
              ("vocab", 50257), ("vocab-multiple", 1), ("batch", 8), ("warmup", 3), ("steps", 10),
-             ("top", 25)]
+             ("top", 25), ("weight-gradient-parts", 1)]
 
 
 # Dense bf16 tensor-core peaks (TFLOP/s) by GPU name, from NVIDIA's data sheets (SXM parts).
@@ -194,8 +197,9 @@ def main():
     config = (f"{args.layers} layers, {args.heads} heads, width {args.width}, context "
               f"{args.context}, vocab {args.vocab} (padded to a multiple of "
               f"{args.vocab_multiple}), {'tied' if args.tied else 'untied'} head, batch "
-              f"{args.batch}, {row['parameters']} "
-              f"parameters; MFU against {peak} TFLOP/s; pipit's attention {args.attention}")
+              f"{args.batch}, {row['parameters']} parameters; MFU against {peak} TFLOP/s; "
+              f"pipit's attention {args.attention}, weight gradients in "
+              f"{args.weight_gradient_parts} part(s)")
     print(f"\n{config}\n\n" + "\n".join(table))
     if not args.no_append:
         gpu_common.append_results(f"gpu_gpt2 ({config})", torch, table)

@@ -12,9 +12,11 @@
 //                  plain product and a separate column sum of the output's gradient, and
 //                  against the product split over 2 and 4 slices of the rows (a batched GEMM:
 //                  more output tiles where one product's are too few to fill the GPU's SMs)
-//                  whose parts are then summed in order, with the column sum.
+//                  whose parts are then summed in order, with the column sum; and
+//                  matmul_bias_grad itself under cuda::set_weight_gradient_parts(2 and 4),
+//                  which splits only outputs of fewer tiles than SMs (weight_gradient_split.h).
 // {"kernel", "shape", "forward_ms": [...], "step_ms": [...]} (adamw: step_ms only; bias_grad:
-// "fused_ms", "split_ms", "rows_in_2_ms" and "rows_in_4_ms").
+// "fused_ms", "split_ms", "rows_in_2_ms", "rows_in_4_ms", "parts_2_ms" and "parts_4_ms").
 //
 // usage: gpu_kernels [--kernels layer_norm,cross_entropy,adamw,bias_grad] [--warmup 3]
 //                    [--repeats 10] [--device cuda]
@@ -26,6 +28,7 @@
 #include "optim/optimizer.h"
 #include "pipit.h"
 #include "support/flags.h"
+#include "tensor/cuda/weight_gradient_split.h"
 #include "tensor/stream.h"
 
 using namespace pipit;
@@ -166,6 +169,21 @@ void time_bias_grad(int64_t warmup, int64_t repeats) {
       const double off = max(abs(weight_grad.to(Device::cpu()) - product)).item<double>();
       PIPIT_CHECK(off <= 1e-4 * scale, "bias_grad: the product over ", parts,
                   " slices of the rows is off by ", off, " (largest element ", scale, ")");
+    }
+    const Tensor bias_product = bias_grad.to(Device::cpu());
+    for (const int parts : {2, 4}) {
+      cuda::set_weight_gradient_parts(parts);
+      row["parts_" + std::to_string(parts) + "_ms"] = bench::time_ms(warmup, repeats, [&] {
+        device.matmul_bias_grad(a, input, weight_grad, bias_grad);
+        synchronize(g_device);
+      });
+      cuda::set_weight_gradient_parts(1);
+      for (const auto& [got, want] : {std::pair{weight_grad, product}, {bias_grad, bias_product}}) {
+        const double scale = max(abs(want)).item<double>();
+        const double off = max(abs(got.to(Device::cpu()) - want)).item<double>();
+        PIPIT_CHECK(off <= 1e-4 * scale, "bias_grad: matmul_bias_grad in ", parts,
+                    " parts is off by ", off, " (largest element ", scale, ")");
+      }
     }
     std::printf("%s\n", row.dump().c_str());
     std::fflush(stdout);

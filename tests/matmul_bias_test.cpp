@@ -14,10 +14,14 @@
 
 #include "autograd/node.h"
 #include "autograd/split_backward.h"
+#include "bitwise.h"
 #include "cuda_testing.h"
 #include "graph_names.h"
 #include "nn/transformer.h"
 #include "pipit.h"
+#ifdef PIPIT_WITH_CUDA
+#include "tensor/cuda/weight_gradient_split.h"
+#endif
 
 using namespace pipit;
 using testing::cuda_ready;
@@ -196,6 +200,51 @@ TEST_CASE("cuda: matmul_bias and matmul_bias_grad match the reference, fused and
   check_all_bias_products(kCuda, false, true);
   set_float32_matmul_precision("highest");
 }
+
+#ifdef PIPIT_WITH_CUDA
+TEST_CASE("cuda: a small weight gradient split over runs of rows adds its runs in order",
+          "[cuda]") {
+  if (!cuda_ready()) return;
+  Generator g(12);
+  // grad_out [rows, M] and input [rows, N] in bf16, as autocast hands them to a Linear's
+  // weight gradient: a = grad_out^T [M, rows].
+  const auto weight_grad = [&](const Tensor& grad_out, const Tensor& input, int parts) {
+    cuda::set_weight_gradient_parts(parts);
+    const int64_t M = grad_out.shape()[1], N = input.shape()[1];
+    Tensor out = poisoned({M, N}, DType::f32, kCuda), bias = poisoned({M}, DType::f32, kCuda);
+    backend(kCuda).matmul_bias_grad(transpose(grad_out, 0, 1), input, out, bias);
+    cuda::set_weight_gradient_parts(1);
+    return std::pair{out.to(kCpu), bias.to(kCpu)};
+  };
+  // 256 x 128: 2 tiles, split; 2048 x 2048: 256 tiles, whole whatever the setting; 2100 rows
+  // do not divide into 4 runs.
+  for (const auto& [rows, M, N] : std::vector<std::array<int64_t, 3>>{
+           {4096, 256, 128}, {2048, 2048, 2048}, {2100, 256, 128}}) {
+    INFO(rows << " rows, " << M << " x " << N);
+    const Tensor grad_out = randn({rows, M}, &g).to(DType::bf16).to(kCuda);
+    const Tensor input = randn({rows, N}, &g).to(DType::bf16).to(kCuda);
+    const auto whole = weight_grad(grad_out, input, 1);
+    // The f64 reference of the same bf16 operands.
+    const Tensor go = grad_out.to(kCpu).to(DType::f64), in = input.to(kCpu).to(DType::f64);
+    const Tensor want = matmul(transpose(go, 0, 1), in);
+    const Tensor want_bias = sum(go, {0});
+    const double scale = max(abs(want)).item<double>();
+    for (const int parts : {2, 4}) {
+      INFO(parts << " parts");
+      const auto split = weight_grad(grad_out, input, parts);
+      const auto again = weight_grad(grad_out, input, parts);
+      CHECK(testing::bitwise_equal(split.first, again.first));  // the same order every run
+      CHECK(testing::bitwise_equal(split.second, again.second));
+      CHECK(testing::max_abs_difference(split.first.to(DType::f64), want) <= 1e-5 * scale);
+      CHECK(testing::max_abs_difference(split.second.to(DType::f64), want_bias) <= 1e-5 * rows);
+      const bool splits = M * N < 132 * 128 * 128 && rows % parts == 0;
+      // Split, the f32 sums come in another order than the whole product's; else the same call.
+      CHECK(testing::bitwise_equal(split.first, whole.first) == !splits);
+    }
+  }
+  CHECK_THROWS_WITH(cuda::set_weight_gradient_parts(3), Catch::Contains("1, 2 or 4, got 3"));
+}
+#endif
 
 TEST_CASE("linear_gelu and linear_gelu_linear give the unfused ops' bits and gradients", "[nn]") {
   Generator g(72);

@@ -7,6 +7,16 @@
 # gpu_kernels and generate_speed too:
 #   bash ../shared/tools/gpu_pack.sh build .gpu/pack.tar.xz pipit_tests train_gpt gpu_gemm \
 #     gpu_gpt2 gpu_attention gpu_linear gpu_kernels generate_speed tcp_throughput pipit-worker
+# The mutants step needs mutants built beside pipit_tests (about 2 minutes each, pack them too):
+#   bash tools/build_mutant.sh build pipit_tests tensor/cuda/cuda_backend.cpp \
+#     's/float32_matmul_precision() == "high"/true/' pipit_tests_f32_as_tf32
+#   bash tools/build_mutant.sh build pipit_tests tensor/cuda/elementwise.cu 's/\[\] __device__(S x)
+#     { return from_double<D>(to_double(x)); }/[] __device__(S x) { if constexpr
+#     (std::is_same_v<D, __nv_bfloat16>) { return __float2bfloat16_rz(static_cast<float>(
+#     to_double(x))); } else { return from_double<D>(to_double(x)); } }/' pipit_tests_bf16_truncated
+#     (the expression on one line)
+#   bash tools/build_mutant.sh build pipit_tests tensor/cuda/cuda_backend.cpp \
+#     's/if (parts == 1 || tiles >= kSms/if (true || tiles >= kSms/' pipit_tests_split_noop
 # and put the GPU machine's libnvrtc folder on LD_LIBRARY_PATH beside libcublas', libcudnn's
 # and libcudart's (the cuDNN frontend links NVRTC; gpu_pack.sh leaves CUDA's libraries out).
 #
@@ -16,8 +26,8 @@
 #   info,cuda,suite,asan,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,train,generate
 #   (default all but asan; asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build; mutants
 #   runs each BUILD_DIR/pipit_tests_* (tools/build_mutant.sh) on the GPU cases that must catch
-#   it, and a mutant that passes is a test that needs fixing; bias_grad is gpu_kernels'
-#   weight-gradient split-K rows; generate is bench/generate_speed --device cuda, which appends
+#   mutants, and a mutant that passes the case meant for it is a test that needs fixing;
+#   bias_grad is gpu_kernels' weight-gradient split rows; generate is bench/generate_speed --device cuda, which appends
 #   to the bench/RESULTS.md of the source folder it was built in).
 #   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile); PIPIT_GPT2_SECONDS: its
 #   time limit (default 420).
@@ -90,19 +100,19 @@ if [[ -n $suite_pid ]]; then
 fi
 
 if want mutants; then
-  # A mutant is a deliberately broken build (f32 GEMMs on TF32, bf16 casts truncating): the tiny
-  # GPT's CPU/GPU bounds must fail on it.
+  # A mutant is a deliberately broken build (tools/build_mutant.sh: f32 GEMMs on TF32, bf16
+  # casts truncating, the weight gradient's split a no-op): the case meant for it must fail.
+  mutant_cases=("cuda: a tiny GPT trains five steps as on the CPU\, in f32 and bf16"
+    "cuda: a small weight gradient split over runs of rows adds its runs in order")
   for mutant in "$build"/pipit_tests_*; do
     [[ -x $mutant ]] || continue
-    echo "### $(basename "$mutant")" >>"$out/mutants.log"
-    limited 150 "$out/mutants.log" "$mutant" \
-      "cuda: a tiny GPT trains five steps as on the CPU\, in f32 and bf16"
-    rc=$?
-    if [[ $rc == 0 ]]; then
-      echo "mutant $(basename "$mutant"): PASSED, so no case catches it"
-    else
-      echo "mutant $(basename "$mutant"): failed (rc=$rc), as it should"
-    fi
+    for case in "${mutant_cases[@]}"; do
+      echo "### $(basename "$mutant"): $case" >>"$out/mutants.log"
+      limited 150 "$out/mutants.log" "$mutant" "$case"
+      rc=$?
+      echo "mutant $(basename "$mutant"): $([[ $rc == 0 ]] && echo passes || echo "FAILS (rc=$rc)")" \
+        "'${case//\\/}'"
+    done
   done
 fi
 

@@ -7,6 +7,7 @@
 #include "tensor/precision.h"
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -18,6 +19,7 @@
 
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
+#include "tensor/cuda/weight_gradient_split.h"
 
 namespace pipit {
 namespace {
@@ -27,7 +29,7 @@ namespace {
 // little, and a handle must not be used from two threads at once.
 // What cuBLASLt's heuristic is asked about a product (lt_matmul): sizes, leading dims,
 // transposes, dtypes, compute type, epilogue and the operands' (and GELU's input's) alignments.
-using LtKey = std::array<int64_t, 15>;
+using LtKey = std::array<int64_t, 16>;
 
 struct Blas {
   std::mutex mutex;
@@ -204,10 +206,10 @@ struct LtProduct {
   }
 };
 
-// The largest power of two up to 256 dividing p's address: what cuBLASLt may assume of it (it
-// assumes 256 unless told).
-uint32_t alignment_of(const void* p) {
-  const auto address = reinterpret_cast<uintptr_t>(p);
+// The largest power of two up to 256 dividing p's address and the byte stride from one matrix
+// of a batch to the next: what cuBLASLt may assume of each (it assumes 256 unless told).
+uint32_t alignment_of(const void* p, int64_t batch_stride_bytes = 0) {
+  const auto address = reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(batch_stride_bytes);
   uint32_t alignment = 256;
   while (alignment > 1 && address % alignment != 0) alignment /= 2;
   return alignment;
@@ -226,16 +228,24 @@ void set_preference(const char* op, cublasLtMatmulPreference_t preference,
                      cublasLtMatmulPreferenceSetAttribute(preference, name, &value, sizeof(value)));
 }
 
+// `count` products in one call, each operand's next matrix (and the vector's next) `stride`
+// elements after the last: cuBLASLt's strided batch.
+struct LtBatch {
+  int64_t count = 1, a = 0, b = 0, out = 0, vector = 0;
+};
+
 // out [M, N] = a [M, K] b [K, N] through cuBLASLt with `epilogue` reading or writing `vector`
 // (the bias, or the bias gradient; none for DGELU) and `aux` (GELU's input, written by
-// GELU_AUX_BIAS, read by DGELU). False, with nothing enqueued, where cuBLASLt has no algorithm
-// for it: the caller then runs the unfused ops.
+// GELU_AUX_BIAS, read by DGELU); a, b, out and vector are the first of `batch`'s matrices.
+// False, with nothing enqueued, where cuBLASLt has no algorithm for it: the caller then runs
+// the unfused ops.
 bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_in,
                const Tensor& out, cublasLtEpilogue_t epilogue, const Tensor& vector,
-               const Tensor& aux = Tensor()) {
+               const Tensor& aux = Tensor(), const LtBatch& batch = {}) {
   const int64_t M = out.shape()[0], N = out.shape()[1], K = a_in.shape()[1];
   if (a_in.dtype() == DType::f64 || M == 0 || N == 0 || K == 0) return false;
-  if (vector.defined() && alignment_of(vector.raw_data()) < 16) return false;
+  const int64_t vector_stride_bytes = batch.vector * static_cast<int64_t>(dtype_size(out.dtype()));
+  if (vector.defined() && alignment_of(vector.raw_data(), vector_stride_bytes) < 16) return false;
   // A half output whose rows are not a multiple of 16 bytes got a bias epilogue that was off by
   // more than one rounding (a bf16 [37, 53] product on an H200, 13% of its elements).
   const bool half_out = out.dtype() == DType::bf16 || out.dtype() == DType::f16;
@@ -243,6 +253,8 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
   // GELU's input matrix (row-major [M, N] here): its leading dim must be a multiple of 8.
   if (aux.defined() && (N % 8 != 0 || alignment_of(aux.raw_data()) < 16)) return false;
   const Tensor a = cublas_ready(a_in), b = cublas_ready(b_in);
+  // A batch's next matrices lie a stride from these ones, not from copies of them.
+  if (batch.count > 1 && (!a.same_storage(a_in) || !b.same_storage(b_in))) return false;
   const MatrixLayout la = layout_of(a), lb = layout_of(b);
   const cudaDataType_t in_type = cuda_type(a.dtype());
   // Row-major out = a b is column-major out^T = b^T a^T, as in gemm(): cuBLASLt's first
@@ -267,17 +279,31 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
   PIPIT_CUBLAS_CHECK(
       op, cublasLtMatrixLayoutCreate(&p.b, in_type, second_n ? K : M, second_n ? M : K, la.ld));
   PIPIT_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.out, cuda_type(out.dtype()), N, M, N));
+  if (batch.count > 1) {
+    const auto count = static_cast<int32_t>(batch.count);
+    for (const auto& [layout, stride] :
+         {std::pair{p.a, batch.b}, {p.b, batch.a}, {p.out, batch.out}}) {
+      PIPIT_CUBLAS_CHECK(
+          op, cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                               sizeof(count)));
+      PIPIT_CUBLAS_CHECK(
+          op, cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                               &stride, sizeof(stride)));
+    }
+    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, batch.vector);
+  }
+  const int64_t in_size = static_cast<int64_t>(dtype_size(a.dtype()));
+  const uint32_t align_first = alignment_of(b.raw_data(), batch.b * in_size),
+                 align_second = alignment_of(a.raw_data(), batch.a * in_size),
+                 align_out = alignment_of(
+                     out.raw_data(), batch.out * static_cast<int64_t>(dtype_size(out.dtype())));
   PIPIT_CUBLAS_CHECK(op, cublasLtMatmulPreferenceCreate(&p.preference));
   set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                  static_cast<uint64_t>(kBlasWorkspaceBytes));
-  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                 alignment_of(b.raw_data()));
-  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                 alignment_of(a.raw_data()));
-  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                 alignment_of(out.raw_data()));
-  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                 alignment_of(out.raw_data()));
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first);
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second);
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_out);
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_out);
   const BoundBlas h = bind_blas(device);
   // The heuristic's answer depends only on what the descriptors say, so it is asked once per
   // kind of product: a training step repeats the same few.
@@ -292,10 +318,11 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
                   static_cast<int>(out.dtype()),
                   static_cast<int>(compute_type(a.dtype())),
                   static_cast<int>(epilogue),
-                  alignment_of(b.raw_data()),
-                  alignment_of(a.raw_data()),
-                  alignment_of(out.raw_data()),
-                  aux.defined() ? alignment_of(aux.raw_data()) : 0};
+                  align_first,
+                  align_second,
+                  align_out,
+                  aux.defined() ? alignment_of(aux.raw_data()) : 0,
+                  batch.count};
   auto cached = h.blas.lt_algorithms.find(key);
   if (cached == h.blas.lt_algorithms.end()) {
     cublasLtMatmulHeuristicResult_t found{};
@@ -323,7 +350,61 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
   return true;
 }
 
+std::atomic<int> g_weight_gradient_parts{1};
+
+// matmul_bias_grad over cuda::weight_gradient_parts() runs of K (weight_gradient_split.h), or
+// false, with nothing enqueued, where the setting or the shape leaves the product whole.
+bool split_bias_grad(int device, const Tensor& a, const Tensor& b, const Tensor& out,
+                     const Tensor& bias_grad) {
+  constexpr int64_t kTile = 128, kSms = 132, kFewestRows = 1024;
+  const int64_t parts = g_weight_gradient_parts.load();
+  const int64_t M = out.shape()[0], N = out.shape()[1], K = a.shape()[1];
+  const int64_t tiles = ((M + kTile - 1) / kTile) * ((N + kTile - 1) / kTile);
+  if (parts == 1 || tiles >= kSms || out.dtype() != DType::f32 || bias_grad.dtype() != DType::f32 ||
+      K % parts != 0 || K / parts < kFewestRows) {
+    return false;
+  }
+  const int64_t run = K / parts;
+  const Tensor a_first =
+      Tensor::from_storage(a.storage(), {M, run}, a.strides(), a.offset(), a.dtype());
+  const Tensor b_first =
+      Tensor::from_storage(b.storage(), {run, N}, b.strides(), b.offset(), b.dtype());
+  const Tensor partial = Tensor::empty({parts, M, N}, DType::f32, out.device());
+  const Tensor bias_parts = Tensor::empty({parts, M}, DType::f32, out.device());
+  const LtBatch batch{parts, run * a.strides()[1], run * b.strides()[0], M * N, M};
+  if (!lt_matmul("matmul_bias_grad", device, a_first, b_first,
+                 Tensor::from_storage(partial.storage(), {M, N}, {N, 1}, 0, DType::f32),
+                 CUBLASLT_EPILOGUE_BGRADB,
+                 Tensor::from_storage(bias_parts.storage(), {M}, {1}, 0, DType::f32), Tensor(),
+                 batch)) {
+    return false;
+  }
+  const int64_t over_parts[] = {0};
+  Backend& cuda = backend(out);
+  cuda.reduce(
+      ReduceOp::sum, partial, over_parts,
+      Tensor::from_storage(out.storage(), {1, M, N}, {M * N, N, 1}, out.offset(), DType::f32));
+  cuda.reduce(
+      ReduceOp::sum, bias_parts, over_parts,
+      Tensor::from_storage(bias_grad.storage(), {1, M}, {M, 1}, bias_grad.offset(), DType::f32));
+  return true;
+}
+
 }  // namespace
+
+namespace cuda {
+
+void set_weight_gradient_parts(int parts) {
+  PIPIT_CHECK(parts == 1 || parts == 2 || parts == 4,
+              "set_weight_gradient_parts: parts must be 1, 2 or 4, got ", parts);
+  g_weight_gradient_parts = parts;
+}
+
+int weight_gradient_parts() {
+  return g_weight_gradient_parts.load();
+}
+
+}  // namespace cuda
 
 std::shared_ptr<Storage> CudaBackend::allocate(size_t nbytes) {
   return cuda::allocate(index_, nbytes);
@@ -384,6 +465,7 @@ void CudaBackend::matmul_bias_grad(const Tensor& a, const Tensor& b, const Tenso
                                    const Tensor& bias_grad) {
   cuda::DeviceGuard guard(index_);
   check_matmul_with_vector("matmul_bias_grad", a, b, out, bias_grad, a.shape()[0]);
+  if (split_bias_grad(index_, a, b, out, bias_grad)) return;
   // cuBLASLt's second operand is a (see lt_matmul): BGRADB sums it over K.
   if (lt_matmul("matmul_bias_grad", index_, a, b, out, CUBLASLT_EPILOGUE_BGRADB, bias_grad)) {
     return;
