@@ -7,16 +7,7 @@
 # gpu_kernels and generate_speed too:
 #   bash ../shared/tools/gpu_pack.sh build .gpu/pack.tar.xz pipit_tests train_gpt gpu_gemm \
 #     gpu_gpt2 gpu_attention gpu_linear gpu_kernels generate_speed tcp_throughput pipit-worker
-# The mutants step needs mutants built beside pipit_tests (about 2 minutes each, pack them too):
-#   bash tools/build_mutant.sh build pipit_tests tensor/cuda/cuda_backend.cpp \
-#     's/float32_matmul_precision() == "high"/true/' pipit_tests_f32_as_tf32
-#   bash tools/build_mutant.sh build pipit_tests tensor/cuda/elementwise.cu 's/\[\] __device__(S x)
-#     { return from_double<D>(to_double(x)); }/[] __device__(S x) { if constexpr
-#     (std::is_same_v<D, __nv_bfloat16>) { return __float2bfloat16_rz(static_cast<float>(
-#     to_double(x))); } else { return from_double<D>(to_double(x)); } }/' pipit_tests_bf16_truncated
-#     (the expression on one line)
-#   bash tools/build_mutant.sh build pipit_tests tensor/cuda/cuda_backend.cpp \
-#     's/if (parts == 1 || tiles >= kSms/if (true || tiles >= kSms/' pipit_tests_split_noop
+# tools/gpu_prepare.sh builds the mutants the mutants step runs and packs them with the rest;
 # and put the GPU machine's libnvrtc folder on LD_LIBRARY_PATH beside libcublas', libcudnn's
 # and libcudart's (the cuDNN frontend links NVRTC; gpu_pack.sh leaves CUDA's libraries out).
 #
