@@ -7,6 +7,7 @@
 #include "autograd/shape_ops.h"
 #include "tensor/backend.h"
 #include "tensor/factory.h"
+#include "tensor/kernel_layout.h"
 
 namespace pipit {
 namespace {
@@ -68,10 +69,7 @@ struct LayerNormBackward : Node {
   std::vector<Tensor> apply_adding(const Tensor& g, std::vector<Tensor>& waiting) override {
     const Tensor residual = waiting[0];
     waiting.assign(3, Tensor());
-    if (residual.defined() && residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
-        residual.device() == x.device() && residual.is_contiguous()) {
-      waiting[0] = residual;
-    }
+    if (residual.defined() && fits_layer_norm_residual(residual, x)) waiting[0] = residual;
     Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());
     Tensor gw = Tensor::empty(weight.shape(), weight.dtype(), weight.device());
     Tensor gb = Tensor::empty(weight.shape(), weight.dtype(), weight.device());

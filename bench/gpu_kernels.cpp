@@ -120,6 +120,14 @@ nlohmann::json time_adamw(int64_t warmup, int64_t repeats) {
           {"step_ms", step_ms}};
 }
 
+// got (on the device) is want (on the host) up to the f32 sums' order.
+void check_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  const double scale = max(abs(want)).item<double>();
+  const double off = max(abs(got.to(Device::cpu()) - want)).item<double>();
+  PIPIT_CHECK(off <= 1e-4 * scale, "bias_grad: ", what, " is off by ", off, " (largest element ",
+              scale, ")");
+}
+
 // One row per Linear shape (out features x in features); prints each as it goes.
 void time_bias_grad(int64_t warmup, int64_t repeats) {
   Generator generator(0);
@@ -164,11 +172,8 @@ void time_bias_grad(int64_t warmup, int64_t repeats) {
         device.reduce(ReduceOp::sum, grad_out, rows, column_sums);
         synchronize(g_device);
       });
-      // The same product, up to the f32 sums' order.
-      const double scale = max(abs(product)).item<double>();
-      const double off = max(abs(weight_grad.to(Device::cpu()) - product)).item<double>();
-      PIPIT_CHECK(off <= 1e-4 * scale, "bias_grad: the product over ", parts,
-                  " slices of the rows is off by ", off, " (largest element ", scale, ")");
+      check_close(weight_grad, product,
+                  "the product over " + std::to_string(parts) + " slices of the rows");
     }
     const Tensor bias_product = bias_grad.to(Device::cpu());
     for (const int parts : {2, 4}) {
@@ -178,12 +183,9 @@ void time_bias_grad(int64_t warmup, int64_t repeats) {
         synchronize(g_device);
       });
       cuda::set_weight_gradient_parts(1);
-      for (const auto& [got, want] : {std::pair{weight_grad, product}, {bias_grad, bias_product}}) {
-        const double scale = max(abs(want)).item<double>();
-        const double off = max(abs(got.to(Device::cpu()) - want)).item<double>();
-        PIPIT_CHECK(off <= 1e-4 * scale, "bias_grad: matmul_bias_grad in ", parts,
-                    " parts is off by ", off, " (largest element ", scale, ")");
-      }
+      const std::string what = "matmul_bias_grad in " + std::to_string(parts) + " parts";
+      check_close(weight_grad, product, what);
+      check_close(bias_grad, bias_product, what + " (bias)");
     }
     std::printf("%s\n", row.dump().c_str());
     std::fflush(stdout);

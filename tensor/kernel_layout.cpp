@@ -42,13 +42,17 @@ void check_cross_entropy_scale(const char* op, const Tensor& scale, const Tensor
               shape_str(scale.shape()), " ", scale.dtype(), " on ", scale.device());
 }
 
+bool fits_layer_norm_residual(const Tensor& residual, const Tensor& x) {
+  return residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
+         residual.is_contiguous() && residual.device() == x.device();
+}
+
 void check_layer_norm_residual(const char* op, const Tensor& residual, const Tensor& x) {
   if (!residual.defined()) return;
-  PIPIT_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype() &&
-                  residual.is_contiguous() && residual.device() == x.device(),
-              op, ": residual must be contiguous ", x.dtype(), " ", shape_str(x.shape()), " on ",
-              x.device(), ", got ", shape_str(residual.shape()), " ", residual.dtype(), " on ",
-              residual.device(), residual.is_contiguous() ? "" : " (not contiguous)");
+  PIPIT_CHECK(fits_layer_norm_residual(residual, x), op, ": residual must be contiguous ",
+              x.dtype(), " ", shape_str(x.shape()), " on ", x.device(), ", got ",
+              shape_str(residual.shape()), " ", residual.dtype(), " on ", residual.device(),
+              residual.is_contiguous() ? "" : " (not contiguous)");
 }
 
 void check_cross_entropy_stats(const char* op, const Tensor& stats, const Tensor& logits) {

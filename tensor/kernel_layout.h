@@ -33,7 +33,8 @@ AttentionSizes check_attention(const char* op, const Tensor& q, const Tensor& k,
 // accumulate_dtype(the logits' dtype) on their device.
 void check_cross_entropy_scale(const char* op, const Tensor& scale, const Tensor& logits);
 // What layer_norm_backward needs of its residual: undefined, or contiguous with x's shape,
-// dtype and device.
+// dtype and device (fits_layer_norm_residual, for a caller that would rather not pass it).
+bool fits_layer_norm_residual(const Tensor& residual, const Tensor& x);
 void check_layer_norm_residual(const char* op, const Tensor& residual, const Tensor& x);
 // What cross_entropy and its backward need of the row statistics: undefined, or [N, 2]
 // contiguous in accumulate_dtype(the logits' dtype) on their device.
