@@ -18,6 +18,10 @@ attention written out (matmul, mask, softmax), the peer of earlier tables. MFU c
 nothing; the untied head is counted instead; tied, the one table counts once), against the GPU's dense bf16 peak (--peak-tflops,
 default from the GPU's name).
 
+--llmc PATH adds karpathy/llm.c's train_gpt2cu (a build the user brings; bench/llmc_peer.py)
+at the same batch and context, bf16 only: llm.c ties its head and pads its vocabulary to 50304,
+so compare it with --tied --vocab-multiple 64.
+
 --weight-gradient-parts 2 or 4 splits pipit's weight gradients whose outputs have fewer tiles
 than the GPU has SMs (tensor/cuda/weight_gradient_split.h; the peer's are its own).
 
@@ -31,13 +35,14 @@ usage: python3 bench/gpu_gpt2.py [--build build] [--modes f32,tf32,bf16] [--laye
            [--heads 12] [--width 768] [--context 1024] [--vocab 50257] [--vocab-multiple 1]
            [--batch 8] [--tied] [--weight-gradient-parts 1]
            [--warmup 3] [--steps 10] [--profile] [--top 25] [--compile] [--written-out]
-           [--attention automatic|pipit|cudnn] [--peak-tflops X] [--no-append]
+           [--attention automatic|pipit|cudnn] [--peak-tflops X] [--llmc PATH] [--no-append]
 """
 import argparse
 import os
 import statistics
 
 import gpu_common
+import llmc_peer
 
 INT_FLAGS = [("layers", 12), ("heads", 12), ("width", 768), ("context", 1024),
              ("vocab", 50257), ("vocab-multiple", 1), ("batch", 8), ("warmup", 3), ("steps", 10),
@@ -138,6 +143,8 @@ def main():
                         help="pipit's bf16 attention provider")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense bf16 peak for the MFU column")
+    parser.add_argument("--llmc", default=None,
+                        help="karpathy/llm.c's train_gpt2cu, timed beside pipit in bf16")
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
     binary, torch = gpu_common.require_gpu("gpu_gpt2.py", args.build)
@@ -154,14 +161,14 @@ def main():
     gib = 1024.0 ** 3
     table = ["| mode | pipit ms/step | pipit tokens/s | pipit MFU | torch SDPA ms/step | "
              "torch/pipit | torch.compile SDPA ms/step | compiled/pipit | "
-             "torch written-out ms/step | pipit peak GiB | torch peak GiB | "
-             "last loss pipit / torch |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "torch written-out ms/step | llm.c ms/step | llm.c/pipit | pipit peak GiB | "
+             "torch peak GiB | last loss pipit / torch |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     row = None
     for mode in args.modes.split(","):
         rows = gpu_common.run_pipit(binary, ["--modes", mode] + passed)
         if not rows:
-            table.append(f"| {mode} | failed | | | | | | | | | | |")
+            table.append(f"| {mode} | failed | | | | | | | | | | | | |")
             continue
         [row] = rows
         pipit_ms = statistics.median(row["ms"])
@@ -186,8 +193,13 @@ def main():
             written_ms = statistics.median(torch_run(torch, mode, args, attention="written")[0])
             torch.cuda.empty_cache()
             written = f"{written_ms:.1f}"
+        llmc = "- | -"
+        if args.llmc and mode == "bf16":
+            llmc_ms = llmc_peer.median_ms(args.llmc, args)
+            if llmc_ms:
+                llmc = f"{llmc_ms:.1f} | {llmc_ms / pipit_ms:.2f}"
         line = (f"| {mode} | {pipit_ms:.1f} | {tokens / pipit_ms * 1e3:.0f} | {mfu} | "
-                f"{torch_ms:.1f} | {torch_ms / pipit_ms:.2f} | {compiled} | {written} | "
+                f"{torch_ms:.1f} | {torch_ms / pipit_ms:.2f} | {compiled} | {written} | {llmc} | "
                 f"{row['peak_bytes'] / gib:.1f} | {torch_peak / gib:.1f} | "
                 f"{row['loss']:.3f} / {loss:.3f} |")
         table.append(line)

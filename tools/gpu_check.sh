@@ -20,8 +20,9 @@
 #   mutants, and a mutant that passes the case meant for it is a test that needs fixing;
 #   bias_grad is gpu_kernels' weight-gradient split rows; generate is bench/generate_speed --device cuda, which appends
 #   to the bench/RESULTS.md of the source folder it was built in).
-#   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile); PIPIT_GPT2_SECONDS: its
-#   time limit (default 420).
+#   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile; issue 31's comparison:
+#   --modes bf16 --tied --vocab-multiple 64 --attention cudnn --compile --llmc LLMC_BINARY);
+#   PIPIT_GPT2_SECONDS: its time limit (default 420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The suite's fixtures (tests/data) from this checkout, not the build machine's path.
