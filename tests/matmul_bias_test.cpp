@@ -216,10 +216,11 @@ TEST_CASE("cuda: a small weight gradient split over runs of rows adds its runs i
     cuda::set_weight_gradient_parts(1);
     return std::pair{out.to(kCpu), bias.to(kCpu)};
   };
-  // 256 x 128: 2 tiles, split; 2048 x 2048: 256 tiles, whole whatever the setting; 2100 rows
-  // do not divide into 4 runs.
+  // 256 x 128: 2 tiles, split; 2048 x 2048: 256 tiles, whole whatever the setting; 2050 rows
+  // split into 2 runs of 1025 but not into 4 (not divisible); 3072 rows not into 4 runs of
+  // 768 (under 1024 rows each).
   for (const auto& [rows, M, N] : std::vector<std::array<int64_t, 3>>{
-           {4096, 256, 128}, {2048, 2048, 2048}, {2100, 256, 128}}) {
+           {4096, 256, 128}, {2048, 2048, 2048}, {2050, 256, 128}, {3072, 256, 128}}) {
     INFO(rows << " rows, " << M << " x " << N);
     const Tensor grad_out = randn({rows, M}, &g).to(DType::bf16).to(kCuda);
     const Tensor input = randn({rows, N}, &g).to(DType::bf16).to(kCuda);
@@ -231,13 +232,19 @@ TEST_CASE("cuda: a small weight gradient split over runs of rows adds its runs i
     const double scale = max(abs(want)).item<double>();
     for (const int parts : {2, 4}) {
       INFO(parts << " parts");
+      const cuda::WeightGradientSplits before = cuda::weight_gradient_splits();
       const auto split = weight_grad(grad_out, input, parts);
       const auto again = weight_grad(grad_out, input, parts);
+      const cuda::WeightGradientSplits after = cuda::weight_gradient_splits();
+      const bool splits = M * N < 132 * 128 * 128 && rows % parts == 0 && rows / parts >= 1024;
+      // Refused, cuBLASLt had no algorithm for the batched product with BGRADB: not a wrong
+      // result, a split that never ran.
+      CHECK(after.refused == before.refused);
+      CHECK(after.taken - before.taken == (splits ? 2 : 0));
       CHECK(testing::bitwise_equal(split.first, again.first));  // the same order every run
       CHECK(testing::bitwise_equal(split.second, again.second));
       CHECK(testing::max_abs_difference(split.first.to(DType::f64), want) <= 1e-5 * scale);
       CHECK(testing::max_abs_difference(split.second.to(DType::f64), want_bias) <= 1e-5 * rows);
-      const bool splits = M * N < 132 * 128 * 128 && rows % parts == 0;
       // Split, the f32 sums come in another order than the whole product's; else the same call.
       CHECK(testing::bitwise_equal(split.first, whole.first) == !splits);
     }

@@ -28,8 +28,9 @@ namespace {
 // driver may be gone by static teardown). Calls only enqueue work, so serialising them costs
 // little, and a handle must not be used from two threads at once.
 // What cuBLASLt's heuristic is asked about a product (lt_matmul): sizes, leading dims,
-// transposes, dtypes, compute type, epilogue and the operands' (and GELU's input's) alignments.
-using LtKey = std::array<int64_t, 16>;
+// transposes, dtypes, compute type, epilogue, the operands', GELU input's and bias's
+// alignments, and the batch count.
+using LtKey = std::array<int64_t, 17>;
 
 struct Blas {
   std::mutex mutex;
@@ -252,6 +253,8 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
   if (half_out && N % 8 != 0) return false;
   // GELU's input matrix (row-major [M, N] here): its leading dim must be a multiple of 8.
   if (aux.defined() && (N % 8 != 0 || alignment_of(aux.raw_data()) < 16)) return false;
+  // One aux matrix serves one product: a batch would need its stride too.
+  if (aux.defined() && batch.count > 1) return false;
   const Tensor a = cublas_ready(a_in), b = cublas_ready(b_in);
   // A batch's next matrices lie a stride from these ones, not from copies of them.
   if (batch.count > 1 && (!a.same_storage(a_in) || !b.same_storage(b_in))) return false;
@@ -307,21 +310,12 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
   const BoundBlas h = bind_blas(device);
   // The heuristic's answer depends only on what the descriptors say, so it is asked once per
   // kind of product: a training step repeats the same few.
-  const LtKey key{M,
-                  N,
-                  K,
-                  lb.ld,
-                  la.ld,
-                  op_first,
-                  op_second,
-                  static_cast<int>(a.dtype()),
-                  static_cast<int>(out.dtype()),
-                  static_cast<int>(compute_type(a.dtype())),
-                  static_cast<int>(epilogue),
-                  align_first,
-                  align_second,
-                  align_out,
+  const LtKey key{M, N, K, lb.ld, la.ld, op_first, op_second, static_cast<int>(a.dtype()),
+                  static_cast<int>(out.dtype()), static_cast<int>(compute_type(a.dtype())),
+                  static_cast<int>(epilogue), align_first, align_second, align_out,
                   aux.defined() ? alignment_of(aux.raw_data()) : 0,
+                  // The heuristic reads the bias pointer's alignment from its value.
+                  vector.defined() ? alignment_of(vector.raw_data(), vector_stride_bytes) : 0,
                   batch.count};
   auto cached = h.blas.lt_algorithms.find(key);
   if (cached == h.blas.lt_algorithms.end()) {
@@ -351,6 +345,7 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
 }
 
 std::atomic<int> g_weight_gradient_parts{1};
+std::atomic<int64_t> g_splits_taken{0}, g_splits_refused{0};
 
 // matmul_bias_grad over cuda::weight_gradient_parts() runs of K (weight_gradient_split.h), or
 // false, with nothing enqueued, where the setting or the shape leaves the product whole.
@@ -377,8 +372,10 @@ bool split_bias_grad(int device, const Tensor& a, const Tensor& b, const Tensor&
                  CUBLASLT_EPILOGUE_BGRADB,
                  Tensor::from_storage(bias_parts.storage(), {M}, {1}, 0, DType::f32), Tensor(),
                  batch)) {
+    ++g_splits_refused;
     return false;
   }
+  ++g_splits_taken;
   const int64_t over_parts[] = {0};
   Backend& cuda = backend(out);
   cuda.reduce(
@@ -402,6 +399,10 @@ void set_weight_gradient_parts(int parts) {
 
 int weight_gradient_parts() {
   return g_weight_gradient_parts.load();
+}
+
+WeightGradientSplits weight_gradient_splits() {
+  return {g_splits_taken.load(), g_splits_refused.load()};
 }
 
 }  // namespace cuda
