@@ -162,7 +162,7 @@ def main():
     table = ["| mode | pipit ms/step | pipit tokens/s | pipit MFU | torch SDPA ms/step | "
              "torch/pipit | torch.compile SDPA ms/step | compiled/pipit | "
              "torch written-out ms/step | llm.c ms/step | llm.c/pipit | pipit peak GiB | "
-             "torch peak GiB | last loss pipit / torch |",
+             "torch peak GiB (eager / compiled) | last loss pipit / torch |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     row = None
     for mode in args.modes.split(","):
@@ -184,10 +184,13 @@ def main():
             run_profile_child(mode, args)
         torch_ms = statistics.median(times)
         compiled = "- | -"
+        peaks = f"{torch_peak / gib:.1f}"
         if args.compile:
-            compiled_ms = statistics.median(torch_run(torch, mode, args, compiled=True)[0])
+            compiled_times, compiled_peak, _ = torch_run(torch, mode, args, compiled=True)
+            compiled_ms = statistics.median(compiled_times)
             torch.cuda.empty_cache()
             compiled = f"{compiled_ms:.1f} | {compiled_ms / pipit_ms:.2f}"
+            peaks = f"{torch_peak / gib:.1f} / {compiled_peak / gib:.1f}"
         written = "-"
         if args.written_out:
             written_ms = statistics.median(torch_run(torch, mode, args, attention="written")[0])
@@ -200,7 +203,7 @@ def main():
                 llmc = f"{llmc_ms:.1f} | {llmc_ms / pipit_ms:.2f}"
         line = (f"| {mode} | {pipit_ms:.1f} | {tokens / pipit_ms * 1e3:.0f} | {mfu} | "
                 f"{torch_ms:.1f} | {torch_ms / pipit_ms:.2f} | {compiled} | {written} | {llmc} | "
-                f"{row['peak_bytes'] / gib:.1f} | {torch_peak / gib:.1f} | "
+                f"{row['peak_bytes'] / gib:.1f} | {peaks} | "
                 f"{row['loss']:.3f} / {loss:.3f} |")
         table.append(line)
         print(line, flush=True)
