@@ -36,8 +36,11 @@ int64_t check_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t
 // cross_entropy's gradient for logits [N, C] (rows of unit stride) and targets [N], outside
 // the graph: (softmax - onehot) * scale over the first `classes` columns, 0 in the others;
 // softmax from the forward's row stats when given (Backend::cross_entropy), else from logits.
+// Written into `into` where given (logits' shape and dtype; logits itself may be), else into a
+// new tensor.
 Tensor cross_entropy_gradient(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                              int64_t classes, const Tensor& scale, const Tensor& stats = {});
+                              int64_t classes, const Tensor& scale, const Tensor& stats = {},
+                              const Tensor& into = {});
 // The rows of targets that are not ignore_index, as an f64 scalar on their device: the mean's
 // divisor, counted without waiting for the device.
 Tensor cross_entropy_rows(const Tensor& targets, int64_t ignore_index);

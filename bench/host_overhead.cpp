@@ -3,7 +3,10 @@
 // between kernels (autograd, shape checks, allocation from the caching allocator, autocast's
 // bookkeeping), not the kernels. On a GPU that work overlaps the kernels while it stays below
 // the step's GPU time; a CUDA build adds the launches and cuBLASLt's descriptors on top, which
-// this does not count. Prints one JSON line: {"ms": [per step], "ops": backend calls per step}.
+// this does not count. The same steps give the step's memory plan: the most bytes its tensors
+// held at once (the CPU allocator's count, as a GPU's caching allocator would count them, up to
+// its rounding). Prints one JSON line: {"ms": [per step], "ops": backend calls per step,
+// "peak_bytes": the last step's peak}.
 //
 // usage: host_overhead [--layers 12] [--width 768] [--heads 12] [--context 1024]
 //                      [--vocab 50257] [--vocab-multiple 64] [--tied] [--batch 8] [--dtype bf16]
@@ -19,6 +22,7 @@
 #include "optim/optimizer.h"
 #include "pipit.h"
 #include "support/flags.h"
+#include "tensor/cpu/cpu_allocator.h"
 
 using namespace pipit;
 
@@ -78,13 +82,17 @@ int main(int argc, char** argv) {
     Backend* previous = set_backend_override(Device::cpu(), &no_kernels);
     std::vector<double> ms;
     int64_t ops = 0;
+    size_t peak_bytes = 0;
     for (int64_t step = 0; step < flags.integer("warmup", 0) + flags.integer("steps", 1); ++step) {
       const auto start = std::chrono::steady_clock::now();
       const int64_t calls = no_kernels.calls;
+      reset_cpu_peak_memory();
       optimizer.zero_grad();
       {
         AutocastGuard autocast(dtype == "bf16" ? DType::bf16 : DType::f32);
-        loss_fn.compute_loss(model->forward(x), y).backward();
+        // Two statements, as gpu_gpt2 runs it: the logits are not held through the backward.
+        Tensor loss = loss_fn.compute_loss(model->forward(x), y);
+        loss.backward();
       }
       optimizer.step();
       if (step >= flags.integer("warmup", 0)) {
@@ -92,10 +100,13 @@ int main(int argc, char** argv) {
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                 .count());
         ops = no_kernels.calls - calls;
+        peak_bytes = cpu_memory_stats().peak_allocated;
       }
     }
     set_backend_override(Device::cpu(), previous);
-    std::printf("%s\n", nlohmann::json{{"ms", ms}, {"ops", ops}}.dump().c_str());
+    std::printf(
+        "%s\n",
+        nlohmann::json{{"ms", ms}, {"ops", ops}, {"peak_bytes", peak_bytes}}.dump().c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "host_overhead: %s\n", e.what());

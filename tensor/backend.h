@@ -192,7 +192,8 @@ struct AdamWParams {
      logits' dtype, its rows of unit stride as the logits' are. scale is one element of            \
      accumulate_dtype(logits' dtype) on their device (the loss's gradient over the row count,      \
      computed there: reading it on the host would wait for the device). With stats (as             \
-     cross_entropy wrote them) softmax is exp(x - max) / sum from them, else from the row. */      \
+     cross_entropy wrote them) softmax is exp(x - max) / sum from them, else from the row.         \
+     grad_logits may be logits itself: each element is read before it is written. */               \
   X(cross_entropy_backward,                                                                        \
     (const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& scale,       \
      const Tensor& stats, const Tensor& grad_logits),                                              \

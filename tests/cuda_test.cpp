@@ -444,6 +444,12 @@ TEST_CASE("cuda: softmax, layer norm, embedding and cross-entropy kernels", "[cu
             backend(d).cross_entropy_backward(in[0], in[1], -100, scale, Tensor(), recomputed);
             CHECK(testing::bitwise_equal(
                 gl.to(kCpu), recomputed.to(kCpu)));  // the saved stats are the backward's own bits
+            // In place, as the loss's node runs it where only it holds the logits.
+            for (const Tensor& row_stats : {stats, Tensor()}) {
+              Tensor in_place = in[0].clone();
+              backend(d).cross_entropy_backward(in_place, in[1], -100, scale, row_stats, in_place);
+              CHECK(testing::bitwise_equal(in_place.to(kCpu), gl.to(kCpu)));
+            }
             return std::vector<Tensor>{losses, stats, gl};
           },
           tol);

@@ -1,9 +1,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "bitwise.h"
 #include "loss/loss.h"
 #include "pipit.h"
 #include "tensor/backend.h"
+#include "tensor/cpu/cpu_allocator.h"
 
 using namespace pipit;
 
@@ -98,6 +100,53 @@ TEST_CASE("cross_entropy's backward takes the softmax from the forward's row sta
   for (size_t i = 0; i < p.size(); ++i) {
     const bool target = static_cast<int64_t>(i % 40) == targets.to_vector<int64_t>()[i / 40];
     if (!target) CHECK(s[i] == Approx(2 * p[i]).epsilon(1e-5).margin(1e-12));
+  }
+}
+
+TEST_CASE(
+    "cross_entropy's backward writes the gradient into the logits' memory when only it holds them",
+    "[loss]") {
+  Generator g(4);
+  // A head [N, K] x [K, C] with 3 padded classes and an ignored row, f32 and bf16 logits.
+  const int64_t N = 64, K = 16, C = 4099, classes = C - 3;
+  std::vector<int64_t> t(N);
+  for (int64_t i = 0; i < N; ++i) t[i] = i == 5 ? -100 : (i * 977) % classes;
+  const Tensor targets = from_vector(t, {N});
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    INFO(dtype);
+    const Tensor x = randn({N, K}, &g).to(dtype);
+    struct Run {
+      Tensor weight_grad;
+      size_t peak;
+      bool again_throws;
+    };
+    // The logits held by the caller (their memory stays theirs) or only by the loss's node.
+    const auto run = [&](bool hold) {
+      Generator same(5);
+      const Tensor weight = randn({K, C}, &same).to(dtype).requires_grad_();
+      reset_cpu_peak_memory();
+      const size_t before = cpu_memory_stats().allocated;
+      const Tensor held_logits = hold ? matmul(x, weight) : Tensor();
+      const Tensor loss =
+          cross_entropy(hold ? held_logits : matmul(x, weight), targets, -100, classes);
+      loss.backward();
+      Run result{weight.grad().clone(), cpu_memory_stats().peak_allocated - before, false};
+      try {
+        loss.backward();
+      } catch (const Error& e) {
+        result.again_throws = true;
+        CHECK_THAT(e.what(), Catch::Contains("a second time"));
+      }
+      return result;
+    };
+    const Run held = run(true), only_node = run(false);
+    CHECK(testing::bitwise_equal(held.weight_grad, only_node.weight_grad));
+    // The held logits can be differentiated again, as before; the others are gone.
+    CHECK_FALSE(held.again_throws);
+    CHECK(only_node.again_throws);
+    // No second [N, C] tensor for the gradient.
+    const size_t logits_bytes = static_cast<size_t>(N * C) * dtype_size(dtype);
+    CHECK(held.peak >= only_node.peak + logits_bytes);
   }
 }
 
