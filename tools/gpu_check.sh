@@ -14,12 +14,15 @@
 # usage: bash tools/gpu_check.sh [BUILD_DIR] [OUT_DIR] [STEPS]
 #   BUILD_DIR: a Release build with CUDA (default build); OUT_DIR: default gpu-logs;
 #   STEPS: comma-separated subset of
-#   info,cuda,suite,asan,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,train,generate
+#   info,cuda,suite,asan,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,train,parity,
+#   generate
 #   (default all but asan; asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build; mutants
 #   runs each BUILD_DIR/pipit_tests_* (tools/build_mutant.sh) on the GPU cases that must catch
 #   mutants, and a mutant that passes the case meant for it is a test that needs fixing;
-#   bias_grad is gpu_kernels' weight-gradient split rows; generate is bench/generate_speed --device cuda, which appends
-#   to the bench/RESULTS.md of the source folder it was built in).
+#   bias_grad is gpu_kernels' weight-gradient split rows; parity trains GPT-2 small's shape 20
+#   steps in bf16 on the GPU (its fused kernels) and on the CPU and prints the losses side by
+#   side; generate is bench/generate_speed --device cuda, which appends to the bench/RESULTS.md
+#   of the source folder it was built in).
 #   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile; issue 31's comparison:
 #   --modes bf16 --tied --vocab-multiple 64 --attention cudnn --compile --llmc LLMC_BINARY);
 #   PIPIT_GPT2_SECONDS: its time limit (default 420).
@@ -29,7 +32,7 @@ cd "$(dirname "$0")/.."
 export PIPIT_TEST_DATA="$(pwd)/tests/data"
 build=$(realpath "${1:-build}")
 out=$(realpath -m "${2:-gpu-logs}")
-steps=",${3:-info,cuda,suite,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,train,generate},"
+steps=",${3:-info,cuda,suite,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,train,parity,generate},"
 mkdir -p "$out"
 
 want() { [[ $steps == *",$1,"* ]]; }
@@ -152,6 +155,21 @@ if want train; then
     echo "train stages=$stages: rc=$? $(grep -E "^step +30 " "$out/train.log" | tail -1)" \
       "$(grep -o "CRC-32C: [0-9a-f]*" "$out/train.log" | tail -1)"
   done
+fi
+if want parity; then
+  # Issue 31's check that the fused kernels (cuDNN attention, cuBLASLt epilogues, the fused
+  # layer norm and cross-entropy passes) train as pipit's CPU kernels do: GPT-2 small's blocks
+  # (12 x 768, 12 heads; context 256 and the character vocabulary of train_gpt's text), bf16
+  # autocast, 20 steps at lr 3e-4, one stage; losses at steps 1, 10 and 20 within bf16's rounding.
+  for device in cuda cpu; do
+    limited 240 "$out/parity_$device.log" "$build/train_gpt" --device "$device" --layers 12 \
+      --width 768 --heads 12 --context 256 --batch 8 --microbatches 1 --stages 1 --steps 20 \
+      --dtype bf16 --lr 3e-4
+    echo "parity $device: rc=$?"
+  done
+  paste <(grep -E "^step" "$out/parity_cuda.log" | awk '{print $2, $4}') \
+    <(grep -E "^step" "$out/parity_cpu.log" | awk '{print $4}') |
+    awk '{printf "parity step %s: cuda %s cpu %s (difference %.4f)\n", $1, $2, $3, $2 - $3}'
 fi
 if want generate; then
   # KV-cache generation of a random GPT-2 small against transformers' generate, both on the GPU.
