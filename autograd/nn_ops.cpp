@@ -118,9 +118,9 @@ struct CrossEntropyBackward : Node {
     // logits and their gradient are never both held (GPT-2 small, bf16, batch 8: 0.8 GB).
     const bool only_holder =
         logits.impl_ptr().use_count() == 1 && logits.storage().use_count() == 1;
-    const Tensor into = only_holder ? std::exchange(logits, Tensor()) : Tensor();
-    const Tensor grad = cross_entropy_gradient(only_holder ? into : logits, targets, ignore_index,
-                                               classes, scale, stats, into);
+    const Tensor source = only_holder ? std::exchange(logits, Tensor()) : logits;
+    const Tensor grad = cross_entropy_gradient(source, targets, ignore_index, classes, scale, stats,
+                                               only_holder ? source : Tensor());
     return {reshape(grad, logits_shape), Tensor()};
   }
   std::string name() const override { return "CrossEntropyBackward"; }
