@@ -1,16 +1,18 @@
 // pipit's half of bench/gpu_gpt2.py: training steps of a GPT (GPT-2 small by default) on
 // cuda:0, AdamW, random tokens. Prints one JSON line per mode:
-// {"mode", "tokens", "parameters", "ms": [per step], "loss", "peak_bytes"}.
+// {"mode", "tokens", "parameters", "ms": [per step], "loss", "peak_bytes", "cuda_graph"}.
 // modes: f32, tf32 (set_float32_matmul_precision("high")), bf16 (AutocastGuard(bf16) around
 // forward and backward). With --profile, one more step per mode runs under cuda::OpTimer and
 // its top ops are printed as a table before the JSON line. --attention picks the bf16
-// attention provider (tensor/cuda/attention_provider.h; automatic by default).
+// attention provider (tensor/cuda/attention_provider.h; automatic by default). With
+// --cuda-graph the warm-up steps run eagerly, then the forward and backward are captured once
+// (cuda::Graph) and each timed step is a replay plus AdamW's eager step.
 //
 // usage: gpu_gpt2 [--modes f32,tf32,bf16] [--layers 12] [--heads 12] [--width 768]
 //                 [--context 1024] [--vocab 50257] [--vocab-multiple 1] [--tied] [--batch 8]
 //                 [--warmup 3] [--steps 10]
 //                 [--attention automatic|pipit|cudnn] [--weight-gradient-parts 1] [--profile]
-//                 [--top 25]
+//                 [--top 25] [--cuda-graph]
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -27,6 +29,7 @@
 #include "support/flags.h"
 #include "tensor/cuda/attention_provider.h"
 #include "tensor/cuda/cuda_device.h"
+#include "tensor/cuda/cuda_graph.h"
 #include "tensor/cuda/op_timer.h"
 #include "tensor/cuda/weight_gradient_split.h"
 #include "tensor/precision.h"
@@ -39,7 +42,7 @@ namespace {
 struct Options {
   GptConfig model;
   int64_t batch, warmup, steps, top;
-  bool profile;
+  bool profile, cuda_graph;
 };
 
 Tensor random_tokens(int64_t batch, int64_t context, int64_t vocab, std::mt19937_64& rng,
@@ -90,18 +93,32 @@ nlohmann::json run_mode(const std::string& mode, const Options& o) {
 
   // Detached, so the last step's graph and activations are freed before the next forward.
   Tensor last_loss;
+  auto forward_backward = [&] {
+    AutocastGuard autocast(mode == "bf16" ? DType::bf16 : DType::f32);
+    Tensor loss = loss_fn.compute_loss(model->forward(x), y);
+    loss.backward();
+    last_loss = loss.detach();
+  };
   auto step = [&] {
     optimizer.zero_grad();
-    {
-      AutocastGuard autocast(mode == "bf16" ? DType::bf16 : DType::f32);
-      Tensor loss = loss_fn.compute_loss(model->forward(x), y);
-      loss.backward();
-      last_loss = loss.detach();
-    }
+    forward_backward();
     optimizer.step();
     synchronize(device);
   };
-  const auto times = bench::time_ms(o.warmup, o.steps, step);
+  std::vector<double> times;
+  if (o.cuda_graph) {
+    bench::time_ms(o.warmup, 0, step);
+    optimizer.zero_grad();
+    cuda::Graph graph(device);
+    graph.capture(forward_backward);
+    times = bench::time_ms(1, o.steps, [&] {
+      graph.replay();
+      optimizer.step();
+      synchronize(device);
+    });
+  } else {
+    times = bench::time_ms(o.warmup, o.steps, step);
+  }
   const float loss = last_loss.to(Device::cpu()).item<float>();
   const size_t peak = cuda::memory_stats(device.index).peak_allocated;
 
@@ -121,7 +138,8 @@ nlohmann::json run_mode(const std::string& mode, const Options& o) {
                              (padded_vocab(o.model) - o.model.vocab_size) * (o.model.width + 1)},
           {"ms", times},
           {"loss", loss},
-          {"peak_bytes", peak}};
+          {"peak_bytes", peak},
+          {"cuda_graph", o.cuda_graph}};
 }
 
 }  // namespace
@@ -136,6 +154,8 @@ int main(int argc, char** argv) {
     flags.add("steps", "10", "timed steps");
     flags.add("top", "25", "ops listed by --profile");
     flags.add_switch("profile", "time every backend op (cuda::OpTimer) in one more step");
+    flags.add_switch("cuda-graph",
+                     "replay the forward and backward as one captured CUDA graph (cuda::Graph)");
     flags.add("attention", "automatic", "fused attention provider: automatic, pipit or cudnn");
     flags.add("weight-gradient-parts", "1",
               "runs of rows a small weight gradient is split over: 1, 2 or 4 "
@@ -149,6 +169,8 @@ int main(int argc, char** argv) {
     o.steps = flags.integer("steps");
     o.top = flags.integer("top", 0);
     o.profile = flags.on("profile");
+    o.cuda_graph = flags.on("cuda-graph");
+    if (o.cuda_graph && o.warmup < 1) flags.fail("--cuda-graph needs --warmup 1 or more");
     const std::string attention = flags.str("attention");
     if (attention != "automatic" && attention != "pipit" && attention != "cudnn") {
       flags.fail("--attention takes automatic, pipit or cudnn, got '" + attention + "'");

@@ -22,6 +22,9 @@ default from the GPU's name).
 at the same batch and context, bf16 only: llm.c ties its head and pads its vocabulary to 50304,
 so compare it with --tied --vocab-multiple 64.
 
+--cuda-graph times pipit's steps as replays of one captured CUDA graph of the forward and
+backward (cuda::Graph) plus AdamW's eager step; without it pipit launches every kernel.
+
 --weight-gradient-parts 2 or 4 splits pipit's weight gradients whose outputs have fewer tiles
 than the GPU has SMs (tensor/cuda/weight_gradient_split.h; the peer's are its own).
 
@@ -35,7 +38,8 @@ usage: python3 bench/gpu_gpt2.py [--build build] [--modes f32,tf32,bf16] [--laye
            [--heads 12] [--width 768] [--context 1024] [--vocab 50257] [--vocab-multiple 1]
            [--batch 8] [--tied] [--weight-gradient-parts 1]
            [--warmup 3] [--steps 10] [--profile] [--top 25] [--compile] [--written-out]
-           [--attention automatic|pipit|cudnn] [--peak-tflops X] [--llmc PATH] [--no-append]
+           [--attention automatic|pipit|cudnn] [--cuda-graph] [--peak-tflops X] [--llmc PATH]
+           [--no-append]
 """
 import argparse
 import os
@@ -141,6 +145,8 @@ def main():
     parser.add_argument("--attention", default="automatic",
                         choices=("automatic", "pipit", "cudnn"),
                         help="pipit's bf16 attention provider")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="pipit's forward and backward replayed as one CUDA graph")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense bf16 peak for the MFU column")
     parser.add_argument("--llmc", default=None,
@@ -158,6 +164,8 @@ def main():
         passed.append("--profile")
     if args.tied:
         passed.append("--tied")
+    if args.cuda_graph:
+        passed.append("--cuda-graph")
     gib = 1024.0 ** 3
     table = ["| mode | pipit ms/step | pipit tokens/s | pipit MFU | torch SDPA ms/step | "
              "torch/pipit | torch.compile SDPA ms/step | compiled/pipit | "
@@ -214,7 +222,8 @@ def main():
               f"{args.vocab_multiple}), {'tied' if args.tied else 'untied'} head, batch "
               f"{args.batch}, {row['parameters']} parameters; MFU against {peak} TFLOP/s; "
               f"pipit's attention {args.attention}, weight gradients in "
-              f"{args.weight_gradient_parts} part(s)")
+              f"{args.weight_gradient_parts} part(s)"
+              f"{', pipit replaying a CUDA graph' if args.cuda_graph else ''}")
     print(f"\n{config}\n\n" + "\n".join(table))
     if not args.no_append:
         gpu_common.append_results(f"gpu_gpt2 ({config})", torch, table)

@@ -33,13 +33,22 @@ Stream Stream::default_stream(Device device) {
 }
 
 Stream Stream::create(Device device) {
+  // A blocking stream: it still orders itself with the legacy default stream, so code that
+  // never names a stream (the coordinator's loss, a test) sees every stage's finished work.
+  return make(device, true);
+}
+
+Stream Stream::create_independent(Device device) {
+  return make(device, false);
+}
+
+Stream Stream::make(Device device, [[maybe_unused]] bool blocking) {
   if (device.is_cpu()) return Stream(device, nullptr);
 #ifdef PIPIT_WITH_CUDA
   cuda::DeviceGuard guard(device.index);
   cudaStream_t stream = nullptr;
-  // A blocking stream: it still orders itself with the legacy default stream, so code that
-  // never names a stream (the coordinator's loss, a test) sees every stage's finished work.
-  PIPIT_CUDA_CHECK("stream", cudaStreamCreate(&stream));
+  PIPIT_CUDA_CHECK("stream", cudaStreamCreateWithFlags(
+                                 &stream, blocking ? cudaStreamDefault : cudaStreamNonBlocking));
   const int index = device.index;
   // Finishing the stream's work before destroying it keeps the allocator's per-stream free
   // lists safe when the driver later hands the same handle to a new stream.

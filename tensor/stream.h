@@ -19,6 +19,10 @@ class Stream {
   static Stream default_stream(Device device);
   // A new stream of its own on `device`.
   static Stream create(Device device);
+  // A new stream that does not order itself with the default stream (cudaStreamNonBlocking):
+  // it waits only for what events tell it to, so capturing a cuda::Graph on it leaves other
+  // threads' default-stream work alone.
+  static Stream create_independent(Device device);
 
   Device device() const { return device_; }
   // The cudaStream_t, or null for a CPU stream and for CUDA's default stream.
@@ -31,6 +35,7 @@ class Stream {
 
  private:
   friend Stream current_stream(Device device);
+  static Stream make(Device device, bool blocking);
   Stream(Device device, std::shared_ptr<void> handle)
       : device_(device), handle_(std::move(handle)) {}
   Device device_;

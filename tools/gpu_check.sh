@@ -14,12 +14,14 @@
 # usage: bash tools/gpu_check.sh [BUILD_DIR] [OUT_DIR] [STEPS]
 #   BUILD_DIR: a Release build with CUDA (default build); OUT_DIR: default gpu-logs;
 #   STEPS: comma-separated subset of
-#   info,cuda,suite,asan,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,train,parity,
-#   generate
+#   info,cuda,suite,asan,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,graph,train,
+#   parity,generate
 #   (default all but asan; asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build; mutants
 #   runs each BUILD_DIR/pipit_tests_* (tools/build_mutant.sh) on the GPU cases that must catch
 #   mutants, and a mutant that passes the case meant for it is a test that needs fixing;
-#   bias_grad is gpu_kernels' weight-gradient split rows; parity trains GPT-2 small's shape 20
+#   bias_grad is gpu_kernels' weight-gradient split rows; graph times GPT-2 small's bf16 step
+#   (tied head, vocabulary padded to 50304) launched kernel by kernel and replayed as one CUDA
+#   graph (cuda::Graph), pipit alone, the medians side by side; parity trains GPT-2 small's shape 20
 #   steps in bf16 on the GPU (its fused kernels) and on the CPU and prints the losses side by
 #   side; generate is bench/generate_speed --device cuda, which appends to the bench/RESULTS.md
 #   of the source folder it was built in).
@@ -32,7 +34,7 @@ cd "$(dirname "$0")/.."
 export PIPIT_TEST_DATA="$(pwd)/tests/data"
 build=$(realpath "${1:-build}")
 out=$(realpath -m "${2:-gpu-logs}")
-steps=",${3:-info,cuda,suite,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,train,parity,generate},"
+steps=",${3:-info,cuda,suite,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,graph,train,parity,generate},"
 mkdir -p "$out"
 
 want() { [[ $steps == *",$1,"* ]]; }
@@ -96,9 +98,13 @@ fi
 
 if want mutants; then
   # A mutant is a deliberately broken build (tools/build_mutant.sh: f32 GEMMs on TF32, bf16
-  # casts truncating, the weight gradient's split a no-op): the case meant for it must fail.
+  # casts truncating, the weight gradient's split a no-op, a graph's index checks not queued
+  # again after a replay, a capture's blocks handed back to the default stream): the case
+  # meant for it must fail.
   mutant_cases=("cuda: a tiny GPT trains five steps as on the CPU\, in f32 and bf16"
-    "cuda: a small weight gradient split over runs of rows adds its runs in order")
+    "cuda: a small weight gradient split over runs of rows adds its runs in order"
+    "cuda: an index out of range inside a replay surfaces at synchronize"
+    "cuda: memory a capture allocated is not handed to other work")
   for mutant in "$build"/pipit_tests_*; do
     [[ -x $mutant ]] || continue
     for case in "${mutant_cases[@]}"; do
@@ -142,6 +148,17 @@ if want gpt2; then
   limited "${PIPIT_GPT2_SECONDS:-420}" "$out/gpt2.log" python3 bench/gpu_gpt2.py --build "$build" ${PIPIT_GPT2_FLAGS:---profile}
   echo "gpt2: rc=$?"
   grep -E "^\| (f32|tf32|bf16) " "$out/gpt2.log"
+fi
+if want graph && [[ -x "$build/gpu_gpt2" ]]; then
+  for graph in "" --cuda-graph; do
+    echo "### ${graph:-eager}" >>"$out/graph.log"
+    # shellcheck disable=SC2086 # an empty $graph is no word
+    limited 150 "$out/graph.log" "$build/gpu_gpt2" --modes bf16 --tied --vocab-multiple 64 \
+      --steps 20 $graph
+    echo "graph ${graph:-eager}: rc=$? $(grep '^{' "$out/graph.log" | tail -1 | python3 -c \
+      'import json, statistics, sys; r = json.load(sys.stdin)
+print("median %.2f ms, loss %.4f, peak %.2f GiB" % (statistics.median(r["ms"]), r["loss"], r["peak_bytes"] / 2**30))' 2>&1)"
+  done
 fi
 if want train; then
   # The demo on the GPU, then one GPU shared by 1, 2 and 4 stages of a bigger model.

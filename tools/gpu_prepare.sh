@@ -27,8 +27,19 @@ mutant tensor/cuda/elementwise.cu \
 # The weight gradient's split a no-op: the split case must fail.
 mutant tensor/cuda/cuda_backend.cpp 's/if (parts == 1 || tiles >= kSms/if (true || tiles >= kSms/' \
   pipit_tests_split_noop
+# A graph's index checks not queued again after a replay: the replay's index case must fail.
+mutant tensor/cuda/index_check.cu 's/if (s.queued.empty()) s.queued = checks;/(void)checks;/' \
+  pipit_tests_graph_checks_dropped
+# A capture's blocks on the default stream's free lists: the graph's memory case must fail.
+mutant tensor/cuda/cuda_device.cpp \
+  's/void\* stream = current_stream_handle(device);/void* stream = capturing() ? nullptr : current_stream_handle(device);/' \
+  pipit_tests_graph_pool_shared
 
 mkdir -p "$(dirname "$archive")"
+# A dictionary as large as the binaries, so that xz stores each mutant as the few bytes it
+# differs by from pipit_tests, and the archive stays under the device tool's 64 MiB.
+export XZ_OPT=${XZ_OPT:---lzma2=preset=6,dict=128MiB}
 bash "$pack" "$build" "$archive" pipit_tests pipit_tests_f32_as_tf32 pipit_tests_bf16_truncated \
-  pipit_tests_split_noop train_gpt gpu_gemm gpu_gpt2 gpu_kernels gpu_attention gpu_linear \
+  pipit_tests_split_noop pipit_tests_graph_checks_dropped pipit_tests_graph_pool_shared \
+  train_gpt gpu_gemm gpu_gpt2 gpu_kernels gpu_attention gpu_linear \
   generate_speed

@@ -51,6 +51,18 @@ DeviceGuard::~DeviceGuard() {
 
 namespace {
 
+thread_local bool capturing_now = false;
+
+// A capture in this thread's strict mode fails at any cudaMalloc, which the graph would not
+// repeat; the allocator's blocks outlive the capture, so allocating one is safe.
+cudaError_t malloc_block(void** data, size_t size) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  const cudaError_t status = cudaMalloc(data, size);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  return status;
+}
+
 // Sizes round up to 512 bytes (cudaMalloc's own granularity), then above 1 MiB to one of 8
 // classes per power of two, so a block is at most 1/8 too big and classes stay few.
 size_t size_class(size_t nbytes) {
@@ -133,7 +145,9 @@ void release(Cache& c, int device, void* owner_stream, void* data, size_t size) 
   int previous = 0;
   const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device &&
                         cudaSetDevice(device) == cudaSuccess;
-  streams.push_back(current_stream_handle(device));
+  // A stream capturing into a graph is skipped: the graph's work is not queued yet, and an
+  // event recorded into a capture cannot be waited on outside it.
+  if (!capturing()) streams.push_back(current_stream_handle(device));
   Block block{data, {}};
   bool failed = false;
   for (void* stream : streams) {
@@ -164,6 +178,14 @@ void release(Cache& c, int device, void* owner_stream, void* data, size_t size) 
 
 }  // namespace
 
+bool capturing() {
+  return capturing_now;
+}
+
+void set_capturing(bool on) {
+  capturing_now = on;
+}
+
 void record_stream(const Storage& storage, void* stream) {
   const int device = storage.device().index;
   Cache& c = cache(device);
@@ -188,10 +210,16 @@ std::shared_ptr<Storage> allocate(int device, size_t nbytes) {
     c.stats.reserved -= size;
     data = block.data;
     for (cudaEvent_t e : block.ready) wait_for(static_cast<cudaStream_t>(stream), e);
-  } else if (cudaMalloc(&data, size) != cudaSuccess) {
+  } else if (malloc_block(&data, size) != cudaSuccess) {
+    cudaGetLastError();
+    if (capturing()) {
+      throw Error(detail::concat("allocate: out of memory on cuda:", device, " allocating ", nbytes,
+                                 " bytes inside a cuda::Graph capture (", c.stats.allocated,
+                                 " bytes held by tensors; the cache cannot be emptied while "
+                                 "capturing)"));
+    }
     // Cached blocks of other sizes or streams may be what the device is missing: give them
     // back (cudaFree waits for the device to be idle), retry.
-    cudaGetLastError();
     free_cached(device, c);
     const cudaError_t status = cudaMalloc(&data, size);
     if (status != cudaSuccess) {

@@ -38,6 +38,12 @@ MemoryStats memory_stats(int device);
 void reset_peak_memory(int device);
 // Returns every cached block of `device` to the driver.
 void empty_cache(int device);
+// True while this thread runs a cuda::Graph's capture (cuda_graph.h). What a replay cannot
+// repeat refuses then (host copies, random draws), and the allocator's cudaMalloc, which no
+// graph records, runs in relaxed capture mode as torch's allocator does.
+bool capturing();
+// Set and cleared by cuda::Graph::capture only.
+void set_capturing(bool on);
 // Marks `storage` (a CUDA block) as used by work queued on `stream` (a cudaStream_t): when it
 // is released, its next user also waits for that work, as torch's record_stream.
 void record_stream(const Storage& storage, void* stream);

@@ -312,6 +312,9 @@ struct Draws {
 };
 
 Draws reserve_draws(Generator& generator, int64_t n) {
+  // The counters are the kernel's arguments: a graph would replay the same numbers each time.
+  PIPIT_CHECK(!capturing(), "random draws inside cuda::Graph::capture would repeat at every "
+                            "replay; capture without dropout or other random ops");
   const uint64_t base = generator.reserve(static_cast<uint64_t>(n));
   return {mix64(generator.seed() ^ 0x632be59bd9b4e019ull), base};
 }

@@ -78,9 +78,18 @@ cudaStream_t stream_of(int device) {
   return static_cast<cudaStream_t>(current_stream_handle(device));
 }
 
+// A graph would record the copy out of a staging buffer the host refills at once, and no
+// replay can wait for the host.
+void refuse_while_capturing(const char* direction) {
+  PIPIT_CHECK(!capturing(), "copy: a ", direction,
+              " copy inside cuda::Graph::capture cannot be replayed; copy new inputs into the "
+              "captured tensors before replay(), and read results after it");
+}
+
 }  // namespace
 
 void copy_host_to_device(void* dst, const void* src, size_t nbytes) {
+  refuse_while_capturing("host-to-device");
   const int device = current_device();
   const cudaStream_t stream = stream_of(device);
   Lease lease(device);
@@ -97,6 +106,7 @@ void copy_host_to_device(void* dst, const void* src, size_t nbytes) {
 }
 
 void copy_device_to_host(void* dst, const void* src, size_t nbytes) {
+  refuse_while_capturing("device-to-host");
   const int device = current_device();
   const cudaStream_t stream = stream_of(device);
   Lease lease(device);

@@ -22,17 +22,9 @@ constexpr unsigned long long kNone = ~0ull;
 // Checks one stream may have queued between two read-backs; the next one reads back first.
 constexpr size_t kSlots = 1024;
 
-struct Check {
-  const char* op;
-  const char* noun;   // "index"
-  const char* place;  // "position"
-  int64_t limit;
-  const char* unit;  // "rows"
-};
-
 struct StreamChecks {
   Slot* slots = nullptr;  // kSlots on the device, kNone-filled while unused
-  std::vector<Check> queued;
+  std::vector<IndexCheck> queued;
 };
 
 std::mutex mutex;
@@ -61,7 +53,7 @@ void reset(Slot* slots, size_t count, cudaStream_t stream) {
 // failure.
 void raise_for(int device, void* handle) {
   std::vector<Slot> results;
-  std::vector<Check> queued;
+  std::vector<IndexCheck> queued;
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = checks_by_stream.find({device, handle});
@@ -78,10 +70,20 @@ void raise_for(int device, void* handle) {
   }
   for (size_t i = 0; i < results.size(); ++i) {
     if (results[i].position == kNone) continue;
-    const Check& c = queued[i];
+    const IndexCheck& c = queued[i];
     throw Error(detail::concat(c.op, ": ", c.noun, " ", results[i].value, " at ", c.place, " ",
                                results[i].position, " is out of range for ", c.limit, " ", c.unit));
   }
+}
+
+// `stream`'s checks, its slots allocated and reset on first use. The caller holds `mutex`.
+StreamChecks& with_slots(int device, void* handle, const char* op) {
+  StreamChecks& s = checks_by_stream[{device, handle}];
+  if (s.slots == nullptr) {
+    PIPIT_CUDA_CHECK(op, cudaMalloc(&s.slots, kSlots * sizeof(Slot)));
+    reset(s.slots, kSlots, static_cast<cudaStream_t>(handle));
+  }
+  return s;
 }
 
 }  // namespace
@@ -106,13 +108,9 @@ void check_indices(const IndexCheck& what, const Tensor& indices, std::optional<
   Slot* slot = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    StreamChecks& s = checks_by_stream[{device, handle}];
-    if (s.slots == nullptr) {
-      PIPIT_CUDA_CHECK(what.op, cudaMalloc(&s.slots, kSlots * sizeof(Slot)));
-      reset(s.slots, kSlots, stream);
-    }
+    StreamChecks& s = with_slots(device, handle, what.op);
     slot = s.slots + s.queued.size();
-    s.queued.push_back({what.op, what.noun, what.place, what.limit, what.unit});
+    s.queued.push_back(what);
   }
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 1024);
   find_bad_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
@@ -136,6 +134,25 @@ void raise_device_index_faults() {
     }
   }
   for (void* stream : streams) raise_for(device, stream);
+}
+
+void prepare_index_checks(void* stream) {
+  std::lock_guard<std::mutex> lock(mutex);
+  with_slots(current_device(), stream, "cuda graph");
+}
+
+std::vector<IndexCheck> captured_index_checks(void* stream) {
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = checks_by_stream.find({current_device(), stream});
+  return it == checks_by_stream.end() ? std::vector<IndexCheck>{} : it->second.queued;
+}
+
+void requeue_index_checks(void* stream, const std::vector<IndexCheck>& checks) {
+  std::lock_guard<std::mutex> lock(mutex);
+  // Still queued: the replay's results join the last one's in the same slots (atomicMin keeps
+  // the first bad position), read back together.
+  StreamChecks& s = checks_by_stream[{current_device(), stream}];
+  if (s.queued.empty()) s.queued = checks;
 }
 
 }  // namespace pipit::cuda

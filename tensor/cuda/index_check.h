@@ -8,6 +8,7 @@
 // access out of bounds) until then.
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -32,5 +33,13 @@ void check_indices(const IndexCheck& what, const Tensor& indices,
 void raise_index_faults(void* stream);
 // The same for every stream of the current device, after the host waited for the device.
 void raise_device_index_faults();
+
+// For cuda::Graph, whose every replay repeats the checks its capture queued, into the same
+// result slots. prepare_index_checks gives `stream` its slots before a capture (no allocation
+// may be recorded into it); captured_index_checks returns what is queued there; and
+// requeue_index_checks queues those again after a replay unless they still are.
+void prepare_index_checks(void* stream);
+std::vector<IndexCheck> captured_index_checks(void* stream);
+void requeue_index_checks(void* stream, const std::vector<IndexCheck>& checks);
 
 }  // namespace pipit::cuda
