@@ -23,7 +23,8 @@ at the same batch and context, bf16 only: llm.c ties its head and pads its vocab
 so compare it with --tied --vocab-multiple 64.
 
 --cuda-graph times pipit's steps as replays of one captured CUDA graph of the forward and
-backward (cuda::Graph) plus AdamW's eager step; without it pipit launches every kernel.
+backward (cuda::Graph) plus AdamW's eager step; without it pipit launches every kernel. Its
+peer is --compile --compile-mode reduce-overhead (torch.compile replaying CUDA graphs).
 
 --weight-gradient-parts 2 or 4 splits pipit's weight gradients whose outputs have fewer tiles
 than the GPU has SMs (tensor/cuda/weight_gradient_split.h; the peer's are its own).
@@ -38,6 +39,7 @@ usage: python3 bench/gpu_gpt2.py [--build build] [--modes f32,tf32,bf16] [--laye
            [--heads 12] [--width 768] [--context 1024] [--vocab 50257] [--vocab-multiple 1]
            [--batch 8] [--tied] [--weight-gradient-parts 1]
            [--warmup 3] [--steps 10] [--profile] [--top 25] [--compile] [--written-out]
+           [--compile-mode default|reduce-overhead|max-autotune|max-autotune-no-cudagraphs]
            [--attention automatic|pipit|cudnn] [--cuda-graph] [--peak-tflops X] [--llmc PATH]
            [--no-append]
 """
@@ -74,7 +76,9 @@ def torch_run(torch, mode, args, compiled=False, attention="sdpa", profile=False
     vocab = (args.vocab + multiple - 1) // multiple * multiple
     model = Gpt(vocab, args.context, args.layers, args.heads, args.width, attention,
                 tied=args.tied).cuda()
-    forward = torch.compile(model) if compiled else model
+    forward = torch.compile(model, mode=args.compile_mode) if compiled else model
+    # reduce-overhead replays CUDA graphs, whose outputs the next replay overwrites.
+    graphs = compiled and args.compile_mode in ("reduce-overhead", "max-autotune")
     opt = adamw(list(model.parameters()), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                 weight_decay=0.1)
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -83,13 +87,15 @@ def torch_run(torch, mode, args, compiled=False, attention="sdpa", profile=False
     losses = []
 
     def step():
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16"):
             loss = F.cross_entropy(forward(x).view(-1, vocab), y.view(-1))
         loss.backward()
         opt.step()
         torch.cuda.synchronize()
-        losses.append(loss.detach())
+        losses.append(loss.detach().clone() if graphs else loss.detach())
 
     times = time_steps(args.warmup, args.steps, step)
     peak = torch.cuda.max_memory_allocated()
@@ -140,6 +146,11 @@ def main():
                         help="GPT-2's tied head on both sides (the token embedding's table)")
     parser.add_argument("--compile", action="store_true",
                         help="also time PyTorch under torch.compile (with SDPA)")
+    parser.add_argument("--compile-mode", default="default",
+                        choices=("default", "reduce-overhead", "max-autotune",
+                                 "max-autotune-no-cudagraphs"),
+                        help="torch.compile's mode (reduce-overhead: CUDA graphs, the peer of "
+                             "pipit's --cuda-graph)")
     parser.add_argument("--written-out", action="store_true",
                         help="also time PyTorch eager with attention written out")
     parser.add_argument("--attention", default="automatic",
@@ -223,7 +234,8 @@ def main():
               f"{args.batch}, {row['parameters']} parameters; MFU against {peak} TFLOP/s; "
               f"pipit's attention {args.attention}, weight gradients in "
               f"{args.weight_gradient_parts} part(s)"
-              f"{', pipit replaying a CUDA graph' if args.cuda_graph else ''}")
+              f"{', pipit replaying a CUDA graph' if args.cuda_graph else ''}"
+              f"{'' if args.compile_mode == 'default' else ', torch.compile mode ' + args.compile_mode}")
     print(f"\n{config}\n\n" + "\n".join(table))
     if not args.no_append:
         gpu_common.append_results(f"gpu_gpt2 ({config})", torch, table)
