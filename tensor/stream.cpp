@@ -4,6 +4,7 @@
 
 #include "tensor/error.h"
 #ifdef PIPIT_WITH_CUDA
+#include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/index_check.h"
@@ -50,13 +51,17 @@ Stream Stream::make(Device device, [[maybe_unused]] bool blocking) {
   PIPIT_CUDA_CHECK("stream", cudaStreamCreateWithFlags(
                                  &stream, blocking ? cudaStreamDefault : cudaStreamNonBlocking));
   const int index = device.index;
-  // Finishing the stream's work before destroying it keeps the allocator's per-stream free
-  // lists safe when the driver later hands the same handle to a new stream.
+  // The stream's work finishes first; then what pipit keeps per stream goes (its cuBLAS
+  // workspace, index checks and cached blocks), so none of it passes to a new stream that the
+  // driver gives the same handle.
   return Stream(device, std::shared_ptr<void>(stream, [index](void* s) {
                   int previous = 0;
                   cudaGetDevice(&previous);
                   cudaSetDevice(index);
                   cudaStreamSynchronize(static_cast<cudaStream_t>(s));
+                  cuda::forget_blas_workspace(index, s);
+                  cuda::forget_index_checks(index, s);
+                  cuda::forget_stream_blocks(index, s);
                   cudaStreamDestroy(static_cast<cudaStream_t>(s));
                   cudaSetDevice(previous);
                   cudaGetLastError();  // unreportable here; it must not stick to the next op

@@ -99,12 +99,13 @@ fi
 if want mutants; then
   # A mutant is a deliberately broken build (tools/build_mutant.sh: f32 GEMMs on TF32, bf16
   # casts truncating, the weight gradient's split a no-op, a graph's index checks not queued
-  # again after a replay, a capture's blocks handed back to the default stream): the case
-  # meant for it must fail.
+  # again after a replay, a capture's blocks handed back to the default stream, a live graph's
+  # blocks left to empty_cache): the case meant for it must fail.
   mutant_cases=("cuda: a tiny GPT trains five steps as on the CPU\, in f32 and bf16"
     "cuda: a small weight gradient split over runs of rows adds its runs in order"
     "cuda: an index out of range inside a replay surfaces at synchronize"
-    "cuda: memory a capture allocated is not handed to other work")
+    "cuda: memory a capture allocated is not handed to other work"
+    "cuda: a Graph keeps its memory through empty_cache and leaves nothing once destroyed")
   for mutant in "$build"/pipit_tests_*; do
     [[ -x $mutant ]] || continue
     for case in "${mutant_cases[@]}"; do

@@ -83,6 +83,25 @@ BoundBlas bind_blas(int device) {
   return {std::move(lock), h, static_cast<cudaStream_t>(stream), workspace->data()};
 }
 
+}  // namespace
+
+void cuda::forget_blas_workspace(int device, void* stream) noexcept {
+  // Released after the lock: the allocator takes locks of its own.
+  std::shared_ptr<Storage> workspace;
+  try {
+    Blas& h = blas(device);
+    std::lock_guard<std::mutex> lock(h.mutex);
+    if (auto it = h.workspaces.find(stream); it != h.workspaces.end()) {
+      workspace = std::move(it->second);
+      h.workspaces.erase(it);
+    }
+  } catch (const std::exception&) {
+    // No handle could be made for the device, so no workspace was ever given out.
+  }
+}
+
+namespace {
+
 // The stride between consecutive matrices when t's batch dims walk memory evenly (broadcast
 // batches give 0), or -1 when they do not.
 int64_t batch_stride(const Tensor& t) {

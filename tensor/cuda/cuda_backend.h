@@ -22,4 +22,10 @@ class CudaBackend final : public Backend {
   int index_;
 };
 
+namespace cuda {
+// Called as `stream` (of `device`) is destroyed, after it has finished: releases the cuBLAS
+// workspace it was given.
+void forget_blas_workspace(int device, void* stream) noexcept;
+}  // namespace cuda
+
 }  // namespace pipit

@@ -4,6 +4,7 @@
 #include <bit>
 #include <map>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -88,6 +89,7 @@ struct Cache {
   std::map<FreeKey, std::vector<Block>> free_blocks;
   // Live blocks that record_stream marked as used on streams other than their owner.
   std::unordered_map<void*, std::vector<void*>> used_on;
+  std::set<void*> kept_streams;
   MemoryStats stats;
 };
 
@@ -101,24 +103,36 @@ Cache& cache(int device) {
   return *c;
 }
 
-// Frees every cached block even when a call fails, so none is freed twice later; then reports
-// the first failure.
-void free_cached(int device, Cache& c) {
-  DeviceGuard guard(device);
+// Frees the cached blocks of every stream `which` selects even when a call fails, so none is
+// freed twice later; returns the first failure. The caller holds c.mutex.
+template <typename Which>
+cudaError_t free_blocks_of(Cache& c, Which which) {
   cudaError_t first = cudaSuccess;
-  for (auto& [key, blocks] : c.free_blocks) {
-    for (const Block& b : blocks) {
+  for (auto it = c.free_blocks.begin(); it != c.free_blocks.end();) {
+    if (!which(it->first.first)) {
+      ++it;
+      continue;
+    }
+    for (const Block& b : it->second) {
       for (cudaEvent_t e : b.ready) {
         const cudaError_t status = cudaEventDestroy(e);
         if (first == cudaSuccess) first = status;
       }
       const cudaError_t status = cudaFree(b.data);
       if (first == cudaSuccess) first = status;
+      c.stats.reserved -= it->first.second;
     }
+    it = c.free_blocks.erase(it);
   }
-  c.free_blocks.clear();
-  c.stats.reserved = 0;
   cudaGetLastError();
+  return first;
+}
+
+// Every stream's cached blocks but a live graph's; then reports the first failure.
+void free_cached(int device, Cache& c) {
+  DeviceGuard guard(device);
+  const cudaError_t first =
+      free_blocks_of(c, [&](void* stream) { return c.kept_streams.count(stream) == 0; });
   if (first != cudaSuccess) throw_cuda_error("empty_cache", "cudaFree", first);
 }
 
@@ -203,10 +217,18 @@ std::shared_ptr<Storage> allocate(int device, size_t nbytes) {
   void* stream = current_stream_handle(device);
   std::lock_guard<std::mutex> lock(c.mutex);
   void* data = nullptr;
-  auto it = c.free_blocks.find({stream, size});
-  if (it != c.free_blocks.end() && !it->second.empty()) {
-    Block block = std::move(it->second.back());
-    it->second.pop_back();
+  std::vector<Block>* cached = nullptr;
+  auto found = std::vector<Block>::reverse_iterator();
+  if (auto it = c.free_blocks.find({stream, size}); it != c.free_blocks.end()) {
+    // The last released first, as its bytes may still be in L2. A capture cannot wait for
+    // events recorded outside it: it takes only blocks without any.
+    cached = &it->second;
+    found = std::find_if(cached->rbegin(), cached->rend(),
+                         [](const Block& b) { return !capturing() || b.ready.empty(); });
+  }
+  if (cached && found != cached->rend()) {
+    Block block = std::move(*found);
+    cached->erase(std::next(found).base());
     c.stats.reserved -= size;
     data = block.data;
     for (cudaEvent_t e : block.ready) wait_for(static_cast<cudaStream_t>(stream), e);
@@ -253,6 +275,24 @@ void empty_cache(int device) {
   Cache& c = cache(device);
   std::lock_guard<std::mutex> lock(c.mutex);
   free_cached(device, c);
+}
+
+void keep_stream_blocks(int device, void* stream) {
+  Cache& c = cache(device);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.kept_streams.insert(stream);
+}
+
+void forget_stream_blocks(int device, void* stream) noexcept {
+  Cache& c = cache(device);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.kept_streams.erase(stream);
+  int previous = 0;
+  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device &&
+                        cudaSetDevice(device) == cudaSuccess;
+  free_blocks_of(c, [&](void* s) { return s == stream; });
+  if (switched) cudaSetDevice(previous);
+  cudaGetLastError();
 }
 
 }  // namespace pipit::cuda

@@ -44,6 +44,12 @@ void empty_cache(int device);
 bool capturing();
 // Set and cleared by cuda::Graph::capture only.
 void set_capturing(bool on);
+// A cuda::Graph's stream: its free blocks are addresses the graph's replays write, so
+// empty_cache and the out-of-memory retry leave them alone until forget_stream_blocks.
+void keep_stream_blocks(int device, void* stream);
+// Called as a stream is destroyed, after it has finished: frees the blocks cached for it, so
+// they neither stay reserved nor pass to a new stream that gets the same handle.
+void forget_stream_blocks(int device, void* stream) noexcept;
 // Marks `storage` (a CUDA block) as used by work queued on `stream` (a cudaStream_t): when it
 // is released, its next user also waits for that work, as torch's record_stream.
 void record_stream(const Storage& storage, void* stream);

@@ -14,7 +14,7 @@ struct Graph::State {
   // Independent of the default stream, so that capturing on it does not trip over other
   // threads' default-stream work. The allocator keys free blocks by stream, so the blocks the
   // capture allocated stay this stream's: no other work is handed memory the graph writes.
-  Stream stream;
+  Stream stream;  // its destruction frees the graph's blocks (forget_stream_blocks)
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   // Recorded on the caller's stream before a replay and on ours after it.
@@ -44,6 +44,7 @@ Graph::Graph(Device device) {
   PIPIT_CHECK(device.is_cuda(), "cuda::Graph: ", device.str(), " is not a CUDA device");
   DeviceGuard guard(device.index);
   state_ = std::make_unique<State>(device);
+  keep_stream_blocks(device.index, state_->stream.handle());
   PIPIT_CUDA_CHECK("cuda graph", cudaEventCreateWithFlags(&state_->before, cudaEventDisableTiming));
   PIPIT_CUDA_CHECK("cuda graph", cudaEventCreateWithFlags(&state_->after, cudaEventDisableTiming));
 }

@@ -313,8 +313,9 @@ struct Draws {
 
 Draws reserve_draws(Generator& generator, int64_t n) {
   // The counters are the kernel's arguments: a graph would replay the same numbers each time.
-  PIPIT_CHECK(!capturing(), "random draws inside cuda::Graph::capture would repeat at every "
-                            "replay; capture without dropout or other random ops");
+  PIPIT_CHECK(!capturing(),
+              "random draws inside cuda::Graph::capture would repeat at every "
+              "replay; capture without dropout or other random ops");
   const uint64_t base = generator.reserve(static_cast<uint64_t>(n));
   return {mix64(generator.seed() ^ 0x632be59bd9b4e019ull), base};
 }
@@ -427,6 +428,9 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   }
   if (src.device() != dst.device()) {
     // Between GPUs: compact on the source, copy the bytes across, finish on the destination.
+    // cudaMemcpyPeer is not stream-ordered, so a graph would not record it.
+    PIPIT_CHECK(!cuda::capturing(),
+                "copy: a copy between GPUs inside cuda::Graph::capture cannot be replayed");
     Tensor compact;
     {
       DeviceGuard guard(src.device().index);

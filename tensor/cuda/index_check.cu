@@ -155,4 +155,13 @@ void requeue_index_checks(void* stream, const std::vector<IndexCheck>& checks) {
   if (s.queued.empty()) s.queued = checks;
 }
 
+void forget_index_checks(int device, void* stream) noexcept {
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = checks_by_stream.find({device, stream});
+  if (it == checks_by_stream.end()) return;
+  cudaFree(it->second.slots);
+  cudaGetLastError();
+  checks_by_stream.erase(it);
+}
+
 }  // namespace pipit::cuda

@@ -35,11 +35,15 @@ void raise_index_faults(void* stream);
 void raise_device_index_faults();
 
 // For cuda::Graph, whose every replay repeats the checks its capture queued, into the same
-// result slots. prepare_index_checks gives `stream` its slots before a capture (no allocation
-// may be recorded into it); captured_index_checks returns what is queued there; and
-// requeue_index_checks queues those again after a replay unless they still are.
+// result slots (replays not read back in between report the first bad position of any, with
+// the value that position holds in the latest). prepare_index_checks gives `stream` its slots
+// before a capture (no allocation may be recorded into it); captured_index_checks returns what is
+// queued there; and requeue_index_checks queues those again after a replay unless they still are.
 void prepare_index_checks(void* stream);
 std::vector<IndexCheck> captured_index_checks(void* stream);
 void requeue_index_checks(void* stream, const std::vector<IndexCheck>& checks);
+// Called as `stream` (of `device`) is destroyed, after it has finished: drops its checks
+// unread and frees its slots, so no read-back touches a dead stream.
+void forget_index_checks(int device, void* stream) noexcept;
 
 }  // namespace pipit::cuda
