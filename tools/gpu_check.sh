@@ -17,8 +17,8 @@
 #   info,cuda,suite,asan,mutants,gemm,linear,kernels,bias_grad,attention,gpt2,graph,train,
 #   parity,generate
 #   (default all but asan; asan runs BUILD_DIR's pipit_tests "[cuda]" as an ASan build; mutants
-#   runs each BUILD_DIR/pipit_tests_* (tools/build_mutant.sh) on the GPU cases that must catch
-#   mutants, and a mutant that passes the case meant for it is a test that needs fixing;
+#   runs each mutant of tools/gpu_mutants.sh on the GPU case that must catch it, and a mutant
+#   that passes its case is a test that needs fixing;
 #   bias_grad is gpu_kernels' weight-gradient split rows; graph times GPT-2 small's bf16 step
 #   (tied head, vocabulary padded to 50304) launched kernel by kernel and replayed as one CUDA
 #   graph (cuda::Graph), pipit alone, the medians side by side; parity trains GPT-2 small's shape 20
@@ -97,24 +97,19 @@ if [[ -n $suite_pid ]]; then
 fi
 
 if want mutants; then
-  # A mutant is a deliberately broken build (tools/build_mutant.sh: f32 GEMMs on TF32, bf16
-  # casts truncating, the weight gradient's split a no-op, a graph's index checks not queued
-  # again after a replay, a capture's blocks handed back to the default stream, a live graph's
-  # blocks left to empty_cache): the case meant for it must fail.
-  mutant_cases=("cuda: a tiny GPT trains five steps as on the CPU\, in f32 and bf16"
-    "cuda: a small weight gradient split over runs of rows adds its runs in order"
-    "cuda: an index out of range inside a replay surfaces at synchronize"
-    "cuda: memory a capture allocated is not handed to other work"
-    "cuda: a Graph keeps its memory through empty_cache and leaves nothing once destroyed")
-  for mutant in "$build"/pipit_tests_*; do
-    [[ -x $mutant ]] || continue
-    for case in "${mutant_cases[@]}"; do
-      echo "### $(basename "$mutant"): $case" >>"$out/mutants.log"
-      limited 150 "$out/mutants.log" "$mutant" "$case"
-      rc=$?
-      echo "mutant $(basename "$mutant"): $([[ $rc == 0 ]] && echo passes || echo "FAILS (rc=$rc)")" \
-        "'${case//\\/}'"
-    done
+  # shellcheck source=tools/gpu_mutants.sh
+  source tools/gpu_mutants.sh
+  for ((i = 0; i < ${#gpu_mutants[@]}; i += 4)); do
+    name=${gpu_mutants[i]} case=${gpu_mutants[i + 3]}
+    if [[ ! -x $build/$name ]]; then
+      echo "mutant $name: not in $build (tools/gpu_prepare.sh builds it)"
+      continue
+    fi
+    echo "### $name: $case" >>"$out/mutants.log"
+    limited 150 "$out/mutants.log" "$build/$name" "$case"
+    rc=$?
+    echo "mutant $name: $([[ $rc == 0 ]] && echo "passes (its test needs fixing)" ||
+      echo "FAILS as it must (rc=$rc)") '${case//\\/}'"
   done
 fi
 
