@@ -207,8 +207,12 @@ TEST_CASE("cuda: a Graph keeps its memory through empty_cache and leaves nothing
     Tensor rows;
     // The embedding's result is a temporary the capture released: a block only the graph uses.
     graph.capture([&] { rows = embedding(table, ids) * 2.0; });
+    // The temporary, cached on the graph's stream: empty_cache must leave it there.
+    const size_t kept = cuda::memory_stats(0).reserved;
+    REQUIRE(kept > before.reserved);
     graph.replay();
     cuda::empty_cache(0);
+    CHECK(cuda::memory_stats(0).reserved == kept);
     graph.replay();
     CHECK(bitwise_equal(rows.to(kCpu), want));
     // Destroyed with its replay's index checks still queued and its blocks cached.

@@ -28,4 +28,8 @@ gpu_mutants=(
   pipit_tests_graph_blocks_unkept tensor/cuda/cuda_device.cpp
   's/c.kept_streams.insert(stream);/(void)stream;/'
   'cuda: a Graph keeps its memory through empty_cache and leaves nothing once destroyed'
+  # A destroyed stream's cached blocks left reserved under its dead handle.
+  pipit_tests_stream_blocks_kept tensor/stream.cpp
+  's/cuda::forget_stream_blocks(index, s);//'
+  'cuda: a Graph keeps its memory through empty_cache and leaves nothing once destroyed'
 )

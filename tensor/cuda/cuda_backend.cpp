@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -46,20 +47,28 @@ struct Blas {
 // cuBLAS's recommended workspace for Hopper (and more than enough for Ampere).
 constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 
-Blas& blas(int device) {
-  static std::mutex mutex;
-  static std::vector<Blas*> handles;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (handles.empty()) handles.resize(static_cast<size_t>(cuda::device_count()), nullptr);
-  Blas*& b = handles.at(static_cast<size_t>(device));
-  if (!b) {
-    b = new Blas();
-    PIPIT_CUBLAS_CHECK("matmul", cublasCreate(&b->handle));
+// The device's handles, made on first use unless `existing_only` (then null if not made yet).
+Blas* find_blas(int device, bool existing_only) {
+  // Never destroyed, like the handles: a stream may be destroyed during static teardown.
+  static auto* mutex = new std::mutex;
+  static auto* handles = new std::vector<Blas*>;
+  std::lock_guard<std::mutex> lock(*mutex);
+  if (handles->empty()) handles->resize(static_cast<size_t>(cuda::device_count()), nullptr);
+  Blas*& b = handles->at(static_cast<size_t>(device));
+  if (!b && !existing_only) {
+    // Kept only once complete, so a failure here is raised again by the next call.
+    auto fresh = std::make_unique<Blas>();
+    PIPIT_CUBLAS_CHECK("matmul", cublasCreate(&fresh->handle));
     // TF32 is chosen per call through the compute type, never by the handle's math mode.
-    PIPIT_CUBLAS_CHECK("matmul", cublasSetMathMode(b->handle, CUBLAS_DEFAULT_MATH));
-    PIPIT_CUBLAS_CHECK("matmul", cublasLtCreate(&b->lt));
+    PIPIT_CUBLAS_CHECK("matmul", cublasSetMathMode(fresh->handle, CUBLAS_DEFAULT_MATH));
+    PIPIT_CUBLAS_CHECK("matmul", cublasLtCreate(&fresh->lt));
+    b = fresh.release();
   }
-  return *b;
+  return b;
+}
+
+Blas& blas(int device) {
+  return *find_blas(device, false);
 }
 
 // The device's handles with the calling thread's stream and that stream's workspace, locked
@@ -89,14 +98,15 @@ void cuda::forget_blas_workspace(int device, void* stream) noexcept {
   // Released after the lock: the allocator takes locks of its own.
   std::shared_ptr<Storage> workspace;
   try {
-    Blas& h = blas(device);
-    std::lock_guard<std::mutex> lock(h.mutex);
-    if (auto it = h.workspaces.find(stream); it != h.workspaces.end()) {
+    Blas* h = find_blas(device, true);
+    if (!h) return;
+    std::lock_guard<std::mutex> lock(h->mutex);
+    if (auto it = h->workspaces.find(stream); it != h->workspaces.end()) {
       workspace = std::move(it->second);
-      h.workspaces.erase(it);
+      h->workspaces.erase(it);
     }
   } catch (const std::exception&) {
-    // No handle could be made for the device, so no workspace was ever given out.
+    // The device index is out of range: no workspace was given out for it.
   }
 }
 

@@ -90,6 +90,10 @@ struct Cache {
   // Live blocks that record_stream marked as used on streams other than their owner.
   std::unordered_map<void*, std::vector<void*>> used_on;
   std::set<void*> kept_streams;
+  // Bumped as a stream is destroyed: a block whose stream's generation moved on since it was
+  // allocated outlived its stream, and is released to the default stream's lists instead
+  // (the driver may already have given the handle to a new stream).
+  std::unordered_map<void*, uint64_t> generations;
   MemoryStats stats;
 };
 
@@ -147,7 +151,8 @@ void wait_for(cudaStream_t stream, cudaEvent_t event) noexcept {
 // Runs in Storage's deleter, so it must not throw. The block gets an event on every stream
 // other than its owner that used it (the releasing thread's, and those record_stream named);
 // if even that fails, the device is synchronised so the block is idle before anyone reuses it.
-void release(Cache& c, int device, void* owner_stream, void* data, size_t size) noexcept {
+void release(Cache& c, int device, void* owner_stream, uint64_t generation, void* data,
+             size_t size) noexcept {
   std::vector<void*> streams;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
@@ -155,6 +160,8 @@ void release(Cache& c, int device, void* owner_stream, void* data, size_t size) 
       streams = std::move(it->second);
       c.used_on.erase(it);
     }
+    // Its stream finished all its work before it was destroyed: nothing there to wait for.
+    if (owner_stream && c.generations[owner_stream] != generation) owner_stream = nullptr;
   }
   int previous = 0;
   const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device &&
@@ -216,6 +223,7 @@ std::shared_ptr<Storage> allocate(int device, size_t nbytes) {
   DeviceGuard guard(device);
   void* stream = current_stream_handle(device);
   std::lock_guard<std::mutex> lock(c.mutex);
+  const uint64_t generation = c.generations[stream];
   void* data = nullptr;
   std::vector<Block>* cached = nullptr;
   auto found = std::vector<Block>::reverse_iterator();
@@ -254,9 +262,10 @@ std::shared_ptr<Storage> allocate(int device, size_t nbytes) {
   c.stats.allocated += size;
   c.stats.peak_allocated = std::max(c.stats.peak_allocated, c.stats.allocated);
   Cache* owner = &c;
-  return std::make_shared<Storage>(
-      data, nbytes, Device::cuda(device),
-      [owner, device, stream, size](void* p) { release(*owner, device, stream, p, size); });
+  return std::make_shared<Storage>(data, nbytes, Device::cuda(device),
+                                   [owner, device, stream, generation, size](void* p) {
+                                     release(*owner, device, stream, generation, p, size);
+                                   });
 }
 
 MemoryStats memory_stats(int device) {
@@ -287,6 +296,8 @@ void forget_stream_blocks(int device, void* stream) noexcept {
   Cache& c = cache(device);
   std::lock_guard<std::mutex> lock(c.mutex);
   c.kept_streams.erase(stream);
+  ++c.generations[stream];
+  for (auto& [data, streams] : c.used_on) std::erase(streams, stream);
   int previous = 0;
   const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device &&
                         cudaSetDevice(device) == cudaSuccess;

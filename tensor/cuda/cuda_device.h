@@ -48,7 +48,8 @@ void set_capturing(bool on);
 // empty_cache and the out-of-memory retry leave them alone until forget_stream_blocks.
 void keep_stream_blocks(int device, void* stream);
 // Called as a stream is destroyed, after it has finished: frees the blocks cached for it, so
-// they neither stay reserved nor pass to a new stream that gets the same handle.
+// they neither stay reserved nor pass to a new stream that gets the same handle; blocks of it
+// still held by tensors go to the default stream's lists when released.
 void forget_stream_blocks(int device, void* stream) noexcept;
 // Marks `storage` (a CUDA block) as used by work queued on `stream` (a cudaStream_t): when it
 // is released, its next user also waits for that work, as torch's record_stream.

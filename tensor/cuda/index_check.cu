@@ -1,6 +1,7 @@
 // Index checks queued on a stream and read back only where the host waits anyway (see
 // index_check.h). Each stream has kSlots result slots on the device; a check takes the next
 // one, a read-back copies the used ones to the host, raises the first failure and resets them.
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <string>
@@ -27,8 +28,10 @@ struct StreamChecks {
   std::vector<IndexCheck> queued;
 };
 
-std::mutex mutex;
-std::map<std::pair<int, void*>, StreamChecks> checks_by_stream;
+// Never destroyed: a stream may be destroyed during static teardown.
+std::mutex& mutex = *new std::mutex;
+std::map<std::pair<int, void*>, StreamChecks>& checks_by_stream =
+    *new std::map<std::pair<int, void*>, StreamChecks>;
 
 __global__ void find_bad_kernel(const int64_t* idx, int64_t n, int64_t limit, bool use_ignore,
                                 int64_t ignore, Slot* slot) {
@@ -49,15 +52,15 @@ void reset(Slot* slots, size_t count, cudaStream_t stream) {
   PIPIT_CUDA_CHECK("index check", cudaMemsetAsync(slots, 0xFF, count * sizeof(Slot), stream));
 }
 
-// Reads back `stream`'s queued checks (the host has waited for it) and raises the first
-// failure.
-void raise_for(int device, void* handle) {
+// Reads back `stream`'s queued checks (the host has waited for it), forgets them and
+// returns the first failure's message, or "" when none failed.
+std::string read_back(int device, void* handle) {
   std::vector<Slot> results;
   std::vector<IndexCheck> queued;
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = checks_by_stream.find({device, handle});
-    if (it == checks_by_stream.end() || it->second.queued.empty()) return;
+    if (it == checks_by_stream.end() || it->second.queued.empty()) return "";
     StreamChecks& s = it->second;
     const auto stream = static_cast<cudaStream_t>(handle);
     results.resize(s.queued.size());
@@ -71,9 +74,15 @@ void raise_for(int device, void* handle) {
   for (size_t i = 0; i < results.size(); ++i) {
     if (results[i].position == kNone) continue;
     const IndexCheck& c = queued[i];
-    throw Error(detail::concat(c.op, ": ", c.noun, " ", results[i].value, " at ", c.place, " ",
-                               results[i].position, " is out of range for ", c.limit, " ", c.unit));
+    return detail::concat(c.op, ": ", c.noun, " ", results[i].value, " at ", c.place, " ",
+                          results[i].position, " is out of range for ", c.limit, " ", c.unit);
   }
+  return "";
+}
+
+void raise_for(int device, void* handle) {
+  const std::string fault = read_back(device, handle);
+  if (!fault.empty()) throw Error(fault);
 }
 
 // `stream`'s checks, its slots allocated and reset on first use. The caller holds `mutex`.
@@ -156,6 +165,16 @@ void requeue_index_checks(void* stream, const std::vector<IndexCheck>& checks) {
 }
 
 void forget_index_checks(int device, void* stream) noexcept {
+  try {
+    // Nothing reads this stream back any more, and a destructor cannot throw: the last
+    // checks' failure is reported here rather than lost.
+    const std::string fault = read_back(device, stream);
+    if (!fault.empty()) {
+      std::fprintf(stderr, "pipit: %s (found as its stream was destroyed)\n", fault.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pipit: reading back index checks: %s\n", e.what());
+  }
   std::lock_guard<std::mutex> lock(mutex);
   auto it = checks_by_stream.find({device, stream});
   if (it == checks_by_stream.end()) return;

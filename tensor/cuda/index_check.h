@@ -42,8 +42,9 @@ void raise_device_index_faults();
 void prepare_index_checks(void* stream);
 std::vector<IndexCheck> captured_index_checks(void* stream);
 void requeue_index_checks(void* stream, const std::vector<IndexCheck>& checks);
-// Called as `stream` (of `device`) is destroyed, after it has finished: drops its checks
-// unread and frees its slots, so no read-back touches a dead stream.
+// Called as `stream` (of `device`) is destroyed, after it has finished: reads its checks back
+// one last time, printing a failure to stderr (a destructor cannot throw), and frees its
+// slots, so no read-back touches a dead stream.
 void forget_index_checks(int device, void* stream) noexcept;
 
 }  // namespace pipit::cuda
