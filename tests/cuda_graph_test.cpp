@@ -202,6 +202,7 @@ TEST_CASE("cuda: a Graph keeps its memory through empty_cache and leaves nothing
   synchronize(kCuda);
   cuda::empty_cache(0);
   const MemoryStats before = cuda::memory_stats(0);
+  Tensor survivor;  // a result held past the Graph's end
   {
     cuda::Graph graph(kCuda);
     Tensor rows;
@@ -215,10 +216,21 @@ TEST_CASE("cuda: a Graph keeps its memory through empty_cache and leaves nothing
     CHECK(cuda::memory_stats(0).reserved == kept);
     graph.replay();
     CHECK(bitwise_equal(rows.to(kCpu), want));
+    survivor = rows;
     // Destroyed with its replay's index checks still queued and its blocks cached.
   }
   REQUIRE_NOTHROW(synchronize(kCuda));
-  CHECK(cuda::memory_stats(0).allocated == before.allocated);
   CHECK(cuda::memory_stats(0).reserved == before.reserved);
+  // The survivor's block outlived its stream: released, it goes to the default stream, whose
+  // next allocation of that size takes it.
+  const void* block = survivor.raw_data();
+  survivor = Tensor();
+  CHECK(cuda::memory_stats(0).reserved > before.reserved);
+  {
+    const Tensor next = Tensor::empty(want.shape(), DType::f32, kCuda);
+    CHECK(next.raw_data() == block);
+    CHECK(cuda::memory_stats(0).reserved == before.reserved);
+  }
+  CHECK(cuda::memory_stats(0).allocated == before.allocated);
 #endif
 }

@@ -42,6 +42,14 @@ struct Blas {
   // A workspace per stream: GEMMs queued on two streams at once must not share one, and
   // cublasSetStream resets the handle's workspace to the library's default pool.
   std::map<void*, std::shared_ptr<Storage>> workspaces;
+  Blas() = default;
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  // Runs only for one whose creation failed partway: complete ones are never destroyed.
+  ~Blas() {
+    if (lt) cublasLtDestroy(lt);
+    if (handle) cublasDestroy(handle);
+  }
 };
 
 // cuBLAS's recommended workspace for Hopper (and more than enough for Ampere).

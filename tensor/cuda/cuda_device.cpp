@@ -99,10 +99,10 @@ struct Cache {
 
 Cache& cache(int device) {
   // Never destroyed: tensors may outlive static teardown, and by then the driver may be gone.
-  static std::mutex mutex;
-  static std::unordered_map<int, Cache*> caches;
-  std::lock_guard<std::mutex> lock(mutex);
-  Cache*& c = caches[device];
+  static auto* mutex = new std::mutex;
+  static auto* caches = new std::unordered_map<int, Cache*>;
+  std::lock_guard<std::mutex> lock(*mutex);
+  Cache*& c = (*caches)[device];
   if (!c) c = new Cache();
   return *c;
 }
@@ -160,8 +160,6 @@ void release(Cache& c, int device, void* owner_stream, uint64_t generation, void
       streams = std::move(it->second);
       c.used_on.erase(it);
     }
-    // Its stream finished all its work before it was destroyed: nothing there to wait for.
-    if (owner_stream && c.generations[owner_stream] != generation) owner_stream = nullptr;
   }
   int previous = 0;
   const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device &&
@@ -192,6 +190,8 @@ void release(Cache& c, int device, void* owner_stream, uint64_t generation, void
   if (switched) cudaSetDevice(previous);
   cudaGetLastError();
   std::lock_guard<std::mutex> lock(c.mutex);
+  // A stream finishes all its work before it is destroyed: nothing there to wait for.
+  if (owner_stream && c.generations[owner_stream] != generation) owner_stream = nullptr;
   c.stats.allocated -= size;
   c.free_blocks[{owner_stream, size}].push_back(std::move(block));
   c.stats.reserved += size;

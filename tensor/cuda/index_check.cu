@@ -28,10 +28,13 @@ struct StreamChecks {
   std::vector<IndexCheck> queued;
 };
 
+std::mutex mutex;
+
 // Never destroyed: a stream may be destroyed during static teardown.
-std::mutex& mutex = *new std::mutex;
-std::map<std::pair<int, void*>, StreamChecks>& checks_by_stream =
-    *new std::map<std::pair<int, void*>, StreamChecks>;
+std::map<std::pair<int, void*>, StreamChecks>& checks_by_stream() {
+  static auto* checks = new std::map<std::pair<int, void*>, StreamChecks>;
+  return *checks;
+}
 
 __global__ void find_bad_kernel(const int64_t* idx, int64_t n, int64_t limit, bool use_ignore,
                                 int64_t ignore, Slot* slot) {
@@ -59,8 +62,8 @@ std::string read_back(int device, void* handle) {
   std::vector<IndexCheck> queued;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    auto it = checks_by_stream.find({device, handle});
-    if (it == checks_by_stream.end() || it->second.queued.empty()) return "";
+    auto it = checks_by_stream().find({device, handle});
+    if (it == checks_by_stream().end() || it->second.queued.empty()) return "";
     StreamChecks& s = it->second;
     const auto stream = static_cast<cudaStream_t>(handle);
     results.resize(s.queued.size());
@@ -68,8 +71,10 @@ std::string read_back(int device, void* handle) {
                      cudaMemcpyAsync(results.data(), s.slots, results.size() * sizeof(Slot),
                                      cudaMemcpyDeviceToHost, stream));
     PIPIT_CUDA_CHECK("index check", cudaStreamSynchronize(stream));
-    reset(s.slots, results.size(), stream);
     queued.swap(s.queued);
+    // A failed reset leaves these results to be read again; the fault found now matters more.
+    cudaMemsetAsync(s.slots, 0xFF, results.size() * sizeof(Slot), stream);
+    cudaGetLastError();
   }
   for (size_t i = 0; i < results.size(); ++i) {
     if (results[i].position == kNone) continue;
@@ -87,7 +92,7 @@ void raise_for(int device, void* handle) {
 
 // `stream`'s checks, its slots allocated and reset on first use. The caller holds `mutex`.
 StreamChecks& with_slots(int device, void* handle, const char* op) {
-  StreamChecks& s = checks_by_stream[{device, handle}];
+  StreamChecks& s = checks_by_stream()[{device, handle}];
   if (s.slots == nullptr) {
     PIPIT_CUDA_CHECK(op, cudaMalloc(&s.slots, kSlots * sizeof(Slot)));
     reset(s.slots, kSlots, static_cast<cudaStream_t>(handle));
@@ -108,7 +113,7 @@ void check_indices(const IndexCheck& what, const Tensor& indices, std::optional<
   bool full = false;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    full = checks_by_stream[{device, handle}].queued.size() == kSlots;
+    full = checks_by_stream()[{device, handle}].queued.size() == kSlots;
   }
   if (full) {
     PIPIT_CUDA_CHECK(what.op, cudaStreamSynchronize(stream));
@@ -138,7 +143,7 @@ void raise_device_index_faults() {
   std::vector<void*> streams;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    for (const auto& [key, s] : checks_by_stream) {
+    for (const auto& [key, s] : checks_by_stream()) {
       if (key.first == device && !s.queued.empty()) streams.push_back(key.second);
     }
   }
@@ -152,15 +157,15 @@ void prepare_index_checks(void* stream) {
 
 std::vector<IndexCheck> captured_index_checks(void* stream) {
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = checks_by_stream.find({current_device(), stream});
-  return it == checks_by_stream.end() ? std::vector<IndexCheck>{} : it->second.queued;
+  auto it = checks_by_stream().find({current_device(), stream});
+  return it == checks_by_stream().end() ? std::vector<IndexCheck>{} : it->second.queued;
 }
 
 void requeue_index_checks(void* stream, const std::vector<IndexCheck>& checks) {
   std::lock_guard<std::mutex> lock(mutex);
   // Still queued: the replay's results join the last one's in the same slots (atomicMin keeps
   // the first bad position), read back together.
-  StreamChecks& s = checks_by_stream[{current_device(), stream}];
+  StreamChecks& s = checks_by_stream()[{current_device(), stream}];
   if (s.queued.empty()) s.queued = checks;
 }
 
@@ -176,11 +181,11 @@ void forget_index_checks(int device, void* stream) noexcept {
     std::fprintf(stderr, "pipit: reading back index checks: %s\n", e.what());
   }
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = checks_by_stream.find({device, stream});
-  if (it == checks_by_stream.end()) return;
+  auto it = checks_by_stream().find({device, stream});
+  if (it == checks_by_stream().end()) return;
   cudaFree(it->second.slots);
   cudaGetLastError();
-  checks_by_stream.erase(it);
+  checks_by_stream().erase(it);
 }
 
 }  // namespace pipit::cuda
