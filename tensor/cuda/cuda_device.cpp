@@ -54,8 +54,8 @@ namespace {
 
 thread_local bool capturing_now = false;
 
-// A capture in this thread's strict mode fails at any cudaMalloc, which the graph would not
-// repeat; the allocator's blocks outlive the capture, so allocating one is safe.
+// A capture in a strict mode (another library's, or a thread's own) fails at a cudaMalloc,
+// which no graph records; the allocator's blocks outlive any capture, so allocating is safe.
 cudaError_t malloc_block(void** data, size_t size) {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
@@ -240,23 +240,21 @@ std::shared_ptr<Storage> allocate(int device, size_t nbytes) {
     c.stats.reserved -= size;
     data = block.data;
     for (cudaEvent_t e : block.ready) wait_for(static_cast<cudaStream_t>(stream), e);
-  } else if (malloc_block(&data, size) != cudaSuccess) {
+  } else if (const cudaError_t first = malloc_block(&data, size); first != cudaSuccess) {
     cudaGetLastError();
-    if (capturing()) {
-      throw Error(detail::concat("allocate: out of memory on cuda:", device, " allocating ", nbytes,
-                                 " bytes inside a cuda::Graph capture (", c.stats.allocated,
-                                 " bytes held by tensors; the cache cannot be emptied while "
-                                 "capturing)"));
-    }
+    auto out_of_memory = [&](cudaError_t status) {
+      return Error(detail::concat("allocate: out of memory on cuda:", device, " allocating ",
+                                  nbytes, " bytes (", c.stats.allocated, " bytes held by tensors; ",
+                                  cudaGetErrorString(status), ")"));
+    };
+    // The cache cannot be emptied inside a capture: cudaFree waits for the device.
+    if (capturing()) throw out_of_memory(first);
     // Cached blocks of other sizes or streams may be what the device is missing: give them
     // back (cudaFree waits for the device to be idle), retry.
     free_cached(device, c);
-    const cudaError_t status = cudaMalloc(&data, size);
-    if (status != cudaSuccess) {
+    if (const cudaError_t status = cudaMalloc(&data, size); status != cudaSuccess) {
       cudaGetLastError();
-      throw Error(detail::concat("allocate: out of memory on cuda:", device, " allocating ", nbytes,
-                                 " bytes (", c.stats.allocated, " bytes held by tensors; ",
-                                 cudaGetErrorString(status), ")"));
+      throw out_of_memory(status);
     }
   }
   c.stats.allocated += size;

@@ -51,7 +51,8 @@ Graph::Graph(Device device) {
 
 Graph::~Graph() {
   DeviceGuard guard(state_->device.index);
-  // The stream's destruction waits for the last replay; the graph and events go first.
+  // The last replay finishes before its graph and events go; the stream goes after them,
+  // freeing the graph's blocks.
   cudaStreamSynchronize(handle(state_->stream));
   if (state_->exec) cudaGraphExecDestroy(state_->exec);
   if (state_->graph) cudaGraphDestroy(state_->graph);

@@ -51,8 +51,8 @@ __global__ void record_value_kernel(const int64_t* idx, Slot* slot) {
   if (slot->position != kNone) slot->value = idx[slot->position];
 }
 
-void reset(Slot* slots, size_t count, cudaStream_t stream) {
-  PIPIT_CUDA_CHECK("index check", cudaMemsetAsync(slots, 0xFF, count * sizeof(Slot), stream));
+cudaError_t reset(Slot* slots, size_t count, cudaStream_t stream) {
+  return cudaMemsetAsync(slots, 0xFF, count * sizeof(Slot), stream);
 }
 
 // Reads back `stream`'s queued checks (the host has waited for it), forgets them and
@@ -73,8 +73,7 @@ std::string read_back(int device, void* handle) {
     PIPIT_CUDA_CHECK("index check", cudaStreamSynchronize(stream));
     queued.swap(s.queued);
     // A failed reset leaves these results to be read again; the fault found now matters more.
-    cudaMemsetAsync(s.slots, 0xFF, results.size() * sizeof(Slot), stream);
-    cudaGetLastError();
+    if (reset(s.slots, results.size(), stream) != cudaSuccess) cudaGetLastError();
   }
   for (size_t i = 0; i < results.size(); ++i) {
     if (results[i].position == kNone) continue;
@@ -95,7 +94,7 @@ StreamChecks& with_slots(int device, void* handle, const char* op) {
   StreamChecks& s = checks_by_stream()[{device, handle}];
   if (s.slots == nullptr) {
     PIPIT_CUDA_CHECK(op, cudaMalloc(&s.slots, kSlots * sizeof(Slot)));
-    reset(s.slots, kSlots, static_cast<cudaStream_t>(handle));
+    PIPIT_CUDA_CHECK(op, reset(s.slots, kSlots, static_cast<cudaStream_t>(handle)));
   }
   return s;
 }
