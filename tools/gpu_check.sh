@@ -21,10 +21,10 @@
 #   that passes its case is a test that needs fixing;
 #   bias_grad is gpu_kernels' weight-gradient split rows; graph times GPT-2 small's bf16 step
 #   (tied head, vocabulary padded to 50304) launched kernel by kernel and replayed as one CUDA
-#   graph (cuda::Graph), pipit alone, the medians side by side; parity trains GPT-2 small's shape 20
-#   steps in bf16 on the GPU (its fused kernels) and on the CPU and prints the losses side by
-#   side; generate is bench/generate_speed --device cuda, which appends to the bench/RESULTS.md
-#   of the source folder it was built in).
+#   graph (cuda::Graph), pipit alone, the medians side by side; parity trains GPT-2 small's
+#   shape 20 steps in bf16 on the GPU (its fused kernels) and on the CPU, prints the losses side
+#   by side and whether they differ by at most 0.005; generate is bench/generate_speed --device
+#   cuda, which appends to the bench/RESULTS.md of the source folder it was built in).
 #   PIPIT_GPT2_FLAGS: flags for bench/gpu_gpt2.py (default --profile; issue 31's comparison:
 #   --modes bf16 --tied --vocab-multiple 64 --attention cudnn --compile --llmc LLMC_BINARY);
 #   PIPIT_GPT2_SECONDS: its time limit (default 420).
@@ -173,7 +173,11 @@ if want parity; then
   # Issue 31's check that the fused kernels (cuDNN attention, cuBLASLt epilogues, the fused
   # layer norm and cross-entropy passes) train as pipit's CPU kernels do: GPT-2 small's blocks
   # (12 x 768, 12 heads; context 256 and the character vocabulary of train_gpt's text), bf16
-  # autocast, 20 steps at lr 3e-4, one stage; losses at steps 1, 10 and 20 within bf16's rounding.
+  # autocast, 20 steps at lr 3e-4, one stage. The bound, 0.005 at every printed step, was set
+  # before any GPU ran it (2026-11-28, Intel Xeon, 2 cores): the same CPU run with its GEMMs
+  # summed in another order (OpenBLAS for oneDNN) moved the losses by 1e-4, 6e-4 and 8e-4 at
+  # steps 1, 10 and 20, and f32 for bf16 by 1e-4, 1e-4 and 1e-3. So it catches a wrong kernel,
+  # not a rounding mode: the [cuda] cases check those against the CPU's bits.
   for device in cuda cpu; do
     limited 240 "$out/parity_$device.log" "$build/train_gpt" --device "$device" --layers 12 \
       --width 768 --heads 12 --context 256 --batch 8 --microbatches 1 --stages 1 --steps 20 \
@@ -182,7 +186,12 @@ if want parity; then
   done
   paste <(grep -E "^step" "$out/parity_cuda.log" | awk '{print $2, $4}') \
     <(grep -E "^step" "$out/parity_cpu.log" | awk '{print $4}') |
-    awk '{printf "parity step %s: cuda %s cpu %s (difference %.4f)\n", $1, $2, $3, $2 - $3}'
+    awk 'NF < 3 { missing++; next }
+         { d = $2 - $3; outside += (d > 0.005 || d < -0.005)
+           printf "parity step %s: cuda %s cpu %s (difference %.4f)\n", $1, $2, $3, d }
+         END { if (NR == 0 || missing) print "parity: a run printed fewer steps than the other"
+               else if (outside) print "parity: OUTSIDE the bound of 0.005"
+               else print "parity: within 0.005" }'
 fi
 if want generate; then
   # KV-cache generation of a random GPT-2 small against transformers' generate, both on the GPU.
