@@ -105,11 +105,18 @@ if want mutants; then
       echo "mutant $name: not in $build (tools/gpu_prepare.sh builds it)"
       continue
     fi
-    echo "### $name: $case" >>"$out/mutants.log"
-    limited 150 "$out/mutants.log" "$build/$name" "$case"
+    log="$out/mutant_$name.log"
+    : >"$log"
+    limited 150 "$log" "$build/$name" "$case"
     rc=$?
-    echo "mutant $name: $([[ $rc == 0 ]] && echo "passes (its test needs fixing)" ||
-      echo "FAILS as it must (rc=$rc)") '${case//\\/}'"
+    if grep -q "No tests ran" "$log"; then
+      verdict="its case is not in the build"
+    elif [[ $rc == 0 ]]; then
+      verdict="passes (its test needs fixing)"
+    else
+      verdict="FAILS as it must (rc=$rc)"
+    fi
+    echo "mutant $name: $verdict '${case//\\/}'"
   done
 fi
 
