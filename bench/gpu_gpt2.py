@@ -59,6 +59,27 @@ INT_FLAGS = [("layers", 12), ("heads", 12), ("width", 768), ("context", 1024),
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
+def pipit_arguments(args):
+    """build/gpu_gpt2's flags for the run `args` describes (its mode chosen by the caller)."""
+    passed = [arg for name, _ in INT_FLAGS
+              for arg in (f"--{name}", str(getattr(args, name.replace("-", "_"))))]
+    passed += ["--attention", args.attention]
+    for switch in ("profile", "tied", "cuda_graph"):
+        if getattr(args, switch):
+            passed.append("--" + switch.replace("_", "-"))
+    return passed
+
+
+def flops_per_token(args, parameters):
+    """6 N + 6 L C T, N without the token embedding (see the docstring)."""
+    matmul_parameters = parameters - (0 if args.tied else args.vocab * args.width)
+    return 6 * matmul_parameters + 6 * args.layers * args.width * args.context
+
+
+def mfu_text(flops_per_second, peak_tflops):
+    return f"{flops_per_second / (peak_tflops * 1e12) * 100:.1f}%" if peak_tflops else "-"
+
+
 def torch_run(torch, mode, args, compiled=False, attention="sdpa", profile=False):
     """Per-step ms, peak bytes and last loss of PyTorch's run of `mode` (under torch.compile
     where `compiled`: its compilation falls in the warm-up steps); with `profile`, then one
@@ -76,6 +97,10 @@ def torch_run(torch, mode, args, compiled=False, attention="sdpa", profile=False
     vocab = (args.vocab + multiple - 1) // multiple * multiple
     model = Gpt(vocab, args.context, args.layers, args.heads, args.width, attention,
                 tied=args.tied).cuda()
+    if compiled:
+        # A fresh compile for this shape, as a user's program compiles it: without the reset
+        # dynamo would recompile an earlier run's model with the batch as a symbolic size.
+        torch._dynamo.reset()
     forward = torch.compile(model, mode=args.compile_mode) if compiled else model
     # reduce-overhead replays CUDA graphs, whose outputs the next replay overwrites.
     graphs = compiled and args.compile_mode in ("reduce-overhead", "max-autotune")
@@ -168,15 +193,7 @@ def main():
     name = torch.cuda.get_device_name(0)
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
-    passed = [arg for name, _ in INT_FLAGS
-              for arg in (f"--{name}", str(getattr(args, name.replace("-", "_"))))]
-    passed += ["--attention", args.attention]
-    if args.profile:
-        passed.append("--profile")
-    if args.tied:
-        passed.append("--tied")
-    if args.cuda_graph:
-        passed.append("--cuda-graph")
+    passed = pipit_arguments(args)
     gib = 1024.0 ** 3
     table = ["| mode | pipit ms/step | pipit tokens/s | pipit MFU | torch SDPA ms/step | "
              "torch/pipit | torch.compile SDPA ms/step | compiled/pipit | "
@@ -192,11 +209,8 @@ def main():
         [row] = rows
         pipit_ms = statistics.median(row["ms"])
         tokens = row["tokens"]
-        # 6 N + 6 L C T per token, N without the token embedding (see the docstring).
-        matmul_parameters = row["parameters"] - (0 if args.tied else args.vocab * args.width)
-        flops_per_token = 6 * matmul_parameters + 6 * args.layers * args.width * args.context
-        mfu = (f"{flops_per_token * tokens / (pipit_ms * 1e-3) / (peak * 1e12) * 100:.1f}%"
-               if peak else "-")
+        mfu = mfu_text(flops_per_token(args, row["parameters"]) * tokens / (pipit_ms * 1e-3),
+                       peak)
         times, torch_peak, loss = torch_run(torch, mode, args)
         torch.cuda.empty_cache()  # the next pipit run needs the memory torch keeps cached
         if args.profile:

@@ -23,6 +23,9 @@ MAX_CONTEXT = 1024
 # then the tokens as uint16.
 HEADER_INTS, MAGIC, VERSION = 256, 20240520, 1
 STEP_LINE = re.compile(r"^step\s+(\d+)/\d+ \|.*\| ([0-9.]+) ms \|")
+# What the device held after llm.c allocated everything (cudaMemGetInfo: its CUDA context and
+# cuDNN's workspace included, so larger than a framework's own peak of allocated bytes).
+MEMORY_LINE = re.compile(r"^device memory usage: (\d+) MiB")
 
 
 def unsupported(args):
@@ -45,9 +48,10 @@ def write_tokens(path, count, seed):
         tokens.tofile(f)
 
 
-def step_ms(binary, args, timeout_s=600):
-    """Per-step ms of llm.c's steps after args.warmup (at least its own warm-up step), or None
-    with what it said printed where it fails or cannot train the shape."""
+def run(binary, args, timeout_s=600):
+    """(per-step ms of llm.c's steps after args.warmup (at least its own warm-up step), the
+    device MiB it reported in use), or None with what it said printed where it fails or cannot
+    train the shape."""
     reason = unsupported(args)
     if reason:
         print(f"llm.c: skipped: {reason}", flush=True)
@@ -65,23 +69,26 @@ def step_ms(binary, args, timeout_s=600):
                    "-x", str(warmup + args.steps), "-v", str(10 ** 9), "-m", "1", "-s", "0",
                    "-h", "0", "-n", "0"]
         try:
-            run = subprocess.run(command, cwd=folder, capture_output=True, text=True,
-                                 timeout=timeout_s)
+            finished = subprocess.run(command, cwd=folder, capture_output=True, text=True,
+                                      timeout=timeout_s)
         except subprocess.TimeoutExpired:
             print(f"llm.c: timed out after {timeout_s} s", flush=True)
             return None
-    times = []
-    for line in run.stdout.splitlines():
+    times, device_mib = [], None
+    for line in finished.stdout.splitlines():
         match = STEP_LINE.match(line)
         if match and int(match.group(1)) > warmup:
             times.append(float(match.group(2)))
-    if run.returncode != 0 or len(times) != args.steps:
-        print(f"llm.c: {' '.join(command)} exited {run.returncode} with {len(times)} timed "
-              f"steps:\n{run.stdout[-4000:]}{run.stderr[-4000:]}", flush=True)
+        memory = MEMORY_LINE.match(line)
+        if memory:
+            device_mib = int(memory.group(1))
+    if finished.returncode != 0 or len(times) != args.steps:
+        print(f"llm.c: {' '.join(command)} exited {finished.returncode} with {len(times)} "
+              f"timed steps:\n{finished.stdout[-4000:]}{finished.stderr[-4000:]}", flush=True)
         return None
-    return times
+    return times, device_mib
 
 
 def median_ms(binary, args):
-    times = step_ms(binary, args)
-    return statistics.median(times) if times else None
+    result = run(binary, args)
+    return statistics.median(result[0]) if result else None

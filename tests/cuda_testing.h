@@ -2,6 +2,7 @@
 // Shared by the [cuda] test files: the visible skip without a device, and poisoned outputs.
 #include <catch2/catch.hpp>
 #include <limits>
+#include <string>
 
 #include "pipit.h"
 #ifdef PIPIT_WITH_CUDA
@@ -22,6 +23,12 @@ inline bool cuda_ready() {
   WARN("skipped: pipit was built without CUDA");
 #endif
   return false;
+}
+
+// Prints what a GPU case measured, whether or not it passes, so that each bound can state the
+// value it was set from (gpu_check.sh and gpu_quick.sh keep the lines).
+inline void measured(const std::string& what, double value) {
+  WARN("measured: " << what << " = " << value);
 }
 
 // An output on `device` filled with a value no kernel produces, so unwritten elements show.

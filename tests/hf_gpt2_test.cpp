@@ -353,15 +353,26 @@ TEST_CASE("CUDA: generation on the GPU gives the CPU's greedy tokens, and transf
   NoGradGuard no_grad;
   model->eval();
   cpu_model->eval();
-  AutocastGuard autocast(DType::bf16);
-  CachedLayers gpu_layers(*model, 2, 8, {0, 2}), cpu_layers(*cpu_model, 2, 8, {0, 2});
   const Tensor tokens = from_vector<int64_t>({3, 77, 12, 90, 0, 0, 5, 6}, {2, 4});
   const Tensor next = from_vector<int64_t>({40, 41}, {2, 1});
+  std::vector<Tensor> in_f32;
+  {
+    CachedLayers f32_layers(*model, 2, 8, {0, 2});
+    for (const auto& [x, start] : {std::pair{tokens, 0}, std::pair{next, 4}}) {
+      in_f32.push_back(f32_layers.forward(x.to(kCuda), start).to(kCpu).to(DType::f64));
+    }
+  }
+  AutocastGuard autocast(DType::bf16);
+  CachedLayers gpu_layers(*model, 2, 8, {0, 2}), cpu_layers(*cpu_model, 2, 8, {0, 2});
   for (const auto& [x, start] : {std::pair{tokens, 0}, std::pair{next, 4}}) {
     INFO("positions from " << start);
     const Tensor got = gpu_layers.forward(x.to(kCuda), start).to(kCpu).to(DType::f64);
     const Tensor want = cpu_layers.forward(x, start).to(DType::f64);
     const double scale = max(abs(want)).item<double>();
+    measured("cached bf16 logits, GPU vs CPU, of the largest",
+             max(abs(sub(got, want))).item<double>() / scale);
+    measured("cached logits on the GPU, bf16 vs f32, of the largest",
+             max(abs(sub(got, in_f32[start == 0 ? 0 : 1]))).item<double>() / scale);
     CHECK(max(abs(sub(got, want))).item<double>() <= 2e-2 * scale);
   }
 }

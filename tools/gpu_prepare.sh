@@ -5,8 +5,10 @@
 #
 # usage: bash tools/gpu_prepare.sh [BUILD_DIR] [ARCHIVE]
 #   BUILD_DIR: a Release build with CUDA, built (default build); ARCHIVE: default
-#   .gpu/pack.tar.xz (put /.gpu/ in .git/info/exclude). On the GPU machine, as gpu_pack.sh's
-#   header says: unpack, set LD_LIBRARY_PATH, run tools/gpu_check.sh.
+#   .gpu/pack.tar.xz (put /.gpu/ in .git/info/exclude). PIPIT_MUTANTS: the names of the
+#   mutants to build and pack (default all; each relinks pipit_tests, minutes on two cores).
+#   On the GPU machine, as gpu_pack.sh's header says: unpack, set LD_LIBRARY_PATH, run
+#   tools/gpu_check.sh (or tools/gpu_quick.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -19,6 +21,7 @@ pack=../shared/tools/gpu_pack.sh
 source tools/gpu_mutants.sh
 names=()
 for ((i = 0; i < ${#gpu_mutants[@]}; i += 4)); do
+  [[ -n ${PIPIT_MUTANTS:-} && " $PIPIT_MUTANTS " != *" ${gpu_mutants[i]} "* ]] && continue
   bash tools/build_mutant.sh "$build" pipit_tests "${gpu_mutants[i + 1]}" "${gpu_mutants[i + 2]}" \
     "${gpu_mutants[i]}"
   names+=("${gpu_mutants[i]}")
