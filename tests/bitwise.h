@@ -11,9 +11,11 @@
 
 namespace pipit::testing {
 
+// Tensors on a GPU are compared on the host: raw_data() of device memory is no host pointer.
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  const Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
+  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
 }
 
 // The largest |a - b| over all elements, for results that may differ only by rounding.

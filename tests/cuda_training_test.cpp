@@ -156,8 +156,9 @@ TEST_CASE("cuda: threads with streams of their own compute what the CPU computes
   }
   for (auto& t : threads) t.join();
   for (const Tensor& result : got) {
+    // 50 chained products amplify f32's rounding: an H200 measured 1.0e-4 (2026-11-28).
     measured("stream threads' chain vs the CPU", relative_error(result, want));
-    CHECK(relative_error(result, want) < 1e-4);
+    CHECK(relative_error(result, want) < 4e-4);
   }
 
   // A block used on another stream than its own is reused only after that use, whether the
@@ -256,17 +257,18 @@ TEST_CASE("cuda: a pipeline with stages on the GPU trains as on the CPU", "[cuda
     };
     const auto [cpu_losses, cpu_weights] = run("cpu");
     const auto [gpu_losses, gpu_weights] = run("cuda");
+    // A few times what an H200 measured (2026-11-28): losses 2.6e-8, weights 9.5e-7.
     for (size_t i = 0; i < cpu_losses.size(); ++i) {
       measured(schedule + " loss, GPU vs CPU",
                std::abs(cpu_losses[i] - gpu_losses[i]) / cpu_losses[i]);
-      CHECK(std::abs(cpu_losses[i] - gpu_losses[i]) <= 1e-4 * cpu_losses[i]);
+      CHECK(std::abs(cpu_losses[i] - gpu_losses[i]) <= 1e-7 * cpu_losses[i]);
     }
     double worst_weight = 0;
     for (const auto& [name, value] : gpu_weights) {
       INFO(name);
       CHECK(value.device() == kCpu);
       worst_weight = std::max(worst_weight, relative_error(value, cpu_weights.at(name)));
-      CHECK(relative_error(value, cpu_weights.at(name)) < 1e-4);
+      CHECK(relative_error(value, cpu_weights.at(name)) < 4e-6);
     }
     measured(schedule + " weights, GPU vs CPU (worst)", worst_weight);
   }

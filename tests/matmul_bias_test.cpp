@@ -219,6 +219,7 @@ TEST_CASE("cuda: a small weight gradient split over runs of rows adds its runs i
   // 256 x 128: 2 tiles, split; 2048 x 2048: 256 tiles, whole whatever the setting; 2050 rows
   // split into 2 runs of 1025 but not into 4 (not divisible); 3072 rows not into 4 runs of
   // 768 (under 1024 rows each).
+  bool a_split_changed_bits = false;
   for (const auto& [rows, M, N] : std::vector<std::array<int64_t, 3>>{
            {4096, 256, 128}, {2048, 2048, 2048}, {2050, 256, 128}, {3072, 256, 128}}) {
     INFO(rows << " rows, " << M << " x " << N);
@@ -245,10 +246,17 @@ TEST_CASE("cuda: a small weight gradient split over runs of rows adds its runs i
       CHECK(testing::bitwise_equal(split.second, again.second));
       CHECK(testing::max_abs_difference(split.first.to(DType::f64), want) <= 1e-5 * scale);
       CHECK(testing::max_abs_difference(split.second.to(DType::f64), want_bias) <= 1e-5 * rows);
-      // Split, the f32 sums come in another order than the whole product's; else the same call.
-      CHECK(testing::bitwise_equal(split.first, whole.first) == !splits);
+      // Not split, the same call as the whole product's. Split, the f32 sums come in another
+      // order, unless cuBLASLt splits the whole product the same way itself: on an H200
+      // (2026-11-28) 3072 rows in 2 runs gave the whole product's bits, 4096 rows did not.
+      if (splits) {
+        a_split_changed_bits |= !testing::bitwise_equal(split.first, whole.first);
+      } else {
+        CHECK(testing::bitwise_equal(split.first, whole.first));
+      }
     }
   }
+  CHECK(a_split_changed_bits);
   CHECK_THROWS_WITH(cuda::set_weight_gradient_parts(3), Catch::Contains("1, 2 or 4, got 3"));
 }
 #endif
