@@ -18,7 +18,7 @@
 
 #include "comm/frame.h"
 #include "nn/builders.h"
-#include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline/pipeline.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 #include "support/flags.h"
@@ -171,8 +171,8 @@ int main(int argc, char** argv) {
   tcp_options.log = [](const std::string&) {};
   std::string outcome;
   try {
-    DistributedPipeline pipeline(*model, config, {"127.0.0.1:" + std::to_string(port)},
-                                 tcp_options);
+    Pipeline pipeline(model, config,
+                      Launch::workers({"127.0.0.1:" + std::to_string(port)}, tcp_options));
     std::vector<int64_t> tokens(4 * 6, 3);
     const Tensor x = from_vector(tokens, {4, 6});
     outcome = "trained a step, loss " + std::to_string(pipeline.train_step(x, x));

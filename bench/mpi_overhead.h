@@ -21,8 +21,8 @@
 #include <mpi.h>
 
 #include "comm/mpi/mpi_communicator.h"
+#include "pipeline/pipeline.h"
 #include "pipeline/protocol/messages.h"
-#include "pipeline/remote/mpi/mpi_pipeline.h"
 #endif
 
 namespace pipit::bench {
@@ -180,7 +180,7 @@ inline int mpi_transport_role() {
 inline int mpi_gpt_role(int steps) {
   set_num_threads(1);
   const GptStep s = gpt_step_setup();
-  MpiPipeline pipeline(*s.model, s.config);
+  Pipeline pipeline(s.model, s.config, Launch::mpi());
   if (!pipeline.is_coordinator()) {
     pipeline.serve();
     return 0;

@@ -29,7 +29,6 @@
 #include "bench/worker_process.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/remote/distributed_pipeline.h"
 #include "pipeline/schedules/schedule.h"
 #include "pipit.h"
 #include "support/flags.h"
@@ -261,7 +260,7 @@ double step_time_us(const std::shared_ptr<Sequential>& model, const PipelineConf
     workers.push_back(std::make_unique<bench::Worker>(dir, s, 1.0, true));
     endpoints.push_back(workers.back()->endpoint());
   }
-  DistributedPipeline pipeline(*model, config, endpoints);
+  Pipeline pipeline(model, config, Launch::workers(endpoints));
   return step_time_us(pipeline, x, y, steps);
 }
 

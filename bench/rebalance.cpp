@@ -36,7 +36,6 @@
 #include "bench/worker_process.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/remote/distributed_pipeline.h"
 #include "pipeline/remote/worker.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
@@ -292,8 +291,8 @@ int run(int argc, char** argv) {
                 std::make_unique<bench::Worker>(dir, s, scenario.slowdown[s], scenario.sleep_cost));
             endpoints.push_back(pool.back()->endpoint());
           }
-          return std::make_unique<DistributedPipeline>(*scenario.model(),
-                                                       config_for(scenario, rebalance), endpoints);
+          return std::make_unique<Pipeline>(scenario.model(), config_for(scenario, rebalance),
+                                            Launch::workers(endpoints));
         });
       }
       char row[1024];

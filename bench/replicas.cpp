@@ -29,12 +29,10 @@
 #include "bench/worker_process.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/remote/distributed_pipeline.h"
 #include "pipit.h"
 #include "support/flags.h"
 #include "support/sleep_layer.h"
 #ifdef PIPIT_WITH_MPI
-#include "pipeline/remote/mpi/mpi_pipeline.h"
 #endif
 
 using namespace pipit;
@@ -151,7 +149,7 @@ int mpi_row(char** argv) {
   MpiOptions options;
   options.pair_replicas = std::strcmp(argv[7], "pairs") == 0;
   const auto model = model_of(p, std::atoll(argv[6]), ballast_mb);
-  MpiPipeline pipeline(*model, config_of(p, r, ballast_mb, Update::sgd), {}, options);
+  Pipeline pipeline(model, config_of(p, r, ballast_mb, Update::sgd), Launch::mpi(options));
   if (!pipeline.is_coordinator()) {
     pipeline.serve();
     return 0;
@@ -159,7 +157,7 @@ int mpi_row(char** argv) {
   const Tensor x = zeros({8 * r, 1}), y = zeros({8 * r, 1});
   const Timing t = median_step_ms(pipeline, x, y, steps);
   std::printf("{\"step_ms\": %.3f, \"sum_ms\": %.3f, \"pair_sums\": %lld}\n", t.step_ms, t.sum_ms,
-              static_cast<long long>(pipeline.transport().pair_sums()));
+              static_cast<long long>(pipeline.pair_sums()));
   return 0;
 }
 
@@ -212,7 +210,7 @@ Timing step_ms(int p, int r, int64_t layer_us, double ballast_mb, Where where, i
     workers.push_back(std::make_unique<bench::Worker>(dir, e, 1.0, true));
     endpoints.push_back(workers.back()->endpoint());
   }
-  DistributedPipeline pipeline(*model, config, endpoints);
+  Pipeline pipeline(model, config, Launch::workers(endpoints));
   return median_step_ms(pipeline, x, y, steps);
 }
 
@@ -248,7 +246,7 @@ double pipit_mlp_samples_per_s(int steps) {
     workers.push_back(std::make_unique<bench::Worker>(dir, e, 1.0, false));
     endpoints.push_back(workers.back()->endpoint());
   }
-  DistributedPipeline pipeline(*model, config, endpoints);
+  Pipeline pipeline(model, config, Launch::workers(endpoints));
   const Timing t = median_step_ms(pipeline, x, y, steps);
   return 2 * kBatch / (t.step_ms / 1000);
 }

@@ -32,7 +32,6 @@
 #include "comm/tcp_communicator.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol/messages.h"
-#include "pipeline/remote/distributed_pipeline.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 #include "support/flags.h"
@@ -140,7 +139,7 @@ double tcp_workers_step_ms(const GptStep& s) {
   {
     TcpOptions tcp;
     tcp.log = [](const std::string&) {};
-    DistributedPipeline remote(*s.model, s.config, endpoints, tcp);
+    Pipeline remote(s.model, s.config, Launch::workers(endpoints, tcp));
     ms = median_step_ms(remote.coordinator(), s, kGptSteps);
   }
   for (const Worker& w : workers) {

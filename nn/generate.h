@@ -6,7 +6,7 @@
 //
 // The decoding loop (generate) runs over a TokenStepper, which runs the model one step at a
 // time; CachedLayers is the step of a run of layers, which a whole model uses alone and each
-// pipeline stage uses for its chunks (pipeline/pipelined_generation.h).
+// pipeline stage uses for its chunks (pipeline/generation/pipelined_generation.h).
 #include <cstdint>
 #include <optional>
 #include <vector>

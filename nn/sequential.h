@@ -39,7 +39,7 @@ class Sequential final : public Module {
   std::shared_ptr<Sequential> slice(size_t begin, size_t end) const;
   // Layers [begin, end) with every tie broken, as a pipeline cuts the model: a layer holding a
   // tie's parameter is rebuilt from its config with its own copy of the values; the other
-  // layers are shared. (pipeline/tied_parameters.h keeps the copies equal.)
+  // layers are shared. (pipeline/gradients/tied_parameters.h keeps the copies equal.)
   std::shared_ptr<Sequential> untied_slice(size_t begin, size_t end) const;
 
  private:

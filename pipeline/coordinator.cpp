@@ -6,8 +6,8 @@
 
 #include "autograd/grad_mode.h"
 #include "optim/optimizer.h"
+#include "pipeline/gradients/replica_group.h"
 #include "pipeline/protocol/messages.h"
-#include "pipeline/replica_group.h"
 #include "pipit.h"
 
 namespace pipit {
@@ -179,13 +179,12 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
   // Replica k trains microbatches k*m .. k*m+m-1 of the n = r*m; its stage s is k*p + s.
   const int m = config_.microbatches, p = config_.stages, n = m * config_.replicas;
   std::vector<Tensor> inputs = split_batch(input, "input", n);
-  std::vector<Tensor> targets = split_batch(target, "target", n);
+  const std::vector<Tensor> targets = split_batch(target, "target", n);
   begin_step(true, config_.replicas);
   for (int mb = 0; mb < n; ++mb) {
     comm_->send(replica_endpoint(mb / m, 0, p),
                 {PipelineKind::Activation, step_, mb % m, 0, {inputs[static_cast<size_t>(mb)]}});
   }
-
   const int last_stage =
       stage_of_chunk(p * config_.chunks_per_stage - 1, p, placement_of(config_.schedule));
   std::vector<double> losses(static_cast<size_t>(n), 0.0);
@@ -206,32 +205,47 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
                   " from endpoint ", message.from);
       output_seen[mb] = true;
       ++outputs;
-      NoGradGuard no_grad;
-      const Tensor& output = message.tensors[0];
-      const double loss_started = trace_clock_us();
-      Tensor grad;
-      try {
-        const Tensor target = targets[mb].to(output.device());
-        losses[mb] = loss_->compute_loss(output, target).item<double>();
-        grad = loss_->compute_gradient(output, target) * (stats_.loss_scale / n);
-      } catch (const Error& e) {
-        fail_step(std::string("the loss failed on microbatch ") + std::to_string(mb) + ": " +
-                  e.what());
-      }
-      comm_->send(message.from,
-                  {PipelineKind::Gradient, step_, message.microbatch, message.chunk - 1, {grad}});
-      stats_.loss_ms += (trace_clock_us() - loss_started) / 1000.0 / n;
-      if (!comm_->carries_device_tensors()) {
-        const double megabytes = static_cast<double>(output.nbytes() + grad.nbytes()) / 1e6;
-        stats_.loss_ms += megabytes * config_.rebalance.link_ms_per_mb / n;
-      }
+      losses[mb] = answer_output(message, targets[mb], mb, n);
     } else if (message.kind == PipelineKind::StageDone) {
       stage_done[static_cast<size_t>(message.from)] = true;
       ++done;
       record_stage_done(message);
     }
   }
+  apply_optimizer_step();
+  ++trained_;
+  if (policy_ && !stats_.layers.empty()) rebalance((trace_clock_us() - started) / 1000.0);
+  double total = 0;
+  for (double loss : losses) total += loss;
+  return total / n;
+}
 
+double Coordinator::answer_output(const Message& output_message, const Tensor& target_batch, int mb,
+                                  int n) {
+  NoGradGuard no_grad;
+  const Tensor& output = output_message.tensors[0];
+  const double loss_started = trace_clock_us();
+  double loss = 0;
+  Tensor grad;
+  try {
+    const Tensor target = target_batch.to(output.device());
+    loss = loss_->compute_loss(output, target).item<double>();
+    grad = loss_->compute_gradient(output, target) * (stats_.loss_scale / n);
+  } catch (const Error& e) {
+    fail_step(std::string("the loss failed on microbatch ") + std::to_string(mb) + ": " + e.what());
+  }
+  comm_->send(
+      output_message.from,
+      {PipelineKind::Gradient, step_, output_message.microbatch, output_message.chunk - 1, {grad}});
+  stats_.loss_ms += (trace_clock_us() - loss_started) / 1000.0 / n;
+  if (!comm_->carries_device_tensors()) {
+    const double megabytes = static_cast<double>(output.nbytes() + grad.nbytes()) / 1e6;
+    stats_.loss_ms += megabytes * config_.rebalance.link_ms_per_mb / n;
+  }
+  return loss;
+}
+
+void Coordinator::apply_optimizer_step() {
   // From here on a failure can leave some stages updated and others not: the step either
   // completes on every stage or the pipeline refuses all later work (require_consistent).
   send_to_all(to_message(optimizer_step(), step_));
@@ -258,11 +272,6 @@ double Coordinator::train_step(const Tensor& input, const Tensor& target) {
                     stage_list(stepped, config_.stages, config_.replicas) + "] confirmed";
     require_consistent();
   }
-  ++trained_;
-  if (policy_ && !stats_.layers.empty()) rebalance((trace_clock_us() - started) / 1000.0);
-  double total = 0;
-  for (double loss : losses) total += loss;
-  return total / n;
 }
 
 LayerCosts layer_costs(const StepStats& stats, int microbatches) {

@@ -64,7 +64,7 @@ class Coordinator {
   // microbatches concatenated in order.
   Tensor forward(const Tensor& input);
 
-  // Generation with KV caches on the stages (pipeline/pipelined_generation.h, through
+  // Generation with KV caches on the stages (pipeline/generation/pipelined_generation.h, through
   // generate()): the stages allocate caches for their chunks' blocks; each generate_step runs
   // tokens [B, T] at positions [start, start + T) through every chunk and returns the last
   // position's logits, f32 [B, vocab] on the CPU; generate_end drops the caches. Failures
@@ -121,6 +121,11 @@ class Coordinator {
   double loss_scale() const;
   // The OptimizerStep every stage gets: unscaling, clipping, lr, or skip after an overflow.
   OptimizerStep optimizer_step();
+  // The loss of microbatch `mb` (of n) from the last stage's output; its gradient goes back.
+  double answer_output(const Message& output, const Tensor& target, int mb, int n);
+  // Every stage applies the step's update and confirms; a failure here leaves the pipeline
+  // inconsistent.
+  void apply_optimizer_step();
   // To every stage of every replica, or of replica 0 only.
   void send_to_all(const Message& message);
   void send_to_replica0(const Message& message);

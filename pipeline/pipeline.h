@@ -1,80 +1,90 @@
 #pragma once
-// Pipeline: a Sequential model cut into stages that train concurrently in this process, one
-// thread per stage, talking through a LocalCommunicator. The stages share the model's
-// parameters, so after training the model itself holds the trained weights. With
-// config.replicas = r > 1 the replicas 1..r-1 train copies of the model (copy_model), which
-// stay equal to it bit for bit.
+// Pipeline: a Sequential model cut into stages that train concurrently, driven by one
+// Coordinator, wherever the stages run (pipeline/launch.h): on threads of this process, in
+// worker processes over TCP, or on the ranks of an MPI job. A training program is the same
+// for all three but for the Launch it passes:
 //
 //   auto model = gpt(config);
 //   Pipeline pipeline(model, {.stages = 4, .microbatches = 8, .schedule = "1f1b"});
+//   // or Pipeline pipeline(model, config, Launch::workers({"node1:7000", ...}, tcp));
+//   // or Pipeline pipeline(model, config, Launch::mpi());  (every rank; see below)
+//   if (!pipeline.is_coordinator()) return pipeline.serve(), 0;
 //   for (...) double loss = pipeline.train_step(tokens, targets);
-#include <future>
+//
+// On threads the stages share the model's parameters, so after training the model itself
+// holds the trained weights; elsewhere coordinator().fetch_state() brings them back. With
+// config.replicas = r > 1, r copies of the pipeline train side by side on shares of each
+// batch and stay equal bit for bit. Under MPI every rank builds the same model and constructs
+// the Pipeline; rank 0 coordinates and trains, every other rank calls serve().
 #include <memory>
-#include <thread>
+#include <string>
 #include <vector>
 
-#include "comm/local_communicator.h"
 #include "nn/sequential.h"
 #include "pipeline/coordinator.h"
+#include "pipeline/launch.h"
 #include "pipeline/partition.h"
 #include "pipeline/stage.h"
 
 namespace pipit {
+
+class StageHost;
 
 // The chunk layer ranges `config.partition` gives for `model`.
 std::vector<LayerRange> partition_model(const Sequential& model, const PipelineConfig& config);
 // Each layer's config as text: layers of the same kind cost the same on the same stage
 // (what automatic rebalancing assumes).
 std::vector<std::string> layer_kinds(const Sequential& model);
-// The spec of stage `stage` of replica `replica`: its chunks as slices of `model`, the
-// schedule and optimizer.
-StageSpec make_stage_spec(const Sequential& model, const std::vector<LayerRange>& ranges,
-                          const PipelineConfig& config, int stage,
-                          const StateDict& optimizer_state = {}, int replica = 0);
-// A model of the same config and weights, sharing no tensor with `model` (a replica's).
-std::shared_ptr<Sequential> copy_model(const Sequential& model);
 
 class Pipeline {
  public:
-  // `optimizer_state` (a checkpoint's, or empty) restores every stage's optimizer.
+  // `optimizer_state` (a checkpoint's, or empty) restores every stage's optimizer. Starting
+  // the stages fails with an Error naming what went wrong (a worker that cannot be reached or
+  // refuses its stage, ranks that built different models), after releasing what it started.
   Pipeline(std::shared_ptr<Sequential> model, PipelineConfig config,
-           const StateDict& optimizer_state = {});
-  // Stops the stage threads; one still busy after config.timeout is detached, not waited on.
+           Launch launch = Launch::threads(), const StateDict& optimizer_state = {});
+  // Shuts the stages down: threads are waited for up to config.timeout (one still busy is
+  // left running rather than hang the caller), workers are released, MPI ranks return from
+  // serve().
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  double train_step(const Tensor& input, const Tensor& target) {
-    return coordinator_->train_step(input, target);
-  }
-  Tensor forward(const Tensor& input) { return coordinator_->forward(input); }
+  // Whether this process coordinates: always, but on MPI ranks other than 0.
+  bool is_coordinator() const { return coordinator_ != nullptr; }
+  // A process that does not coordinate: runs its stage until the coordinator shuts it down.
+  void serve();
 
+  double train_step(const Tensor& input, const Tensor& target) {
+    return coordinator().train_step(input, target);
+  }
+  Tensor forward(const Tensor& input) { return coordinator().forward(input); }
   // Moves layers between stages, between steps (Coordinator::remap): chunk c holds ranges[c]
-  // afterwards. After every remap, this one or an automatic one, the model's layers are the
-  // modules the stages now train.
-  void remap(const std::vector<LayerRange>& ranges) { coordinator_->remap(ranges); }
+  // afterwards. On threads, after every remap (this one or an automatic one) the model's
+  // layers are the modules the stages now train.
+  void remap(const std::vector<LayerRange>& ranges) { coordinator().remap(ranges); }
   // Moves `count` layers from global chunk `from` to its neighbour `to` (with v = 1 chunks
   // are stages): e.g. move_layers(1, 0, 3) hands stage 1's first 3 layers to stage 0.
   void move_layers(int from, int to, int64_t count) {
     remap(pipit::move_layers(chunk_ranges(), from, to, count));
   }
+  const std::vector<LayerRange>& chunk_ranges() { return coordinator().chunk_ranges(); }
+  Coordinator& coordinator();
 
-  Coordinator& coordinator() { return *coordinator_; }
-  // By endpoint: stage s of replica k is k * p + s.
-  Stage& stage(int index) { return *stages_.at(static_cast<size_t>(index)); }
-  const std::vector<LayerRange>& chunk_ranges() const { return coordinator_->chunk_ranges(); }
+  // The stages that run in this process: every one on threads, this rank's under MPI, none
+  // with workers; and stage `endpoint` (stage s of replica k is k * p + s) among them.
+  std::vector<Stage*> local_stages();
+  Stage& stage(int endpoint);
+  // This process's rank in an MPI job and the job's size; 0 and 1 elsewhere.
+  int rank() const;
+  int world_size() const;
+  // How many of this process's gradient sums the transport made itself (MPI_Iallreduce).
+  int64_t pair_sums() const;
 
  private:
-  // Puts the stages' modules into model_ (a remap rebuilt the layers it moved).
-  void adopt_stage_modules();
-
   std::shared_ptr<Sequential> model_;
-  std::vector<std::shared_ptr<Sequential>> replica_models_;  // replicas 1..r-1
-  std::shared_ptr<LocalHub> hub_;
-  std::vector<std::shared_ptr<Stage>> stages_;
-  std::vector<std::thread> threads_;
-  std::vector<std::future<void>> stopped_;
-  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<StageHost> host_;
+  std::unique_ptr<Coordinator> coordinator_;  // destroyed before the host that carries it
 };
 
 }  // namespace pipit

@@ -16,12 +16,13 @@ struct PipelineConfig {
   int chunks_per_stage = 1;  // v: > 1 interleaves model chunks over the stages
   // r: copies of the pipeline trained side by side (data parallelism across pipelines). Each
   // step's batch splits into r * m microbatches, replica k taking microbatches k*m .. k*m+m-1;
-  // stage s of every replica sums its gradients with the others' (pipeline/replica_group.h),
-  // so all replicas apply the same update. Replica k's stage s is endpoint k * p + s.
+  // stage s of every replica sums its gradients with the others'
+  // (pipeline/gradients/replica_group.h), so all replicas apply the same update. Replica k's stage
+  // s is endpoint k * p + s.
   int replicas = 1;
   // ZeRO-1 with replicas: stage s of each replica keeps the optimizer state of about 1/r of the
   // stage's parameters and updates those alone, then the replicas gather the updated
-  // parameters (pipeline/replica_group.h). The same bits as without it, 1/r of the state.
+  // parameters (pipeline/gradients/replica_group.h). The same bits as without it, 1/r of the state.
   bool shard_optimizer = false;
   // Under MPI (MpiPipeline) with replicas, which rank runs which endpoint: "stages" (rank
   // s * r + k runs stage s of replica k: a stage's replicas on neighbouring ranks, so when

@@ -20,17 +20,13 @@
 #include "nn/registry.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/remote/distributed_pipeline.h"
-#include "serialize/crc32c.h"
-#include "support/flags.h"
-#include "support/tcp_flags.h"
-#ifdef PIPIT_WITH_MPI
-#include "pipeline/remote/mpi/mpi_pipeline.h"
-#endif
 #include "pipit.h"
 #include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
+#include "serialize/crc32c.h"
 #include "serialize/hf_gpt2.h"
+#include "support/flags.h"
+#include "support/tcp_flags.h"
 #include "text/tokenizer.h"
 #include "text_data.h"
 
@@ -363,53 +359,40 @@ int main(int argc, char** argv) {
       if (item.empty() || *end != '\0')
         flags.fail("--slowdown expects numbers, got '" + item + "'");
     }
-    const TcpOptions tcp = samples::tcp_options(flags, samples::TcpSide::coordinator);
-    // Stages in threads of this process, or in worker processes: the same Coordinator.
-    std::unique_ptr<Pipeline> local;
-    std::unique_ptr<DistributedPipeline> remote;
-    Coordinator* driver = nullptr;
-#ifdef PIPIT_WITH_MPI
-    std::unique_ptr<MpiPipeline> spmd;
-    if (launcher == "mpi") {
+    // Where the stages run is the one choice that differs between transports.
+    Launch launch = Launch::threads();
+    if (!workers.empty()) {
+      launch = Launch::workers(workers, samples::tcp_options(flags, samples::TcpSide::coordinator));
+    } else if (launcher == "mpi") {
       MpiOptions mpi_options;
       mpi_options.pair_replicas = flags.on("mpi-pair-sums");
-      spmd = std::make_unique<MpiPipeline>(*model, pipeline_config, optimizer_state, mpi_options);
+      launch = Launch::mpi(mpi_options);
+    }
+    Pipeline pipeline(model, pipeline_config, launch, optimizer_state);
+    if (launcher == "mpi") {
       // mpirun names a rank that dies; this line maps it to its stage and node.
       char host[256] = "?";
       gethostname(host, sizeof host - 1);
-      std::printf("[mpi] rank %d of %d on %s: stage %d of replica %d, %d threads\n", spmd->rank(),
-                  spmd->world_size(), host, spmd->stage_spec().stage, spmd->stage_spec().replica,
+      const StageSpec& spec = pipeline.local_stages().at(0)->spec();
+      std::printf("[mpi] rank %d of %d on %s: stage %d of replica %d, %d threads\n",
+                  pipeline.rank(), pipeline.world_size(), host, spec.stage, spec.replica,
                   get_num_threads());
       std::fflush(stdout);
-      // Every rank but 0 serves its stage until rank 0 is done; rank 0 goes on as usual.
-      if (!spmd->is_coordinator()) {
-        spmd->serve();
-        return 0;
-      }
-      driver = &spmd->coordinator();
     }
-#endif
-    if (!driver && workers.empty()) {
-      local = std::make_unique<Pipeline>(model, pipeline_config, optimizer_state);
-      driver = &local->coordinator();
-    } else if (!driver) {
-      remote = std::make_unique<DistributedPipeline>(*model, pipeline_config, workers, tcp,
-                                                     optimizer_state);
-      driver = &remote->coordinator();
+    // Every MPI rank but 0 serves its stage until rank 0 is done; rank 0 goes on as usual.
+    if (!pipeline.is_coordinator()) {
+      pipeline.serve();
+      return 0;
     }
-    Coordinator& coordinator = *driver;
+    Coordinator& coordinator = pipeline.coordinator();
     if (!grad_scaler_state.is_null()) coordinator.grad_scaler().load_state_dict(grad_scaler_state);
     auto ranges = [&] { return coordinator.chunk_ranges(); };
     auto remap = [&](const RemapRequest& request) {
       const auto before = ranges();
       const auto after = move_layers(before, request.from, request.to, request.count);
       const auto start = std::chrono::steady_clock::now();
-      // Pipeline::remap also hands the moved modules to `model`.
-      if (local) {
-        local->remap(after);
-      } else {
-        coordinator.remap(after);
-      }
+      // On threads the remap also hands the moved modules to `model`.
+      pipeline.remap(after);
       std::printf(
           "remap after step %lld: %s -> %s (%.1f ms)\n", static_cast<long long>(request.step),
           ranges_str(before).c_str(), ranges_str(after).c_str(),
@@ -478,8 +461,9 @@ int main(int argc, char** argv) {
       save(std::max(first_step, steps));
       std::printf("checkpoint written to %s\n", checkpoint_path.c_str());
     }
-    // Worker processes or ranks trained their own copies of the weights: bring them home.
-    if (!local) model->load_state_dict(coordinator.fetch_state().first);
+    // Worker processes or ranks trained their own copies of the weights: bring them home (on
+    // threads the model holds them already, and takes the same values).
+    model->load_state_dict(coordinator.fetch_state().first);
     std::printf(
         "weights CRC-32C: %08x (runs with the same data and --replicas, however partitioned, print "
         "the same)\n",

@@ -216,7 +216,7 @@ TEST_CASE("an f16 run resumed from its checkpoint goes on with the loss scale it
     auto model = std::dynamic_pointer_cast<Sequential>(build_module(checkpoint.model_config));
     REQUIRE(model);
     model->load_state_dict(checkpoint.weights);
-    Pipeline pipeline(model, config, checkpoint.optimizer_state);
+    Pipeline pipeline(model, config, Launch::threads(), checkpoint.optimizer_state);
     if (restore_scale) pipeline.coordinator().grad_scaler().load_state_dict(checkpoint.grad_scaler);
     const double scale = train_steps(pipeline, 8);
     return std::pair{snapshot(model->state_dict()), scale};

@@ -16,7 +16,6 @@
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/remote/distributed_pipeline.h"
 #include "pipeline/remote/stage_package.h"
 #include "pipit.h"
 #include "serialize/atomic_file.h"
@@ -83,8 +82,8 @@ TEST_CASE("training over 4 worker processes equals training in-process, bit for 
     auto remote_model = small_gpt();
     StateDict weights;
     {
-      DistributedPipeline pipeline(*remote_model, config_for(schedule, v, recompute),
-                                   endpoints(workers));
+      Pipeline pipeline(remote_model, config_for(schedule, v, recompute),
+                        Launch::workers(endpoints(workers)));
       INFO(logs(workers));
       for (int step = 0; step < 3; ++step) {
         remote_losses.push_back(pipeline.train_step(batch.input, batch.target));
@@ -133,7 +132,7 @@ TEST_CASE(
           .string();
   auto model = make_model();
   {
-    DistributedPipeline pipeline(*model, config, endpoints(workers), tcp);
+    Pipeline pipeline(model, config, Launch::workers(endpoints(workers), tcp));
     pipeline.train_step(batch.input, batch.target);
     pipeline.train_step(batch.input, batch.target);
     auto [weights, optimizer_state] = pipeline.coordinator().fetch_state();
@@ -162,8 +161,8 @@ TEST_CASE(
   auto resumed = std::dynamic_pointer_cast<Sequential>(build_module(checkpoint.model_config));
   REQUIRE(resumed != nullptr);
   resumed->load_state_dict(checkpoint.weights);
-  DistributedPipeline pipeline(*resumed, config, endpoints(workers), tcp,
-                               checkpoint.optimizer_state);
+  Pipeline pipeline(resumed, config, Launch::workers(endpoints(workers), tcp),
+                    checkpoint.optimizer_state);
   INFO(logs(workers));
   for (int64_t step = checkpoint.step; step < 4; ++step) {
     pipeline.train_step(batch.input, batch.target);
@@ -185,7 +184,7 @@ TEST_CASE("a worker that stops answering is reported within the heartbeat timeou
   TcpOptions tcp;
   tcp.heartbeat_interval = std::chrono::milliseconds(100);
   tcp.peer_timeout = std::chrono::milliseconds(800);
-  DistributedPipeline pipeline(*model, config, endpoints(workers), tcp);
+  Pipeline pipeline(model, config, Launch::workers(endpoints(workers), tcp));
   const Batch batch = gpt_batch();
   pipeline.train_step(batch.input, batch.target);
   workers[1]->pause();  // SIGSTOP: the process and its connections go silent
@@ -233,13 +232,13 @@ TEST_CASE("bad bytes on a worker port are refused and the worker keeps serving",
   TcpOptions wrong;
   wrong.token = "open";
   wrong.connect_timeout = std::chrono::milliseconds(3000);
-  CHECK_THROWS_WITH(DistributedPipeline(*model, config, endpoints(workers), wrong),
+  CHECK_THROWS_WITH(Pipeline(model, config, Launch::workers(endpoints(workers), wrong)),
                     Catch::Contains(workers[0]->endpoint()));
   CHECK_THAT(workers[0]->log(), Catch::Contains("did not prove the shared token"));
 
   TcpOptions right;
   right.token = "sesame";
-  DistributedPipeline pipeline(*model, config, endpoints(workers), right);
+  Pipeline pipeline(model, config, Launch::workers(endpoints(workers), right));
   const Batch batch = gpt_batch();
   CHECK(pipeline.train_step(batch.input, batch.target) == in_process_loss(config));
 }
@@ -260,11 +259,11 @@ TEST_CASE("a stage package the worker cannot build is reported, not crashed on",
   model->push_back(std::make_shared<UnregisteredLayer>());
   PipelineConfig config = config_for("1f1b", 1);
   config.stages = 2;
-  CHECK_THROWS_WITH(DistributedPipeline(*model, config, endpoints(workers)),
+  CHECK_THROWS_WITH(Pipeline(model, config, Launch::workers(endpoints(workers))),
                     Catch::Contains("UnregisteredLayer") && Catch::Contains("stage 1"));
   // Both workers serve the next, valid run.
   auto good = small_gpt(2);
-  DistributedPipeline pipeline(*good, config, endpoints(workers));
+  Pipeline pipeline(good, config, Launch::workers(endpoints(workers)));
   const Batch batch = gpt_batch();
   INFO("worker 0 log:\n" << workers[0]->log() << "worker 1 log:\n" << workers[1]->log());
   CHECK(pipeline.train_step(batch.input, batch.target) == in_process_loss(config));
@@ -318,7 +317,7 @@ TEST_CASE("a coordinator that claims workers and vanishes leaves them serving th
   silent.connect(0, "127.0.0.1", workers[1]->port());
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
 
-  DistributedPipeline pipeline(*small_gpt(2), config, endpoints(workers), quick);
+  Pipeline pipeline(small_gpt(2), config, Launch::workers(endpoints(workers), quick));
   const Batch batch = gpt_batch();
   INFO(logs(workers));
   CHECK(pipeline.train_step(batch.input, batch.target) == in_process_loss(config));
@@ -337,10 +336,10 @@ TEST_CASE("a DistributedPipeline that cannot reach every worker releases the one
   quick.log = [](const std::string&) {};
   std::vector<std::string> three = endpoints(workers);
   three.push_back("127.0.0.1:1");  // nothing listens there
-  CHECK_THROWS_WITH(DistributedPipeline(*small_gpt(3), config, three, quick),
+  CHECK_THROWS_WITH(Pipeline(small_gpt(3), config, Launch::workers(three, quick)),
                     Catch::Contains("127.0.0.1:1"));
   config.stages = 2;
-  DistributedPipeline pipeline(*small_gpt(2), config, endpoints(workers), quick);
+  Pipeline pipeline(small_gpt(2), config, Launch::workers(endpoints(workers), quick));
   const Batch batch = gpt_batch();
   INFO(logs(workers));
   CHECK(pipeline.train_step(batch.input, batch.target) == in_process_loss(config));
@@ -370,7 +369,7 @@ TEST_CASE("a worker waiting for its neighbour is released when its coordinator g
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
   // Within the 3 s connect timeout, far less than the worker's own 10 s: it stopped waiting.
-  DistributedPipeline pipeline(*small_gpt(2), config, endpoints(workers), quick);
+  Pipeline pipeline(small_gpt(2), config, Launch::workers(endpoints(workers), quick));
   const Batch batch = gpt_batch();
   INFO(logs(workers));
   CHECK(pipeline.train_step(batch.input, batch.target) == in_process_loss(config));

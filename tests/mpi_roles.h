@@ -43,10 +43,9 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_frames.h"
 #include "nn/builders.h"
+#include "pipeline/generation/pipelined_generation.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/pipelined_generation.h"
 #include "pipeline/protocol/messages.h"
-#include "pipeline/remote/mpi/mpi_pipeline.h"
 #include "pipit.h"
 #include "ps/mpi/mpi_ps.h"
 #include "ps_reference.h"
@@ -64,7 +63,7 @@ inline Tensor mpi_payload(int from, int to, int thread, int index) {
 // compares every weight with an in-process Pipeline of the same config, bit for bit, and
 // prints "pipeline ok". `seed_of_rank_1` other than 5 makes rank 1 build another model, which
 // start-up must catch.
-// tied: a GPT whose head is tied to its embedding (pipeline/tied_parameters.h) instead of
+// tied: a GPT whose head is tied to its embedding (pipeline/gradients/tied_parameters.h) instead of
 // an MLP. replicas: that many copies of a size / replicas stage pipeline (stage e mod p of
 // replica e / p on rank e), against the in-process Pipeline of the same layout.
 inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_1,
@@ -114,14 +113,14 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   auto model = make_model(rank == 1 ? seed_of_rank_1 : 5);
   MpiOptions options;
   options.pair_replicas = pair_sums;
-  MpiPipeline pipeline(*model, config, {}, options);
-  std::printf("rank %d runs stage %d of replica %d\n", rank, pipeline.stage_spec().stage,
-              pipeline.stage_spec().replica);
+  Pipeline pipeline(model, config, Launch::mpi(options));
+  std::printf("rank %d runs stage %d of replica %d\n", rank,
+              pipeline.local_stages().at(0)->spec().stage,
+              pipeline.local_stages().at(0)->spec().replica);
   std::fflush(stdout);
   // How many of this rank's gradient sums MPI_Iallreduce made (two replicas pair each stage).
   auto print_pair_sums = [&] {
-    std::printf("rank %d pair sums %lld\n", rank,
-                static_cast<long long>(pipeline.transport().pair_sums()));
+    std::printf("rank %d pair sums %lld\n", rank, static_cast<long long>(pipeline.pair_sums()));
     std::fflush(stdout);
   };
   if (!pipeline.is_coordinator()) {
@@ -245,7 +244,7 @@ inline int mpi_generate_role(const std::string& schedule) {
   config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
   const std::string dir = std::string(PIPIT_TEST_DATA) + "/hf_gpt2/tied";
   auto model = load_hf_gpt2(dir);
-  MpiPipeline pipeline(*model, config);
+  Pipeline pipeline(model, config, Launch::mpi());
   if (!pipeline.is_coordinator()) {
     pipeline.serve();
     return 0;
@@ -296,7 +295,7 @@ inline int mpi_killed_role() {
   PipelineConfig config;
   config.stages = 3;
   config.microbatches = 4;
-  MpiPipeline pipeline(*model, config);
+  Pipeline pipeline(model, config, Launch::mpi());
   std::printf("rank %d: stage %d\n", pipeline.rank(), pipeline.rank());
   std::fflush(stdout);
   if (pipeline.rank() == 2) {

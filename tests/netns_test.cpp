@@ -19,7 +19,7 @@
 #include "delayed_link.h"
 #include "distributed_reference.h"
 #include "mpirun.h"
-#include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline/pipeline.h"
 
 using namespace pipit;
 using namespace pipit::testing;
@@ -169,7 +169,7 @@ TEST_CASE("a pipeline across 4 network-namespace hosts equals in-process trainin
     const Batch batch = gpt_batch();
     StateDict got;
     {
-      DistributedPipeline pipeline(*model, config_for(schedule, v), endpoints(workers), tcp);
+      Pipeline pipeline(model, config_for(schedule, v), Launch::workers(endpoints(workers), tcp));
       INFO(logs(workers));
       for (int step = 0; step < 3; ++step) {
         losses.push_back(pipeline.train_step(batch.input, batch.target));

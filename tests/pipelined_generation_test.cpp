@@ -1,12 +1,12 @@
-// Generation on a pipelined model (pipeline/pipelined_generation.h): the stages keep their
-// chunks' KV caches and pass each step's activations on; the tokens equal generate() on the
+// Generation on a pipelined model (pipeline/generation/pipelined_generation.h): the stages keep
+// their chunks' KV caches and pass each step's activations on; the tokens equal generate() on the
 // whole model, greedy and sampled, for every placement of the chunks, in threads and over
 // worker processes, and training goes on afterwards as if nothing had run.
 #include <catch2/catch.hpp>
 
 #include "distributed_reference.h"
-#include "pipeline/pipelined_generation.h"
-#include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline/generation/pipelined_generation.h"
+#include "pipeline/pipeline.h"
 #include "pipit.h"
 #include "serialize/hf_gpt2.h"
 
@@ -103,7 +103,7 @@ TEST_CASE("pipelined generation over worker processes equals the whole model",
        std::vector<std::pair<std::string, int>>{{"1f1b", 1}, {"zbv", 2}}) {
     INFO(schedule);
     auto model = load_hf_gpt2(kTied);
-    DistributedPipeline pipeline(*model, config(schedule, 3, v), endpoints(workers));
+    Pipeline pipeline(model, config(schedule, 3, v), Launch::workers(endpoints(workers)));
     INFO(logs(workers));
     CHECK(generate(pipeline.coordinator(), *model, kPrompts, options(false)) == greedy);
   }

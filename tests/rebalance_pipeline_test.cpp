@@ -9,7 +9,6 @@
 #include <catch2/catch.hpp>
 
 #include "pipeline/pipeline.h"
-#include "pipeline/remote/distributed_pipeline.h"
 #include "pipeline_models.h"
 #include "pipit.h"
 #include "support/sleep_layer.h"
@@ -146,7 +145,7 @@ TEST_CASE("rebalancing across worker processes, one of them slowed", "[rebalance
   const RebalancedRun plain = train(plain_pipeline, kSteps);
   WorkerProcess fast, slow("", {"--slowdown=3"});
   auto net = model();
-  DistributedPipeline pipeline(*net, config(true), {fast.endpoint(), slow.endpoint()});
+  Pipeline pipeline(net, config(true), Launch::workers({fast.endpoint(), slow.endpoint()}));
   INFO(slow.log());
   check_converged(train(pipeline, kSteps), plain);
 }

@@ -13,7 +13,6 @@
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/remote/distributed_pipeline.h"
 #include "pipeline_models.h"
 #include "pipit.h"
 #include "serialize/checkpoint.h"
@@ -199,7 +198,7 @@ TEST_CASE("remapping over worker processes moves layers worker to worker, bit fo
     const PipelineConfig config = config_for(3, 3, v, schedule);
     auto plain_model = gpt_of(8), remote_model = gpt_of(8);  // 11 layers
     Pipeline plain(plain_model, config);
-    DistributedPipeline remote(*remote_model, config, endpoints);
+    Pipeline remote(remote_model, config, Launch::workers(endpoints));
     std::string log;
     for (const auto& w : workers) log += w->log();
     INFO(log);
@@ -247,7 +246,7 @@ TEST_CASE(
                                .string();
   auto model = gpt_of(8);
   {
-    DistributedPipeline pipeline(*model, config, endpoints(), tcp);
+    Pipeline pipeline(model, config, Launch::workers(endpoints(), tcp));
     for (int step = 0; step < 2; ++step) pipeline.train_step(b.input, b.target);
     auto [weights, optimizer_state] = pipeline.coordinator().fetch_state();
     save_checkpoint(path, {model->config(),
@@ -281,7 +280,7 @@ TEST_CASE(
   REQUIRE(resumed != nullptr);
   resumed->load_state_dict(checkpoint.weights);
   config.layer_counts = checkpoint.extra.at("layer_counts").get<std::vector<int64_t>>();
-  DistributedPipeline pipeline(*resumed, config, endpoints(), tcp, checkpoint.optimizer_state);
+  Pipeline pipeline(resumed, config, Launch::workers(endpoints(), tcp), checkpoint.optimizer_state);
   for (int64_t step = checkpoint.step; step < 4; ++step) {
     if (step == 2) pipeline.move_layers(1, 2, 2);
     pipeline.train_step(b.input, b.target);

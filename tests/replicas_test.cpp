@@ -16,7 +16,6 @@
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/remote/distributed_pipeline.h"
 #include "pipeline_models.h"
 #include "pipit.h"
 #include "worker_process.h"
@@ -165,7 +164,7 @@ void check_over_tcp(const Layout& layout, const std::string& recompute, bool mov
   std::vector<double> losses;
   StateDict weights;
   {
-    DistributedPipeline pipeline(*remote.net, config, endpoints);
+    Pipeline pipeline(remote.net, config, Launch::workers(endpoints));
     for (int step = 0; step < steps; ++step) {
       if (step == 1 && move) pipeline.move_layers(1, 0, 1);
       losses.push_back(pipeline.train_step(remote.input, remote.target));
@@ -444,7 +443,7 @@ TEST_CASE(
   Model second = testing::make_gpt(kRows);
   second.net->load_state_dict(weights);
   {
-    Pipeline pipeline(second.net, config, optimizer_state);
+    Pipeline pipeline(second.net, config, Launch::threads(), optimizer_state);
     for (int step = 0; step < 2; ++step) {
       resumed.push_back(pipeline.train_step(second.input, second.target));
     }
@@ -470,7 +469,7 @@ TEST_CASE("replicas: a replica's worker that dies fails the step, naming its sta
   config.replicas = 2;
   config.microbatches = 2;
   config.timeout = std::chrono::milliseconds(20000);
-  DistributedPipeline pipeline(*model.net, config, endpoints);
+  Pipeline pipeline(model.net, config, Launch::workers(endpoints));
   pipeline.train_step(model.input, model.target);
   workers[2]->kill();  // endpoint 2: stage 0 of replica 1
   CHECK_THROWS_WITH(pipeline.train_step(model.input, model.target),

@@ -1,5 +1,5 @@
-// Tied parameters across pipeline stages (pipeline/tied_parameters.h): GPT-2's head tied to
-// its token embedding, cut into stages that each keep a copy. Pipelined training equals
+// Tied parameters across pipeline stages (pipeline/gradients/tied_parameters.h): GPT-2's head tied
+// to its token embedding, cut into stages that each keep a copy. Pipelined training equals
 // sequential gradient accumulation on the untied model with the two sides' gradients added
 // before each optimizer step, bit for bit, for every schedule and partition, in threads and
 // over worker processes (MPI: tests/mpi_test.cpp); the copies stay equal, checkpoints hold
@@ -15,7 +15,6 @@
 #include "nn/layers.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/remote/distributed_pipeline.h"
 #include "pipeline_models.h"
 #include "pipit.h"
 
@@ -181,7 +180,7 @@ TEST_CASE("a tied model resumes from fetched state bit for bit", "[tied_pipeline
   auto resumed = tied_gpt();
   resumed->load_state_dict(weights);
   // Another partition on resume: the head's copy takes the embedding's optimizer state.
-  Pipeline pipeline(resumed, config("interleaved", 2, 4, 2), optimizer);
+  Pipeline pipeline(resumed, config("interleaved", 2, 4, 2), Launch::threads(), optimizer);
   CHECK(pipeline.train_step(batch.input, batch.target) == losses[2]);
   check_bitwise_equal(resumed->state_dict(), straight->state_dict());
 }
@@ -240,7 +239,7 @@ TEST_CASE("a tied model over 4 worker processes equals the threads, bit for bit"
     auto remote = tied_gpt();
     StateDict weights;
     {
-      DistributedPipeline pipeline(*remote, config(schedule, 4, 4, v), endpoints(workers));
+      Pipeline pipeline(remote, config(schedule, 4, 4, v), Launch::workers(endpoints(workers)));
       INFO(logs(workers));
       for (int step = 0; step < 3; ++step) {
         remote_losses.push_back(pipeline.train_step(batch.input, batch.target));

@@ -16,7 +16,6 @@
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol/messages.h"
-#include "pipeline/remote/distributed_pipeline.h"
 #include "pipeline/remote/stage_package.h"
 #include "pipeline_models.h"
 #include "pipit.h"
@@ -179,7 +178,7 @@ void fuzz_worker(const std::string& token) {
   tcp.token = token;
   tcp.connect_timeout = 15000ms;
   tcp.log = [](const std::string&) {};
-  DistributedPipeline pipeline(*tiny_gpt(), one_stage(), {worker.endpoint()}, tcp);
+  Pipeline pipeline(tiny_gpt(), one_stage(), Launch::workers({worker.endpoint()}, tcp));
   Pipeline reference(tiny_gpt(), one_stage());
   const Batch b = testing::gpt_batch(11, 4, 6);
   INFO(worker.log());

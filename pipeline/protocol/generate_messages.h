@@ -1,6 +1,6 @@
 #pragma once
-// The messages of pipelined generation (pipeline/pipelined_generation.h): GenerateBegin's
-// fields, and a GenerateStep's start position.
+// The messages of pipelined generation (pipeline/generation/pipelined_generation.h):
+// GenerateBegin's fields, and a GenerateStep's start position.
 #include <cstdint>
 #include <vector>
 

@@ -13,9 +13,9 @@
 #include <map>
 #include <vector>
 
+#include "autograd/split_backward.h"
 #include "nn/sequential.h"
 #include "pipeline/protocol/messages.h"
-#include "autograd/split_backward.h"
 
 namespace pipit {
 

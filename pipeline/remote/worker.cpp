@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "pipeline/gradients/replica_group.h"
 #include "pipeline/protocol/messages.h"
 #include "pipeline/remote/stage_package.h"
 #include "pipeline/stage.h"

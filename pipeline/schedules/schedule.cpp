@@ -153,6 +153,183 @@ Schedule make_schedule(const std::string& name, int stages, int microbatches, in
                              kScheduleNames));
 }
 
+namespace {
+
+// validate_schedule's checks, each over the whole schedule; tasks are indexed by (phase,
+// microbatch, chunk).
+class ScheduleCheck {
+ public:
+  ScheduleCheck(const Schedule& schedule, int stages, int microbatches, int chunks_per_stage,
+                Placement placement)
+      : schedule_(schedule),
+        stages_(stages),
+        microbatches_(microbatches),
+        chunks_(stages * chunks_per_stage),
+        placement_(placement),
+        seen_(kPhases * static_cast<size_t>(microbatches) * chunks_, 0) {}
+
+  // Every task is a task of this run, on its chunk's stage, once; each chunk's forwards,
+  // input gradients and weight-gradient sums in increasing microbatch order.
+  void check_lists() {
+    for (int s = 0; s < stages_; ++s) check_list(s);
+  }
+  // Every (microbatch, chunk) has its F, and its B or its I and W.
+  void check_complete() const;
+  // Runs the schedule with these costs per task, each as soon as its input and its stage are
+  // free; throws naming the tasks that wait forever.
+  ScheduleReport simulate(const double (&costs)[4]) const;
+
+ private:
+  static constexpr int kPhases = 4;
+  size_t index(Phase phase, int microbatch, int chunk) const {
+    return (static_cast<size_t>(phase) * microbatches_ + microbatch) * chunks_ + chunk;
+  }
+  size_t index(const Task& task) const { return index(task.phase, task.microbatch, task.chunk); }
+  bool seen(Phase phase, int microbatch, int chunk) const {
+    return seen_[index(phase, microbatch, chunk)] != 0;
+  }
+  Task task(Phase phase, int microbatch, int chunk) const {
+    return make_task(phase, microbatch, chunk, stages_, placement_);
+  }
+  void check_list(int stage);
+  void check_task(const Task& task, int stage);
+  // What a task waits for: the activation or gradient it takes, or for W its own I.
+  std::optional<Task> dependency(const Task& task) const;
+  [[noreturn]] void deadlock(const std::vector<size_t>& next) const;
+
+  const Schedule& schedule_;
+  const int stages_, microbatches_, chunks_;
+  const Placement placement_;
+  std::vector<char> seen_;
+};
+
+void ScheduleCheck::check_task(const Task& task, int s) {
+  PIPIT_CHECK(task.microbatch >= 0 && task.microbatch < microbatches_ && task.chunk >= 0 &&
+                  task.chunk < chunks_ && static_cast<int>(task.phase) >= 0 &&
+                  static_cast<int>(task.phase) < kPhases,
+              "validate_schedule: unknown task ", task, " on stage ", s, " (m = ", microbatches_,
+              ", ", chunks_, " chunks)");
+  PIPIT_CHECK(stage_of_chunk(task.chunk, stages_, placement_) == s, "validate_schedule: task ",
+              task, " is on stage ", s, " but chunk ", task.chunk, " lives on stage ",
+              stage_of_chunk(task.chunk, stages_, placement_));
+  PIPIT_CHECK(task.stage == s, "validate_schedule: task ", task, " in stage ", s,
+              "'s list says stage ", task.stage);
+  PIPIT_CHECK(!seen_[index(task)], "validate_schedule: task ", task, " appears twice on stage ", s);
+  seen_[index(task)] = 1;
+}
+
+void ScheduleCheck::check_list(int s) {
+  // Last microbatch per chunk of the tasks that must run in increasing microbatch order:
+  // forwards; the tasks that send a gradient upstream (B, I); and the tasks that accumulate
+  // weight gradients (B, W), whose order is the order of the sums.
+  enum Order { kForward, kGradient, kAccumulate };
+  std::vector<Task> last(3 * static_cast<size_t>(chunks_), Task{0, -1});
+  for (const Task& task : schedule_[static_cast<size_t>(s)]) {
+    check_task(task, s);
+    std::vector<std::pair<Order, const char*>> orders;
+    if (task.phase == Phase::Forward) orders.push_back({kForward, "forwards"});
+    if (task.phase == Phase::Backward || task.phase == Phase::InputGrad) {
+      orders.push_back({kGradient, "input gradients (B or I)"});
+    }
+    if (task.phase == Phase::Backward || task.phase == Phase::WeightGrad) {
+      orders.push_back({kAccumulate, "weight gradients (B or W)"});
+    }
+    for (const auto& [order, what] : orders) {
+      Task& previous = last[static_cast<size_t>(order) * chunks_ + task.chunk];
+      PIPIT_CHECK(task.microbatch > previous.microbatch, "validate_schedule: stage ", s, " runs ",
+                  task, " after ", previous, "; each chunk's ", what,
+                  " must run in increasing microbatch order");
+      previous = task;
+    }
+  }
+}
+
+void ScheduleCheck::check_complete() const {
+  for (int mb = 0; mb < microbatches_; ++mb) {
+    for (int c = 0; c < chunks_; ++c) {
+      const char* missing = nullptr;
+      Phase missing_phase = Phase::Forward;
+      if (!seen(Phase::Forward, mb, c)) {
+        missing = "";
+      } else if (!seen(Phase::Backward, mb, c) && !seen(Phase::InputGrad, mb, c)) {
+        const bool weight = seen(Phase::WeightGrad, mb, c);
+        missing = weight ? "" : " (or its two parts, I and W)";
+        missing_phase = weight ? Phase::InputGrad : Phase::Backward;
+      } else if (seen(Phase::InputGrad, mb, c) && !seen(Phase::WeightGrad, mb, c)) {
+        missing = "";
+        missing_phase = Phase::WeightGrad;
+      }
+      PIPIT_CHECK(missing == nullptr, "validate_schedule: task ", task(missing_phase, mb, c),
+                  " is missing from stage ", stage_of_chunk(c, stages_, placement_), missing);
+    }
+  }
+}
+
+std::optional<Task> ScheduleCheck::dependency(const Task& t) const {
+  switch (t.phase) {
+    case Phase::Forward:
+      if (t.chunk == 0) return std::nullopt;
+      return task(Phase::Forward, t.microbatch, t.chunk - 1);
+    case Phase::WeightGrad:
+      return task(Phase::InputGrad, t.microbatch, t.chunk);
+    default:
+      break;
+  }
+  if (t.chunk == chunks_ - 1) return task(Phase::Forward, t.microbatch, t.chunk);
+  const bool split = seen(Phase::InputGrad, t.microbatch, t.chunk + 1);
+  return task(split ? Phase::InputGrad : Phase::Backward, t.microbatch, t.chunk + 1);
+}
+
+ScheduleReport ScheduleCheck::simulate(const double (&costs)[4]) const {
+  ScheduleReport report;
+  report.peak_stashed.assign(stages_, 0);
+  report.peak_deferred.assign(stages_, 0);
+  std::vector<double> finish(seen_.size(), -1);  // -1: not run yet
+  std::vector<size_t> next(stages_, 0);
+  std::vector<double> free_at(stages_, 0);
+  std::vector<int> stashed(stages_, 0), deferred(stages_, 0);
+  size_t remaining = 0;
+  for (const auto& tasks : schedule_) remaining += tasks.size();
+  // Each task's time depends only on its stage predecessor and its dependency, so running
+  // every stage as far as it can, round after round, gives the event-driven times.
+  while (remaining > 0) {
+    bool progressed = false;
+    for (int s = 0; s < stages_; ++s) {
+      for (; next[s] < schedule_[s].size(); ++next[s]) {
+        const Task& t = schedule_[s][next[s]];
+        const std::optional<Task> input = dependency(t);
+        const double ready = input ? finish[index(*input)] : 0;
+        if (ready < 0) break;
+        free_at[s] = std::max(free_at[s], ready) + costs[static_cast<int>(t.phase)];
+        finish[index(t)] = free_at[s];
+        stashed[s] += t.phase == Phase::Forward ? 1 : t.phase == Phase::WeightGrad ? 0 : -1;
+        deferred[s] += t.phase == Phase::InputGrad ? 1 : t.phase == Phase::WeightGrad ? -1 : 0;
+        report.peak_stashed[s] = std::max(report.peak_stashed[s], stashed[s]);
+        report.peak_deferred[s] = std::max(report.peak_deferred[s], deferred[s]);
+        --remaining;
+        progressed = true;
+      }
+    }
+    if (!progressed) deadlock(next);
+  }
+  report.makespan = *std::max_element(free_at.begin(), free_at.end());
+  return report;
+}
+
+void ScheduleCheck::deadlock(const std::vector<size_t>& next) const {
+  std::ostringstream blocked;
+  const char* separator = "";
+  for (int s = 0; s < stages_; ++s) {
+    if (next[s] == schedule_[s].size()) continue;
+    const Task& t = schedule_[s][next[s]];
+    blocked << separator << "stage " << s << " waits on " << *dependency(t) << " to run " << t;
+    separator = "; ";
+  }
+  throw Error("validate_schedule: deadlock: " + blocked.str());
+}
+
+}  // namespace
+
 ScheduleReport validate_schedule(const Schedule& schedule, int stages, int microbatches,
                                  int chunks_per_stage, double forward_cost, double backward_cost,
                                  double weight_share) {
@@ -170,144 +347,14 @@ ScheduleReport validate_schedule(const Schedule& schedule, int stages, int micro
               weight_share);
   PIPIT_CHECK(schedule.size() == static_cast<size_t>(stages),
               "validate_schedule: ", schedule.size(), " stage lists for ", stages, " stages");
-  const int chunks = stages * chunks_per_stage;
-  constexpr int kPhases = 4;
-  const size_t task_count = kPhases * static_cast<size_t>(microbatches) * chunks;
-  auto index = [&](Phase phase, int microbatch, int chunk) {
-    return (static_cast<size_t>(phase) * microbatches + microbatch) * chunks + chunk;
-  };
-  auto index_of = [&](const Task& task) { return index(task.phase, task.microbatch, task.chunk); };
-
-  std::vector<char> seen(task_count, 0);
-  for (int s = 0; s < stages; ++s) {
-    // Last microbatch per chunk of the tasks that must run in increasing microbatch order:
-    // forwards; the tasks that send a gradient upstream (B, I); and the tasks that accumulate
-    // weight gradients (B, W), whose order is the order of the sums.
-    enum Order { kForward, kGradient, kAccumulate };
-    std::vector<Task> last(3 * static_cast<size_t>(chunks), Task{0, -1});
-    for (const Task& task : schedule[s]) {
-      PIPIT_CHECK(task.microbatch >= 0 && task.microbatch < microbatches && task.chunk >= 0 &&
-                      task.chunk < chunks && static_cast<int>(task.phase) >= 0 &&
-                      static_cast<int>(task.phase) < kPhases,
-                  "validate_schedule: unknown task ", task, " on stage ", s, " (m = ", microbatches,
-                  ", ", chunks, " chunks)");
-      PIPIT_CHECK(stage_of_chunk(task.chunk, stages, placement) == s, "validate_schedule: task ",
-                  task, " is on stage ", s, " but chunk ", task.chunk, " lives on stage ",
-                  stage_of_chunk(task.chunk, stages, placement));
-      PIPIT_CHECK(task.stage == s, "validate_schedule: task ", task, " in stage ", s,
-                  "'s list says stage ", task.stage);
-      PIPIT_CHECK(!seen[index_of(task)], "validate_schedule: task ", task,
-                  " appears twice on stage ", s);
-      seen[index_of(task)] = 1;
-      std::vector<std::pair<Order, const char*>> orders;
-      if (task.phase == Phase::Forward) orders.push_back({kForward, "forwards"});
-      if (task.phase == Phase::Backward || task.phase == Phase::InputGrad) {
-        orders.push_back({kGradient, "input gradients (B or I)"});
-      }
-      if (task.phase == Phase::Backward || task.phase == Phase::WeightGrad) {
-        orders.push_back({kAccumulate, "weight gradients (B or W)"});
-      }
-      for (const auto& [order, what] : orders) {
-        Task& previous = last[static_cast<size_t>(order) * chunks + task.chunk];
-        PIPIT_CHECK(task.microbatch > previous.microbatch, "validate_schedule: stage ", s, " runs ",
-                    task, " after ", previous, "; each chunk's ", what,
-                    " must run in increasing microbatch order");
-        previous = task;
-      }
-    }
-  }
-  for (int mb = 0; mb < microbatches; ++mb) {
-    for (int c = 0; c < chunks; ++c) {
-      auto has = [&](Phase phase) { return seen[index(phase, mb, c)] != 0; };
-      const char* missing = nullptr;
-      Phase missing_phase = Phase::Forward;
-      if (!has(Phase::Forward)) {
-        missing = "";
-      } else if (!has(Phase::Backward) && !has(Phase::InputGrad)) {
-        missing = has(Phase::WeightGrad) ? "" : " (or its two parts, I and W)";
-        missing_phase = has(Phase::WeightGrad) ? Phase::InputGrad : Phase::Backward;
-      } else if (has(Phase::InputGrad) && !has(Phase::WeightGrad)) {
-        missing = "";
-        missing_phase = Phase::WeightGrad;
-      }
-      PIPIT_CHECK(missing == nullptr, "validate_schedule: task ",
-                  make_task(missing_phase, mb, c, stages, placement), " is missing from stage ",
-                  stage_of_chunk(c, stages, placement), missing);
-    }
-  }
-
-  // What a task waits for: the activation or gradient it takes, or for W its own I.
-  auto dependency = [&](const Task& task) -> std::optional<Task> {
-    switch (task.phase) {
-      case Phase::Forward:
-        if (task.chunk == 0) return std::nullopt;
-        return make_task(Phase::Forward, task.microbatch, task.chunk - 1, stages, placement);
-      case Phase::WeightGrad:
-        return make_task(Phase::InputGrad, task.microbatch, task.chunk, stages, placement);
-      default:
-        break;
-    }
-    if (task.chunk == chunks - 1) {
-      return make_task(Phase::Forward, task.microbatch, task.chunk, stages, placement);
-    }
-    const bool split = seen[index(Phase::InputGrad, task.microbatch, task.chunk + 1)] != 0;
-    return make_task(split ? Phase::InputGrad : Phase::Backward, task.microbatch, task.chunk + 1,
-                     stages, placement);
-  };
+  ScheduleCheck check(schedule, stages, microbatches, chunks_per_stage, placement);
+  check.check_lists();
+  check.check_complete();
   const double v = chunks_per_stage;
   const double weight_cost = weight_share * backward_cost;
-  const double costs[kPhases] = {forward_cost / v, backward_cost / v,
-                                 (backward_cost - weight_cost) / v, weight_cost / v};
-
-  ScheduleReport report;
-  report.peak_stashed.assign(stages, 0);
-  report.peak_deferred.assign(stages, 0);
-  std::vector<double> finish(task_count, -1);  // -1: not run yet
-  std::vector<size_t> next(stages, 0);
-  std::vector<double> free_at(stages, 0);
-  std::vector<int> stashed(stages, 0), deferred(stages, 0);
-  size_t remaining = 0;
-  for (const auto& tasks : schedule) remaining += tasks.size();
-  // Each task's time depends only on its stage predecessor and its dependency, so running
-  // every stage as far as it can, round after round, gives the event-driven times.
-  while (remaining > 0) {
-    bool progressed = false;
-    for (int s = 0; s < stages; ++s) {
-      for (; next[s] < schedule[s].size(); ++next[s]) {
-        const Task& task = schedule[s][next[s]];
-        const std::optional<Task> input = dependency(task);
-        double ready = 0;
-        if (input) {
-          ready = finish[index_of(*input)];
-          if (ready < 0) break;
-        }
-        free_at[s] = std::max(free_at[s], ready) + costs[static_cast<int>(task.phase)];
-        finish[index_of(task)] = free_at[s];
-        stashed[s] += task.phase == Phase::Forward ? 1 : task.phase == Phase::WeightGrad ? 0 : -1;
-        deferred[s] += task.phase == Phase::InputGrad    ? 1
-                       : task.phase == Phase::WeightGrad ? -1
-                                                         : 0;
-        report.peak_stashed[s] = std::max(report.peak_stashed[s], stashed[s]);
-        report.peak_deferred[s] = std::max(report.peak_deferred[s], deferred[s]);
-        --remaining;
-        progressed = true;
-      }
-    }
-    if (!progressed) {
-      std::ostringstream blocked;
-      const char* separator = "";
-      for (int s = 0; s < stages; ++s) {
-        if (next[s] == schedule[s].size()) continue;
-        const Task& task = schedule[s][next[s]];
-        blocked << separator << "stage " << s << " waits on " << *dependency(task) << " to run "
-                << task;
-        separator = "; ";
-      }
-      throw Error("validate_schedule: deadlock: " + blocked.str());
-    }
-  }
-  report.makespan = *std::max_element(free_at.begin(), free_at.end());
-  return report;
+  const double costs[4] = {forward_cost / v, backward_cost / v, (backward_cost - weight_cost) / v,
+                           weight_cost / v};
+  return check.simulate(costs);
 }
 
 double theoretical_step_time(const std::string& name, int stages, int microbatches,

@@ -15,7 +15,7 @@
 
 #include "nn/builders.h"
 #include "nn/registry.h"
-#include "pipeline/remote/distributed_pipeline.h"
+#include "pipeline/pipeline.h"
 #include "pipeline/remote/worker.h"
 #include "pipit.h"
 #include "serialize/checkpoint.h"
@@ -92,7 +92,7 @@ inline int trainer_role(int argc, char** argv) {
     config.max_grad_norm = 1.0;
     config.timeout = std::chrono::milliseconds(flags.integer("step-timeout-ms"));
     const TcpOptions tcp = samples::tcp_options(flags, samples::TcpSide::coordinator);
-    DistributedPipeline pipeline(*model, config, workers, tcp, optimizer_state);
+    Pipeline pipeline(model, config, Launch::workers(workers, tcp), optimizer_state);
     std::printf("chaos-trainer: %lld parameters, %zu stages\n",
                 static_cast<long long>(model->parameter_count()), workers.size());
     std::fflush(stdout);

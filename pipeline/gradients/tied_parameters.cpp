@@ -1,4 +1,4 @@
-#include "pipeline/tied_parameters.h"
+#include "pipeline/gradients/tied_parameters.h"
 
 #include "pipeline/schedules/task.h"
 

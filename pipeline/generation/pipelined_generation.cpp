@@ -1,4 +1,4 @@
-#include "pipeline/pipelined_generation.h"
+#include "pipeline/generation/pipelined_generation.h"
 
 #include "nn/layers.h"
 

@@ -1,6 +1,6 @@
-#include "pipeline/remote/mpi/mpi_pipeline.h"
+#include "pipeline/remote/mpi/mpi_stages.h"
 
-#include "pipeline/pipeline.h"
+#include "pipeline/gradients/replica_group.h"
 #include "serialize/module_fingerprint.h"
 
 namespace pipit {
@@ -28,10 +28,9 @@ std::string fingerprint(const Sequential& model, const PipelineConfig& c) {
 
 }  // namespace
 
-MpiPipeline::MpiPipeline(const Sequential& model, PipelineConfig config,
-                         const StateDict& optimizer_state, MpiOptions options) {
-  validate(config);
-  const std::vector<LayerRange> ranges = partition_model(model, config);
+MpiStages::MpiStages(const Sequential& model, const PipelineConfig& config,
+                     const std::vector<LayerRange>& ranges, const StateDict& optimizer_state,
+                     MpiOptions options) {
   // Endpoint k * p + s (stage s of replica k, replica_group.h) runs on rank s * r + k, or with
   // the "pipelines" layout on rank k * p + s.
   const int p = config.stages, replicas = config.replicas, endpoints = p * replicas;
@@ -45,45 +44,33 @@ MpiPipeline::MpiPipeline(const Sequential& model, PipelineConfig config,
     }
   }
   transport_ = MpiTransport::start(routes, options, fingerprint(model, config));
-  PIPIT_CHECK(transport_->world_size() == endpoints, "MpiPipeline: ", config.stages, " stages x ",
+  PIPIT_CHECK(transport_->world_size() == endpoints, "Pipeline: ", config.stages, " stages x ",
               config.replicas, " replicas need ", endpoints, " MPI ranks, the job has ",
               transport_->world_size(), " (mpirun -np ", endpoints, ")");
   const int rank = transport_->rank();
   const int stage = by_stage ? rank / replicas : rank % p;
   const int replica = by_stage ? rank % replicas : rank / p;
-  const int endpoint = replica_endpoint(replica, stage, p);
   stage_ = std::make_shared<Stage>(
       make_stage_spec(model, ranges, config, stage, optimizer_state, replica),
-      transport_->endpoint(endpoint));
-  if (rank == 0) {
-    stage_thread_ = std::thread([stage = stage_] { stage->run(); });
-    coordinator_ = std::make_unique<Coordinator>(transport_->endpoint(kCoordinator),
-                                                 std::move(config), ranges);
-    coordinator_->refuse_remaps(remap_refusal(model));
-  }
+      transport_->endpoint(replica_endpoint(replica, stage, p)));
+  if (rank == 0) stage_thread_ = std::thread([stage = stage_] { stage->run(); });
 }
 
-MpiPipeline::~MpiPipeline() {
-  if (coordinator_) {
-    coordinator_->shutdown();
-    stage_thread_.join();
-  }
-  // transport_ goes last: it leaves MPI, or abandons it when an error unwinds this rank.
+MpiStages::~MpiStages() {
+  if (stage_thread_.joinable()) stage_thread_.join();
 }
 
-double MpiPipeline::train_step(const Tensor& input, const Tensor& target) {
-  return coordinator().train_step(input, target);
+std::shared_ptr<Communicator> MpiStages::coordinator_endpoint() {
+  return transport_->rank() == 0 ? transport_->endpoint(kCoordinator) : nullptr;
 }
 
-Coordinator& MpiPipeline::coordinator() {
-  PIPIT_CHECK(coordinator_ != nullptr, "MpiPipeline: rank ", rank(),
-              " has no coordinator (rank 0 trains; the others call serve())");
-  return *coordinator_;
-}
-
-void MpiPipeline::serve() {
-  PIPIT_CHECK(!coordinator_, "MpiPipeline: serve() is for ranks other than 0");
+void MpiStages::serve() {
+  PIPIT_CHECK(transport_->rank() != 0, "Pipeline: serve() is for MPI ranks other than 0");
   stage_->run();
+}
+
+void MpiStages::stop() {
+  if (stage_thread_.joinable()) stage_thread_.join();
 }
 
 }  // namespace pipit

@@ -1,4 +1,4 @@
-#include "pipeline/replica_group.h"
+#include "pipeline/gradients/replica_group.h"
 
 #include <algorithm>
 
