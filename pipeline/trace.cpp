@@ -43,6 +43,12 @@ const char* phase_category(Phase phase) {
   return "?";
 }
 
+// Chrome's metadata event that names track `tid`.
+nlohmann::json track_name(int tid, const std::string& name) {
+  return {
+      {"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", tid}, {"args", {{"name", name}}}};
+}
+
 }  // namespace
 
 std::string Trace::chrome_json() const {
@@ -53,24 +59,14 @@ std::string Trace::chrome_json() const {
     stages = std::max(stages, e.task.stage + 1);
     origin = std::min(origin, e.start_us);
   }
-  for (int s = 0; s < stages; ++s) {
-    events.push_back({{"name", "thread_name"},
-                      {"ph", "M"},
-                      {"pid", 0},
-                      {"tid", s},
-                      {"args", {{"name", "stage " + std::to_string(s)}}}});
-  }
+  for (int s = 0; s < stages; ++s) events.push_back(track_name(s, "stage " + std::to_string(s)));
   // Each stage's gradient sums (replicas) on a track of their own, after the remaps' track.
   std::set<int> summing;
   for (const TraceEvent& e : events_) {
     if (e.task.phase == Phase::GradientSum) summing.insert(e.task.stage);
   }
   for (int s : summing) {
-    events.push_back({{"name", "thread_name"},
-                      {"ph", "M"},
-                      {"pid", 0},
-                      {"tid", stages + 1 + s},
-                      {"args", {{"name", "stage " + std::to_string(s) + ": gradient sum"}}}});
+    events.push_back(track_name(stages + 1 + s, "stage " + std::to_string(s) + ": gradient sum"));
   }
   for (const TraceEvent& e : events_) {
     std::ostringstream name;
@@ -87,13 +83,7 @@ std::string Trace::chrome_json() const {
          {"args",
           {{"step", e.task.step}, {"microbatch", e.task.microbatch}, {"chunk", e.task.chunk}}}});
   }
-  if (!remaps_.empty()) {
-    events.push_back({{"name", "thread_name"},
-                      {"ph", "M"},
-                      {"pid", 0},
-                      {"tid", stages},
-                      {"args", {{"name", "remaps"}}}});
-  }
+  if (!remaps_.empty()) events.push_back(track_name(stages, "remaps"));
   for (const RemapEvent& r : remaps_) {
     events.push_back({{"name", "remap"},
                       {"cat", "remap"},

@@ -128,6 +128,68 @@ CostModel::CostModel(std::vector<double> layer_work, std::vector<double> stage_s
   }
 }
 
+namespace {
+
+// Over the layers with a positive time: how many, and their sum of log ms, per kind, per
+// stage and per (kind, stage).
+struct LogTimes {
+  std::vector<double> kind_count, kind_log_sum, stage_count, stage_log_sum;
+  std::vector<std::vector<double>> count_by_kind_stage;
+};
+
+LogTimes log_times(const LayerCosts& measured, const std::vector<size_t>& kind_of,
+                   const std::vector<size_t>& chunk_of, size_t kinds, size_t p) {
+  LogTimes t{std::vector<double>(kinds), std::vector<double>(kinds), std::vector<double>(p),
+             std::vector<double>(p),
+             std::vector<std::vector<double>>(kinds, std::vector<double>(p))};
+  for (size_t l = 0; l < kind_of.size(); ++l) {
+    if (measured.ms[l] == 0) continue;
+    const double log_ms = std::log(measured.ms[l]);
+    const size_t k = kind_of[l], s = chunk_of[l] % p;
+    t.kind_count[k] += 1;
+    t.kind_log_sum[k] += log_ms;
+    t.stage_count[s] += 1;
+    t.stage_log_sum[s] += log_ms;
+    t.count_by_kind_stage[k][s] += 1;
+  }
+  return t;
+}
+
+// Each stage's log speed b: for given b, the best log work of kind k is the mean over its
+// layers of log ms - b(stage). Putting that into the least-squares problem leaves the normal
+// equations L b = r, where L is the Laplacian of the graph linking stages through kinds.
+std::vector<double> fit_log_speeds(const LogTimes& t, size_t p) {
+  std::vector<double> normal(p * p), rhs(p);
+  for (size_t s = 0; s < p; ++s) {
+    normal[s * p + s] = t.stage_count[s];
+    rhs[s] = t.stage_log_sum[s];
+  }
+  for (size_t k = 0; k < t.kind_count.size(); ++k) {
+    if (t.kind_count[k] == 0) continue;
+    const std::vector<double>& on = t.count_by_kind_stage[k];
+    for (size_t s = 0; s < p; ++s) {
+      rhs[s] -= on[s] * t.kind_log_sum[k] / t.kind_count[k];
+      for (size_t u = 0; u < p; ++u) normal[s * p + u] -= on[s] * on[u] / t.kind_count[k];
+    }
+  }
+  // L is singular: raising a group's speeds by a factor and lowering its kinds' work by the
+  // same factor fits equally well. Adding 1 between every two stages of a group picks the
+  // solution whose log speeds sum to 0 in each group (geometric mean 1) and makes the matrix
+  // positive definite; r sums to 0 over each group, so L b = r still holds.
+  const std::vector<size_t> group = stage_groups(t.count_by_kind_stage, p);
+  for (size_t s = 0; s < p; ++s) {
+    for (size_t u = 0; u < p; ++u) {
+      if (group[s] == group[u]) normal[s * p + u] += 1;
+    }
+  }
+  // Solved directly rather than by alternating the two averages, which converges to the same
+  // answer but slowly when a stage shares few layers with the others: noise-free
+  // measurements give back the planted values to rounding.
+  return solve_positive_definite(std::move(normal), std::move(rhs));
+}
+
+}  // namespace
+
 CostModel CostModel::fit(const std::vector<std::string>& layer_kinds,
                          const std::vector<LayerRange>& ranges, int stages,
                          const LayerCosts& measured, double link_ms_per_mb) {
@@ -144,60 +206,14 @@ CostModel CostModel::fit(const std::vector<std::string>& layer_kinds,
     kind_of[l] = kind_index.emplace(layer_kinds[l], kind_index.size()).first->second;
   }
   const size_t kinds = kind_index.size(), p = static_cast<size_t>(stages);
-  const std::vector<size_t> chunk_of = chunk_of_each_layer(ranges, layers);
-
-  // Over the layers with a positive time: how many, and their sum of log ms, per kind, per
-  // stage and per (kind, stage).
-  std::vector<double> kind_count(kinds), kind_log_sum(kinds), stage_count(p), stage_log_sum(p);
-  std::vector<std::vector<double>> count_by_kind_stage(kinds, std::vector<double>(p));
-  for (size_t l = 0; l < layers; ++l) {
-    if (measured.ms[l] == 0) continue;
-    const double log_ms = std::log(measured.ms[l]);
-    const size_t k = kind_of[l], s = chunk_of[l] % p;
-    kind_count[k] += 1;
-    kind_log_sum[k] += log_ms;
-    stage_count[s] += 1;
-    stage_log_sum[s] += log_ms;
-    count_by_kind_stage[k][s] += 1;
-  }
-
-  // For given log speeds b, the best log work of kind k is the mean over its layers of
-  // log ms - b(stage). Putting that into the least-squares problem leaves the normal
-  // equations L b = r, where L is the Laplacian of the graph linking stages through kinds.
-  std::vector<double> normal(p * p), rhs(p);
-  for (size_t s = 0; s < p; ++s) {
-    normal[s * p + s] = stage_count[s];
-    rhs[s] = stage_log_sum[s];
-  }
-  for (size_t k = 0; k < kinds; ++k) {
-    if (kind_count[k] == 0) continue;
-    const std::vector<double>& on = count_by_kind_stage[k];
-    for (size_t s = 0; s < p; ++s) {
-      rhs[s] -= on[s] * kind_log_sum[k] / kind_count[k];
-      for (size_t t = 0; t < p; ++t) normal[s * p + t] -= on[s] * on[t] / kind_count[k];
-    }
-  }
-  // L is singular: raising a group's speeds by a factor and lowering its kinds' work by the
-  // same factor fits equally well. Adding 1 between every two stages of a group picks the
-  // solution whose log speeds sum to 0 in each group (geometric mean 1) and makes the matrix
-  // positive definite; r sums to 0 over each group, so L b = r still holds.
-  const std::vector<size_t> group = stage_groups(count_by_kind_stage, p);
-  for (size_t s = 0; s < p; ++s) {
-    for (size_t t = 0; t < p; ++t) {
-      if (group[s] == group[t]) normal[s * p + t] += 1;
-    }
-  }
-  // Solved directly rather than by alternating the two averages, which converges to the same
-  // answer but slowly when a stage shares few layers with the others: noise-free
-  // measurements give back the planted values to rounding.
-  const std::vector<double> log_speed = solve_positive_definite(std::move(normal), std::move(rhs));
-
+  const LogTimes t = log_times(measured, kind_of, chunk_of_each_layer(ranges, layers), kinds, p);
+  const std::vector<double> log_speed = fit_log_speeds(t, p);
   std::vector<double> kind_work(kinds, 0.0);
   for (size_t k = 0; k < kinds; ++k) {
-    if (kind_count[k] == 0) continue;
-    double log_work_sum = kind_log_sum[k];
-    for (size_t s = 0; s < p; ++s) log_work_sum -= count_by_kind_stage[k][s] * log_speed[s];
-    kind_work[k] = std::exp(log_work_sum / kind_count[k]);
+    if (t.kind_count[k] == 0) continue;
+    double log_work_sum = t.kind_log_sum[k];
+    for (size_t s = 0; s < p; ++s) log_work_sum -= t.count_by_kind_stage[k][s] * log_speed[s];
+    kind_work[k] = std::exp(log_work_sum / t.kind_count[k]);
   }
   std::vector<double> layer_work(layers), stage_speed(p);
   for (size_t l = 0; l < layers; ++l) layer_work[l] = kind_work[kind_of[l]];

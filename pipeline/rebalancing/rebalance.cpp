@@ -58,6 +58,25 @@ double fastest_slowest_stage_ms(const CostModel& model) {
   return at(0, 0);
 }
 
+// [stage * (n + 1) + i]: the link bytes for stage s to take layers [0, i), each layer's state
+// once per stage it crosses from where `current` has it.
+std::vector<double> link_bytes_before(const std::vector<LayerRange>& current,
+                                      const std::vector<double>& state_bytes, size_t p, size_t n) {
+  std::vector<size_t> stage_now(n);
+  for (size_t s = 0; s < p; ++s) {
+    for (size_t l = current[s].begin; l < current[s].end; ++l) stage_now[l] = s;
+  }
+  std::vector<double> before(p * (n + 1), 0.0);
+  for (size_t s = 0; s < p; ++s) {
+    for (size_t l = 0; l < n; ++l) {
+      const size_t hops = std::max(s, stage_now[l]) - std::min(s, stage_now[l]);
+      before[s * (n + 1) + l + 1] =
+          before[s * (n + 1) + l] + static_cast<double>(hops) * state_bytes[l];
+    }
+  }
+  return before;
+}
+
 }  // namespace
 
 std::vector<LayerRange> optimal_partition(const CostModel& model,
@@ -75,19 +94,7 @@ std::vector<LayerRange> optimal_partition(const CostModel& model,
   // layer's state once per stage it crosses, as estimate_migration counts them), then each cut
   // as early as possible. Tables are indexed [stage * (n + 1) + layer].
   auto index = [n](size_t stage, size_t i) { return stage * (n + 1) + i; };
-  std::vector<size_t> stage_now(n);
-  for (size_t s = 0; s < p; ++s) {
-    for (size_t l = current[s].begin; l < current[s].end; ++l) stage_now[l] = s;
-  }
-  // moved_before[(s, i)]: the link bytes for stage s to take layers [0, i).
-  std::vector<double> moved_before(p * (n + 1), 0.0);
-  for (size_t s = 0; s < p; ++s) {
-    for (size_t l = 0; l < n; ++l) {
-      const size_t hops = std::max(s, stage_now[l]) - std::min(s, stage_now[l]);
-      moved_before[index(s, l + 1)] =
-          moved_before[index(s, l)] + static_cast<double>(hops) * state_bytes[l];
-    }
-  }
+  const std::vector<double> moved_before = link_bytes_before(current, state_bytes, p, n);
   auto moved = [&](size_t stage, size_t begin, size_t end) {
     return moved_before[index(stage, end)] - moved_before[index(stage, begin)];
   };

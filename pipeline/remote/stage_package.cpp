@@ -118,6 +118,45 @@ PackageParts to_parts(const StagePackage& package, const char* caller) {
   return {std::move(metadata), std::move(tensors)};
 }
 
+// The text at `key`, which must be `yes` or `no`; whether it is `yes`.
+bool read_choice(const TaggedReader& reader, const std::string& key, const std::string& yes,
+                 const std::string& no) {
+  const std::string value = reader.text(key);
+  if (value != yes && value != no) {
+    reader.fail(key, "must be \"" + yes + "\" or \"" + no + "\", got \"" + value + "\"");
+  }
+  return value == yes;
+}
+
+// One entry of "ties": {source, copy, source_stage, copy_stage}, stages inside the pipeline,
+// one of them this stage.
+TiedParameter read_tie(const TaggedReader& reader, const json& tie, const StagePackage& package) {
+  const bool valid = tie.is_object() && tie.size() == 4 && tie.contains("source") &&
+                     tie["source"].is_string() && tie.contains("copy") && tie["copy"].is_string() &&
+                     tie.contains("source_stage") && tie["source_stage"].is_number_integer() &&
+                     tie.contains("copy_stage") && tie["copy_stage"].is_number_integer();
+  if (!valid) {
+    reader.fail("ties",
+                "each tie must be {source, copy, source_stage, copy_stage}, got " + tie.dump());
+  }
+  TiedParameter parsed{tie["source"], tie["copy"], 0, 0};
+  for (const char* key : {"source_stage", "copy_stage"}) {
+    const json& stage = tie[key];
+    if (stage.is_number_unsigned()
+            ? stage.get<uint64_t>() >= uint64_t(package.stages)
+            : (stage.get<int64_t>() < 0 || stage.get<int64_t>() >= package.stages)) {
+      reader.fail("ties", std::string(key) + " " + stage.dump() + " is outside the pipeline");
+    }
+    (std::string(key) == "source_stage" ? parsed.source_stage : parsed.copy_stage) =
+        stage.get<int>();
+  }
+  if (parsed.source_stage != package.stage && parsed.copy_stage != package.stage) {
+    reader.fail("ties", "a tie of stages " + std::to_string(parsed.source_stage) + " and " +
+                            std::to_string(parsed.copy_stage) + " is not this stage's");
+  }
+  return parsed;
+}
+
 // Every check of a received package, on its decoded parts.
 StagePackage from_parts(json metadata, const StateDict& tensors, const std::string& source) {
   const TaggedReader reader(std::move(metadata), source, kFormat, kVersion, "pipit stage package");
@@ -127,22 +166,13 @@ StagePackage from_parts(json metadata, const StateDict& tensors, const std::stri
   package.replicas = static_cast<int>(
       reader.integer("replicas", 1, std::min<int64_t>(kMaxReplicas, INT_MAX / package.stages)));
   package.replica = static_cast<int>(reader.integer("replica", 0, package.replicas - 1));
-  const std::string shard_optimizer = reader.text("shard_optimizer");
-  if (shard_optimizer != "true" && shard_optimizer != "false") {
-    reader.fail("shard_optimizer",
-                "must be \"true\" or \"false\", got \"" + shard_optimizer + "\"");
-  }
-  package.shard_optimizer = shard_optimizer == "true";
+  package.shard_optimizer = read_choice(reader, "shard_optimizer", "true", "false");
   // Global chunk numbers (at most stages * chunks_per_stage - 1) must be ints.
   package.chunks_per_stage =
       static_cast<int>(reader.integer("chunks_per_stage", 1, INT_MAX / package.stages));
   package.schedule = reader.text("schedule");
   package.schedule_table = reader.text("schedule_table");
-  const std::string recompute = reader.text("recompute");
-  if (recompute != "none" && recompute != "full") {
-    reader.fail("recompute", "must be \"none\" or \"full\", got \"" + recompute + "\"");
-  }
-  package.recompute = recompute == "full";
+  package.recompute = !read_choice(reader, "recompute", "none", "full");
   package.max_deferred = static_cast<int>(reader.integer("max_deferred", 0, INT_MAX));
   const json chunks = reader.parse("chunk_configs");
   if (!chunks.is_array() || chunks.size() != static_cast<size_t>(package.chunks_per_stage)) {
@@ -166,33 +196,7 @@ StagePackage from_parts(json metadata, const StateDict& tensors, const std::stri
   }
   const json ties = reader.parse("ties");
   if (!ties.is_array()) reader.fail("ties", "must be an array, got " + reader.text("ties"));
-  for (const json& tie : ties) {
-    const bool valid = tie.is_object() && tie.size() == 4 && tie.contains("source") &&
-                       tie["source"].is_string() && tie.contains("copy") &&
-                       tie["copy"].is_string() && tie.contains("source_stage") &&
-                       tie["source_stage"].is_number_integer() && tie.contains("copy_stage") &&
-                       tie["copy_stage"].is_number_integer();
-    if (!valid) {
-      reader.fail("ties",
-                  "each tie must be {source, copy, source_stage, copy_stage}, got " + tie.dump());
-    }
-    TiedParameter parsed{tie["source"], tie["copy"], 0, 0};
-    for (const char* key : {"source_stage", "copy_stage"}) {
-      const json& stage = tie[key];
-      if (stage.is_number_unsigned()
-              ? stage.get<uint64_t>() >= uint64_t(package.stages)
-              : (stage.get<int64_t>() < 0 || stage.get<int64_t>() >= package.stages)) {
-        reader.fail("ties", std::string(key) + " " + stage.dump() + " is outside the pipeline");
-      }
-      (std::string(key) == "source_stage" ? parsed.source_stage : parsed.copy_stage) =
-          stage.get<int>();
-    }
-    if (parsed.source_stage != package.stage && parsed.copy_stage != package.stage) {
-      reader.fail("ties", "a tie of stages " + std::to_string(parsed.source_stage) + " and " +
-                              std::to_string(parsed.copy_stage) + " is not this stage's");
-    }
-    package.ties.push_back(parsed);
-  }
+  for (const json& tie : ties) package.ties.push_back(read_tie(reader, tie, package));
   std::vector<StateDict> groups = reader.split(tensors, {"model.", "optim."});
   package.weights = std::move(groups[0]);
   package.optimizer_state = std::move(groups[1]);
