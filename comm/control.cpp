@@ -26,9 +26,8 @@ Message control_message(MessageKind kind, int64_t step, json meta, std::vector<T
   return message;
 }
 
-Message to_message(const StageError& e, int64_t step) {
-  return control_message(MessageKind::StageError, step,
-                         {{"message", e.message}, {"stage", e.stage}});
+Message to_message(const RoleError& e, int64_t step) {
+  return control_message(MessageKind::RoleError, step, {{"role", e.role}, {"message", e.message}});
 }
 
 Message to_message(const StateReply& s, int64_t step, std::vector<Tensor> tensors) {
@@ -44,11 +43,11 @@ Message to_message(const PeerLost& lost) {
   return message;
 }
 
-StageError read_stage_error(const Message& message) {
-  Fields f = control_fields(message, MessageKind::StageError);
-  StageError e;
+RoleError read_role_error(const Message& message) {
+  Fields f = control_fields(message, MessageKind::RoleError);
+  RoleError e;
+  e.role = f.string("role", kMaxControlString);
   e.message = f.string("message", kMaxControlString);
-  e.stage = static_cast<int>(f.integer("stage", -1, kIntMax));
   f.done();
   return e;
 }

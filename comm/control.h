@@ -20,11 +20,12 @@ class ControlError : public Error {
   using Error::Error;
 };
 
-// A role -> whoever started it (coordinator, launcher): its work failed (or it could not be
-// built).
-struct StageError {
+// A role (a pipeline stage, a parameter-server shard or worker, a pipit-worker process not yet
+// given a role) -> whoever started it (coordinator, launcher): its work failed, or it could
+// not be built.
+struct RoleError {
+  std::string role;  // which: "stage 2 of replica 1", "shard 0", "pipit-worker host:port"
   std::string message;
-  int stage = -1;  // -1: not yet known (a worker whose package was refused)
 };
 
 // A role -> whoever started it: the message's tensors are these weights, then these
@@ -41,11 +42,11 @@ struct PeerLost {
   std::string reason;
 };
 
-Message to_message(const StageError& error, int64_t step);
+Message to_message(const RoleError& error, int64_t step);
 Message to_message(const StateReply& state, int64_t step, std::vector<Tensor> tensors);
 Message to_message(const PeerLost& lost);
 
-StageError read_stage_error(const Message& message);
+RoleError read_role_error(const Message& message);
 StateReply read_state_reply(const Message& message);  // also checks the tensor count
 PeerLost read_peer_lost(const Message& message);
 // Kinds without a struct (Shutdown, Ready, Start, Heartbeat, and upper layers' bare kinds)

@@ -35,7 +35,7 @@
 namespace pipit {
 
 constexpr uint32_t kFrameMagic = 0x54504950;  // "PIPT" little-endian
-constexpr uint16_t kProtocolVersion = 2;      // 2: the checksum field
+constexpr uint16_t kProtocolVersion = 3;      // 2: the checksum field; 3: RoleError names its role
 constexpr size_t kFrameHeaderSize = 24;
 constexpr size_t kMaxJsonDepth = 32;  // nesting of a frame's JSON header
 constexpr uint8_t kFrameTensorBytesUnchecked = 1;

@@ -17,7 +17,7 @@ struct Registry {
     for (const MessageKindInfo& info : {
              MessageKindInfo{MessageKind::Shutdown, "Shutdown", "comm", true},
              MessageKindInfo{MessageKind::State, "State", "comm"},
-             MessageKindInfo{MessageKind::StageError, "StageError", "comm"},
+             MessageKindInfo{MessageKind::RoleError, "RoleError", "comm"},
              MessageKindInfo{MessageKind::Hello, "Hello", "comm"},
              MessageKindInfo{MessageKind::Ready, "Ready", "comm"},
              MessageKindInfo{MessageKind::Start, "Start", "comm", true},

@@ -21,7 +21,7 @@ namespace pipit {
 enum class MessageKind : uint8_t {
   Shutdown = 4,     // whoever started a role -> the role: stop serving
   State = 6,        // role -> its starter: tensors with comm/control.h's StateReply
-  StageError = 11,  // role -> its starter: its work failed (StageError)
+  RoleError = 11,  // role -> its starter: its work failed (RoleError)
   // Connection management (networked communicators and launchers).
   Hello = 12,  // the handshake (comm/handshake.h)
   Ready = 14,  // a role is built and waits for Start

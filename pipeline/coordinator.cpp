@@ -120,8 +120,8 @@ Message Coordinator::receive_step_message(const std::string& waiting_for) {
     }
     if (message->from < 0 || message->from >= endpoints()) continue;  // not a stage
     if (message->step != step_) continue;  // left over from an aborted step
-    if (message->kind == MessageKind::StageError) {
-      fail_step(read_stage_error(*message).message);
+    if (message->kind == MessageKind::RoleError) {
+      fail_step(read_role_error(*message).message);
     }
     return std::move(*message);
   }

@@ -138,7 +138,7 @@ void Stage::pump(const std::function<bool(const Message&)>& take) {
 
 void Stage::report_error(const std::string& message) {
   try {
-    comm_->send(kCoordinator, to_message(StageError{message, spec_.stage}, step_));
+    comm_->send(kCoordinator, to_message(RoleError{name(), message}, step_));
   } catch (...) {
     // The communicator itself failed: the coordinator's deadline reports this stage.
   }

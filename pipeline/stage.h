@@ -34,7 +34,7 @@ class Stage {
   Stage(StageSpec spec, std::shared_ptr<Communicator> communicator);
   ~Stage();
   // Serves steps until a Shutdown message arrives, the coordinator's connection is lost or the
-  // communicator closes. A task that throws is reported to the coordinator as a StageError;
+  // communicator closes. A task that throws is reported to the coordinator as a RoleError;
   // the stage then awaits the next step.
   void run();
 

@@ -12,7 +12,7 @@ namespace pipit {
 namespace {
 
 // Waits for the message of its kind from each endpoint in `pending` (others are dropped); a
-// StageError, a PeerLost or the timeout is an Error naming the role and its address.
+// RoleError, a PeerLost or the timeout is an Error naming the role and its address.
 void await_all(TcpCommunicator& comm, const PsConfig& config, std::map<int, MessageKind> pending,
                const std::vector<std::string>& addresses,
                const std::function<void(const Message&)>& on_message = {}) {
@@ -32,9 +32,9 @@ void await_all(TcpCommunicator& comm, const PsConfig& config, std::map<int, Mess
     const int from =
         message->kind == MessageKind::PeerLost ? read_peer_lost(*message).peer : message->from;
     auto it = pending.find(from);
-    if (message->kind == MessageKind::StageError) {
+    if (message->kind == MessageKind::RoleError) {
       throw Error("parameter-server launcher: " + name(from) +
-                  " failed: " + read_stage_error(*message).message);
+                  " failed: " + read_role_error(*message).message);
     }
     if (it == pending.end()) continue;
     if (message->kind == MessageKind::PeerLost) {

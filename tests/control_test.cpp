@@ -63,9 +63,9 @@ TEST_CASE("control messages round-trip through frames exactly", "[control]") {
   CHECK(d2.trace[1].phase == 0);
   CHECK(d2.trace[2].phase == 3);
 
-  const StageError e = read_stage_error(over_the_wire(to_message(StageError{"boom", 2}, 1)));
+  const RoleError e = read_role_error(over_the_wire(to_message(RoleError{"shard 2", "boom"}, 1)));
+  CHECK(e.role == "shard 2");
   CHECK(e.message == "boom");
-  CHECK(e.stage == 2);
 
   const Message state = to_message(StateReply{{"0.weight"}, {"step"}}, 1, {zeros({2}), zeros({})});
   const StateReply s = read_state_reply(over_the_wire(state));
@@ -110,7 +110,7 @@ TEST_CASE("malformed control messages are ControlErrors naming kind and field", 
   CHECK_THROWS_WITH(read_stage_done(with(done, "peak_stashed", -1)),
                     Catch::Contains("\"peak_stashed\""));
 
-  CHECK_THROWS_WITH(read_stage_error(with(to_message(StageError{"x", 1}, 1), "message", 5)),
+  CHECK_THROWS_WITH(read_role_error(with(to_message(RoleError{"stage 1", "x"}, 1), "message", 5)),
                     Catch::Contains("\"message\""));
   CHECK_THROWS_WITH(read_state_reply(to_message(StateReply{{"a", "b"}, {}}, 1, {zeros({1})})),
                     Catch::Contains("names 2 tensors but carries 1"));
@@ -126,7 +126,7 @@ TEST_CASE("only coordinator commands are marked as such", "[control]") {
   }
   for (MessageKind kind :
        {PipelineKind::Activation, PipelineKind::Gradient, PipelineKind::StageDone,
-        MessageKind::StageError, MessageKind::State, MessageKind::PeerLost}) {
+        MessageKind::RoleError, MessageKind::State, MessageKind::PeerLost}) {
     CHECK_FALSE(is_coordinator_command(kind));
   }
 }

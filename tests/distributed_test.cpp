@@ -286,7 +286,7 @@ TEST_CASE("a stage package whose weights do not fit its layers is refused by nam
   coordinator.send(0, stage_package_message(package));
   std::optional<Message> reply = coordinator.try_receive(std::chrono::seconds(20));
   REQUIRE(reply.has_value());
-  CHECK(reply->kind == MessageKind::StageError);
+  CHECK(reply->kind == MessageKind::RoleError);
   const std::string message = reply->meta.value("message", std::string());
   CHECK_THAT(message, Catch::Contains(victim) && Catch::Contains("[3, 3]"));
   CHECK_THAT(worker.log(), Catch::Contains("refused the stage package"));

@@ -138,7 +138,7 @@ TEST_CASE("frame fixed header has the documented little-endian layout", "[frame]
   const std::string frame = valid_frame();
   const auto byte = [&](size_t i) { return static_cast<uint8_t>(frame[i]); };
   CHECK(frame.substr(0, 4) == "PIPT");
-  CHECK(byte(4) == 2);
+  CHECK(byte(4) == 3);
   CHECK(byte(5) == 0);
   CHECK(byte(6) == static_cast<uint8_t>(PipelineKind::Gradient));
   CHECK(byte(7) == 0);
@@ -186,10 +186,10 @@ TEST_CASE("encode_frame is the concatenation of encode_frame_parts", "[frame]") 
 TEST_CASE("encode_frame refuses an undefined tensor and meta that is not UTF-8", "[frame]") {
   Message in(PipelineKind::Activation, 1, 0, 0, {from_vector<float>({1}), Tensor()});
   CHECK_THROWS_WITH(encode_frame(in), Catch::Contains("tensor 1 is undefined"));
-  Message bad_meta(MessageKind::StageError, 1);
+  Message bad_meta(MessageKind::RoleError, 1);
   bad_meta.meta = {{"message", "\xff"}};
   CHECK_THROWS_WITH(encode_frame(bad_meta),
-                    Catch::Contains("StageError") && Catch::Contains("meta cannot be written"));
+                    Catch::Contains("RoleError") && Catch::Contains("meta cannot be written"));
 }
 
 TEST_CASE("frame header rejects bad magic, version, kind and flags", "[frame]") {
@@ -200,7 +200,9 @@ TEST_CASE("frame header rejects bad magic, version, kind and flags", "[frame]") 
   };
   expect_frame_error([&] { decode(with_byte(0, 'X')); }, "magic");
   expect_frame_error([&] { decode(with_byte(4, 1)); }, "version 1");
-  expect_frame_error([&] { decode(with_byte(5, 1)); }, "version 258");
+  // Version 2's RoleError (then StageError) carried a stage number, not the role's name.
+  expect_frame_error([&] { decode(with_byte(4, 2)); }, "unsupported protocol version 2");
+  expect_frame_error([&] { decode(with_byte(5, 1)); }, "version 259");
   expect_frame_error([&] { decode(with_byte(6, 0)); }, "unknown message kind 0");
   expect_frame_error([&] { decode(with_byte(6, 200)); }, "unknown message kind 200");
   expect_frame_error([&] { decode(with_byte(7, 1)); }, "flags");

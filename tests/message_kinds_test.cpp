@@ -28,7 +28,7 @@ TEST_CASE("message kinds keep their wire values and names", "[message_kinds]") {
       {PipelineKind::Gradient, 8, "Gradient", "pipeline"},
       {PipelineKind::StageDone, 9, "StageDone", "pipeline"},
       {PipelineKind::OptimizerDone, 10, "OptimizerDone", "pipeline"},
-      {MessageKind::StageError, 11, "StageError", "comm"},
+      {MessageKind::RoleError, 11, "RoleError", "comm"},
       {MessageKind::Hello, 12, "Hello", "comm"},
       {PipelineKind::StagePackage, 13, "StagePackage", "pipeline"},
       {MessageKind::Ready, 14, "Ready", "comm"},

@@ -164,10 +164,10 @@ std::unique_ptr<Stage> await_stage(const std::shared_ptr<TcpCommunicator>& comm,
         tcp.log("[worker] run finished");
       } catch (const std::exception& e) {
         tcp.log(std::string("[worker] the run's role failed: ") + e.what());
-        comm->send(
-            kCoordinator,
-            to_message(StageError{std::string("worker ") + options.listen + ": " + e.what(), -1},
-                       0));
+        comm->send(kCoordinator,
+                   to_message(RoleError{"pipit-worker " + options.listen,
+                                        std::string("worker ") + options.listen + ": " + e.what()},
+                              0));
       }
       return nullptr;
     }
@@ -179,9 +179,9 @@ std::unique_ptr<Stage> await_stage(const std::shared_ptr<TcpCommunicator>& comm,
       return stage;
     } catch (const std::exception& e) {
       tcp.log(std::string("[worker] refused the stage package: ") + e.what());
-      comm->send(kCoordinator, to_message(StageError{std::string("worker ") + options.listen +
-                                                         " could not build its stage: " + e.what(),
-                                                     -1},
+      comm->send(kCoordinator, to_message(RoleError{"pipit-worker " + options.listen,
+                                                    std::string("worker ") + options.listen +
+                                                        " could not build its stage: " + e.what()},
                                           0));
       return nullptr;
     }

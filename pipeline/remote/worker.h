@@ -2,7 +2,7 @@
 // The worker runtime behind tools/pipit-worker: it listens, waits for a coordinator, builds
 // its Stage from the stage package the coordinator sends, connects to its neighbouring stages,
 // replies READY and serves steps until SHUTDOWN or until the coordinator goes away; then it
-// waits for the next coordinator. A bad package is answered with a StageError, not a crash;
+// waits for the next coordinator. A bad package is answered with a RoleError, not a crash;
 // a coordinator that vanishes, shuts the run down or sends no package in time releases the
 // worker. Listening beyond loopback without a token is logged as a warning.
 #include <functional>
@@ -31,7 +31,7 @@ struct WorkerOptions {
   // Serves packages of other kinds than StagePackage, by kind (pipit-worker installs the
   // parameter-server roles for PsKind::Package, ps/role.h): called with the run's
   // communicator, claimed by the coordinator, and the package; returns when the role is done.
-  // What it throws is logged and sent to the coordinator as a StageError.
+  // What it throws is logged and sent to the coordinator as a RoleError.
   using PackageServer =
       std::function<void(const std::shared_ptr<TcpCommunicator>&, const Message&)>;
   std::map<MessageKind, PackageServer> other_packages;

@@ -71,9 +71,9 @@ void WorkerStages::await_ready(std::chrono::milliseconds timeout) {
     const int from = message->from;
     if (from < 0 || from >= endpoints) continue;
     const std::string where = workers_[static_cast<size_t>(from)];
-    if (message->kind == MessageKind::StageError || message->kind == MessageKind::PeerLost) {
-      const std::string why = message->kind == MessageKind::StageError
-                                  ? read_stage_error(*message).message
+    if (message->kind == MessageKind::RoleError || message->kind == MessageKind::PeerLost) {
+      const std::string why = message->kind == MessageKind::RoleError
+                                  ? read_role_error(*message).message
                                   : "connection lost: " + read_peer_lost(*message).reason;
       throw Error("Pipeline: stage " + std::to_string(from) + " (" + where +
                   ") failed to start: " + why);

@@ -63,8 +63,8 @@ void read_typed(const Message& message) {
       rewritten = to_message(read_optimizer_step(message), message.step);
     } else if (kind == PipelineKind::StageDone) {
       rewritten = to_message(read_stage_done(message), message.step);
-    } else if (kind == MessageKind::StageError) {
-      rewritten = to_message(read_stage_error(message), message.step);
+    } else if (kind == MessageKind::RoleError) {
+      rewritten = to_message(read_role_error(message), message.step);
     } else if (kind == MessageKind::State) {
       rewritten = to_message(read_state_reply(message), message.step, message.tensors);
     } else if (kind == MessageKind::PeerLost) {
