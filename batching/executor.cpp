@@ -7,53 +7,61 @@
 
 namespace pipit::batching {
 
+namespace {
+
+const NodeRef& input_of(const GraphState& s, int32_t node, int32_t position) {
+  return s.inputs[static_cast<size_t>(s.nodes[static_cast<size_t>(node)].first_input + position)];
+}
+
+// Input `position` of every call in `batch`, as one tensor: a view of one producer's output
+// when the rows come in this batch's order, else gathered row by row.
+Tensor batch_input(const GraphState& s, const std::vector<int32_t>& batch, int32_t position,
+                   GraphStats& stats) {
+  const int64_t k = static_cast<int64_t>(batch.size());
+  const NodeRef& head = input_of(s, batch.front(), position);
+  const BatchNode& head_producer = s.nodes[static_cast<size_t>(head.node)];
+  bool in_order = true;
+  for (int64_t i = 0; i < k && in_order; ++i) {
+    const NodeRef& ref = input_of(s, batch[static_cast<size_t>(i)], position);
+    const BatchNode& p = s.nodes[static_cast<size_t>(ref.node)];
+    in_order = p.batch == head_producer.batch && ref.output == head.output &&
+               p.row == head_producer.row + i;
+  }
+  if (in_order) {  // one producer batch, in this batch's order: no copy at all
+    const Tensor& whole =
+        s.batches[static_cast<size_t>(head_producer.batch)][static_cast<size_t>(head.output)];
+    ++stats.views;
+    return head_producer.row == 0 && whole.size(0) == k ? whole
+                                                        : narrow(whole, 0, head_producer.row, k);
+  }
+  std::vector<Tensor> sources;
+  std::unordered_map<int64_t, int32_t> source_of;  // (batch, output) -> index in sources
+  std::vector<RowRef> rows;
+  for (int64_t i = 0; i < k; ++i) {
+    const NodeRef& ref = input_of(s, batch[static_cast<size_t>(i)], position);
+    const BatchNode& p = s.nodes[static_cast<size_t>(ref.node)];
+    const int64_t id = int64_t{p.batch} << 16 | ref.output;
+    auto [it, added] = source_of.try_emplace(id, static_cast<int32_t>(sources.size()));
+    if (added) {
+      sources.push_back(s.batches[static_cast<size_t>(p.batch)][static_cast<size_t>(ref.output)]);
+    }
+    rows.push_back({it->second, p.row});
+  }
+  Tensor gathered = gather_rows(sources, rows);
+  ++stats.gathers;
+  return gathered;
+}
+
+}  // namespace
+
 void execute_batch(GraphState& s, const std::vector<int32_t>& batch, GraphStats& stats) {
   const BatchNode& first = s.nodes[static_cast<size_t>(batch.front())];
   const Op& op = *s.ops[static_cast<size_t>(first.op)];
   const int64_t k = static_cast<int64_t>(batch.size());
-  auto input_of = [&s](int32_t node, int32_t position) -> const NodeRef& {
-    return s.inputs[static_cast<size_t>(s.nodes[static_cast<size_t>(node)].first_input + position)];
-  };
   std::vector<Tensor> inputs(static_cast<size_t>(first.input_count));
-  std::vector<Tensor> sources;
-  std::unordered_map<int64_t, int32_t> source_of;  // (batch, output) -> index in sources
-  std::vector<RowRef> rows;
   try {
     for (int32_t position = 0; position < first.input_count; ++position) {
-      const NodeRef& head = input_of(batch.front(), position);
-      const BatchNode& head_producer = s.nodes[static_cast<size_t>(head.node)];
-      bool in_order = true;
-      for (int64_t i = 0; i < k && in_order; ++i) {
-        const NodeRef& ref = input_of(batch[static_cast<size_t>(i)], position);
-        const BatchNode& p = s.nodes[static_cast<size_t>(ref.node)];
-        in_order = p.batch == head_producer.batch && ref.output == head.output &&
-                   p.row == head_producer.row + i;
-      }
-      if (in_order) {  // one producer batch, in this batch's order: no copy at all
-        const Tensor& whole =
-            s.batches[static_cast<size_t>(head_producer.batch)][static_cast<size_t>(head.output)];
-        inputs[static_cast<size_t>(position)] = head_producer.row == 0 && whole.size(0) == k
-                                                    ? whole
-                                                    : narrow(whole, 0, head_producer.row, k);
-        ++stats.views;
-        continue;
-      }
-      sources.clear();
-      source_of.clear();
-      rows.clear();
-      for (int64_t i = 0; i < k; ++i) {
-        const NodeRef& ref = input_of(batch[static_cast<size_t>(i)], position);
-        const BatchNode& p = s.nodes[static_cast<size_t>(ref.node)];
-        const int64_t id = int64_t{p.batch} << 16 | ref.output;
-        auto [it, added] = source_of.try_emplace(id, static_cast<int32_t>(sources.size()));
-        if (added) {
-          sources.push_back(
-              s.batches[static_cast<size_t>(p.batch)][static_cast<size_t>(ref.output)]);
-        }
-        rows.push_back({it->second, p.row});
-      }
-      inputs[static_cast<size_t>(position)] = gather_rows(sources, rows);
-      ++stats.gathers;
+      inputs[static_cast<size_t>(position)] = batch_input(s, batch, position, stats);
     }
   } catch (const std::exception& e) {
     throw Error(detail::concat("batching: gathering the inputs of ", k, " calls of key ",

@@ -56,6 +56,25 @@ uint64_t signature_of(const Tensor& batch) {
   return h;
 }
 
+// The node of an earlier call of the same pure op on the same inputs, or -1 after reserving
+// its slot in the reuse table for the node about to be added.
+int32_t reuse_call(GraphState& s, int32_t op_index, const NodeRef* refs, int32_t count) {
+  if (2 * (s.reuse_used + 1) > s.reuse_slots.size()) grow_reuse_table(s);
+  const size_t mask = s.reuse_slots.size() - 1;
+  const uint32_t tag = call_tag(op_index, refs, count);
+  size_t slot = tag & mask;
+  for (; s.reuse_slots[slot].node >= 0; slot = (slot + 1) & mask) {
+    const GraphState::ReuseSlot& entry = s.reuse_slots[slot];
+    if (entry.tag == tag &&
+        same_call(s, s.nodes[static_cast<size_t>(entry.node)], op_index, refs, count)) {
+      return entry.node;
+    }
+  }
+  s.reuse_slots[slot] = {tag, static_cast<int32_t>(s.nodes.size())};
+  ++s.reuse_used;
+  return -1;
+}
+
 }  // namespace
 
 int32_t GraphState::key_of(int32_t node) {
@@ -164,28 +183,10 @@ void Graph::add(const std::shared_ptr<const Op>& op, const Handle* inputs, size_
   }
   const int32_t count = static_cast<int32_t>(input_count);
   const NodeRef* refs = &s.inputs[static_cast<size_t>(first_input)];
-  int32_t node_id = -1;
-  if (s.reuse && op->pure) {
-    if (2 * (s.reuse_used + 1) > s.reuse_slots.size()) grow_reuse_table(s);
-    const size_t mask = s.reuse_slots.size() - 1;
-    const uint32_t tag = call_tag(op_index, refs, count);
-    size_t slot = tag & mask;
-    for (; s.reuse_slots[slot].node >= 0; slot = (slot + 1) & mask) {
-      const GraphState::ReuseSlot& entry = s.reuse_slots[slot];
-      if (entry.tag == tag &&
-          same_call(s, s.nodes[static_cast<size_t>(entry.node)], op_index, refs, count)) {
-        node_id = entry.node;
-        break;
-      }
-    }
-    if (node_id >= 0) {
-      s.inputs.resize(static_cast<size_t>(first_input));
-    } else {
-      s.reuse_slots[slot] = {tag, static_cast<int32_t>(s.nodes.size())};
-      ++s.reuse_used;
-    }
-  }
-  if (node_id < 0) {
+  int32_t node_id = s.reuse && op->pure ? reuse_call(s, op_index, refs, count) : -1;
+  if (node_id >= 0) {
+    s.inputs.resize(static_cast<size_t>(first_input));
+  } else {
     BatchNode n;
     n.op = op_index;
     n.first_input = first_input;

@@ -47,6 +47,58 @@ void await_all(TcpCommunicator& comm, const PsConfig& config, std::map<int, Mess
   }
 }
 
+// How many of the run's roles share role `id`'s host, so each can share out that host's cores.
+int roles_on_host(const std::vector<std::string>& addresses, int id) {
+  const std::string host = parse_endpoint(addresses[static_cast<size_t>(id)]).first;
+  int count = 0;
+  for (const std::string& a : addresses) count += parse_endpoint(a).first == host ? 1 : 0;
+  return count;
+}
+
+// Each shard its parameters; returns what each will answer when Ready and when done.
+void send_shards(TcpCommunicator& comm, const Module& model, const PsConfig& config,
+                 const std::vector<std::string>& addresses, std::map<int, MessageKind>& ready,
+                 std::map<int, MessageKind>& done) {
+  const NamedParameters all = model.named_parameters();
+  const std::vector<int> shard_of = plan_shards(all, config.servers);
+  for (int s = 0; s < config.servers; ++s) {
+    PsPackage package;
+    package.role = "shard";
+    package.index = s;
+    package.sharing = roles_on_host(addresses, config.server_id(s));
+    package.config = config;
+    for (const auto& [name, p] : shard_parameters(all, shard_of, s)) {
+      package.weights.emplace(name, p.detach());
+    }
+    comm.send(config.server_id(s), to_message(package));
+    ready[config.server_id(s)] = MessageKind::Ready;
+    done[config.server_id(s)] = MessageKind::State;
+  }
+}
+
+// Each worker the model's config, the shards' addresses and its data.
+void send_workers(TcpCommunicator& comm, const Module& model, const PsConfig& config,
+                  const std::vector<PsWorkerData>& data, int64_t batch, int64_t steps,
+                  const std::vector<std::string>& addresses, std::map<int, MessageKind>& done) {
+  const std::vector<std::string> shard_addresses(addresses.begin(),
+                                                 addresses.begin() + config.servers);
+  for (int w = 0; w < config.workers; ++w) {
+    PsPackage package;
+    package.role = "worker";
+    package.index = w;
+    package.sharing = roles_on_host(addresses, config.worker_id(w));
+    package.config = config;
+    package.model = model.config();
+    package.shards = shard_addresses;
+    package.inputs = data[static_cast<size_t>(w)].inputs;
+    package.targets = data[static_cast<size_t>(w)].targets;
+    package.batch = batch;
+    package.steps = steps;
+    comm.send(config.worker_id(w), to_message(package));
+    done[config.worker_id(w)] = PsKind::Leave;
+  }
+}
+
 }  // namespace
 
 PsLaunchResult train_ps_on_workers(const Module& model, const PsConfig& config,
@@ -71,47 +123,10 @@ PsLaunchResult train_ps_on_workers(const Module& model, const PsConfig& config,
       const auto [host, port] = parse_endpoint(addresses[static_cast<size_t>(id)]);
       comm->connect(id, host, port);
     }
-    // How many roles share each role's host, so each can share out that host's cores.
-    auto sharing = [&](int id) {
-      const std::string host = parse_endpoint(addresses[static_cast<size_t>(id)]).first;
-      int count = 0;
-      for (const std::string& a : addresses) count += parse_endpoint(a).first == host ? 1 : 0;
-      return count;
-    };
-    const NamedParameters all = model.named_parameters();
-    const std::vector<int> shard_of = plan_shards(all, config.servers);
     std::map<int, MessageKind> shards_ready, done;
-    for (int s = 0; s < config.servers; ++s) {
-      PsPackage package;
-      package.role = "shard";
-      package.index = s;
-      package.sharing = sharing(config.server_id(s));
-      package.config = config;
-      for (const auto& [name, p] : shard_parameters(all, shard_of, s)) {
-        package.weights.emplace(name, p.detach());
-      }
-      comm->send(config.server_id(s), to_message(package));
-      shards_ready[config.server_id(s)] = MessageKind::Ready;
-      done[config.server_id(s)] = MessageKind::State;
-    }
+    send_shards(*comm, model, config, addresses, shards_ready, done);
     await_all(*comm, config, shards_ready, addresses);
-    const std::vector<std::string> shard_addresses(addresses.begin(),
-                                                   addresses.begin() + config.servers);
-    for (int w = 0; w < config.workers; ++w) {
-      PsPackage package;
-      package.role = "worker";
-      package.index = w;
-      package.sharing = sharing(config.worker_id(w));
-      package.config = config;
-      package.model = model.config();
-      package.shards = shard_addresses;
-      package.inputs = data[static_cast<size_t>(w)].inputs;
-      package.targets = data[static_cast<size_t>(w)].targets;
-      package.batch = batch;
-      package.steps = steps;
-      comm->send(config.worker_id(w), to_message(package));
-      done[config.worker_id(w)] = PsKind::Leave;
-    }
+    send_workers(*comm, model, config, data, batch, steps, addresses, done);
     // A worker says Ready, trains, and says PsLeave; a fast one may be done before a slow one
     // is Ready, so the launcher waits only for the ends: every worker's PsLeave, every
     // shard's State.

@@ -45,6 +45,24 @@ Message to_message(const PsPackage& p) {
   return message;
 }
 
+namespace {
+
+// A worker's data has the batch's rows, and it knows every shard.
+void check_worker_package(const PsPackage& p, const JsonFields<ControlError>& f) {
+  if (p.inputs.dim() == 0 || p.targets.dim() == 0 || p.inputs.size(0) != p.targets.size(0) ||
+      p.inputs.size(0) < p.batch) {
+    f.fail("gives worker ", p.index, " inputs of shape ", shape_str(p.inputs.shape()),
+           " and targets of shape ", shape_str(p.targets.shape()), ": both need the same ",
+           "number of rows, at least batch = ", p.batch);
+  }
+  if (static_cast<int>(p.shards.size()) != p.config.servers) {
+    f.fail("gives worker ", p.index, " ", p.shards.size(), " shard addresses for ",
+           p.config.servers, " shards");
+  }
+}
+
+}  // namespace
+
 PsPackage read_ps_package(const Message& message) {
   if (message.kind != PsKind::Package) {
     throw ControlError(std::string("expected a PsPackage message, got ") +
@@ -95,16 +113,7 @@ PsPackage read_ps_package(const Message& message) {
     if (!data) f.fail("gives worker ", p.index, " no data");
     p.inputs = message.tensors[next++];
     p.targets = message.tensors[next++];
-    if (p.inputs.dim() == 0 || p.targets.dim() == 0 || p.inputs.size(0) != p.targets.size(0) ||
-        p.inputs.size(0) < p.batch) {
-      f.fail("gives worker ", p.index, " inputs of shape ", shape_str(p.inputs.shape()),
-             " and targets of shape ", shape_str(p.targets.shape()), ": both need the same ",
-             "number of rows, at least batch = ", p.batch);
-    }
-    if (static_cast<int>(p.shards.size()) != p.config.servers) {
-      f.fail("gives worker ", p.index, " ", p.shards.size(), " shard addresses for ",
-             p.config.servers, " shards");
-    }
+    check_worker_package(p, f);
   }
   return p;
 }

@@ -4,11 +4,11 @@
 #include <chrono>
 #include <cstdio>
 
+#include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "comm/control.h"
 #include "ps/messages.h"
 #include "tensor/backend.h"
-#include "autograd/grad_mode.h"
 
 namespace pipit {
 
@@ -56,15 +56,7 @@ void ParameterServer::serve() {
   };
   while (anyone_left()) {
     std::optional<Message> message = comm_->try_receive(config_.timeout);
-    if (!message) {
-      std::string waiting;
-      for (int w = 0; w < config_.workers; ++w) {
-        if (live_[w]) waiting += (waiting.empty() ? "" : ", ") + std::to_string(w);
-      }
-      throw Error(detail::concat("parameter server shard ", shard_, ": no message for ",
-                                 config_.timeout.count(), " ms at version ", stats_.version,
-                                 " (waiting on workers ", waiting, ")"));
-    }
+    if (!message) silent();
     const auto busy_since = std::chrono::steady_clock::now();
     struct Busy {
       std::chrono::steady_clock::time_point since;
@@ -79,15 +71,7 @@ void ParameterServer::serve() {
                                  ": the launcher ended the run at version ", stats_.version));
     }
     if (message->kind == MessageKind::PeerLost) {
-      const PeerLost lost = read_peer_lost(*message);
-      if (lost.peer == kCoordinator) {
-        throw Error(detail::concat("parameter server shard ", shard_, ": lost the launcher (",
-                                   lost.address, ": ", lost.reason, ")"));
-      }
-      const int worker = worker_of(lost.peer);
-      if (worker >= 0 && live_[worker]) {
-        on_gone(worker, "lost (" + lost.address + ": " + lost.reason + ")");
-      }
+      lost(read_peer_lost(*message));
       continue;
     }
     const int worker = worker_of(message->from);
@@ -98,27 +82,51 @@ void ParameterServer::serve() {
     }
     if (!live_[worker]) continue;  // a dropped worker's late messages
     try {
-      const MessageKind kind = message->kind;
-      if (kind == PsKind::Join) {
-        read_empty(*message);
-        on_join(worker);
-      } else if (kind == PsKind::Push) {
-        on_push(worker, *message);
-      } else if (kind == PsKind::Leave) {
-        read_empty(*message);
-        live_[worker] = false;
-        gate_.forget(worker);
-        if (config_.mode == "sync") {
-          try_sync_update();
-        } else {
-          drain();
-        }
-      } else {
-        say(std::string("ignored a ") + message_kind_name(kind) + " from " + who(worker));
-      }
+      handle(worker, *message);
     } catch (const ControlError& e) {
       refuse(worker, e.what());
     }
+  }
+}
+
+void ParameterServer::silent() const {
+  std::string waiting;
+  for (int w = 0; w < config_.workers; ++w) {
+    if (live_[w]) waiting += (waiting.empty() ? "" : ", ") + std::to_string(w);
+  }
+  throw Error(detail::concat("parameter server shard ", shard_, ": no message for ",
+                             config_.timeout.count(), " ms at version ", stats_.version,
+                             " (waiting on workers ", waiting, ")"));
+}
+
+void ParameterServer::lost(const PeerLost& lost) {
+  if (lost.peer == kCoordinator) {
+    throw Error(detail::concat("parameter server shard ", shard_, ": lost the launcher (",
+                               lost.address, ": ", lost.reason, ")"));
+  }
+  const int worker = worker_of(lost.peer);
+  if (worker >= 0 && live_[worker])
+    on_gone(worker, "lost (" + lost.address + ": " + lost.reason + ")");
+}
+
+void ParameterServer::handle(int worker, const Message& message) {
+  const MessageKind kind = message.kind;
+  if (kind == PsKind::Join) {
+    read_empty(message);
+    on_join(worker);
+  } else if (kind == PsKind::Push) {
+    on_push(worker, message);
+  } else if (kind == PsKind::Leave) {
+    read_empty(message);
+    live_[worker] = false;
+    gate_.forget(worker);
+    if (config_.mode == "sync") {
+      try_sync_update();
+    } else {
+      drain();
+    }
+  } else {
+    say(std::string("ignored a ") + message_kind_name(kind) + " from " + who(worker));
   }
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/control.h"
 #include "optim/optimizer.h"
 #include "ps/config.h"
 #include "ps/staleness_gate.h"
@@ -72,6 +73,11 @@ class ParameterServer {
     std::vector<Tensor> gradients;  // per shard parameter; undefined where none was pushed
   };
 
+  // No message within config.timeout: an Error naming the workers still awaited.
+  [[noreturn]] void silent() const;
+  void lost(const PeerLost& lost);
+  // A Join, Push or Leave of a live worker.
+  void handle(int worker, const Message& message);
   void on_join(int worker);
   void on_push(int worker, const Message& message);
   void on_gone(int worker, const std::string& why);

@@ -85,34 +85,40 @@ void BpeTrainer::add_file(const std::string& path) {
   add_text(read_text_file(path));
 }
 
-BpeModel BpeTrainer::train() const {
-  const size_t base = options_.specials.size() + 256;
-  if (options_.vocab_size < base) {
-    throw TextError("BPE trainer: a vocabulary of " + std::to_string(options_.vocab_size) +
-                    " tokens has no room for " + std::to_string(options_.specials.size()) +
-                    " special tokens and the 256 bytes");
-  }
+namespace {
+
+// The model being trained, and each token's id by its bytes.
+struct Vocabulary {
   BpeModel model;
   std::unordered_map<std::string, uint32_t> ids;
-  const auto add_token = [&](std::string bytes) {
+
+  uint32_t add(std::string bytes) {
     const auto id = static_cast<uint32_t>(model.tokens.size());
     ids.emplace(bytes, id);
     model.tokens.push_back(std::move(bytes));
     return id;
-  };
-  for (const std::string& special : options_.specials) model.specials.push_back(add_token(special));
-  // HF numbers the alphabet in the order of the characters that spell the bytes.
-  std::vector<int> bytes(256);
-  for (int b = 0; b < 256; ++b) bytes[b] = b;
-  std::sort(bytes.begin(), bytes.end(), [](int a, int b) {
-    return byte_to_char(static_cast<unsigned char>(a)) <
-           byte_to_char(static_cast<unsigned char>(b));
-  });
-  uint32_t byte_id[256];
-  for (const int b : bytes) byte_id[b] = add_token(std::string(1, static_cast<char>(b)));
+  }
+  // The specials, then the 256 bytes; returns each byte's id.
+  std::vector<uint32_t> add_alphabet(const std::vector<std::string>& specials) {
+    for (const std::string& special : specials) model.specials.push_back(add(special));
+    // HF numbers the alphabet in the order of the characters that spell the bytes.
+    std::vector<int> bytes(256);
+    for (int b = 0; b < 256; ++b) bytes[b] = b;
+    std::sort(bytes.begin(), bytes.end(), [](int a, int b) {
+      return byte_to_char(static_cast<unsigned char>(a)) <
+             byte_to_char(static_cast<unsigned char>(b));
+    });
+    std::vector<uint32_t> byte_id(256);
+    for (const int b : bytes) byte_id[b] = add(std::string(1, static_cast<char>(b)));
+    return byte_id;
+  }
+};
 
-  // Pieces in a fixed order, so that training does not depend on the hash map's.
-  std::vector<std::pair<std::string, uint64_t>> pieces(counts_.begin(), counts_.end());
+// Every piece spelled in byte tokens, with its pairs counted; in a fixed order, so that
+// training does not depend on the hash map's.
+Corpus corpus_of(const std::unordered_map<std::string, uint64_t>& counts,
+                 const std::vector<uint32_t>& byte_id) {
+  std::vector<std::pair<std::string, uint64_t>> pieces(counts.begin(), counts.end());
   std::sort(pieces.begin(), pieces.end());
   Corpus corpus;
   for (const auto& [piece, count] : pieces) {
@@ -124,19 +130,35 @@ BpeModel BpeTrainer::train() const {
       corpus.change(make_pair(word[i], word[i + 1]), static_cast<int64_t>(count), w);
     }
   }
-  std::priority_queue<Candidate> queue;
-  const auto push_grown = [&] {
-    std::sort(corpus.grown.begin(), corpus.grown.end());
-    corpus.grown.erase(std::unique(corpus.grown.begin(), corpus.grown.end()), corpus.grown.end());
-    for (const Pair pair : corpus.grown) {
-      if (const int64_t count = corpus.pair_counts[pair]; count > 0) {
-        queue.push({static_cast<uint64_t>(count), pair});
-      }
-    }
-    corpus.grown.clear();
-  };
-  push_grown();
+  return corpus;
+}
 
+// The pairs whose counts grew since the last push, queued with their counts.
+void push_grown(Corpus& corpus, std::priority_queue<Candidate>& queue) {
+  std::sort(corpus.grown.begin(), corpus.grown.end());
+  corpus.grown.erase(std::unique(corpus.grown.begin(), corpus.grown.end()), corpus.grown.end());
+  for (const Pair pair : corpus.grown) {
+    if (const int64_t count = corpus.pair_counts[pair]; count > 0) {
+      queue.push({static_cast<uint64_t>(count), pair});
+    }
+  }
+  corpus.grown.clear();
+}
+
+}  // namespace
+
+BpeModel BpeTrainer::train() const {
+  const size_t base = options_.specials.size() + 256;
+  if (options_.vocab_size < base) {
+    throw TextError("BPE trainer: a vocabulary of " + std::to_string(options_.vocab_size) +
+                    " tokens has no room for " + std::to_string(options_.specials.size()) +
+                    " special tokens and the 256 bytes");
+  }
+  Vocabulary vocabulary;
+  Corpus corpus = corpus_of(counts_, vocabulary.add_alphabet(options_.specials));
+  std::priority_queue<Candidate> queue;
+  push_grown(corpus, queue);
+  BpeModel& model = vocabulary.model;
   std::vector<uint32_t> seen(corpus.words.size(), UINT32_MAX);  // merge number per word
   const uint64_t min_count = std::max<uint64_t>(1, options_.min_frequency);
   while (model.tokens.size() < options_.vocab_size && !queue.empty()) {
@@ -153,8 +175,9 @@ BpeModel BpeTrainer::train() const {
     const auto left = static_cast<uint32_t>(top.pair >> 32);
     const auto right = static_cast<uint32_t>(top.pair);
     std::string merged = model.tokens[left] + model.tokens[right];
-    const auto known = ids.find(merged);
-    const uint32_t result = known != ids.end() ? known->second : add_token(std::move(merged));
+    const auto known = vocabulary.ids.find(merged);
+    const uint32_t result =
+        known != vocabulary.ids.end() ? known->second : vocabulary.add(std::move(merged));
     const auto number = static_cast<uint32_t>(model.merges.size());
     model.merges.push_back({left, right, result});
     const std::vector<uint32_t> holders = std::move(corpus.where[top.pair]);
@@ -165,9 +188,9 @@ BpeModel BpeTrainer::train() const {
       corpus.merge(w, left, right, result);
     }
     corpus.pair_counts[top.pair] = 0;
-    push_grown();
+    push_grown(corpus, queue);
   }
-  return model;
+  return std::move(vocabulary.model);
 }
 
 }  // namespace pipit::text
