@@ -49,9 +49,8 @@ std::vector<Tensor> apply_node(const std::shared_ptr<Node>& node, const Tensor& 
   return std::vector<Tensor>(node->next.size());
 }
 
-// Runs nodes in dependency order from the roots over the edges `follows` admits, summing the
-// gradients each node receives before it runs. No root may be reachable from another.
-void propagate(Rooted roots, const Follows& follows, const Apply& apply) {
+// Per node reachable from the roots over the edges `follows` admits: how many edges lead to it.
+std::unordered_map<Node*, int> count_dependencies(const Rooted& roots, const Follows& follows) {
   std::unordered_map<Node*, int> dependencies;
   std::vector<Node*> stack;
   for (const auto& [root, grad] : roots) {
@@ -67,7 +66,13 @@ void propagate(Rooted roots, const Follows& follows, const Apply& apply) {
       if (inserted) stack.push_back(child.get());
     }
   }
+  return dependencies;
+}
 
+// Runs nodes in dependency order from the roots over the edges `follows` admits, summing the
+// gradients each node receives before it runs. No root may be reachable from another.
+void propagate(Rooted roots, const Follows& follows, const Apply& apply) {
+  std::unordered_map<Node*, int> dependencies = count_dependencies(roots, follows);
   t_gradient_sums = {};
   std::unordered_map<Node*, Tensor> pending;
   std::vector<std::shared_ptr<Node>> ready;
@@ -166,6 +171,21 @@ std::unordered_set<const Node*> nodes_leading_to(Node* start,
   return result;
 }
 
+// What W does for a node B ran with its W edges hidden. A node that ignores missing edges
+// (layer norm) computed its W gradients already: W keeps those instead of the node, its saved
+// tensors and its gradient (all of them, or W asks the node again on g).
+std::pair<std::shared_ptr<Node>, Tensor> weight_work(
+    const std::shared_ptr<Node>& node, const Tensor& g, const std::vector<Tensor>& result,
+    const std::vector<std::shared_ptr<Node>>& w_edges) {
+  std::vector<Tensor> computed(w_edges.size());
+  for (size_t i = 0; i < w_edges.size(); ++i) {
+    if (!w_edges[i]) continue;
+    if (i >= result.size() || !result[i].defined()) return {node, g};
+    computed[i] = result[i];
+  }
+  return {std::make_shared<ComputedGradients>(std::move(computed), w_edges), Tensor()};
+}
+
 }  // namespace
 
 DeferredGradients::~DeferredGradients() = default;
@@ -214,23 +234,8 @@ DeferredGradients backward_inputs_first(const Tensor& output, const Tensor& grad
     }
     std::vector<Tensor> result = apply_node(node, g, waiting);
     if (!any_w) return result;
-    // A node that ignores missing edges (layer norm) computed its W gradients already: W keeps
-    // those instead of the node, its saved tensors and its gradient (all of them, or W asks the
-    // node again).
-    bool all_computed = true;
-    for (size_t i = 0; i < w_edges.size(); ++i) {
-      if (w_edges[i]) all_computed = all_computed && i < result.size() && result[i].defined();
-    }
-    if (all_computed) {
-      std::vector<Tensor> computed(w_edges.size());
-      for (size_t i = 0; i < w_edges.size(); ++i) {
-        if (w_edges[i]) computed[i] = result[i];
-      }
-      deferred.work_.push_back(
-          {std::make_shared<ComputedGradients>(std::move(computed), w_edges), Tensor()});
-    } else {
-      deferred.work_.push_back({node, g});
-    }
+    auto [w_node, w_grad] = weight_work(node, g, result, w_edges);
+    deferred.work_.push_back({std::move(w_node), std::move(w_grad)});
     w_edges_of.push_back(std::move(w_edges));
     return result;
   };

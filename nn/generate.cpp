@@ -196,6 +196,30 @@ class LocalStepper final : public TokenStepper {
   std::optional<CachedLayers> layers_;
 };
 
+// The longest prompt's length, after checking every prompt and option against the model.
+int64_t check_prompts(const std::vector<std::vector<int64_t>>& prompts,
+                      const GenerationOptions& options, int64_t vocab, int64_t context) {
+  PIPIT_CHECK(!prompts.empty(), "generate: no prompts");
+  PIPIT_CHECK(options.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ",
+              options.max_new_tokens);
+  int64_t longest = 0;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const auto& prompt = prompts[b];
+    PIPIT_CHECK(!prompt.empty(), "generate: prompt ", b, " is empty");
+    PIPIT_CHECK(static_cast<int64_t>(prompt.size()) <= context, "generate: prompt ", b, " has ",
+                prompt.size(), " tokens, more than the model's context of ", context);
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      PIPIT_CHECK(prompt[t] >= 0 && prompt[t] < vocab, "generate: prompt ", b, " token ", t,
+                  " is id ", prompt[t], ", outside the vocabulary of ", vocab);
+    }
+    longest = std::max(longest, static_cast<int64_t>(prompt.size()));
+  }
+  PIPIT_CHECK(!options.stop_token || (*options.stop_token >= 0 && *options.stop_token < vocab),
+              "generate: stop token ", options.stop_token.value_or(0),
+              " is outside the vocabulary of ", vocab);
+  return longest;
+}
+
 }  // namespace
 
 Tensor last_logits(const Tensor& output, int64_t vocab) {
@@ -210,27 +234,9 @@ std::vector<std::vector<int64_t>> generate(TokenStepper& model,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options) {
   Sampler sampler(options);
-  PIPIT_CHECK(!prompts.empty(), "generate: no prompts");
-  PIPIT_CHECK(options.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ",
-              options.max_new_tokens);
   const int64_t vocab = model.vocab_size(), context = model.context();
   const int64_t B = static_cast<int64_t>(prompts.size());
-  int64_t longest = 0;
-  for (size_t b = 0; b < prompts.size(); ++b) {
-    const auto& prompt = prompts[b];
-    PIPIT_CHECK(!prompt.empty(), "generate: prompt ", b, " is empty");
-    PIPIT_CHECK(static_cast<int64_t>(prompt.size()) <= context, "generate: prompt ", b, " has ",
-                prompt.size(), " tokens, more than the model's context of ", context);
-    for (size_t t = 0; t < prompt.size(); ++t) {
-      PIPIT_CHECK(prompt[t] >= 0 && prompt[t] < vocab, "generate: prompt ", b, " token ", t,
-                  " is id ", prompt[t], ", outside the vocabulary of ", vocab);
-    }
-    longest = std::max(longest, static_cast<int64_t>(prompt.size()));
-  }
-  if (options.stop_token) {
-    PIPIT_CHECK(*options.stop_token >= 0 && *options.stop_token < vocab, "generate: stop token ",
-                *options.stop_token, " is outside the vocabulary of ", vocab);
-  }
+  const int64_t longest = check_prompts(prompts, options, vocab, context);
   const int64_t capacity = std::min(context, longest + options.max_new_tokens);
   const int64_t new_tokens = capacity - longest;
 

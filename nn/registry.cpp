@@ -33,6 +33,26 @@ Size2 config_pair(const json& config, const char* name) {
   return {value[0].get<int64_t>(), value[1].get<int64_t>()};
 }
 
+std::shared_ptr<Module> build_sequential(const json& c) {
+  const json& layers = field(c, "layers");
+  PIPIT_CHECK(layers.is_array(), "build_module: Sequential field \"layers\" must be an array");
+  std::vector<std::shared_ptr<Module>> built;
+  for (const json& layer : layers) built.push_back(build_module(layer));
+  const int64_t first = c.contains("first_index") ? config_int(c, "first_index") : 0;
+  PIPIT_CHECK(first >= 0, "build_module: Sequential field \"first_index\" must be >= 0");
+  auto sequential = std::make_shared<Sequential>(std::move(built), static_cast<size_t>(first));
+  if (!c.contains("ties")) return sequential;
+  const json& ties = c["ties"];
+  PIPIT_CHECK(ties.is_array(), "build_module: Sequential field \"ties\" must be an array");
+  for (const json& tie : ties) {
+    PIPIT_CHECK(tie.is_array() && tie.size() == 2 && tie[0].is_string() && tie[1].is_string(),
+                "build_module: each Sequential tie must be [parameter, tied_to] names, got ",
+                tie.dump());
+    sequential->tie(tie[0].get<std::string>(), tie[1].get<std::string>());
+  }
+  return sequential;
+}
+
 // Built-in types are registered here, not by static initialisers, which a static library
 // drops when nothing references their object file.
 std::map<std::string, ModuleFactory> builtin_factories() {
@@ -84,26 +104,7 @@ std::map<std::string, ModuleFactory> builtin_factories() {
     return std::make_shared<TransformerBlock>(config_int(c, "width"), config_int(c, "heads"),
                                               config_number(c, "dropout"), nullptr, eps);
   };
-  f["Sequential"] = [](const json& c) {
-    const json& layers = field(c, "layers");
-    PIPIT_CHECK(layers.is_array(), "build_module: Sequential field \"layers\" must be an array");
-    std::vector<std::shared_ptr<Module>> built;
-    for (const json& layer : layers) built.push_back(build_module(layer));
-    const int64_t first = c.contains("first_index") ? config_int(c, "first_index") : 0;
-    PIPIT_CHECK(first >= 0, "build_module: Sequential field \"first_index\" must be >= 0");
-    auto sequential = std::make_shared<Sequential>(std::move(built), static_cast<size_t>(first));
-    if (c.contains("ties")) {
-      const json& ties = c["ties"];
-      PIPIT_CHECK(ties.is_array(), "build_module: Sequential field \"ties\" must be an array");
-      for (const json& tie : ties) {
-        PIPIT_CHECK(tie.is_array() && tie.size() == 2 && tie[0].is_string() && tie[1].is_string(),
-                    "build_module: each Sequential tie must be [parameter, tied_to] names, got ",
-                    tie.dump());
-        sequential->tie(tie[0].get<std::string>(), tie[1].get<std::string>());
-      }
-    }
-    return sequential;
-  };
+  f["Sequential"] = build_sequential;
   return f;
 }
 

@@ -78,68 +78,22 @@ PIPIT_BACKEND_OPS(PIPIT_CHECK_ARGUMENTS)
 
 }  // namespace
 
+// Each in its enum's order (tensor/backend.h).
 const char* op_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::neg:
-      return "neg";
-    case UnaryOp::exp:
-      return "exp";
-    case UnaryOp::log:
-      return "log";
-    case UnaryOp::sqrt:
-      return "sqrt";
-    case UnaryOp::abs:
-      return "abs";
-    case UnaryOp::tanh:
-      return "tanh";
-    case UnaryOp::sigmoid:
-      return "sigmoid";
-    case UnaryOp::relu:
-      return "relu";
-    case UnaryOp::gelu:
-      return "gelu";
-  }
-  return "unary";
+  static constexpr const char* kNames[] = {"neg",  "exp",     "log",  "sqrt", "abs",
+                                           "tanh", "sigmoid", "relu", "gelu"};
+  static_assert(std::size(kNames) == static_cast<size_t>(UnaryOp::gelu) + 1);
+  return kNames[static_cast<size_t>(op)];
 }
 
 const char* op_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::add:
-      return "add";
-    case BinaryOp::sub:
-      return "sub";
-    case BinaryOp::mul:
-      return "mul";
-    case BinaryOp::div:
-      return "div";
-    case BinaryOp::pow:
-      return "pow";
-    case BinaryOp::maximum:
-      return "maximum";
-    case BinaryOp::minimum:
-      return "minimum";
-    case BinaryOp::relu_backward:
-      return "relu_backward";
-    case BinaryOp::gelu_backward:
-      return "gelu_backward";
-    case BinaryOp::tanh_backward:
-      return "tanh_backward";
-    case BinaryOp::sigmoid_backward:
-      return "sigmoid_backward";
-    case BinaryOp::eq:
-      return "eq";
-    case BinaryOp::ne:
-      return "ne";
-    case BinaryOp::lt:
-      return "lt";
-    case BinaryOp::le:
-      return "le";
-    case BinaryOp::gt:
-      return "gt";
-    case BinaryOp::ge:
-      return "ge";
-  }
-  return "binary";
+  // clang-format off
+  static constexpr const char* kNames[] = {
+      "add", "sub", "mul", "div", "pow", "maximum", "minimum", "relu_backward", "gelu_backward",
+      "tanh_backward", "sigmoid_backward", "eq", "ne", "lt", "le", "gt", "ge"};
+  // clang-format on
+  static_assert(std::size(kNames) == static_cast<size_t>(BinaryOp::ge) + 1);
+  return kNames[static_cast<size_t>(op)];
 }
 
 bool is_widening_add(const Tensor& a, const Tensor& b) {
@@ -154,15 +108,9 @@ void check_widening_add(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
 }
 
 const char* op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return "sum";
-    case ReduceOp::max:
-      return "max";
-    case ReduceOp::min:
-      return "min";
-  }
-  return "reduce";
+  static constexpr const char* kNames[] = {"sum", "max", "min"};
+  static_assert(std::size(kNames) == static_cast<size_t>(ReduceOp::min) + 1);
+  return kNames[static_cast<size_t>(op)];
 }
 
 Backend* set_backend_override(Device device, Backend* backend) {

@@ -187,6 +187,29 @@ void CpuBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Tens
   });
 }
 
+namespace {
+
+// One row x of layer norm's backward, given its gradient g: its share of the weight and bias
+// gradients into pw and pb, and its input's gradient (plus the residual's, where given) into gx.
+template <typename T>
+void layer_norm_backward_row(const T* x, const T* g, const T* w, T m, T rs, int64_t C, T* pw, T* pb,
+                             T* gx, const T* res) {
+  for (int64_t c = 0; c < C; ++c) {
+    pw[c] += g[c] * ((x[c] - m) * rs);
+    pb[c] += g[c];
+  }
+  const T sum_gw = cpu::lane_sum<T>(C, [&](int64_t c) { return g[c] * w[c]; }) / T(C);
+  const T sum_gw_xhat =
+      cpu::lane_sum<T>(C, [&](int64_t c) { return g[c] * w[c] * ((x[c] - m) * rs); }) / T(C);
+  for (int64_t c = 0; c < C; ++c) {
+    const T xhat = (x[c] - m) * rs;
+    const T own = rs * (g[c] * w[c] - sum_gw - xhat * sum_gw_xhat);
+    gx[c] = res ? res[c] + own : own;
+  }
+}
+
+}  // namespace
+
 void CpuBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
                                      const Tensor& weight, const Tensor& mean_in,
                                      const Tensor& rstd_in, const Tensor& residual,
@@ -222,23 +245,8 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_in, const Tensor& x_in,
         T* pw = partial_w.data() + blk * C;
         T* pb = partial_b.data() + blk * C;
         for (int64_t r = blk * kRowsPerBlock; r < std::min(rows, (blk + 1) * kRowsPerBlock); ++r) {
-          const T* xr = px + r * C;
-          const T* gr = pg + r * C;
-          T* gxr = gx + r * C;
-          const T m = mean[r], rs = rstd[r];
-          for (int64_t c = 0; c < C; ++c) {
-            pw[c] += gr[c] * ((xr[c] - m) * rs);
-            pb[c] += gr[c];
-          }
-          const T sum_gw = cpu::lane_sum<T>(C, [&](int64_t c) { return gr[c] * w[c]; }) / T(C);
-          const T sum_gw_xhat =
-              cpu::lane_sum<T>(C, [&](int64_t c) { return gr[c] * w[c] * ((xr[c] - m) * rs); }) /
-              T(C);
-          for (int64_t c = 0; c < C; ++c) {
-            const T xhat = (xr[c] - m) * rs;
-            const T own = rs * (gr[c] * w[c] - sum_gw - xhat * sum_gw_xhat);
-            gxr[c] = res ? res[r * C + c] + own : own;
-          }
+          layer_norm_backward_row(px + r * C, pg + r * C, w, mean[r], rstd[r], C, pw, pb,
+                                  gx + r * C, res ? res + r * C : nullptr);
         }
       }
     });

@@ -139,6 +139,103 @@ void run_first_fitting(const char* op, int device, cudnnConvolutionDescriptor_t 
 
 enum class Pass { forward, backward_data, backward_filter };
 
+// One pass's call: its descriptors, cuDNN handle (locked, on the current stream) and data.
+struct PassCall {
+  const char* op;
+  int device;
+  const Descriptors& d;
+  cudnnHandle_t h;
+  const Tensor &x, &w, &y;
+  bool f32;
+  const void *alpha, *beta;
+};
+
+// cuDNN's ranked algorithms of a pass, in its Perf type, as `rank(max, &count, perfs)` lists.
+template <typename Perf, typename Rank>
+std::vector<Perf> ranked(const char* op, int max_count, Rank rank) {
+  std::vector<Perf> perfs(static_cast<size_t>(max_count));
+  int count = 0;
+  PIPIT_CUDNN_CHECK(op, rank(max_count, &count, perfs.data()));
+  perfs.resize(static_cast<size_t>(count));
+  return perfs;
+}
+
+void forward_pass(const PassCall& c) {
+  const Descriptors& d = c.d;
+  int max_count = 0;
+  PIPIT_CUDNN_CHECK(c.op, cudnnGetConvolutionForwardAlgorithmMaxCount(c.h, &max_count));
+  const auto perfs = ranked<cudnnConvolutionFwdAlgoPerf_t>(c.op, max_count, [&](auto... args) {
+    return cudnnGetConvolutionForwardAlgorithm_v7(c.h, d.x.get(), d.w.get(), d.conv.get(),
+                                                  d.y.get(), args...);
+  });
+  run_first_fitting(
+      c.op, c.device, d.conv.get(), candidates(perfs, c.f32),
+      [&](cudnnConvolutionFwdAlgo_t algo) {
+        size_t bytes = 0;
+        PIPIT_CUDNN_CHECK(
+            c.op, cudnnGetConvolutionForwardWorkspaceSize(c.h, d.x.get(), d.w.get(), d.conv.get(),
+                                                          d.y.get(), algo, &bytes));
+        return bytes;
+      },
+      [&](cudnnConvolutionFwdAlgo_t algo, void* workspace, size_t bytes) {
+        PIPIT_CUDNN_CHECK(
+            c.op, cudnnConvolutionForward(c.h, c.alpha, d.x.get(), c.x.raw_data(), d.w.get(),
+                                          c.w.raw_data(), d.conv.get(), algo, workspace, bytes,
+                                          c.beta, d.y.get(), c.y.raw_data()));
+      });
+}
+
+void backward_data_pass(const PassCall& c) {
+  const Descriptors& d = c.d;
+  int max_count = 0;
+  PIPIT_CUDNN_CHECK(c.op, cudnnGetConvolutionBackwardDataAlgorithmMaxCount(c.h, &max_count));
+  const auto perfs = ranked<cudnnConvolutionBwdDataAlgoPerf_t>(c.op, max_count, [&](auto... args) {
+    return cudnnGetConvolutionBackwardDataAlgorithm_v7(c.h, d.w.get(), d.y.get(), d.conv.get(),
+                                                       d.x.get(), args...);
+  });
+  run_first_fitting(
+      c.op, c.device, d.conv.get(), candidates(perfs, c.f32),
+      [&](cudnnConvolutionBwdDataAlgo_t algo) {
+        size_t bytes = 0;
+        PIPIT_CUDNN_CHECK(c.op,
+                          cudnnGetConvolutionBackwardDataWorkspaceSize(
+                              c.h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), algo, &bytes));
+        return bytes;
+      },
+      [&](cudnnConvolutionBwdDataAlgo_t algo, void* workspace, size_t bytes) {
+        PIPIT_CUDNN_CHECK(
+            c.op, cudnnConvolutionBackwardData(c.h, c.alpha, d.w.get(), c.w.raw_data(), d.y.get(),
+                                               c.y.raw_data(), d.conv.get(), algo, workspace, bytes,
+                                               c.beta, d.x.get(), c.x.raw_data()));
+      });
+}
+
+void backward_filter_pass(const PassCall& c) {
+  const Descriptors& d = c.d;
+  int max_count = 0;
+  PIPIT_CUDNN_CHECK(c.op, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(c.h, &max_count));
+  const auto perfs =
+      ranked<cudnnConvolutionBwdFilterAlgoPerf_t>(c.op, max_count, [&](auto... args) {
+        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(c.h, d.x.get(), d.y.get(),
+                                                             d.conv.get(), d.w.get(), args...);
+      });
+  run_first_fitting(
+      c.op, c.device, d.conv.get(), candidates(perfs, c.f32),
+      [&](cudnnConvolutionBwdFilterAlgo_t algo) {
+        size_t bytes = 0;
+        PIPIT_CUDNN_CHECK(c.op,
+                          cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                              c.h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), algo, &bytes));
+        return bytes;
+      },
+      [&](cudnnConvolutionBwdFilterAlgo_t algo, void* workspace, size_t bytes) {
+        PIPIT_CUDNN_CHECK(
+            c.op, cudnnConvolutionBackwardFilter(c.h, c.alpha, d.x.get(), c.x.raw_data(), d.y.get(),
+                                                 c.y.raw_data(), d.conv.get(), algo, workspace,
+                                                 bytes, c.beta, d.w.get(), c.w.raw_data()));
+      });
+}
+
 // One pass of the convolution between contiguous x, w and y; the pass writes one of them
 // (forward y, backward_data x, backward_filter w) and reads the other two.
 void convolve(Pass pass, const char* op, int device, const Tensor& x, const Tensor& w,
@@ -155,90 +252,25 @@ void convolve(Pass pass, const char* op, int device, const Tensor& x, const Tens
   const bool f32 = x.dtype() == DType::f32;
   const float one_f = 1, zero_f = 0;
   const double one_d = 1, zero_d = 0;
-  // alpha = 1, beta = 0 in the data's type: out is overwritten, never read.
-  const void* alpha = f32 ? static_cast<const void*>(&one_f) : &one_d;
-  const void* beta = f32 ? static_cast<const void*>(&zero_f) : &zero_d;
   cuda::DnnHandle& dnn = cuda::dnn_handle(op, device);
   std::lock_guard<std::mutex> lock(dnn.mutex);
   cuda::use_current_stream(op, dnn, device);
-  cudnnHandle_t h = dnn.handle;
   PIPIT_CUDNN_CHECK(
       op, cudnnSetConvolutionMathType(d.conv.get(), f32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
-  int max_count = 0, count = 0;
-  switch (pass) {
-    case Pass::forward: {
-      PIPIT_CUDNN_CHECK(op, cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
-      std::vector<cudnnConvolutionFwdAlgoPerf_t> ranked(static_cast<size_t>(max_count));
-      PIPIT_CUDNN_CHECK(
-          op, cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.get(), d.w.get(), d.conv.get(),
-                                                     d.y.get(), max_count, &count, ranked.data()));
-      ranked.resize(static_cast<size_t>(count));
-      run_first_fitting(
-          op, device, d.conv.get(), candidates(ranked, f32),
-          [&](cudnnConvolutionFwdAlgo_t algo) {
-            size_t bytes = 0;
-            PIPIT_CUDNN_CHECK(
-                op, cudnnGetConvolutionForwardWorkspaceSize(h, d.x.get(), d.w.get(), d.conv.get(),
-                                                            d.y.get(), algo, &bytes));
-            return bytes;
-          },
-          [&](cudnnConvolutionFwdAlgo_t algo, void* workspace, size_t bytes) {
-            PIPIT_CUDNN_CHECK(
-                op, cudnnConvolutionForward(h, alpha, d.x.get(), x.raw_data(), d.w.get(),
-                                            w.raw_data(), d.conv.get(), algo, workspace, bytes,
-                                            beta, d.y.get(), y.raw_data()));
-          });
-      return;
-    }
-    case Pass::backward_data: {
-      PIPIT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
-      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> ranked(static_cast<size_t>(max_count));
-      PIPIT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardDataAlgorithm_v7(
-                                h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), max_count, &count,
-                                ranked.data()));
-      ranked.resize(static_cast<size_t>(count));
-      run_first_fitting(
-          op, device, d.conv.get(), candidates(ranked, f32),
-          [&](cudnnConvolutionBwdDataAlgo_t algo) {
-            size_t bytes = 0;
-            PIPIT_CUDNN_CHECK(op,
-                              cudnnGetConvolutionBackwardDataWorkspaceSize(
-                                  h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), algo, &bytes));
-            return bytes;
-          },
-          [&](cudnnConvolutionBwdDataAlgo_t algo, void* workspace, size_t bytes) {
-            PIPIT_CUDNN_CHECK(
-                op, cudnnConvolutionBackwardData(h, alpha, d.w.get(), w.raw_data(), d.y.get(),
-                                                 y.raw_data(), d.conv.get(), algo, workspace, bytes,
-                                                 beta, d.x.get(), x.raw_data()));
-          });
-      return;
-    }
-    case Pass::backward_filter: {
-      PIPIT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
-      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> ranked(static_cast<size_t>(max_count));
-      PIPIT_CUDNN_CHECK(op, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                                h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), max_count, &count,
-                                ranked.data()));
-      ranked.resize(static_cast<size_t>(count));
-      run_first_fitting(
-          op, device, d.conv.get(), candidates(ranked, f32),
-          [&](cudnnConvolutionBwdFilterAlgo_t algo) {
-            size_t bytes = 0;
-            PIPIT_CUDNN_CHECK(op,
-                              cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                                  h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), algo, &bytes));
-            return bytes;
-          },
-          [&](cudnnConvolutionBwdFilterAlgo_t algo, void* workspace, size_t bytes) {
-            PIPIT_CUDNN_CHECK(
-                op, cudnnConvolutionBackwardFilter(h, alpha, d.x.get(), x.raw_data(), d.y.get(),
-                                                   y.raw_data(), d.conv.get(), algo, workspace,
-                                                   bytes, beta, d.w.get(), w.raw_data()));
-          });
-      return;
-    }
-  }
+  // alpha = 1, beta = 0 in the data's type: out is overwritten, never read.
+  const PassCall call{op,
+                      device,
+                      d,
+                      dnn.handle,
+                      x,
+                      w,
+                      y,
+                      f32,
+                      f32 ? static_cast<const void*>(&one_f) : &one_d,
+                      f32 ? static_cast<const void*>(&zero_f) : &zero_d};
+  if (pass == Pass::forward) return forward_pass(call);
+  if (pass == Pass::backward_data) return backward_data_pass(call);
+  backward_filter_pass(call);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 #include <cublasLt.h>
 
+#include "tensor/cuda/blas_handles.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/weight_gradient_split.h"
@@ -25,100 +26,10 @@
 namespace pipit {
 namespace {
 
-// One cuBLAS and one cuBLASLt handle per device, created on first use and never destroyed (the
-// driver may be gone by static teardown). Calls only enqueue work, so serialising them costs
-// little, and a handle must not be used from two threads at once.
-// What cuBLASLt's heuristic is asked about a product (lt_matmul): sizes, leading dims,
-// transposes, dtypes, compute type, epilogue, the operands', GELU input's and bias's
-// alignments, and the batch count.
-using LtKey = std::array<int64_t, 17>;
-
-struct Blas {
-  std::mutex mutex;
-  cublasHandle_t handle = nullptr;
-  cublasLtHandle_t lt = nullptr;
-  // Its answers, none where it had no algorithm.
-  std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> lt_algorithms;
-  // A workspace per stream: GEMMs queued on two streams at once must not share one, and
-  // cublasSetStream resets the handle's workspace to the library's default pool.
-  std::map<void*, std::shared_ptr<Storage>> workspaces;
-  Blas() = default;
-  Blas(const Blas&) = delete;
-  Blas& operator=(const Blas&) = delete;
-  // Runs only for one whose creation failed partway: complete ones are never destroyed.
-  ~Blas() {
-    if (lt) cublasLtDestroy(lt);
-    if (handle) cublasDestroy(handle);
-  }
-};
-
-// cuBLAS's recommended workspace for Hopper (and more than enough for Ampere).
-constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
-
-// The device's handles, made on first use unless `existing_only` (then null if not made yet).
-Blas* find_blas(int device, bool existing_only) {
-  // Never destroyed, like the handles: a stream may be destroyed during static teardown.
-  static auto* mutex = new std::mutex;
-  static auto* handles = new std::vector<Blas*>;
-  std::lock_guard<std::mutex> lock(*mutex);
-  if (handles->empty()) handles->resize(static_cast<size_t>(cuda::device_count()), nullptr);
-  Blas*& b = handles->at(static_cast<size_t>(device));
-  if (!b && !existing_only) {
-    // Kept only once complete, so a failure here is raised again by the next call.
-    auto fresh = std::make_unique<Blas>();
-    PIPIT_CUBLAS_CHECK("matmul", cublasCreate(&fresh->handle));
-    // TF32 is chosen per call through the compute type, never by the handle's math mode.
-    PIPIT_CUBLAS_CHECK("matmul", cublasSetMathMode(fresh->handle, CUBLAS_DEFAULT_MATH));
-    PIPIT_CUBLAS_CHECK("matmul", cublasLtCreate(&fresh->lt));
-    b = fresh.release();
-  }
-  return b;
-}
-
-Blas& blas(int device) {
-  return *find_blas(device, false);
-}
-
-// The device's handles with the calling thread's stream and that stream's workspace, locked
-// for as long as this lives.
-struct BoundBlas {
-  std::unique_lock<std::mutex> lock;
-  Blas& blas;
-  cudaStream_t stream;
-  void* workspace;
-};
-
-BoundBlas bind_blas(int device) {
-  Blas& h = blas(device);
-  std::unique_lock<std::mutex> lock(h.mutex);
-  void* stream = cuda::current_stream_handle(device);
-  std::shared_ptr<Storage>& workspace = h.workspaces[stream];
-  if (!workspace) workspace = cuda::allocate(device, kBlasWorkspaceBytes);
-  PIPIT_CUBLAS_CHECK("matmul", cublasSetStream(h.handle, static_cast<cudaStream_t>(stream)));
-  PIPIT_CUBLAS_CHECK("matmul",
-                     cublasSetWorkspace(h.handle, workspace->data(), kBlasWorkspaceBytes));
-  return {std::move(lock), h, static_cast<cudaStream_t>(stream), workspace->data()};
-}
-
-}  // namespace
-
-void cuda::forget_blas_workspace(int device, void* stream) noexcept {
-  // Released after the lock: the allocator takes locks of its own.
-  std::shared_ptr<Storage> workspace;
-  try {
-    Blas* h = find_blas(device, true);
-    if (!h) return;
-    std::lock_guard<std::mutex> lock(h->mutex);
-    if (auto it = h->workspaces.find(stream); it != h->workspaces.end()) {
-      workspace = std::move(it->second);
-      h->workspaces.erase(it);
-    }
-  } catch (const std::exception&) {
-    // The device index is out of range: no workspace was given out for it.
-  }
-}
-
-namespace {
+using cuda::bind_blas;
+using cuda::BoundBlas;
+using cuda::kBlasWorkspaceBytes;
+using cuda::LtKey;
 
 // The stride between consecutive matrices when t's batch dims walk memory evenly (broadcast
 // batches give 0), or -1 when they do not.
@@ -272,16 +183,42 @@ struct LtBatch {
   int64_t count = 1, a = 0, b = 0, out = 0, vector = 0;
 };
 
-// out [M, N] = a [M, K] b [K, N] through cuBLASLt with `epilogue` reading or writing `vector`
-// (the bias, or the bias gradient; none for DGELU) and `aux` (GELU's input, written by
-// GELU_AUX_BIAS, read by DGELU); a, b, out and vector are the first of `batch`'s matrices.
-// False, with nothing enqueued, where cuBLASLt has no algorithm for it: the caller then runs
-// the unfused ops.
-bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_in,
-               const Tensor& out, cublasLtEpilogue_t epilogue, const Tensor& vector,
-               const Tensor& aux = Tensor(), const LtBatch& batch = {}) {
-  const int64_t M = out.shape()[0], N = out.shape()[1], K = a_in.shape()[1];
-  if (a_in.dtype() == DType::f64 || M == 0 || N == 0 || K == 0) return false;
+// One product through cuBLASLt (lt_matmul), its operands as cuBLASLt reads them. Row-major
+// out = a b is column-major out^T = b^T a^T, as in gemm(): cuBLASLt's first operand is b, its
+// second a, each described as it is stored.
+struct LtCall {
+  Tensor a, b, out, vector, aux;
+  cublasLtEpilogue_t epilogue;
+  LtBatch batch;
+  int64_t M, N, K;
+  MatrixLayout la, lb;
+
+  cublasOperation_t first() const { return lb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
+  cublasOperation_t second() const { return la.transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
+  int64_t bytes(const Tensor& t) const { return static_cast<int64_t>(dtype_size(t.dtype())); }
+  uint32_t align_first() const { return alignment_of(b.raw_data(), batch.b * bytes(a)); }
+  uint32_t align_second() const { return alignment_of(a.raw_data(), batch.a * bytes(a)); }
+  uint32_t align_out() const { return alignment_of(out.raw_data(), batch.out * bytes(out)); }
+  uint32_t align_vector() const {
+    return vector.defined() ? alignment_of(vector.raw_data(), batch.vector * bytes(out)) : 0;
+  }
+  // The heuristic's answer depends only on what the descriptors say (the bias pointer's
+  // alignment it reads from its value).
+  LtKey key() const {
+    // clang-format off
+    return {M, N, K, lb.ld, la.ld, first(), second(), static_cast<int>(a.dtype()),
+            static_cast<int>(out.dtype()), static_cast<int>(compute_type(a.dtype())),
+            static_cast<int>(epilogue), align_first(), align_second(), align_out(),
+            aux.defined() ? alignment_of(aux.raw_data()) : 0, align_vector(), batch.count};
+    // clang-format on
+  }
+};
+
+// Whether cuBLASLt may be asked for out = a b with these epilogue operands at all.
+bool lt_fits(const Tensor& a, const Tensor& out, const Tensor& vector, const Tensor& aux,
+             const LtBatch& batch) {
+  const int64_t M = out.shape()[0], N = out.shape()[1], K = a.shape()[1];
+  if (a.dtype() == DType::f64 || M == 0 || N == 0 || K == 0) return false;
   const int64_t vector_stride_bytes = batch.vector * static_cast<int64_t>(dtype_size(out.dtype()));
   if (vector.defined() && alignment_of(vector.raw_data(), vector_stride_bytes) < 16) return false;
   // A half output whose rows are not a multiple of 16 bytes got a bias epilogue that was off by
@@ -291,38 +228,35 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
   // GELU's input matrix (row-major [M, N] here): its leading dim must be a multiple of 8.
   if (aux.defined() && (N % 8 != 0 || alignment_of(aux.raw_data()) < 16)) return false;
   // One aux matrix serves one product: a batch would need its stride too.
-  if (aux.defined() && batch.count > 1) return false;
-  const Tensor a = cublas_ready(a_in), b = cublas_ready(b_in);
-  // A batch's next matrices lie a stride from these ones, not from copies of them.
-  if (batch.count > 1 && (!a.same_storage(a_in) || !b.same_storage(b_in))) return false;
-  const MatrixLayout la = layout_of(a), lb = layout_of(b);
-  const cudaDataType_t in_type = cuda_type(a.dtype());
-  // Row-major out = a b is column-major out^T = b^T a^T, as in gemm(): cuBLASLt's first
-  // operand is b, its second a, each described as it is stored.
-  const cublasOperation_t op_first = lb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_second = la.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LtProduct p;
-  PIPIT_CUBLAS_CHECK(op, cublasLtMatmulDescCreate(&p.op, compute_type(a.dtype()), CUDA_R_32F));
-  set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_TRANSA, op_first);
-  set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_TRANSB, op_second);
-  set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
-  if (vector.defined()) {
-    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector.raw_data());
+  return !(aux.defined() && batch.count > 1);
+}
+
+// The descriptors of the call: operation, epilogue, layouts (strided when batched) and the
+// heuristic's preferences.
+void describe(const char* op, const LtCall& c, LtProduct& p) {
+  const cudaDataType_t in_type = cuda_type(c.a.dtype());
+  PIPIT_CUBLAS_CHECK(op, cublasLtMatmulDescCreate(&p.op, compute_type(c.a.dtype()), CUDA_R_32F));
+  set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_TRANSA, c.first());
+  set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_TRANSB, c.second());
+  set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, c.epilogue);
+  if (c.vector.defined()) {
+    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, c.vector.raw_data());
   }
-  if (aux.defined()) {
-    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.raw_data());
-    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, N);
+  if (c.aux.defined()) {
+    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, c.aux.raw_data());
+    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, c.N);
   }
-  const bool first_n = op_first == CUBLAS_OP_N, second_n = op_second == CUBLAS_OP_N;
+  const bool first_n = c.first() == CUBLAS_OP_N, second_n = c.second() == CUBLAS_OP_N;
+  const int64_t M = c.M, N = c.N, K = c.K;
   PIPIT_CUBLAS_CHECK(
-      op, cublasLtMatrixLayoutCreate(&p.a, in_type, first_n ? N : K, first_n ? K : N, lb.ld));
+      op, cublasLtMatrixLayoutCreate(&p.a, in_type, first_n ? N : K, first_n ? K : N, c.lb.ld));
   PIPIT_CUBLAS_CHECK(
-      op, cublasLtMatrixLayoutCreate(&p.b, in_type, second_n ? K : M, second_n ? M : K, la.ld));
-  PIPIT_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.out, cuda_type(out.dtype()), N, M, N));
-  if (batch.count > 1) {
-    const auto count = static_cast<int32_t>(batch.count);
+      op, cublasLtMatrixLayoutCreate(&p.b, in_type, second_n ? K : M, second_n ? M : K, c.la.ld));
+  PIPIT_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.out, cuda_type(c.out.dtype()), N, M, N));
+  if (c.batch.count > 1) {
+    const auto count = static_cast<int32_t>(c.batch.count);
     for (const auto& [layout, stride] :
-         {std::pair{p.a, batch.b}, {p.b, batch.a}, {p.out, batch.out}}) {
+         {std::pair{p.a, c.batch.b}, {p.b, c.batch.a}, {p.out, c.batch.out}}) {
       PIPIT_CUBLAS_CHECK(
           op, cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
                                                sizeof(count)));
@@ -330,31 +264,36 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
           op, cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
                                                &stride, sizeof(stride)));
     }
-    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, batch.vector);
+    set_attribute(op, p.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, c.batch.vector);
   }
-  const int64_t in_size = static_cast<int64_t>(dtype_size(a.dtype()));
-  const uint32_t align_first = alignment_of(b.raw_data(), batch.b * in_size),
-                 align_second = alignment_of(a.raw_data(), batch.a * in_size),
-                 align_out = alignment_of(
-                     out.raw_data(), batch.out * static_cast<int64_t>(dtype_size(out.dtype())));
   PIPIT_CUBLAS_CHECK(op, cublasLtMatmulPreferenceCreate(&p.preference));
   set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                  static_cast<uint64_t>(kBlasWorkspaceBytes));
-  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first);
-  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second);
-  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_out);
-  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_out);
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, c.align_first());
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, c.align_second());
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c.align_out());
+  set_preference(op, p.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c.align_out());
+}
+
+// out [M, N] = a [M, K] b [K, N] through cuBLASLt with `epilogue` reading or writing `vector`
+// (the bias, or the bias gradient; none for DGELU) and `aux` (GELU's input, written by
+// GELU_AUX_BIAS, read by DGELU); a, b, out and vector are the first of `batch`'s matrices.
+// False, with nothing enqueued, where cuBLASLt has no algorithm for it: the caller then runs
+// the unfused ops.
+bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_in,
+               const Tensor& out, cublasLtEpilogue_t epilogue, const Tensor& vector,
+               const Tensor& aux = Tensor(), const LtBatch& batch = {}) {
+  if (!lt_fits(a_in, out, vector, aux, batch)) return false;
+  const Tensor a = cublas_ready(a_in), b = cublas_ready(b_in);
+  // A batch's next matrices lie a stride from these ones, not from copies of them.
+  if (batch.count > 1 && (!a.same_storage(a_in) || !b.same_storage(b_in))) return false;
+  const int64_t M = out.shape()[0], N = out.shape()[1], K = a.shape()[1];
+  const LtCall c{a, b, out, vector, aux, epilogue, batch, M, N, K, layout_of(a), layout_of(b)};
+  LtProduct p;
+  describe(op, c, p);
   const BoundBlas h = bind_blas(device);
-  // The heuristic's answer depends only on what the descriptors say, so it is asked once per
-  // kind of product: a training step repeats the same few.
-  const LtKey key{M, N, K, lb.ld, la.ld, op_first, op_second, static_cast<int>(a.dtype()),
-                  static_cast<int>(out.dtype()), static_cast<int>(compute_type(a.dtype())),
-                  static_cast<int>(epilogue), align_first, align_second, align_out,
-                  aux.defined() ? alignment_of(aux.raw_data()) : 0,
-                  // The heuristic reads the bias pointer's alignment from its value.
-                  vector.defined() ? alignment_of(vector.raw_data(), vector_stride_bytes) : 0,
-                  batch.count};
-  auto cached = h.blas.lt_algorithms.find(key);
+  // Asked once per kind of product: a training step repeats the same few.
+  auto cached = h.blas.lt_algorithms.find(c.key());
   if (cached == h.blas.lt_algorithms.end()) {
     cublasLtMatmulHeuristicResult_t found{};
     int count = 0;
@@ -362,10 +301,10 @@ bool lt_matmul(const char* op, int device, const Tensor& a_in, const Tensor& b_i
         cublasLtMatmulAlgoGetHeuristic(h.blas.lt, p.op, p.a, p.b, p.out, p.out, p.preference, 1,
                                        &found, &count) == CUBLAS_STATUS_SUCCESS &&
         count > 0;
-    cached =
-        h.blas.lt_algorithms
-            .emplace(key, usable ? std::optional<cublasLtMatmulAlgo_t>(found.algo) : std::nullopt)
-            .first;
+    cached = h.blas.lt_algorithms
+                 .emplace(c.key(),
+                          usable ? std::optional<cublasLtMatmulAlgo_t>(found.algo) : std::nullopt)
+                 .first;
   }
   if (!cached->second) return false;
   const float alpha = 1.0f, beta = 0.0f;
