@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include "codec/crc32c.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "nn/generate.h"
@@ -21,14 +22,13 @@
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/remote/distributed_pipeline.h"
-#include "serialize/crc32c.h"
 #include "support/flags.h"
 #include "support/tcp_flags.h"
 #ifdef PIPIT_WITH_MPI
 #include "pipeline/remote/mpi/mpi_pipeline.h"
 #endif
+#include "codec/atomic_file.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
 #include "serialize/hf_gpt2.h"
 #include "text/tokenizer.h"

@@ -7,10 +7,10 @@
 #include <set>
 #include <thread>
 
+#include "codec/atomic_file.h"
 #include "pipeline/protocol/messages.h"
 #include "pipeline/remote/stage_package.h"
 #include "pipeline/stage.h"
-#include "serialize/atomic_file.h"
 #include "tensor/parallel.h"
 
 namespace pipit {

@@ -1,4 +1,4 @@
-#include "serialize/safetensors.h"
+#include "codec/safetensors.h"
 
 #include <algorithm>
 #include <bit>
@@ -7,10 +7,10 @@
 #include <optional>
 #include <vector>
 
-#include "serialize/atomic_file.h"
-#include "serialize/json_depth.h"
-#include "serialize/plain_safetensors_header.h"
-#include "tensor/backend.h"
+#include "codec/atomic_file.h"
+#include "codec/json_depth.h"
+#include "codec/plain_safetensors_header.h"
+#include "tensor/raw_copy.h"
 
 namespace pipit {
 
@@ -162,8 +162,7 @@ std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
   for (const auto& [name, t] : tensors) data_size += t.nbytes();
   out.reserve(out.size() + data_size);
   for (const auto& [name, t] : tensors) {
-    Tensor host = Tensor::empty(t.shape(), t.dtype());
-    backend(Device::cpu()).copy(t.device().is_cpu() ? t : t.to(Device::cpu()), host);
+    const Tensor host = host_contiguous(t);
     out.append(static_cast<const char*>(host.raw_data()), host.nbytes());
   }
   return out;

@@ -1,5 +1,5 @@
 #pragma once
-// The safetensors layout, pipit's one codec for tensors on disk and (later) on the wire:
+// The safetensors layout, pipit's one codec for tensors on disk and on the wire:
 // 8-byte little-endian header length N, N bytes of JSON
 // {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}},
 // then the raw little-endian bytes, offsets counted from the end of the header.
