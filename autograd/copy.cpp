@@ -1,7 +1,6 @@
 // Tensor's copies (contiguous, clone, to), declared by Tensor and defined here with the other
 // differentiable ops: CopyBackward copies the gradient back to the input's dtype and device.
 #include "autograd/node.h"
-#include "tensor/raw_copy.h"
 
 namespace pipit {
 namespace {

@@ -10,7 +10,7 @@
 #include "codec/atomic_file.h"
 #include "codec/json_depth.h"
 #include "codec/plain_safetensors_header.h"
-#include "tensor/raw_copy.h"
+#include "tensor/backend.h"
 
 namespace pipit {
 
@@ -153,6 +153,13 @@ std::string encode_safetensors_header(const OrderedTensors& tensors, const json&
   std::memcpy(out.data(), &header_size, 8);
   out += header_text;
   return out;
+}
+
+Tensor host_contiguous(const Tensor& t) {
+  if (t.device().is_cpu() && t.is_contiguous()) return t;
+  Tensor host = Tensor::empty(t.shape(), t.dtype());
+  backend(Device::cpu()).copy(t.device().is_cpu() ? t : copy_of(t, t.dtype(), Device::cpu()), host);
+  return host;
 }
 
 std::string encode_safetensors(const StateDict& tensors, const json& metadata) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "tensor/backend.h"
-#include "tensor/raw_copy.h"
 
 namespace pipit {
 namespace {
@@ -124,7 +123,10 @@ AllReduce::Outgoing AllReduce::receive(const Message& message) {
               "all_reduce ", tag_, ": segment ", s, " from endpoint ", message.from, " is not one ",
               mine.dtype(), " tensor of shape ", shape_str(mine.shape()));
   taken_[phase][static_cast<size_t>(s)] = true;
-  const Tensor received = to_device(message.tensors[0], mine.device());
+  const Tensor& arrived = message.tensors[0];
+  const Tensor received = arrived.device() == mine.device()
+                              ? arrived
+                              : copy_of(arrived, arrived.dtype(), mine.device());
   Outgoing out;
   if (phase == kReduce) {
     if (ready(s)) {

@@ -12,7 +12,6 @@
 #include "codec/json_depth.h"
 #include "codec/plain_json.h"
 #include "codec/safetensors.h"
-#include "tensor/raw_copy.h"
 
 namespace pipit {
 
