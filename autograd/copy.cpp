@@ -1,17 +1,9 @@
 // Tensor's copies (contiguous, clone, to), declared by Tensor and defined here with the other
 // differentiable ops: CopyBackward copies the gradient back to the input's dtype and device.
 #include "autograd/node.h"
-#include "tensor/backend.h"
 
 namespace pipit {
 namespace {
-
-Tensor copy_of(const Tensor& x, DType dtype, Device device) {
-  Tensor out = Tensor::empty(x.shape(), dtype, device);
-  // Cross-device copies belong to the accelerator's backend.
-  backend(x.device().is_cpu() ? device : x.device()).copy(x, out);
-  return out;
-}
 
 struct CopyBackward : Node {
   DType input_dtype = DType::f32;

@@ -16,11 +16,11 @@
 #include <thread>
 #include "comm/asio.h"
 
+#include "codec/atomic_file.h"
 #include "comm/frame.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 #include "support/flags.h"
 
 extern char** environ;

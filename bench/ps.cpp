@@ -27,12 +27,12 @@
 #include <unistd.h>
 
 #include "bench/results.h"
+#include "codec/atomic_file.h"
 #include "nn/builders.h"
 #include "pipit.h"
 #include "ps/local_run.h"
 #include "ps/shard_plan.h"
 #include "ps/tcp.h"
-#include "serialize/atomic_file.h"
 #include "support/child_process.h"
 #include "support/flags.h"
 

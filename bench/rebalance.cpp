@@ -34,11 +34,11 @@
 
 #include "bench/results.h"
 #include "bench/worker_process.h"
+#include "codec/atomic_file.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/remote/worker.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 #include "support/flags.h"
 #include "support/sleep_layer.h"
 

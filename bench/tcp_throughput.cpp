@@ -29,11 +29,11 @@
 #include "bench/mpi_overhead.h"
 #include "bench/raw_sockets.h"
 #include "bench/results.h"
+#include "codec/atomic_file.h"
 #include "comm/tcp_communicator.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol/messages.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 #include "support/flags.h"
 
 using namespace pipit;

@@ -16,9 +16,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "codec/atomic_file.h"
 #include "pipeline/remote/worker.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 #include "support/sleep_layer.h"
 #include "support/worker_main.h"
 

@@ -2,14 +2,19 @@
 
 #include <algorithm>
 
-#include "autograd/grad_mode.h"
-#include "autograd/ops.h"
 #include "tensor/backend.h"
 
 namespace pipit {
 namespace {
 
 constexpr int kReduce = 0, kResult = 1;
+
+// Elements [begin, begin + length) of a contiguous tensor, as a 1-D view of its storage. The
+// sums are buffers, not graph values: nothing here records autograd.
+Tensor elements(const Tensor& tensor, int64_t begin, int64_t length) {
+  return Tensor::from_storage(tensor.storage(), {length}, {1}, tensor.offset() + begin,
+                              tensor.dtype());
+}
 
 }  // namespace
 
@@ -24,7 +29,7 @@ AllReduce::AllReduce(std::vector<int> members, int me, Tensor tensor, int64_t ta
               "all_reduce: the tensor must be defined and contiguous");
   PIPIT_CHECK(segment_elements > 0, "all_reduce: segments must hold at least one element");
   index_ = static_cast<size_t>(it - members_.begin());
-  flat_ = tensor.numel() > 0 ? view(tensor, {tensor.numel()}) : tensor;
+  flat_ = tensor.numel() > 0 ? elements(tensor, 0, tensor.numel()) : tensor;
   segments_ = (tensor.numel() + segment_elements - 1) / segment_elements;
   PIPIT_CHECK(ready_elements >= -1 && ready_elements <= tensor.numel(),
               "all_reduce: ", ready_elements, " ready elements of ", tensor.numel());
@@ -37,7 +42,7 @@ AllReduce::AllReduce(std::vector<int> members, int me, Tensor tensor, int64_t ta
 
 Tensor AllReduce::segment(int64_t s) const {
   const int64_t begin = s * segment_elements_;
-  return narrow(flat_, 0, begin, std::min(segment_elements_, flat_.numel() - begin));
+  return elements(flat_, begin, std::min(segment_elements_, flat_.numel() - begin));
 }
 
 bool AllReduce::ready(int64_t s) const {
@@ -63,7 +68,9 @@ AllReduce::Outgoing AllReduce::make_ready(int64_t elements) {
     // A copy: this tensor is overwritten when the result comes back, and a communicator in
     // one process hands the receiver the tensor itself.
     for (; sent_ < segments_ && ready(sent_); ++sent_) {
-      out.emplace_back(members_[1], make(kReduce, sent_, segment(sent_).clone()));
+      const Tensor part = segment(sent_);
+      out.emplace_back(members_[1],
+                       make(kReduce, sent_, copy_of(part, part.dtype(), part.device())));
     }
     return out;
   }
@@ -80,10 +87,10 @@ AllReduce::Outgoing AllReduce::make_ready(int64_t elements) {
 }
 
 void AllReduce::reduce(int64_t s, const Tensor& received, Outgoing& out) {
-  NoGradGuard no_grad;
   const Tensor mine = segment(s);
   // What arrived holds members 0..index-1 summed in order: add this member's part last.
-  const Tensor sum = received + mine;
+  const Tensor sum = Tensor::empty(mine.shape(), mine.dtype(), mine.device());
+  backend(mine).binary(BinaryOp::add, received, mine, sum);
   if (index_ + 1 < members_.size()) {
     out.emplace_back(members_[index_ + 1], make(kReduce, s, sum));
     return;
@@ -116,7 +123,10 @@ AllReduce::Outgoing AllReduce::receive(const Message& message) {
               "all_reduce ", tag_, ": segment ", s, " from endpoint ", message.from, " is not one ",
               mine.dtype(), " tensor of shape ", shape_str(mine.shape()));
   taken_[phase][static_cast<size_t>(s)] = true;
-  const Tensor received = message.tensors[0].to(mine.device());
+  const Tensor& arrived = message.tensors[0];
+  const Tensor received = arrived.device() == mine.device()
+                              ? arrived
+                              : copy_of(arrived, arrived.dtype(), mine.device());
   Outgoing out;
   if (phase == kReduce) {
     if (ready(s)) {

@@ -8,11 +8,10 @@
 #include <optional>
 #include <sstream>
 
-#include "serialize/crc32c.h"
-#include "serialize/json_depth.h"
-#include "serialize/plain_json.h"
-#include "serialize/safetensors.h"
-#include "tensor/backend.h"
+#include "codec/crc32c.h"
+#include "codec/json_depth.h"
+#include "codec/plain_json.h"
+#include "codec/safetensors.h"
 
 namespace pipit {
 
@@ -49,14 +48,6 @@ void encode_frame_header(std::string& out, const FrameHeader& header) {
   put_le(out, header.header_length, 4);
   put_le(out, header.checksum, 4);
   put_le(out, header.body_length, 8);
-}
-
-// The bytes of a tensor must be host memory in row-major order to be written as they lie.
-Tensor host_contiguous(const Tensor& t) {
-  if (t.device().is_cpu() && t.is_contiguous()) return t;
-  Tensor host = Tensor::empty(t.shape(), t.dtype());
-  backend(Device::cpu()).copy(t.device().is_cpu() ? t : t.to(Device::cpu()), host);
-  return host;
 }
 
 // Built for every frame, so without a string stream.

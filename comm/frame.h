@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "codec/crc32c.h"
 #include "comm/message.h"
-#include "serialize/crc32c.h"
 
 namespace pipit {
 

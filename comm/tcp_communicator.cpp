@@ -12,10 +12,10 @@
 #include <thread>
 #include "comm/asio.h"
 
+#include "codec/atomic_file.h"
 #include "comm/control.h"
 #include "comm/inbox.h"
 #include "comm/tcp_connection.h"
-#include "serialize/atomic_file.h"
 
 namespace pipit {
 

@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "serialize/atomic_file.h"
+#include "codec/atomic_file.h"
 #include "tensor/error.h"
 
 namespace pipit {

@@ -7,8 +7,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "codec/atomic_file.h"
 #include "nn/generate.h"
-#include "serialize/atomic_file.h"
 #include "serialize/hf_gpt2.h"
 #include "serialize/model_io.h"
 #include "support/flags.h"

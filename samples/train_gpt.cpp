@@ -13,6 +13,8 @@
 
 #include <unistd.h>
 
+#include "codec/atomic_file.h"
+#include "codec/crc32c.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "nn/generate.h"
@@ -21,9 +23,7 @@
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
-#include "serialize/crc32c.h"
 #include "serialize/hf_gpt2.h"
 #include "support/flags.h"
 #include "support/tcp_flags.h"

@@ -33,11 +33,11 @@
 #ifdef PIPIT_WITH_MPI
 #include "ps/mpi/mpi_ps.h"
 #endif
+#include "codec/atomic_file.h"
 #include "ps/checkpoint.h"
 #include "ps/launch.h"
 #include "ps/shard_plan.h"
 #include "ps/tcp.h"
-#include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
 #include "support/child_process.h"
 #include "text_data.h"

@@ -2,8 +2,8 @@
 
 #include <limits>
 
-#include "serialize/json_depth.h"
-#include "serialize/safetensors.h"
+#include "codec/json_depth.h"
+#include "codec/safetensors.h"
 #include "tensor/error.h"
 
 namespace pipit {

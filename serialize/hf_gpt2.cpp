@@ -8,9 +8,9 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/shape_ops.h"
-#include "serialize/atomic_file.h"
-#include "serialize/json_depth.h"
-#include "serialize/safetensors.h"
+#include "codec/atomic_file.h"
+#include "codec/json_depth.h"
+#include "codec/safetensors.h"
 
 namespace pipit {
 namespace {

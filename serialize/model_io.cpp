@@ -10,10 +10,10 @@
 #include <string>
 #include <utility>
 
+#include "codec/durable_fs.h"
+#include "codec/json_depth.h"
+#include "codec/safetensors.h"
 #include "nn/registry.h"
-#include "serialize/durable_fs.h"
-#include "serialize/json_depth.h"
-#include "serialize/safetensors.h"
 
 namespace pipit {
 namespace {
@@ -116,7 +116,9 @@ void replace_model_dir(const fs::path& target, const std::string& config,
     fsync_directory(target.parent_path().string());
   } catch (const Error& e) {
     if (!previous.empty()) remove_model_dir(previous);
-    throw Error("'" + target.string() + "' was replaced but may not survive a crash: " + e.what());
+    // Named first: GCC 12 misreports "'" + target.string() at -O3 (-Wrestrict).
+    const std::string path = target.string();
+    throw Error("'" + path + "' was replaced but may not survive a crash: " + e.what());
   }
   if (!previous.empty()) remove_model_dir(previous);
 }

@@ -1,6 +1,6 @@
 #include "serialize/module_fingerprint.h"
 
-#include "serialize/crc32c.h"
+#include "codec/crc32c.h"
 
 namespace pipit {
 

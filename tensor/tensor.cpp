@@ -53,14 +53,16 @@ void* Tensor::raw_data() const {
          offset() * static_cast<int64_t>(dtype_size(dtype()));
 }
 
+Tensor copy_of(const Tensor& x, DType dtype, Device device) {
+  Tensor out = Tensor::empty(x.shape(), dtype, device);
+  // Cross-device copies belong to the accelerator's backend.
+  backend(x.device().is_cpu() ? device : x.device()).copy(x, out);
+  return out;
+}
+
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  // As to(Device::cpu()) would copy, without recording a graph (that is autograd/'s).
-  Tensor host = *this;
-  if (!device().is_cpu()) {
-    host = Tensor::empty(shape(), dtype(), Device::cpu());
-    backend(device()).copy(*this, host);
-  }
+  const Tensor host = device().is_cpu() ? *this : copy_of(*this, dtype(), Device::cpu());
   Tensor converted = Tensor::empty(shape(), DTypeOf<T>::value);
   backend(Device::cpu()).copy(host, converted);
   const T* p = static_cast<const T*>(converted.raw_data());

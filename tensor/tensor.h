@@ -110,6 +110,11 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// A new contiguous tensor of `dtype` on `device` holding x's values, recording no graph: the
+// copy Tensor's differentiable copies (autograd/copy.cpp) add their node to, and the one the
+// layers below autograd/ (codec/, comm/) make.
+Tensor copy_of(const Tensor& x, DType dtype, Device device);
+
 // Prints shape, dtype, device and abbreviated values.
 std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
 

@@ -11,6 +11,8 @@
 #include <functional>
 
 #include "bitwise.h"
+#include "codec/atomic_file.h"
+#include "codec/safetensors.h"
 #include "f16_overflow.h"
 #include "file_faults.h"
 #include "loss/loss.h"
@@ -21,10 +23,8 @@
 #include "pipeline/pipeline.h"
 #include "pipeline_models.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
 #include "serialize/model_io.h"
-#include "serialize/safetensors.h"
 
 using namespace pipit;
 using nlohmann::json;

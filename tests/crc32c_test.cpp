@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "serialize/crc32c.h"
+#include "codec/crc32c.h"
 
 using namespace pipit;
 

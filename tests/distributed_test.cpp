@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "comm/asio.h"
 
+#include "codec/atomic_file.h"
 #include "comm/frame.h"
 #include "distributed_reference.h"
 #include "nn/builders.h"
@@ -18,7 +19,6 @@
 #include "pipeline/pipeline.h"
 #include "pipeline/remote/stage_package.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
 #include "worker_process.h"
 

@@ -17,13 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "codec/atomic_file.h"
+#include "codec/durable_fs.h"
 #include "file_faults.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
-#include "serialize/durable_fs.h"
 #include "serialize/model_io.h"
 
 using namespace pipit;

@@ -10,7 +10,7 @@
 #include <set>
 #include <string>
 
-#include "serialize/durable_fs.h"
+#include "codec/durable_fs.h"
 
 namespace pipit::testing {
 

@@ -8,10 +8,10 @@
 #include <tuple>
 #include <vector>
 
+#include "codec/safetensors.h"
 #include "comm/frame.h"
 #include "pipeline/protocol/messages.h"
 #include "pipit.h"
-#include "serialize/safetensors.h"
 
 using namespace pipit;
 using nlohmann::json;

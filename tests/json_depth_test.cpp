@@ -8,11 +8,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "codec/json_depth.h"
+#include "codec/safetensors.h"
 #include "pipeline/remote/stage_package.h"
 #include "pipit.h"
 #include "serialize/checkpoint.h"
-#include "serialize/json_depth.h"
-#include "serialize/safetensors.h"
 
 using namespace pipit;
 using nlohmann::json;

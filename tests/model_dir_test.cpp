@@ -14,12 +14,12 @@
 #include <string>
 #include <thread>
 
+#include "codec/atomic_file.h"
+#include "codec/durable_fs.h"
 #include "file_faults.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
-#include "serialize/durable_fs.h"
 #include "serialize/model_io.h"
 
 using namespace pipit;

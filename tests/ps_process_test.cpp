@@ -9,12 +9,12 @@
 
 #include <unistd.h>
 
+#include "codec/atomic_file.h"
 #include "pipit.h"
 #include "ps/checkpoint.h"
 #include "ps/launch.h"
 #include "ps_reference.h"
 #include "ps_task.h"
-#include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
 #include "support/child_process.h"
 #include "worker_process.h"

@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "codec/atomic_file.h"
 #include "nn/builders.h"
 #include "pipit.h"
 #include "ps/checkpoint.h"
@@ -19,7 +20,6 @@
 #include "ps/shard_plan.h"
 #include "ps/tcp.h"
 #include "ps/worker.h"
-#include "serialize/atomic_file.h"
 
 namespace pipit::testing {
 

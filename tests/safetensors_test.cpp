@@ -2,12 +2,12 @@
 #include <cstring>
 #include <filesystem>
 
+#include "codec/atomic_file.h"
+#include "codec/safetensors.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 #include "serialize/model_io.h"
-#include "serialize/safetensors.h"
 
 using namespace pipit;
 using nlohmann::json;
@@ -207,7 +207,7 @@ void check_same_layout(const SafetensorsLayout& a, const SafetensorsLayout& b) {
 TEST_CASE("plain safetensors headers are the JSON library's, and read the same either way",
           "[serialize]") {
   // Headers without metadata whose names need no escaping are written and read without the
-  // library (serialize/plain_safetensors_header.h): the bytes and the layout must be its.
+  // library (codec/plain_safetensors_header.h): the bytes and the layout must be its.
   const std::vector<OrderedTensors> cases = {
       {{"0", zeros({2, 3})}},
       {{"0", zeros({2, 3})},

@@ -5,10 +5,10 @@
 #include <cstring>
 #include <string>
 
+#include "codec/safetensors.h"
 #include "comm/frame.h"
 #include "pipeline/protocol/messages.h"
 #include "pipit.h"
-#include "serialize/safetensors.h"
 
 using namespace pipit;
 

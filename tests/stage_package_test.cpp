@@ -7,13 +7,13 @@
 
 #include "autograd/grad_mode.h"
 #include "bitwise.h"
+#include "codec/safetensors.h"
 #include "comm/local_communicator.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/remote/stage_package.h"
 #include "pipit.h"
-#include "serialize/safetensors.h"
 
 using namespace pipit;
 using nlohmann::json;

@@ -14,13 +14,13 @@
 
 #include "comm/asio.h"
 
+#include "codec/atomic_file.h"
 #include "comm/frame.h"
 #include "comm/handshake.h"
 #include "comm/tcp_communicator.h"
 #include "pipeline/protocol/messages.h"
 #include "pipeline/remote/worker.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 
 using namespace pipit;
 using asio::ip::tcp;

@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "serialize/atomic_file.h"
+#include "codec/atomic_file.h"
 
 extern char** environ;
 

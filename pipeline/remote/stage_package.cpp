@@ -4,12 +4,12 @@
 #include <climits>
 
 #include "autograd/grad_mode.h"
+#include "codec/safetensors.h"
 #include "nn/registry.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol/messages.h"
 #include "serialize/checkpoint.h"
-#include "serialize/safetensors.h"
 
 namespace pipit {
 namespace {

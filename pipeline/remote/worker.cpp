@@ -7,11 +7,11 @@
 #include <set>
 #include <thread>
 
+#include "codec/atomic_file.h"
 #include "pipeline/gradients/replica_group.h"
 #include "pipeline/protocol/messages.h"
 #include "pipeline/remote/stage_package.h"
 #include "pipeline/stage.h"
-#include "serialize/atomic_file.h"
 #include "tensor/parallel.h"
 
 namespace pipit {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "serialize/atomic_file.h"
+#include "codec/atomic_file.h"
 #include "support/child_process.h"
 #include "tools/chaos/log_tail.h"
 #include "tools/chaos/proxy.h"

@@ -4,12 +4,12 @@
 // strictly, the optimizer made from its config with its state loaded.
 #include <optional>
 
+#include "codec/atomic_file.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
-#include "serialize/atomic_file.h"
 #include "serialize/checkpoint.h"
 #include "tests/fuzz/harness/check.h"
 

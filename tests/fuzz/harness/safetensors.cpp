@@ -5,8 +5,8 @@
 #include <cstring>
 #include <optional>
 
+#include "codec/safetensors.h"
 #include "pipit.h"
-#include "serialize/safetensors.h"
 #include "tests/fuzz/harness/check.h"
 
 namespace pipit::fuzz {

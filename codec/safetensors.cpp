@@ -1,4 +1,4 @@
-#include "serialize/safetensors.h"
+#include "codec/safetensors.h"
 
 #include <algorithm>
 #include <bit>
@@ -7,9 +7,9 @@
 #include <optional>
 #include <vector>
 
-#include "serialize/atomic_file.h"
-#include "serialize/json_depth.h"
-#include "serialize/plain_safetensors_header.h"
+#include "codec/atomic_file.h"
+#include "codec/json_depth.h"
+#include "codec/plain_safetensors_header.h"
 #include "tensor/backend.h"
 
 namespace pipit {
@@ -155,6 +155,13 @@ std::string encode_safetensors_header(const OrderedTensors& tensors, const json&
   return out;
 }
 
+Tensor host_contiguous(const Tensor& t) {
+  if (t.device().is_cpu() && t.is_contiguous()) return t;
+  Tensor host = Tensor::empty(t.shape(), t.dtype());
+  backend(Device::cpu()).copy(t.device().is_cpu() ? t : copy_of(t, t.dtype(), Device::cpu()), host);
+  return host;
+}
+
 std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
   std::string out =
       encode_safetensors_header(OrderedTensors(tensors.begin(), tensors.end()), metadata);
@@ -162,8 +169,7 @@ std::string encode_safetensors(const StateDict& tensors, const json& metadata) {
   for (const auto& [name, t] : tensors) data_size += t.nbytes();
   out.reserve(out.size() + data_size);
   for (const auto& [name, t] : tensors) {
-    Tensor host = Tensor::empty(t.shape(), t.dtype());
-    backend(Device::cpu()).copy(t.device().is_cpu() ? t : t.to(Device::cpu()), host);
+    const Tensor host = host_contiguous(t);
     out.append(static_cast<const char*>(host.raw_data()), host.nbytes());
   }
   return out;

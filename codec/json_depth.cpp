@@ -1,4 +1,4 @@
-#include "serialize/json_depth.h"
+#include "codec/json_depth.h"
 
 #include "tensor/error.h"
 

@@ -1,4 +1,4 @@
-#include "serialize/durable_fs.h"
+#include "codec/durable_fs.h"
 
 #include <fcntl.h>
 #include <signal.h>

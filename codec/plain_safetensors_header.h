@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "serialize/safetensors.h"
+#include "codec/safetensors.h"
 
 namespace pipit {
 

@@ -1,10 +1,10 @@
-#include "serialize/atomic_file.h"
+#include "codec/atomic_file.h"
 
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 
-#include "serialize/durable_fs.h"
+#include "codec/durable_fs.h"
 #include "tensor/error.h"
 
 namespace pipit {

@@ -1,4 +1,4 @@
-#include "serialize/crc32c.h"
+#include "codec/crc32c.h"
 
 #include <array>
 #include <cstring>

@@ -1,5 +1,5 @@
 #pragma once
-// The safetensors layout, pipit's one codec for tensors on disk and (later) on the wire:
+// The safetensors layout, pipit's one codec for tensors on disk and on the wire:
 // 8-byte little-endian header length N, N bytes of JSON
 // {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}},
 // then the raw little-endian bytes, offsets counted from the end of the header.
@@ -24,6 +24,10 @@ std::string encode_safetensors(const StateDict& tensors,
 // in that order completes the blob, which lets a socket writer send them from where they lie.
 std::string encode_safetensors_header(const OrderedTensors& tensors,
                                       const nlohmann::json& metadata = nlohmann::json::object());
+// A tensor's bytes as the layout above takes them: host memory in row-major order (t itself
+// when its bytes already lie so, else a copy).
+Tensor host_contiguous(const Tensor& t);
+
 // Validates every field; errors name `source` (a file or frame) and the field. The returned
 // tensors own their memory.
 StateDict decode_safetensors(const char* data, size_t size, const std::string& source,

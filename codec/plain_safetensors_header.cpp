@@ -1,10 +1,10 @@
-#include "serialize/plain_safetensors_header.h"
+#include "codec/plain_safetensors_header.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
 
-#include "serialize/plain_json.h"
+#include "codec/plain_json.h"
 
 namespace pipit {
 namespace {
