@@ -1,4 +1,6 @@
-"""What the Python benchmarks share: naming the CPU in a results heading, and timing steps."""
+"""What the Python benchmarks share: naming the CPU in a results heading, timing steps, and the
+flags of bench/cpu_vs_torch's peers."""
+import argparse
 import platform
 import time
 
@@ -24,3 +26,13 @@ def time_steps(warmup, steps, step):
         step()
         times.append((time.perf_counter() - start) * 1000.0)
     return times
+
+
+def peer_flags(description):
+    """The flags bench/cpu_vs_torch.py gives pipit (build/cpu_vs_torch) and each of its peers."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    return parser.parse_args()

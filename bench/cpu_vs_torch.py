@@ -77,8 +77,9 @@ def run_once(argv, model, threads):
         env[var] = str(threads)
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
     warmup, steps = STEPS[model]
-    out = subprocess.run(["taskset", "-c", cores, *argv, model, str(threads), str(warmup),
-                          str(steps)], check=True, capture_output=True, text=True, env=env)
+    out = subprocess.run(["taskset", "-c", cores, *argv, "--model", model, "--threads", str(threads),
+                          "--warmup", str(warmup), "--steps", str(steps)],
+                         check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -107,7 +108,7 @@ def main():
         runners.append(("JAX", [venv_python("jax", ["jax[cpu]"]),
                                 os.path.join(HERE, "cpu_peer_jax.py")]))
 
-    peak = json.loads(subprocess.run([binary, "peak"], check=True, capture_output=True,
+    peak = json.loads(subprocess.run([binary, "--model", "peak"], check=True, capture_output=True,
                                      text=True).stdout)
     print(f"FP32 peak of one core ({peak['isa']} FMA loop): {peak['gflops']:.0f} GFLOP/s",
           flush=True)

@@ -40,15 +40,16 @@ struct MpiResults {
   std::string failure;  // why there are none; empty when the run worked
 };
 
-// Runs this program under mpirun in `role` on `ranks` ranks and collects rank 0's results.
-inline MpiResults mpi_results(const std::string& role, int ranks) {
+// Runs this program under mpirun with `role_flags` (--mpi-role ROLE ...) on `ranks` ranks and
+// collects rank 0's results.
+inline MpiResults mpi_results(const std::string& role_flags, int ranks) {
   MpiResults results;
   std::string command = "timeout 300 mpirun --allow-run-as-root --oversubscribe -np ";
   command += std::to_string(ranks);
   command += " ";
   command += std::filesystem::read_symlink("/proc/self/exe").string();
-  command += " --mpi-role ";
-  command += role;
+  command += " ";
+  command += role_flags;
   command += " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return {{}, "popen failed"};

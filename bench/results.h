@@ -1,6 +1,7 @@
 #pragma once
 // Appending a benchmark's results to bench/RESULTS.md under a heading that names the
 // benchmark, the date (UTC), the CPU and its cores.
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -10,6 +11,12 @@
 #include <vector>
 
 namespace pipit::bench {
+
+// The middle value (the upper of the two middle ones for an even count; 0 for none).
+inline double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0 : values[values.size() / 2];
+}
 
 inline std::string cpu_name() {
   std::ifstream cpuinfo("/proc/cpuinfo");
