@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "bench/results.h"
 #include "support/child_process.h"
 
 namespace pipit::bench {
@@ -47,13 +48,10 @@ inline std::optional<double> iperf3_loopback(int seconds) {
     command += " -t ";
     command += std::to_string(seconds);
     command += " 2>/dev/null";
-    FILE* pipe = popen(command.c_str(), "r");
-    if (!pipe) break;
+    const CommandOutput run = command_output(command);
+    if (!run.ok) continue;
     std::string output;
-    char buffer[4096];
-    while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-    const int status = pclose(pipe);
-    if (status != 0) continue;
+    for (const std::string& line : run.lines) output += line;
     const auto report = nlohmann::json::parse(output, nullptr, false);
     if (report.is_discarded()) continue;
     rate = report["end"]["sum_received"]["bits_per_second"].get<double>() / 8;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/gpt_step.h"
+#include "bench/results.h"
 #include "pipit.h"
 #ifdef PIPIT_WITH_MPI
 #include <mpi.h>
@@ -51,11 +52,9 @@ inline MpiResults mpi_results(const std::string& role_flags, int ranks) {
   command += " ";
   command += role_flags;
   command += " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return {{}, "popen failed"};
+  const CommandOutput run = command_output(command);
   std::string output;
-  char line[4096];
-  while (fgets(line, sizeof line, pipe)) {
+  for (const std::string& line : run.lines) {
     std::istringstream fields(line);
     std::string tag, name;
     double value = 0;
@@ -65,7 +64,7 @@ inline MpiResults mpi_results(const std::string& role_flags, int ranks) {
       output += line;
     }
   }
-  if (pclose(pipe) != 0 || results.values.empty()) {
+  if (!run.ok || results.values.empty()) {
     results.failure = output.empty() ? "mpirun failed" : output;
   }
   return results;

@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -264,17 +263,16 @@ double train_gpt_tokens_per_s(const std::string& where, int r, int steps) {
     command = "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(2 * r) + " " +
               command + " --launcher mpi";
   }
-  FILE* pipe = popen((command + " 2>/dev/null").c_str(), "r");
-  if (!pipe) return 0;
+  const bench::CommandOutput run = bench::command_output(command + " 2>/dev/null");
   double tokens_per_s = 0;
-  char line[1024];
-  while (std::fgets(line, sizeof line, pipe)) {
+  for (const std::string& line : run.lines) {
     double value = 0;
-    if (const char* at = std::strstr(line, "tokens/s"); at && std::sscanf(at + 8, "%lf", &value)) {
+    if (const size_t at = line.find("tokens/s");
+        at != std::string::npos && std::sscanf(line.c_str() + at + 8, "%lf", &value)) {
       tokens_per_s = value;
     }
   }
-  if (pclose(pipe) != 0) std::fprintf(stderr, "replicas: '%s' failed\n", command.c_str());
+  if (!run.ok) std::fprintf(stderr, "replicas: '%s' failed\n", command.c_str());
   return tokens_per_s;
 }
 
