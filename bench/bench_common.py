@@ -1,6 +1,7 @@
-"""What the Python benchmarks share: naming the CPU in a results heading, timing steps, and the
-flags of bench/cpu_vs_torch's peers."""
+"""What the Python benchmarks share: naming the CPU in a results heading, timing steps,
+publishing a results table, and the flags of bench/cpu_vs_torch's peers."""
 import argparse
+import os
 import platform
 import time
 
@@ -14,6 +15,14 @@ def cpu_name():
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def publish(table, append):
+    """Prints a finished results table and, when `append`, adds it to bench/RESULTS.md."""
+    print(table)
+    if append:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), "a") as f:
+            f.write(table)
 
 
 def time_steps(warmup, steps, step):

@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 
-from bench_common import cpu_name
+from bench_common import cpu_name, publish
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ["mlp", "gpt", "tiny_op", "bf16_ops"]
@@ -169,11 +169,7 @@ def main():
     if all(v is not None for v in scaling.values()):
         lines.append(f"\npipit's speed-up from 1 to 2 threads: MLP {scaling['mlp']:.2f}x, "
                      f"GPT {scaling['gpt']:.2f}x.")
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if not args.no_append:
-        with open(os.path.join(HERE, "RESULTS.md"), "a") as f:
-            f.write(table)
+    publish("\n".join(lines) + "\n", not args.no_append)
 
 
 if __name__ == "__main__":
