@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -33,6 +32,7 @@ inline int worker_role_main(int argc, char** argv) {
   return worker_main(argc - 1, argv + 1, program);
 }
 
+// Every member has an initializer, so that a designated initializer may leave any out.
 struct WorkerLaunch {
   // false: this program in its worker role; true: pipit-worker beside it.
   bool pipit_worker = false;
