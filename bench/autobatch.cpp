@@ -26,10 +26,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 std::unique_ptr<Optimizer> adamw(const std::vector<Tensor>& tensors) {
   NamedParameters named;
   for (size_t i = 0; i < tensors.size(); ++i) named.emplace_back(std::to_string(i), tensors[i]);
@@ -63,7 +59,7 @@ Rate time_training(int64_t count, int64_t batch, const std::vector<int64_t>& siz
     overhead += cost.overhead_seconds;
     nodes += cost.nodes;
   }
-  const double seconds = since(start);
+  const double seconds = bench::seconds_since(start);
   return {static_cast<double>(count) / seconds, overhead / seconds,
           nodes > 0 ? 1e6 * overhead / static_cast<double>(nodes) : 0.0};
 }
@@ -94,7 +90,7 @@ StepCost autobatched_step(Optimizer& optimizer, Strategy strategy,
   auto scope = graph.scope();
   std::vector<Handle> losses;
   record(losses);
-  const double recording = since(start);
+  const double recording = bench::seconds_since(start);
   graph.run(strategy);
   optimizer.zero_grad();
   sum(stack_values(losses)).backward();
@@ -268,7 +264,7 @@ int main(int argc, char** argv) {
         for (int64_t i = 0; i < count / 4; ++i) {
           tokens += static_cast<int64_t>(decoder.decode(inputs[static_cast<size_t>(i)]).size());
         }
-        return Rate{static_cast<double>(count / 4) / since(start)};
+        return Rate{static_cast<double>(count / 4) / bench::seconds_since(start)};
       };
       auto run = [&](int groups) {
         std::vector<std::vector<int64_t>> results(static_cast<size_t>(count));
@@ -283,7 +279,7 @@ int main(int argc, char** argv) {
           const ExampleStats stats = run_examples(examples_of);
           overhead += stats.graph.plan_seconds;
         }
-        const double seconds = since(begin);
+        const double seconds = bench::seconds_since(begin);
         return Rate{static_cast<double>(count) / seconds, overhead / seconds};
       };
       const std::vector<Rate> rates =

@@ -3,6 +3,7 @@
 // command and reading what it printed, and appending results to bench/RESULTS.md under a
 // heading that names the benchmark, the date (UTC), the CPU and its cores.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -12,6 +13,11 @@
 #include <vector>
 
 namespace pipit::bench {
+
+// Seconds from `start` to now, on the steady clock.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 // The middle value (the upper of the two middle ones for an even count; 0 for none).
 inline double median(std::vector<double> values) {

@@ -39,10 +39,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 double pipit_throughput(size_t size, int count) {
   const support::TcpPair pair = support::connected_tcp_pair();
   Tensor payload = ones({static_cast<int64_t>(size / 4)});
