@@ -26,10 +26,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 std::unique_ptr<Optimizer> adamw(const std::vector<Tensor>& tensors) {
   NamedParameters named;
   for (size_t i = 0; i < tensors.size(); ++i) named.emplace_back(std::to_string(i), tensors[i]);
@@ -63,7 +59,7 @@ Rate time_training(int64_t count, int64_t batch, const std::vector<int64_t>& siz
     overhead += cost.overhead_seconds;
     nodes += cost.nodes;
   }
-  const double seconds = since(start);
+  const double seconds = bench::seconds_since(start);
   return {static_cast<double>(count) / seconds, overhead / seconds,
           nodes > 0 ? 1e6 * overhead / static_cast<double>(nodes) : 0.0};
 }
@@ -94,7 +90,7 @@ StepCost autobatched_step(Optimizer& optimizer, Strategy strategy,
   auto scope = graph.scope();
   std::vector<Handle> losses;
   record(losses);
-  const double recording = since(start);
+  const double recording = bench::seconds_since(start);
   graph.run(strategy);
   optimizer.zero_grad();
   sum(stack_values(losses)).backward();
@@ -113,7 +109,7 @@ std::string ratio(double a, double b) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  samples::Flags flags("autobatch", "Automatic batching vs one at a time and by hand.");
+  support::Flags flags("autobatch", "Automatic batching vs one at a time and by hand.");
   flags.add("threads", "1", "CPU threads per kernel");
   flags.add("examples", "512", "examples per batched measurement (a quarter one at a time)");
   flags.add("end-bias", "1", "decoding: the end token's score bias (sets the lengths)");
@@ -131,14 +127,14 @@ int main(int argc, char** argv) {
 
   // Tree-LSTM: trees of 10-50 leaves, width 128.
   {
-    const autobatch::TreeLstm model(1000, 128, 128, 5, generator);
-    const autobatch::TreeLstmBatched batched(model);
-    std::vector<autobatch::Tree> trees;
+    const support::TreeLstm model(1000, 128, 128, 5, generator);
+    const support::TreeLstmBatched batched(model);
+    std::vector<support::Tree> trees;
     std::vector<int64_t> sizes;
     for (int64_t i = 0; i < examples; ++i) {
-      trees.push_back(autobatch::random_tree(
-          10 + static_cast<int64_t>(generator.bits(generator.reserve(1)) % 41), 1000, 5,
-          generator));
+      trees.push_back(
+          support::random_tree(10 + static_cast<int64_t>(generator.bits(generator.reserve(1)) % 41),
+                               1000, 5, generator));
       sizes.push_back(trees.back().leaves());
     }
     auto optimizer = adamw(model.parameters());
@@ -179,12 +175,12 @@ int main(int argc, char** argv) {
   }
   // BiLSTM tagger: sentences of 5-50 words, embeddings 64, hidden 128.
   {
-    const autobatch::BiLstmTagger model(1000, 64, 128, 10, generator);
-    const autobatch::BiLstmBatched batched(model);
-    std::vector<autobatch::Sentence> sentences;
+    const support::BiLstmTagger model(1000, 64, 128, 10, generator);
+    const support::BiLstmBatched batched(model);
+    std::vector<support::Sentence> sentences;
     std::vector<int64_t> sizes;
     for (int64_t i = 0; i < examples; ++i) {
-      sentences.push_back(autobatch::random_sentence(
+      sentences.push_back(support::random_sentence(
           5 + static_cast<int64_t>(generator.bits(generator.reserve(1)) % 46), 1000, 10,
           generator));
       sizes.push_back(static_cast<int64_t>(sentences.back().words.size()));
@@ -197,7 +193,7 @@ int main(int argc, char** argv) {
       return StepCost{};
     };
     auto by_hand = [&](const std::vector<int64_t>& indices) {
-      std::vector<const autobatch::Sentence*> batch;
+      std::vector<const support::Sentence*> batch;
       for (int64_t i : indices) batch.push_back(&sentences[static_cast<size_t>(i)]);
       optimizer->zero_grad();
       model.padded_loss(batch).backward();
@@ -249,7 +245,7 @@ int main(int argc, char** argv) {
   {
     NoGradGuard no_grad;
     Generator generator(5);  // its own, so the lengths do not depend on --examples
-    const autobatch::GreedyDecoder decoder(
+    const support::GreedyDecoder decoder(
         64, 64, 128, 1000, static_cast<float>(flags.number("end-bias")), 40, generator);
     std::vector<Tensor> inputs;
     for (int64_t i = 0; i < examples; ++i) inputs.push_back(randn({64}, &generator));
@@ -268,7 +264,7 @@ int main(int argc, char** argv) {
         for (int64_t i = 0; i < count / 4; ++i) {
           tokens += static_cast<int64_t>(decoder.decode(inputs[static_cast<size_t>(i)]).size());
         }
-        return Rate{static_cast<double>(count / 4) / since(start)};
+        return Rate{static_cast<double>(count / 4) / bench::seconds_since(start)};
       };
       auto run = [&](int groups) {
         std::vector<std::vector<int64_t>> results(static_cast<size_t>(count));
@@ -283,7 +279,7 @@ int main(int argc, char** argv) {
           const ExampleStats stats = run_examples(examples_of);
           overhead += stats.graph.plan_seconds;
         }
-        const double seconds = since(begin);
+        const double seconds = bench::seconds_since(begin);
         return Rate{static_cast<double>(count) / seconds, overhead / seconds};
       };
       const std::vector<Rate> rates =

@@ -1,4 +1,7 @@
-"""What the Python benchmarks share: naming the CPU in a results heading, and timing steps."""
+"""What the Python benchmarks share: naming the CPU in a results heading, timing steps,
+publishing a results table, and the flags of bench/cpu_vs_torch's peers."""
+import argparse
+import os
 import platform
 import time
 
@@ -14,6 +17,14 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
+def publish(table, append):
+    """Prints a finished results table and, when `append`, adds it to bench/RESULTS.md."""
+    print(table)
+    if append:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), "a") as f:
+            f.write(table)
+
+
 def time_steps(warmup, steps, step):
     """Milliseconds of each of `steps` calls of `step` after `warmup` untimed ones."""
     for _ in range(warmup):
@@ -24,3 +35,13 @@ def time_steps(warmup, steps, step):
         step()
         times.append((time.perf_counter() - start) * 1000.0)
     return times
+
+
+def peer_flags(description):
+    """The flags bench/cpu_vs_torch.py gives pipit (build/cpu_vs_torch) and each of its peers."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    return parser.parse_args()

@@ -2,17 +2,16 @@
 """JAX's side of bench/cpu_vs_torch.py: the same models, data and optimizer rules as
 bench/cpu_vs_torch.cpp, each training step one function under jax.jit (XLA), on the CPU.
 
-usage: python cpu_peer_jax.py MODEL THREADS WARMUP STEPS   (run by cpu_vs_torch.py in the
+usage: python cpu_peer_jax.py --model M --threads T --warmup W --steps S   (run by cpu_vs_torch.py in the
 virtual environment it makes); prints one JSON line {"ms": [per-step times]}.
 """
 import json
 import math
-import sys
 
 import jax
 import jax.numpy as jnp
 
-from bench_common import time_steps
+from bench_common import peer_flags, time_steps
 
 jax.config.update("jax_platforms", "cpu")
 
@@ -189,5 +188,5 @@ def jax_bf16_ops(warmup, steps):
 MODELS = {"mlp": jax_mlp, "gpt": jax_gpt, "tiny_op": jax_tiny_op, "bf16_ops": jax_bf16_ops}
 
 if __name__ == "__main__":
-    model, _threads, warmup, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    print(json.dumps({"ms": MODELS[model](warmup, steps)}))
+    flags = peer_flags(__doc__.splitlines()[0])
+    print(json.dumps({"ms": MODELS[flags.model](flags.warmup, flags.steps)}))

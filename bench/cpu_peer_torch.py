@@ -3,18 +3,17 @@
 bench/cpu_vs_torch.cpp, in eager mode. Runs under any PyTorch: Debian's python3-torch, or
 PyTorch 2.x from PyPI in the virtual environment cpu_vs_torch.py makes with --torch2.
 
-usage: python cpu_peer_torch.py MODEL THREADS WARMUP STEPS; prints one JSON line
+usage: python cpu_peer_torch.py --model M --threads T --warmup W --steps S; prints one JSON line
 {"ms": [per-step times], "version": torch.__version__}.
 """
 import json
 import math
-import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench_common import time_steps
+from bench_common import peer_flags, time_steps
 
 
 # Attention as torch's users run it: F.scaled_dot_product_attention (fused kernels: flash or
@@ -133,6 +132,7 @@ TORCH = {"mlp": torch_mlp, "gpt": torch_gpt, "tiny_op": torch_tiny_op,
 
 
 if __name__ == "__main__":
-    model, threads, warmup, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    torch.set_num_threads(threads)
-    print(json.dumps({"ms": TORCH[model](warmup, steps), "version": torch.__version__}))
+    flags = peer_flags(__doc__.splitlines()[0])
+    torch.set_num_threads(flags.threads)
+    print(json.dumps({"ms": TORCH[flags.model](flags.warmup, flags.steps),
+                      "version": torch.__version__}))

@@ -1,7 +1,7 @@
 // pipit's part of bench/cpu_vs_torch.py: times training steps of one model and prints one
 // JSON line {"model": ..., "threads": ..., "ms": [per-step times]}. The driver alternates
 // this program with the same model in PyTorch and JAX and reports medians and ratios.
-// `cpu_vs_torch peak` prints the FP32 peak of one core, {"gflops": ..., "isa": ...}.
+// `cpu_vs_torch --model peak` prints the FP32 peak of one core, {"gflops": ..., "isa": ...}.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -11,6 +11,7 @@
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
+#include "support/flags.h"
 #include "tensor/cpu/cpu_backend.h"
 
 using namespace pipit;
@@ -93,28 +94,26 @@ std::vector<double> bench_bf16_ops(int warmup, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && std::string(argv[1]) == "peak") {
+  support::Flags flags("cpu_vs_torch",
+                       "Times training steps of one model and prints them as a JSON line.");
+  flags.add("model", "mlp", "mlp, gpt, tiny_op, bf16_ops, or peak: one core's FP32 peak");
+  flags.add("threads", "1", "CPU threads per kernel");
+  flags.add("warmup", "2", "untimed steps first");
+  flags.add("steps", "10", "timed steps");
+  flags.add("gemm", "auto", "GEMM provider: auto, onednn or openblas");
+  flags.parse(argc, argv);
+  const std::string model = flags.choice("model", {"mlp", "gpt", "tiny_op", "bf16_ops", "peak"});
+  const std::string gemm = flags.choice("gemm", {"auto", "onednn", "openblas"});
+  if (model == "peak") {
     const bench::Peak peak = bench::measure_peak_gflops();
     std::printf("{\"gflops\": %.1f, \"isa\": \"%s\"}\n", peak.gflops, peak.isa.c_str());
     return 0;
   }
-  if (argc != 5 && argc != 6) {
-    std::fprintf(
-        stderr,
-        "usage: cpu_vs_torch mlp|gpt|tiny_op|bf16_ops THREADS WARMUP STEPS [onednn|openblas], or "
-        "cpu_vs_torch peak\n");
-    return 2;
-  }
-  const std::string model = argv[1];
-  const int threads = std::stoi(argv[2]), warmup = std::stoi(argv[3]), steps = std::stoi(argv[4]);
+  const auto threads = static_cast<int>(flags.integer("threads"));
+  const auto warmup = static_cast<int>(flags.integer("warmup", 0));
+  const auto steps = static_cast<int>(flags.integer("steps"));
   set_num_threads(threads);
-  if (argc == 6) {
-    const std::string gemm = argv[5];
-    if (gemm != "onednn" && gemm != "openblas") {
-      std::fprintf(stderr, "cpu_vs_torch: unknown GEMM provider '%s' (onednn, openblas)\n",
-                   gemm.c_str());
-      return 2;
-    }
+  if (gemm != "auto") {
     set_cpu_gemm_provider(gemm == "onednn" ? GemmProvider::onednn : GemmProvider::openblas);
   }
   std::vector<double> times;
@@ -124,12 +123,8 @@ int main(int argc, char** argv) {
     times = bench_gpt(warmup, steps);
   } else if (model == "tiny_op") {
     times = bench_tiny_op(warmup, steps);
-  } else if (model == "bf16_ops") {
-    times = bench_bf16_ops(warmup, steps);
   } else {
-    std::fprintf(stderr, "cpu_vs_torch: unknown model '%s' (mlp, gpt, tiny_op, bf16_ops)\n",
-                 model.c_str());
-    return 2;
+    times = bench_bf16_ops(warmup, steps);
   }
   std::printf("{\"model\": \"%s\", \"threads\": %d, \"ms\": [", model.c_str(), threads);
   for (size_t i = 0; i < times.size(); ++i) std::printf("%s%.4f", i ? ", " : "", times[i]);

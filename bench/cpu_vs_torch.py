@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 
-from bench_common import cpu_name
+from bench_common import cpu_name, publish
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ["mlp", "gpt", "tiny_op", "bf16_ops"]
@@ -77,8 +77,9 @@ def run_once(argv, model, threads):
         env[var] = str(threads)
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
     warmup, steps = STEPS[model]
-    out = subprocess.run(["taskset", "-c", cores, *argv, model, str(threads), str(warmup),
-                          str(steps)], check=True, capture_output=True, text=True, env=env)
+    out = subprocess.run(["taskset", "-c", cores, *argv, "--model", model, "--threads", str(threads),
+                          "--warmup", str(warmup), "--steps", str(steps)],
+                         check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -107,7 +108,7 @@ def main():
         runners.append(("JAX", [venv_python("jax", ["jax[cpu]"]),
                                 os.path.join(HERE, "cpu_peer_jax.py")]))
 
-    peak = json.loads(subprocess.run([binary, "peak"], check=True, capture_output=True,
+    peak = json.loads(subprocess.run([binary, "--model", "peak"], check=True, capture_output=True,
                                      text=True).stdout)
     print(f"FP32 peak of one core ({peak['isa']} FMA loop): {peak['gflops']:.0f} GFLOP/s",
           flush=True)
@@ -168,11 +169,7 @@ def main():
     if all(v is not None for v in scaling.values()):
         lines.append(f"\npipit's speed-up from 1 to 2 threads: MLP {scaling['mlp']:.2f}x, "
                      f"GPT {scaling['gpt']:.2f}x.")
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if not args.no_append:
-        with open(os.path.join(HERE, "RESULTS.md"), "a") as f:
-            f.write(table)
+    publish("\n".join(lines) + "\n", not args.no_append)
 
 
 if __name__ == "__main__":

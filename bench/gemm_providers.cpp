@@ -150,9 +150,10 @@ double time_gemm(const Provider& p, const Shape& s, const float* a, const float*
 }  // namespace
 
 int main(int argc, char** argv) {
-  samples::Flags flags("gemm_providers",
-                       "Times f32 GEMM per provider (OpenBLAS, oneDNN, BLIS) against one core's "
-                       "measured peak, on the shapes pipit's models run.");
+  pipit::support::Flags flags(
+      "gemm_providers",
+      "Times f32 GEMM per provider (OpenBLAS, oneDNN, BLIS) against one core's "
+      "measured peak, on the shapes pipit's models run.");
   flags.add("rounds", "5", "timed rounds per shape (the median is kept)");
   flags.add_switch("append", "append the table to bench/RESULTS.md");
   flags.parse(argc, argv);

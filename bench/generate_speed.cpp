@@ -50,7 +50,7 @@ uint64_t fnv(const std::vector<std::vector<int64_t>>& rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  samples::Flags flags("generate_speed", "pipit's KV-cache generation vs transformers' generate");
+  support::Flags flags("generate_speed", "pipit's KV-cache generation vs transformers' generate");
   flags.add("model", "", "a Hugging Face GPT-2 directory (default: a random GPT-2 small)");
   flags.add("new", "256", "new tokens per prompt");
   flags.add("prompt", "16", "tokens per prompt");
@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   flags.add("python", "python3", "the Python with torch and transformers installed");
   flags.add_switch("peer-bf16-batch8", "also time transformers in bf16 at batch 8 (slow)");
   flags.parse(argc, argv);
+  const std::string device_name = flags.choice("device", {"cpu", "cuda"});
   try {
     const std::string script = std::string(PIPIT_SOURCE_DIR) + "/bench/generate_speed.py";
     std::string dir = flags.str("model");
@@ -69,9 +70,6 @@ int main(int argc, char** argv) {
                                "generate_speed");
       }
     }
-    const std::string device_name = flags.str("device");
-    if (device_name != "cpu" && device_name != "cuda")
-      throw std::invalid_argument("--device: expected cpu or cuda, got '" + device_name + "'");
     const bool on_gpu = device_name == "cuda";
     auto model = load_hf_gpt2(dir);
     if (on_gpu) model->to(Device::cuda(0));

@@ -24,16 +24,11 @@ using namespace pipit;
 
 namespace {
 
-DType parse_dtype(const std::string& name) {
-  if (name == "bf16") return DType::bf16;
-  if (name == "f16") return DType::f16;
-  PIPIT_CHECK(name == "f32", "unknown dtype '", name, "' (bf16, f16, f32)");
-  return DType::f32;
-}
-
 nlohmann::json time_attention(const std::string& dtype_name, const std::string& shape,
                               const std::string& provider, int64_t warmup, int64_t repeats) {
-  const DType dtype = parse_dtype(dtype_name);
+  const DType dtype = dtype_name == "bf16"  ? DType::bf16
+                      : dtype_name == "f16" ? DType::f16
+                                            : DType::f32;
   int64_t B = 0, H = 0, T = 0, D = 0;
   PIPIT_CHECK(std::sscanf(shape.c_str(), "%ldx%ldx%ldx%ld", &B, &H, &T, &D) == 4, "shape '", shape,
               "' is not BxHxTxD");
@@ -73,7 +68,7 @@ nlohmann::json time_attention(const std::string& dtype_name, const std::string& 
 
 int main(int argc, char** argv) {
   try {
-    samples::Flags flags("gpu_attention",
+    support::Flags flags("gpu_attention",
                          "Fused causal attention on one GPU, forward and backward.");
     flags.add("dtypes", "bf16,f16,f32", "dtypes to time");
     flags.add("shapes", "8x12x1024x64,2x12x4096x64", "BxHxTxD shapes");
@@ -81,12 +76,9 @@ int main(int argc, char** argv) {
     flags.add("warmup", "3", "untimed calls first");
     flags.add("repeats", "10", "timed calls");
     flags.parse(argc, argv);
-    const auto dtypes = flags.items("dtypes");
+    const auto dtypes = flags.choices("dtypes", {"bf16", "f16", "f32"});
     const auto shapes = flags.items("shapes");
-    const std::string provider = flags.str("provider");
-    if (provider != "pipit" && provider != "cudnn") {
-      flags.fail("--provider takes pipit or cudnn, got '" + provider + "'");
-    }
+    const std::string provider = flags.choice("provider", {"pipit", "cudnn"});
     const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
     if (!bench::has_cuda_device("gpu_attention")) return 0;
     cuda::set_attention_provider(provider == "cudnn" ? cuda::AttentionProvider::cudnn

@@ -14,8 +14,6 @@ usage: python3 bench/gpu_attention.py [--build build] [--dtypes bf16,f16,f32]
            [--shapes 8x12x1024x64,2x12x4096x64] [--providers pipit,cudnn] [--warmup 3]
            [--repeats 10] [--no-append]
 """
-import argparse
-import os
 
 import gpu_common
 
@@ -48,15 +46,11 @@ def torch_attention(torch, dtype_name, B, H, T, D, warmup, repeats):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", default=os.path.join(gpu_common.HERE, "..", "build"))
+    parser = gpu_common.parser(__doc__)
     parser.add_argument("--dtypes", default="bf16,f16,f32")
     parser.add_argument("--shapes", default="8x12x1024x64,2x12x4096x64")
     parser.add_argument("--providers", default="pipit,cudnn",
                         help="pipit's attention providers to time (cudnn: bf16/f16 only)")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
     binary, torch = gpu_common.require_gpu("gpu_attention.py", args.build)
 
@@ -81,9 +75,7 @@ def main():
         table.append(gpu_common.forward_and_step_row([dtype, provider, shape], forward_flops,
                                                      3.5 * forward_flops, row, fwd, step))
         torch.cuda.empty_cache()
-    print("\n" + "\n".join(table))
-    if not args.no_append:
-        gpu_common.append_results("gpu_attention (causal)", torch, table)
+    gpu_common.finish("gpu_attention (causal)", torch, table, args)
 
 
 if __name__ == "__main__":

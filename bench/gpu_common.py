@@ -1,5 +1,6 @@
-"""What bench/gpu_gemm.py and bench/gpu_gpt2.py share: the device check, running pipit's
-binary, and appending a dated table to bench/RESULTS.md."""
+"""What the GPU benchmark scripts share: their common flags, the device check, running pipit's
+binary, and printing a table and appending it, dated, to bench/RESULTS.md."""
+import argparse
 import ctypes
 import datetime
 import json
@@ -59,6 +60,24 @@ def run_pipit(binary, args):
         else:
             print(line)
     return rows
+
+
+def parser(doc):
+    """An argument parser with the flags every per-kernel script takes (--build, --warmup,
+    --repeats, --no-append); the script adds its own."""
+    flags = argparse.ArgumentParser(description=doc.splitlines()[0])
+    flags.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    flags.add_argument("--warmup", type=int, default=3)
+    flags.add_argument("--repeats", type=int, default=10)
+    flags.add_argument("--no-append", action="store_true")
+    return flags
+
+
+def finish(title, torch, table, args):
+    """Prints the finished table and appends it to bench/RESULTS.md unless --no-append."""
+    print("\n" + "\n".join(table))
+    if not args.no_append:
+        append_results(title, torch, table)
 
 
 def append_results(title, torch, table):

@@ -28,8 +28,6 @@ int64_t iterations(int64_t n) {
 
 std::vector<double> time_gemm(const std::string& kind, int64_t n, int64_t iters, int64_t warmup,
                               int64_t repeats) {
-  PIPIT_CHECK(kind == "f32" || kind == "tf32" || kind == "bf16" || kind == "bf16-f32",
-              "unknown dtype '", kind, "' (f32, tf32, bf16, bf16-f32)");
   const Device device = Device::cuda(0);
   set_float32_matmul_precision(kind == "tf32" ? "high" : "highest");
   const DType in = kind.starts_with("bf16") ? DType::bf16 : DType::f32;
@@ -51,19 +49,19 @@ std::vector<double> time_gemm(const std::string& kind, int64_t n, int64_t iters,
 
 int main(int argc, char** argv) {
   try {
-    samples::Flags flags("gpu_gemm", "Square GEMMs on one GPU, per dtype and size.");
+    support::Flags flags("gpu_gemm", "Square GEMMs on one GPU, per dtype and size.");
     flags.add("dtypes", "f32,tf32,bf16,bf16-f32", "kinds of product to time");
     flags.add("sizes", "1024,2048,4096,8192", "matrix sizes");
     flags.add("warmup", "3", "untimed products first");
     flags.add("repeats", "10", "timed products");
     flags.parse(argc, argv);
-    const auto kinds = flags.items("dtypes");
-    const auto sizes = flags.items("sizes");
+    const auto kinds = flags.choices("dtypes", {"f32", "tf32", "bf16", "bf16-f32"});
+    const auto sizes = flags.integers("sizes");
     const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
     if (!bench::has_cuda_device("gpu_gemm")) return 0;
     for (const auto& kind : kinds) {
       for (const auto& size : sizes) {
-        const int64_t n = std::stoll(size), iters = iterations(n);
+        const int64_t n = size, iters = iterations(n);
         const nlohmann::json row = {{"dtype", kind},
                                     {"size", n},
                                     {"iters", iters},

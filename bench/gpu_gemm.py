@@ -11,8 +11,6 @@ autocast multiplies; torch.mm(..., out_dtype=float32) where this torch has it).
 
 usage: python3 bench/gpu_gemm.py [--build build] [--dtypes ...] [--sizes ...] [--no-append]
 """
-import argparse
-import os
 import statistics
 
 import gpu_common
@@ -50,13 +48,9 @@ def tflops(n, ms):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", default=os.path.join(gpu_common.HERE, "..", "build"))
+    parser = gpu_common.parser(__doc__)
     parser.add_argument("--dtypes", default="f32,tf32,bf16,bf16-f32")
     parser.add_argument("--sizes", default="1024,2048,4096,8192")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
     binary, torch = gpu_common.require_gpu("gpu_gemm.py", args.build)
 
@@ -81,9 +75,7 @@ def main():
                 line = f"| {kind} | {n} | {pipit:.1f} | {theirs:.1f} | {pipit / theirs:.2f} |"
             table.append(line)
             print(line, flush=True)
-    print("\n" + "\n".join(table))
-    if not args.no_append:
-        gpu_common.append_results("gpu_gemm", torch, table)
+    gpu_common.finish("gpu_gemm", torch, table, args)
 
 
 if __name__ == "__main__":

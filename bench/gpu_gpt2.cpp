@@ -20,13 +20,13 @@
 #include <random>
 
 #include "autograd/autocast.h"
-#include "bench/gpt2_flags.h"
 #include "bench/gpu_bench.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
 #include "support/flags.h"
+#include "support/gpt_flags.h"
 #include "tensor/cuda/attention_provider.h"
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/cuda_graph.h"
@@ -76,8 +76,6 @@ void print_profile(const std::string& mode, const std::vector<cuda::OpTime>& ops
 }
 
 nlohmann::json run_mode(const std::string& mode, const Options& o) {
-  PIPIT_CHECK(mode == "f32" || mode == "tf32" || mode == "bf16", "unknown mode '", mode,
-              "' (f32, tf32, bf16)");
   const Device device = Device::cuda(0);
   set_float32_matmul_precision(mode == "tf32" ? "high" : "highest");
   cuda::reset_peak_memory(device.index);
@@ -146,9 +144,9 @@ nlohmann::json run_mode(const std::string& mode, const Options& o) {
 
 int main(int argc, char** argv) {
   try {
-    samples::Flags flags("gpu_gpt2", "GPT-2 training steps on one GPU, per precision mode.");
+    support::Flags flags("gpu_gpt2", "GPT-2 training steps on one GPU, per precision mode.");
     flags.add("modes", "f32,tf32,bf16", "precision modes to time (f32, tf32, bf16)");
-    bench::add_gpt2_flags(flags, "1");
+    support::add_gpt_flags(flags, support::gpt2_small(1), support::GptVocabulary::from_flag);
     flags.add("batch", "8", "sequences per step");
     flags.add("warmup", "3", "untimed steps first");
     flags.add("steps", "10", "timed steps");
@@ -161,9 +159,9 @@ int main(int argc, char** argv) {
               "runs of rows a small weight gradient is split over: 1, 2 or 4 "
               "(cuda::set_weight_gradient_parts)");
     flags.parse(argc, argv);
-    const auto modes = flags.items("modes");
+    const auto modes = flags.choices("modes", {"f32", "tf32", "bf16"});
     Options o;
-    o.model = bench::gpt2_config(flags);
+    o.model = support::gpt_config(flags);
     o.batch = flags.integer("batch");
     o.warmup = flags.integer("warmup", 0);
     o.steps = flags.integer("steps");
@@ -171,10 +169,7 @@ int main(int argc, char** argv) {
     o.profile = flags.on("profile");
     o.cuda_graph = flags.on("cuda-graph");
     if (o.cuda_graph && o.warmup < 1) flags.fail("--cuda-graph needs --warmup 1 or more");
-    const std::string attention = flags.str("attention");
-    if (attention != "automatic" && attention != "pipit" && attention != "cudnn") {
-      flags.fail("--attention takes automatic, pipit or cudnn, got '" + attention + "'");
-    }
+    const std::string attention = flags.choice("attention", {"automatic", "pipit", "cudnn"});
     const int64_t parts = flags.integer("weight-gradient-parts");
     if (parts != 1 && parts != 2 && parts != 4) {
       flags.fail("--weight-gradient-parts takes 1, 2 or 4, got " + std::to_string(parts));

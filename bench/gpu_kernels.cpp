@@ -196,22 +196,16 @@ void time_bias_grad(int64_t warmup, int64_t repeats) {
 
 int main(int argc, char** argv) {
   try {
-    samples::Flags flags("gpu_kernels", "GPT-2 small's LayerNorm, cross-entropy and AdamW.");
+    support::Flags flags("gpu_kernels", "GPT-2 small's LayerNorm, cross-entropy and AdamW.");
     flags.add("kernels", "layer_norm,cross_entropy,adamw", "kernels to time");
     flags.add("warmup", "3", "untimed calls first");
     flags.add("repeats", "10", "timed calls");
     flags.add("device", "cuda", "cuda (cuda:0), or cpu to check this program without a GPU");
     flags.parse(argc, argv);
-    const auto kernels = flags.items("kernels");
+    const auto kernels =
+        flags.choices("kernels", {"layer_norm", "cross_entropy", "adamw", "bias_grad"});
     const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
-    for (const auto& kernel : kernels) {
-      PIPIT_CHECK(kernel == "layer_norm" || kernel == "cross_entropy" || kernel == "adamw" ||
-                      kernel == "bias_grad",
-                  "unknown kernel '", kernel, "' (layer_norm, cross_entropy, adamw, bias_grad)");
-    }
-    PIPIT_CHECK(flags.str("device") == "cuda" || flags.str("device") == "cpu", "unknown device '",
-                flags.str("device"), "' (cuda, cpu)");
-    if (flags.str("device") == "cpu") {
+    if (flags.choice("device", {"cuda", "cpu"}) == "cpu") {
       g_device = Device::cpu();
     } else if (!bench::has_cuda_device("gpu_kernels")) {
       return 0;

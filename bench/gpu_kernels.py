@@ -14,8 +14,6 @@ faster) and appends the table to bench/RESULTS.md. Without a GPU it says so and 
 usage: python3 bench/gpu_kernels.py [--build build] [--kernels layer_norm,cross_entropy,adamw]
            [--warmup 3] [--repeats 10] [--no-append]
 """
-import argparse
-import os
 import statistics
 
 import gpu_common
@@ -84,12 +82,8 @@ def torch_kernel(torch, kernel, warmup, repeats):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", default=os.path.join(gpu_common.HERE, "..", "build"))
+    parser = gpu_common.parser(__doc__)
     parser.add_argument("--kernels", default="layer_norm,cross_entropy,adamw")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
     binary, torch = gpu_common.require_gpu("gpu_kernels.py", args.build)
 
@@ -118,9 +112,7 @@ def main():
         print(line, flush=True)
         table.append(line)
         torch.cuda.empty_cache()
-    print("\n" + "\n".join(table))
-    if not args.no_append:
-        gpu_common.append_results("gpu_kernels (LayerNorm, cross-entropy, AdamW)", torch, table)
+    gpu_common.finish("gpu_kernels (LayerNorm, cross-entropy, AdamW)", torch, table, args)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,6 @@ namespace {
 
 nlohmann::json time_linear(const std::string& mode, const std::string& shape, int64_t warmup,
                            int64_t repeats) {
-  PIPIT_CHECK(mode == "f32" || mode == "tf32" || mode == "bf16", "unknown mode '", mode,
-              "' (f32, tf32, bf16)");
   int64_t M = 0, K = 0, N = 0;
   PIPIT_CHECK(std::sscanf(shape.c_str(), "%ldx%ldx%ld", &M, &K, &N) == 3, "shape '", shape,
               "' is not MxKxN");
@@ -60,7 +58,7 @@ nlohmann::json time_linear(const std::string& mode, const std::string& shape, in
 
 int main(int argc, char** argv) {
   try {
-    samples::Flags flags("gpu_linear", "Linear forward and backward on one GPU, per mode.");
+    support::Flags flags("gpu_linear", "Linear forward and backward on one GPU, per mode.");
     flags.add("modes", "bf16,tf32,f32", "precision modes to time (f32, tf32, bf16)");
     // GPT-2 small's Linears at batch 8, context 1024: qkv, proj, fc, fc2 and the padded head.
     flags.add("shapes", "8192x768x2304,8192x768x768,8192x768x3072,8192x3072x768,8192x768x50304",
@@ -68,7 +66,7 @@ int main(int argc, char** argv) {
     flags.add("warmup", "3", "untimed calls first");
     flags.add("repeats", "10", "timed calls");
     flags.parse(argc, argv);
-    const auto modes = flags.items("modes");
+    const auto modes = flags.choices("modes", {"f32", "tf32", "bf16"});
     const auto shapes = flags.items("shapes");
     const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
     if (!bench::has_cuda_device("gpu_linear")) return 0;

@@ -13,9 +13,7 @@ Without a GPU it says so and exits 0.
 usage: python3 bench/gpu_linear.py [--build build] [--modes bf16,tf32,f32]
            [--shapes 8192x768x2304,...] [--warmup 3] [--repeats 10] [--no-append]
 """
-import argparse
 import contextlib
-import os
 
 import gpu_common
 
@@ -59,13 +57,9 @@ def torch_linear(torch, mode, M, K, N, warmup, repeats):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", default=os.path.join(gpu_common.HERE, "..", "build"))
+    parser = gpu_common.parser(__doc__)
     parser.add_argument("--modes", default="bf16,tf32,f32")
     parser.add_argument("--shapes", default=DEFAULT_SHAPES)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
     binary, torch = gpu_common.require_gpu("gpu_linear.py", args.build)
 
@@ -87,9 +81,7 @@ def main():
             table.append(gpu_common.forward_and_step_row([mode, shape], forward_flops,
                                                          3 * forward_flops, row, fwd, step))
             torch.cuda.empty_cache()
-    print("\n" + "\n".join(table))
-    if not args.no_append:
-        gpu_common.append_results("gpu_linear (forward, forward + backward)", torch, table)
+    gpu_common.finish("gpu_linear (forward, forward + backward)", torch, table, args)
 
 
 if __name__ == "__main__":

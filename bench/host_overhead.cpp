@@ -16,12 +16,12 @@
 #include <exception>
 #include <nlohmann/json.hpp>
 
-#include "bench/gpt2_flags.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
 #include "support/flags.h"
+#include "support/gpt_flags.h"
 #include "tensor/cpu/cpu_allocator.h"
 
 using namespace pipit;
@@ -60,16 +60,15 @@ Tensor tokens(int64_t batch, int64_t context, int64_t vocab) {
 
 int main(int argc, char** argv) {
   try {
-    samples::Flags flags("host_overhead", "A training step's host work, every kernel a no-op.");
-    bench::add_gpt2_flags(flags, "64");
+    support::Flags flags("host_overhead", "A training step's host work, every kernel a no-op.");
+    support::add_gpt_flags(flags, support::gpt2_small(64), support::GptVocabulary::from_flag);
     flags.add("batch", "8", "sequences per step");
     flags.add("dtype", "bf16", "bf16 (autocast) or f32");
     flags.add("warmup", "2", "untimed steps first");
     flags.add("steps", "5", "timed steps");
     flags.parse(argc, argv);
-    const std::string dtype = flags.str("dtype");
-    PIPIT_CHECK(dtype == "bf16" || dtype == "f32", "unknown --dtype '", dtype, "' (bf16, f32)");
-    const GptConfig config = bench::gpt2_config(flags);
+    const std::string dtype = flags.choice("dtype", {"bf16", "f32"});
+    const GptConfig config = support::gpt_config(flags);
     const int64_t batch = flags.integer("batch", 1);
     Generator generator(0);
     auto model = gpt(config, &generator);

@@ -3,27 +3,20 @@
 // mid-handshake, then (3) whether it still serves a real coordinator. Prints a markdown table
 // for docs/RELIABILITY.md.
 //   hostile_peers [--connections 256] [--handshake-timeout-ms 2000]
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
-#include "comm/asio.h"
 
 #include "codec/atomic_file.h"
+#include "comm/asio.h"
 #include "comm/frame.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
 #include "support/flags.h"
-
-extern char** environ;
+#include "support/worker_process.h"
 
 using namespace pipit;
 using asio::ip::tcp;
@@ -70,68 +63,64 @@ bool closed_by_peer(tcp::socket& socket, std::chrono::milliseconds wait) {
   return false;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  samples::Flags flags("hostile_peers", "Memory and descriptors a worker spends on hostile peers.");
-  flags.add("connections", "256", "stalled unauthenticated connections to open");
-  flags.add("handshake-timeout-ms", "2000", "the worker's handshake deadline");
-  flags.parse(argc, argv);
-  const int connections = static_cast<int>(flags.integer("connections"));
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("pipit_hostile_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  write_file_atomic((dir / "token").string(), "sesame\n");
-  std::filesystem::permissions(
-      dir / "token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  const std::string binary =
-      (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "pipit-worker").string();
-  std::vector<std::string> args = {binary,
-                                   "--listen",
-                                   "127.0.0.1:0",
-                                   "--port-file",
-                                   (dir / "port").string(),
-                                   "--token-file",
-                                   (dir / "token").string(),
-                                   "--threads",
-                                   "1",
-                                   "--handshake-timeout-ms",
-                                   flags.str("handshake-timeout-ms")};
-  std::vector<char*> argv_c;
-  for (auto& a : args) argv_c.push_back(a.data());
-  argv_c.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  const std::string log = (dir / "log").string();
-  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv_c.data(), environ) != 0) {
-    std::perror("spawn pipit-worker");
-    return 1;
-  }
-  posix_spawn_file_actions_destroy(&actions);
-  while (!std::filesystem::exists(dir / "port")) std::this_thread::sleep_for(10ms);
-  const uint16_t port = static_cast<uint16_t>(std::stoi(read_file((dir / "port").string())));
-  const tcp::endpoint endpoint(asio::ip::make_address("127.0.0.1"), port);
-  asio::io_context io;
-  std::printf(
-      "| phase | worker VmRSS KiB | VmHWM KiB | open fds | note |\n|---|---|---|---|---|\n");
-  auto row = [&](const char* phase, const std::string& note) {
-    std::printf("| %s | %ld | %ld | %ld | %s |\n", phase, status_kib(pid, "VmRSS"),
-                status_kib(pid, "VmHWM"), open_fds(pid), note.c_str());
-    std::fflush(stdout);
-  };
-  row("idle", "listening, token required");
-
-  // 1. Frames announcing 1 GiB bodies before the handshake: refused from the fixed header.
-  int refused_big = 0;
+// 1. Frames announcing 1 GiB bodies before the handshake: how many of 64 were refused from the
+// fixed header at once.
+int refused_huge_frames(asio::io_context& io, const tcp::endpoint& endpoint) {
+  int refused = 0;
   for (int i = 0; i < 64; ++i) {
     tcp::socket socket(io);
     socket.connect(endpoint);
     asio::write(socket, asio::buffer(header_bytes(64, 1ull << 30)));
-    refused_big += closed_by_peer(socket, 2000ms) ? 1 : 0;
+    refused += closed_by_peer(socket, 2000ms) ? 1 : 0;
   }
-  row("64 peers announced 1 GiB bodies", std::to_string(refused_big) + " of 64 closed at once");
+  return refused;
+}
+
+// 3. Whether a real coordinator still gets served: a line saying so, or "FAILED: why".
+std::string real_coordinator_outcome(uint16_t port) {
+  Generator generator(5);
+  auto model = gpt({11, 6, 2, 2, 16, 0.0}, &generator);
+  PipelineConfig config;
+  config.stages = 1;
+  config.microbatches = 2;
+  TcpOptions tcp_options;
+  tcp_options.token = "sesame";
+  tcp_options.log = [](const std::string&) {};
+  try {
+    Pipeline pipeline(model, config,
+                      Launch::workers({"127.0.0.1:" + std::to_string(port)}, tcp_options));
+    std::vector<int64_t> tokens(4 * 6, 3);
+    const Tensor x = from_vector(tokens, {4, 6});
+    return "trained a step, loss " + std::to_string(pipeline.train_step(x, x));
+  } catch (const std::exception& e) {
+    return std::string("FAILED: ") + e.what();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  support::Flags flags("hostile_peers", "Memory and descriptors a worker spends on hostile peers.");
+  flags.add("connections", "256", "stalled unauthenticated connections to open");
+  flags.add("handshake-timeout-ms", "2000", "the worker's handshake deadline");
+  flags.parse(argc, argv);
+  const int connections = static_cast<int>(flags.integer("connections"));
+  support::WorkerProcess worker(
+      {.pipit_worker = true,
+       .flags = {"--handshake-timeout-ms", flags.str("handshake-timeout-ms")},
+       .token = "sesame"});
+  const tcp::endpoint endpoint(asio::ip::make_address("127.0.0.1"), worker.port());
+  asio::io_context io;
+  std::printf(
+      "| phase | worker VmRSS KiB | VmHWM KiB | open fds | note |\n|---|---|---|---|---|\n");
+  auto row = [&](const char* phase, const std::string& note) {
+    std::printf("| %s | %ld | %ld | %ld | %s |\n", phase, status_kib(worker.pid(), "VmRSS"),
+                status_kib(worker.pid(), "VmHWM"), open_fds(worker.pid()), note.c_str());
+    std::fflush(stdout);
+  };
+  row("idle", "listening, token required");
+  row("64 peers announced 1 GiB bodies",
+      std::to_string(refused_huge_frames(io, endpoint)) + " of 64 closed at once");
 
   // 2. Stalled handshakes: a header announcing 4096 JSON bytes, 100 of them sent.
   std::vector<std::unique_ptr<tcp::socket>> stalled;
@@ -160,28 +149,7 @@ int main(int argc, char** argv) {
       std::to_string(closed) + " of " + std::to_string(connections) + " closed by the worker");
   stalled.clear();
 
-  // 3. A real coordinator still gets served.
-  Generator generator(5);
-  auto model = gpt({11, 6, 2, 2, 16, 0.0}, &generator);
-  PipelineConfig config;
-  config.stages = 1;
-  config.microbatches = 2;
-  TcpOptions tcp_options;
-  tcp_options.token = "sesame";
-  tcp_options.log = [](const std::string&) {};
-  std::string outcome;
-  try {
-    Pipeline pipeline(model, config,
-                      Launch::workers({"127.0.0.1:" + std::to_string(port)}, tcp_options));
-    std::vector<int64_t> tokens(4 * 6, 3);
-    const Tensor x = from_vector(tokens, {4, 6});
-    outcome = "trained a step, loss " + std::to_string(pipeline.train_step(x, x));
-  } catch (const std::exception& e) {
-    outcome = std::string("FAILED: ") + e.what();
-  }
+  const std::string outcome = real_coordinator_outcome(worker.port());
   row("then a real coordinator", outcome);
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  std::filesystem::remove_all(dir);
   return outcome.rfind("FAILED", 0) == 0 ? 1 : 0;
 }

@@ -1,12 +1,8 @@
 #pragma once
 // iperf3's loopback throughput, the ceiling bench/tcp_throughput holds pipit's TCP transport
 // against: a tool built to saturate a link, run on the same machine in the same run.
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -16,7 +12,8 @@
 #include <string>
 #include <thread>
 
-extern char** environ;
+#include "bench/results.h"
+#include "support/child_process.h"
 
 namespace pipit::bench {
 
@@ -41,18 +38,7 @@ inline int free_port() {
 // settings; nothing when iperf3 fails.
 inline std::optional<double> iperf3_loopback(int seconds) {
   const std::string port = std::to_string(free_port());
-  std::string server_args[] = {"iperf3", "-s", "-1", "-p", port};
-  char* server_argv[] = {server_args[0].data(), server_args[1].data(), server_args[2].data(),
-                         server_args[3].data(), server_args[4].data(), nullptr};
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-  pid_t server = 0;
-  const bool spawned =
-      posix_spawnp(&server, "iperf3", &actions, nullptr, server_argv, environ) == 0;
-  posix_spawn_file_actions_destroy(&actions);
-  if (!spawned) return std::nullopt;
+  support::ChildProcess server({"iperf3", "-s", "-1", "-p", port}, "/dev/null", "/dev/null");
   std::optional<double> rate;
   // The server needs a moment to listen; a client that finds no one there is retried.
   for (int attempt = 0; attempt < 20 && !rate; ++attempt) {
@@ -62,19 +48,14 @@ inline std::optional<double> iperf3_loopback(int seconds) {
     command += " -t ";
     command += std::to_string(seconds);
     command += " 2>/dev/null";
-    FILE* pipe = popen(command.c_str(), "r");
-    if (!pipe) break;
+    const CommandOutput run = command_output(command);
+    if (!run.ok) continue;
     std::string output;
-    char buffer[4096];
-    while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-    const int status = pclose(pipe);
-    if (status != 0) continue;
+    for (const std::string& line : run.lines) output += line;
     const auto report = nlohmann::json::parse(output, nullptr, false);
     if (report.is_discarded()) continue;
     rate = report["end"]["sum_received"]["bits_per_second"].get<double>() / 8;
   }
-  kill(server, SIGTERM);
-  waitpid(server, nullptr, 0);
   return rate;
 }
 

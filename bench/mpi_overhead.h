@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/gpt_step.h"
+#include "bench/results.h"
 #include "pipit.h"
 #ifdef PIPIT_WITH_MPI
 #include <mpi.h>
@@ -40,21 +41,20 @@ struct MpiResults {
   std::string failure;  // why there are none; empty when the run worked
 };
 
-// Runs this program under mpirun in `role` on `ranks` ranks and collects rank 0's results.
-inline MpiResults mpi_results(const std::string& role, int ranks) {
+// Runs this program under mpirun with `role_flags` (--mpi-role ROLE ...) on `ranks` ranks and
+// collects rank 0's results.
+inline MpiResults mpi_results(const std::string& role_flags, int ranks) {
   MpiResults results;
   std::string command = "timeout 300 mpirun --allow-run-as-root --oversubscribe -np ";
   command += std::to_string(ranks);
   command += " ";
   command += std::filesystem::read_symlink("/proc/self/exe").string();
-  command += " --mpi-role ";
-  command += role;
+  command += " ";
+  command += role_flags;
   command += " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return {{}, "popen failed"};
+  const CommandOutput run = command_output(command);
   std::string output;
-  char line[4096];
-  while (fgets(line, sizeof line, pipe)) {
+  for (const std::string& line : run.lines) {
     std::istringstream fields(line);
     std::string tag, name;
     double value = 0;
@@ -64,7 +64,7 @@ inline MpiResults mpi_results(const std::string& role, int ranks) {
       output += line;
     }
   }
-  if (pclose(pipe) != 0 || results.values.empty()) {
+  if (!run.ok || results.values.empty()) {
     results.failure = output.empty() ? "mpirun failed" : output;
   }
   return results;

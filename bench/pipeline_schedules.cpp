@@ -15,29 +15,26 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 
 #include <sys/prctl.h>
 
 #include "autograd/node.h"
-#include "bench/worker_process.h"
+#include "bench/results.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schedules/schedule.h"
 #include "pipit.h"
 #include "support/flags.h"
 #include "support/sleep_layer.h"
+#include "support/worker_process.h"
 #include "tensor/cpu/cpu_allocator.h"
 
 using namespace pipit;
 using bench::median;
-using bench::SleepLayer;
+using support::SleepLayer;
 
 namespace {
 
@@ -251,16 +248,9 @@ double step_time_us(const std::shared_ptr<Sequential>& model, const PipelineConf
     Pipeline pipeline(model, config);
     return step_time_us(pipeline, x, y, steps);
   }
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("pipit-schedules-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  std::vector<std::unique_ptr<bench::Worker>> workers;
-  std::vector<std::string> endpoints;
-  for (int s = 0; s < config.stages; ++s) {
-    workers.push_back(std::make_unique<bench::Worker>(dir, s, 1.0, true));
-    endpoints.push_back(workers.back()->endpoint());
-  }
-  Pipeline pipeline(model, config, Launch::workers(endpoints));
+  const support::Workers workers =
+      support::start_workers(config.stages, {.flags = {"--runs", "1"}});
+  Pipeline pipeline(model, config, Launch::workers(support::endpoints(workers)));
   return step_time_us(pipeline, x, y, steps);
 }
 
@@ -309,8 +299,8 @@ std::string processes_table(int64_t layer_us) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (int status = 0; bench::worker_role(argc, argv, status)) return status;
-  samples::Flags flags("pipeline_schedules",
+  if (support::worker_role_requested(argc, argv)) return support::worker_role_main(argc, argv);
+  support::Flags flags("pipeline_schedules",
                        "Every schedule's efficiency against theory, per-task overhead and memory, "
                        "with sleeping layers (in-process and as worker processes).");
   flags.add("layer-ms", "4", "a sleeping layer's forward time in ms (backward: twice that)");
@@ -332,14 +322,6 @@ int main(int argc, char** argv) {
   tables += overhead_table();
   tables += memory_table();
   tables += processes_table(layer_us);
-  if (append) {
-    std::time_t now = std::time(nullptr);
-    char date[32];
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&now));
-    std::ofstream results(std::string(PIPIT_SOURCE_DIR) + "/bench/RESULTS.md", std::ios::app);
-    results << "\n## pipeline_schedules, " << date << ", " << std::thread::hardware_concurrency()
-            << " cores\n\n"
-            << tables;
-  }
+  if (append) bench::append_results("pipeline_schedules", tables);
   return 0;
 }

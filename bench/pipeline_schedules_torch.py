@@ -36,7 +36,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
                                           ScheduleInterleaved1F1B,
                                           ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 
-from bench_common import cpu_name
+from bench_common import cpu_name, publish
 
 P, LAYERS = 4, 8
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -257,11 +257,7 @@ def main():
             lines.append(f"| {name} | {m} | {pm:.1f} ({pe:.3f}) | {tm:.1f} ({te:.3f}) | "
                          f"{pipit_overhead.get(name, float('nan')):.1f} | "
                          f"{torch_overhead.get(name, float('nan')):.1f} |")
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if not args.no_append:
-        with open(os.path.join(HERE, "RESULTS.md"), "a") as out:
-            out.write(table)
+    publish("\n".join(lines) + "\n", not args.no_append)
 
 
 if __name__ == "__main__":

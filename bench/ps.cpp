@@ -9,7 +9,7 @@
 //     threads, an MLP on clustered data (as train_ps).
 // Printed and appended to bench/RESULTS.md.
 //   usage: ps [--steps 40] [--no-append]
-// (ps --role server|worker ... are the roles it starts itself.)
+// (ps --role server|worker ... are the processes it starts itself.)
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -46,10 +46,10 @@ namespace {
 const std::vector<int64_t> kDims = {784, 1024, 1024, 10};
 constexpr int64_t kBatch = 64, kWarmup = 5;
 
-PsConfig config_from(const json& c) {
+PsConfig config_of(const std::string& mode, int workers) {
   PsConfig config;
-  config.mode = c.at("mode");
-  config.workers = c.at("workers");
+  config.mode = mode;
+  config.workers = workers;
   config.servers = 1;
   config.optimizer = {{"type", "SGD"}, {"lr", 0.01}};
   return config;
@@ -64,26 +64,26 @@ double seconds_now() {
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
 }
 
-// The roles: a server writes its port, serves, and writes its statistics; a worker trains
-// kWarmup untimed steps and `steps` timed ones on its own synthetic batch and writes its times.
-int role_main(char** argv) {
-  set_num_threads(1);
-  const std::string role = argv[2];
-  const int index = std::stoi(argv[3]);
-  const PsConfig config = config_from(json::parse(argv[4]));
-  if (role == "server") {
-    uint16_t port = 0;
-    auto comm = listen_as_ps_shard(config, 0, "127.0.0.1:0", {}, &port);
-    ParameterServer server(comm, throughput_model()->named_parameters(), config, 0);
-    write_file_atomic(argv[5], std::to_string(port));
-    server.serve();
-    const PsServerStats& s = server.stats();
-    write_file_atomic(argv[6], json{{"busy_ms", s.busy_ms}, {"gradients", s.gradients}}.dump());
-    comm->close();
-    return 0;
-  }
-  auto comm = connect_as_ps_worker(config, index, {argv[5]}, {});
-  const int64_t steps = std::stoll(argv[6]);
+// The server's process: writes its port, serves, and writes its statistics to --out.
+int server_role(const support::Flags& flags, const PsConfig& config) {
+  uint16_t port = 0;
+  auto comm = listen_as_ps_shard(config, 0, "127.0.0.1:0", {}, &port);
+  ParameterServer server(comm, throughput_model()->named_parameters(), config, 0);
+  write_file_atomic(flags.str("port-file"), std::to_string(port));
+  server.serve();
+  const PsServerStats& s = server.stats();
+  write_file_atomic(flags.str("out"),
+                    json{{"busy_ms", s.busy_ms}, {"gradients", s.gradients}}.dump());
+  comm->close();
+  return 0;
+}
+
+// A worker's process: trains kWarmup untimed steps and --steps timed ones on its own synthetic
+// batch and writes its times to --out.
+int worker_role(const support::Flags& flags, const PsConfig& config) {
+  const int index = static_cast<int>(flags.integer("index", 0));
+  auto comm = connect_as_ps_worker(config, index, {flags.str("endpoint")}, {});
+  const int64_t steps = flags.integer("steps");
   Generator generator(100 + static_cast<uint64_t>(index));
   const Tensor x = randn({kBatch, kDims.front()}, &generator);
   std::vector<int64_t> labels(kBatch);
@@ -100,12 +100,12 @@ int role_main(char** argv) {
   const PsWorkerStats& after = worker.stats();
   worker.leave();
   comm->close();
-  write_file_atomic(argv[7], json{{"start", start},
-                                  {"end", end},
-                                  {"steps", steps},
-                                  {"compute_ms", after.compute_ms - before.compute_ms},
-                                  {"wait_ms", after.wait_ms - before.wait_ms}}
-                                 .dump());
+  write_file_atomic(flags.str("out"), json{{"start", start},
+                                           {"end", end},
+                                           {"steps", steps},
+                                           {"compute_ms", after.compute_ms - before.compute_ms},
+                                           {"wait_ms", after.wait_ms - before.wait_ms}}
+                                          .dump());
   return 0;
 }
 
@@ -116,27 +116,28 @@ struct Throughput {
 // One server and `workers` worker processes of this program.
 Throughput measure_processes(const std::string& mode, int workers, int64_t steps,
                              const fs::path& dir) {
-  const std::string self = fs::read_symlink("/proc/self/exe").string();
-  const std::string config = json{{"mode", mode}, {"workers", workers}}.dump();
   auto path = [&](const std::string& name) { return (dir / name).string(); };
+  std::vector<std::unique_ptr<support::ChildProcess>> children;
+  auto start = [&](const std::string& name, std::vector<std::string> role_flags) {
+    std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(),
+                                     "--mode",
+                                     mode,
+                                     "--workers",
+                                     std::to_string(workers),
+                                     "--out",
+                                     path(name + ".json")};
+    argv.insert(argv.end(), role_flags.begin(), role_flags.end());
+    children.push_back(
+        std::make_unique<support::ChildProcess>(argv, path(name + ".log"), path(name + ".log")));
+  };
   fs::remove(path("port"));
-  std::vector<std::unique_ptr<chaos::Child>> children;
-  children.push_back(
-      std::make_unique<chaos::Child>(std::vector<std::string>{self, "--role", "server", "0", config,
-                                                              path("port"), path("server.json")},
-                                     path("server.log"), path("server.log")));
-  for (int i = 0; i < 1000 && !fs::exists(path("port")); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  PIPIT_CHECK(fs::exists(path("port")),
-              "the server did not start: ", read_file(path("server.log")));
-  const std::string endpoint = "127.0.0.1:" + read_file(path("port"));
+  start("server", {"--role", "server", "--port-file", path("port")});
+  const std::string endpoint =
+      "127.0.0.1:" + support::wait_for_file(*children.back(), path("port"),
+                                            std::chrono::seconds(10), path("server.log"));
   for (int w = 0; w < workers; ++w) {
-    const std::string name = "worker" + std::to_string(w);
-    children.push_back(std::make_unique<chaos::Child>(
-        std::vector<std::string>{self, "--role", "worker", std::to_string(w), config, endpoint,
-                                 std::to_string(steps), path(name + ".json")},
-        path(name + ".log"), path(name + ".log")));
+    start("worker" + std::to_string(w), {"--role", "worker", "--index", std::to_string(w),
+                                         "--endpoint", endpoint, "--steps", std::to_string(steps)});
   }
   for (size_t i = 0; i < children.size(); ++i) {
     PIPIT_CHECK(children[i]->wait_exit(Clock::now() + std::chrono::minutes(5)) &&
@@ -165,7 +166,7 @@ Throughput measure_processes(const std::string& mode, int workers, int64_t steps
 // its warm-up steps.
 double measure_threads(const std::string& mode, int workers, int64_t steps) {
   set_num_threads(1);
-  PsConfig config = config_from(json{{"mode", mode}, {"workers", workers}});
+  PsConfig config = config_of(mode, workers);
   std::vector<std::pair<Tensor, Tensor>> batches;
   for (int w = 0; w < workers; ++w) {
     Generator generator(100 + static_cast<uint64_t>(w));
@@ -196,17 +197,10 @@ double measure_ddp(int workers, int64_t steps) {
                               "/bench/ps_ddp.py --workers " + std::to_string(workers) +
                               " --dims 784,1024,1024,10 --batch " + std::to_string(kBatch) +
                               " --steps " + std::to_string(steps) + " 2>/dev/null";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return 0;
-  std::string out, last_line;
-  std::array<char, 4096> buffer;
-  while (fgets(buffer.data(), buffer.size(), pipe)) last_line = buffer.data();
-  if (pclose(pipe) != 0) return 0;
-  try {
-    return json::parse(last_line).at("samples_per_s").get<double>();
-  } catch (const std::exception&) {
-    return 0;
-  }
+  const std::vector<json> rows = bench::peer_json_lines(command, "ps");
+  return !rows.empty() && rows.back().contains("samples_per_s")
+             ? rows.back()["samples_per_s"].get<double>()
+             : 0;
 }
 
 // Part 3: the clustered-data MLP of train_ps, 4 workers, worker 3 slowed 4x. The loss the
@@ -278,11 +272,7 @@ std::string format(const char* pattern, auto... values) {
   return text;
 }
 
-int run(int argc, char** argv) {
-  samples::Flags flags("ps", "The parameter server's modes against PyTorch DDP, like for like.");
-  flags.add("steps", "40", "training steps per row (>= 10)");
-  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
-  flags.parse(argc, argv);
+int run(const support::Flags& flags) {
   const int64_t steps = flags.integer("steps", 10);
   const bool append = !flags.on("no-append");
   const fs::path dir = fs::temp_directory_path() / ("pipit_bench_ps_" + std::to_string(getpid()));
@@ -366,9 +356,24 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  support::Flags flags("ps", "The parameter server's modes against PyTorch DDP, like for like.");
+  flags.add("steps", "40", "training steps per row (>= 10)");
+  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  flags.add("role", "", "internal: server or worker, a process of the TCP rows");
+  flags.add("mode", "sync", "internal, with --role: sync or async");
+  flags.add("workers", "1", "internal, with --role: the run's workers");
+  flags.add("index", "0", "internal, with --role worker: which worker");
+  flags.add("port-file", "", "internal, with --role server: where to write its port");
+  flags.add("endpoint", "", "internal, with --role worker: the server's host:port");
+  flags.add("out", "", "internal, with --role: where to write the role's statistics");
+  flags.parse(argc, argv);
+  const std::string role = flags.choice("role", {"", "server", "worker"});
   try {
-    if (argc >= 7 && std::strcmp(argv[1], "--role") == 0) return role_main(argv);
-    return run(argc, argv);
+    if (role.empty()) return run(flags);
+    set_num_threads(1);
+    const PsConfig config =
+        config_of(flags.str("mode"), static_cast<int>(flags.integer("workers")));
+    return role == "server" ? server_role(flags, config) : worker_role(flags, config);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ps: %s\n", e.what());
     return 1;

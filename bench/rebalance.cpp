@@ -14,26 +14,17 @@
 // partition it chose (its optimum); the steps until the last remap, whether a remap was
 // undone because steps got slower (RemapTrial), the remap pause and the bytes moved. Printed as a
 // table and appended to bench/RESULTS.md. usage: rebalance [--steps 40] [--no-append] [--only TEXT]
-// (rebalance --worker PORT_FILE SLOWDOWN is the worker role, started by the benchmark itself.)
+// (rebalance --worker FLAGS is the worker role, started by the benchmark itself.)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
-
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "bench/results.h"
-#include "bench/worker_process.h"
 #include "codec/atomic_file.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
@@ -41,9 +32,9 @@
 #include "pipit.h"
 #include "support/flags.h"
 #include "support/sleep_layer.h"
+#include "support/worker_process.h"
 
 using namespace pipit;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -78,9 +69,9 @@ Batch gpt_batch(const GptConfig& model) {
 // microseconds (backward twice that).
 std::shared_ptr<Sequential> sleep_gpt(int64_t embedding_us, int64_t block_us, int64_t head_us) {
   auto model = std::make_shared<Sequential>();
-  model->push_back(std::make_shared<bench::SleepLayer>(embedding_us));
-  for (int i = 0; i < 16; ++i) model->push_back(std::make_shared<bench::SleepLayer>(block_us));
-  model->push_back(std::make_shared<bench::SleepLayer>(head_us));
+  model->push_back(std::make_shared<support::SleepLayer>(embedding_us));
+  for (int i = 0; i < 16; ++i) model->push_back(std::make_shared<support::SleepLayer>(block_us));
+  model->push_back(std::make_shared<support::SleepLayer>(head_us));
   return model;
 }
 
@@ -168,8 +159,7 @@ PipelineConfig config_for(const Scenario& scenario, bool rebalance) {
 }  // namespace
 
 int run(int argc, char** argv) {
-  if (int status = 0; bench::worker_role(argc, argv, status)) return status;
-  samples::Flags flags("rebalance", "Automatic layer rebalancing against the fitted optimum.");
+  support::Flags flags("rebalance", "Automatic layer rebalancing against the fitted optimum.");
   flags.add("steps", "40", "training steps per row (>= 20)");
   flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
   flags.add("only", "", "run only the rows whose \"imbalance | model | stages in\" contains this");
@@ -178,7 +168,7 @@ int run(int argc, char** argv) {
   const bool append = !flags.on("no-append");
   const std::string only = flags.str("only");
   set_num_threads(1);
-  bench::register_sleep_layer();
+  support::register_sleep_layer();
   const GptConfig blocks{65, 32, 16, 4, 64, 0.0};
   const GptConfig heavy_ends{8192, 32, 16, 4, 64, 0.0};
   const Batch sleep_batch{zeros({2 * kMicrobatches, 4}), zeros({2 * kMicrobatches, 4})};
@@ -259,9 +249,6 @@ int run(int argc, char** argv) {
        cross_entropy,
        {3, 3, 3, 3}},
   };
-  const fs::path dir = fs::temp_directory_path() / ("pipit_rebalance_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-
   std::ostringstream table;
   table << "| imbalance | model | stages in | uniform ms/step | after rebalancing | predicted at "
            "remap | optimum, last 10 steps | after / optimum | final = optimum | steps to "
@@ -283,16 +270,15 @@ int run(int argc, char** argv) {
       } else {
         r = measure(scenario, steps, [&](bool rebalance) {
           // Fresh workers per run: each serves one run.
-          static std::vector<std::unique_ptr<bench::Worker>> pool;
+          static support::Workers pool;
           pool.clear();
-          std::vector<std::string> endpoints;
           for (int s = 0; s < kStages; ++s) {
-            pool.push_back(
-                std::make_unique<bench::Worker>(dir, s, scenario.slowdown[s], scenario.sleep_cost));
-            endpoints.push_back(pool.back()->endpoint());
+            pool.push_back(std::make_unique<support::WorkerProcess>(support::WorkerLaunch{
+                .pipit_worker = !scenario.sleep_cost,
+                .flags = {"--runs", "1", "--slowdown", std::to_string(scenario.slowdown[s])}}));
           }
           return std::make_unique<Pipeline>(scenario.model(), config_for(scenario, rebalance),
-                                            Launch::workers(endpoints));
+                                            Launch::workers(support::endpoints(pool)));
         });
       }
       char row[1024];
@@ -309,8 +295,6 @@ int run(int argc, char** argv) {
       table << row;
     }
   }
-  std::error_code ignored;
-  fs::remove_all(dir, ignored);
   if (append) {
     std::ostringstream text;
     text << "`build/rebalance --steps " << steps << "`: p = 4, m = 8, 1F1B, batch 16, one "
@@ -332,6 +316,7 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  if (support::worker_role_requested(argc, argv)) return support::worker_role_main(argc, argv);
   // Caught here so that unwinding stops every worker process the benchmark started.
   try {
     return run(argc, argv);

@@ -12,26 +12,23 @@
 // binary as the ranks, --mpi-row), with r = 2's pairs summed by MPI_Iallreduce and, to compare,
 // by the chain over MPI messages.
 //   replicas [--layer-ms 2] [--steps 5] [--no-append]
-#include <unistd.h>
+// (replicas --worker FLAGS is the worker role, started by the benchmark itself.)
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
-#include <thread>
 
 #include "bench/results.h"
-#include "bench/worker_process.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
 #include "support/flags.h"
 #include "support/sleep_layer.h"
+#include "support/worker_process.h"
 #ifdef PIPIT_WITH_MPI
 #endif
 
@@ -65,13 +62,18 @@ std::shared_ptr<Sequential> model_of(int stages, int64_t layer_us, double ballas
   auto model = std::make_shared<Sequential>();
   for (int s = 0; s < stages; ++s) {
     for (int i = 0; i < 4; ++i) {
-      model->push_back(std::make_shared<bench::SleepLayer>(layer_us));
+      model->push_back(std::make_shared<support::SleepLayer>(layer_us));
       if (ballast_mb > 0) {
         model->push_back(std::make_shared<Ballast>(static_cast<int64_t>(ballast_mb * 1e6 / 16)));
       }
     }
   }
   return model;
+}
+
+// --layer-ms in microseconds.
+int64_t layer_us_of(const support::Flags& flags) {
+  return std::llround(flags.number("layer-ms") * 1000);
 }
 
 struct Timing {
@@ -141,14 +143,16 @@ const char* where_name(Where where) {
 }
 
 #ifdef PIPIT_WITH_MPI
-// One rank of an mpirun job that this binary started (mpi_step_ms): rank 0 prints the row's
-// timing as a JSON line. argv: --mpi-row p r ballast_mb steps layer_us pairs|chain
-int mpi_row(char** argv) {
-  const int p = std::atoi(argv[2]), r = std::atoi(argv[3]), steps = std::atoi(argv[5]);
-  const double ballast_mb = std::atof(argv[4]);
+// One rank of an mpirun job that this binary started (mpi_step_ms) with --mpi-row and the row's
+// flags: rank 0 prints the row's timing as a JSON line.
+int mpi_row(const support::Flags& flags) {
+  const int p = static_cast<int>(flags.integer("stages"));
+  const int r = static_cast<int>(flags.integer("replicas"));
+  const int steps = static_cast<int>(flags.integer("steps"));
+  const double ballast_mb = flags.number("ballast-mb");
   MpiOptions options;
-  options.pair_replicas = std::strcmp(argv[7], "pairs") == 0;
-  const auto model = model_of(p, std::atoll(argv[6]), ballast_mb);
+  options.pair_replicas = flags.on("pair-sums");
+  const auto model = model_of(p, layer_us_of(flags), ballast_mb);
   Pipeline pipeline(model, config_of(p, r, ballast_mb, Update::sgd), Launch::mpi(options));
   if (!pipeline.is_coordinator()) {
     pipeline.serve();
@@ -166,9 +170,10 @@ Timing mpi_step_ms(int p, int r, int64_t layer_us, double ballast_mb, bool pairs
   const fs::path bin = fs::read_symlink("/proc/self/exe");
   const std::string command =
       "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(p * r) + " " +
-      bin.string() + " --mpi-row " + std::to_string(p) + " " + std::to_string(r) + " " +
-      std::to_string(ballast_mb) + " " + std::to_string(steps) + " " + std::to_string(layer_us) +
-      (pairs ? " pairs" : " chain") + " 2>/dev/null";
+      bin.string() + " --mpi-row --stages " + std::to_string(p) + " --replicas " +
+      std::to_string(r) + " --ballast-mb " + std::to_string(ballast_mb) + " --steps " +
+      std::to_string(steps) + " --layer-ms " + std::to_string(layer_us / 1000.0) +
+      (pairs ? " --pair-sums" : "") + " 2>/dev/null";
   const std::vector<nlohmann::json> rows = bench::peer_json_lines(command, "replicas");
   if (rows.empty() || !rows.back().contains("step_ms")) return {};
   if (pairs && r == 2 && rows.back()["pair_sums"].get<int64_t>() == 0) {
@@ -201,16 +206,8 @@ Timing step_ms(int p, int r, int64_t layer_us, double ballast_mb, Where where, i
     }
     return timing;
   }
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("pipit-replicas-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  std::vector<std::unique_ptr<bench::Worker>> workers;
-  std::vector<std::string> endpoints;
-  for (int e = 0; e < p * r; ++e) {
-    workers.push_back(std::make_unique<bench::Worker>(dir, e, 1.0, true));
-    endpoints.push_back(workers.back()->endpoint());
-  }
-  Pipeline pipeline(model, config, Launch::workers(endpoints));
+  const support::Workers workers = support::start_workers(p * r, {.flags = {"--runs", "1"}});
+  Pipeline pipeline(model, config, Launch::workers(support::endpoints(workers)));
   return median_step_ms(pipeline, x, y, steps);
 }
 
@@ -237,16 +234,9 @@ double pipit_mlp_samples_per_s(int steps) {
   std::vector<int64_t> labels;
   for (int64_t i = 0; i < 2 * kBatch; ++i) labels.push_back(i % 10);
   const Tensor y = from_vector(labels, {2 * kBatch});
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("pipit-replicas-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  std::vector<std::unique_ptr<bench::Worker>> workers;
-  std::vector<std::string> endpoints;
-  for (int e = 0; e < 2; ++e) {
-    workers.push_back(std::make_unique<bench::Worker>(dir, e, 1.0, false));
-    endpoints.push_back(workers.back()->endpoint());
-  }
-  Pipeline pipeline(model, config, Launch::workers(endpoints));
+  const support::Workers workers =
+      support::start_workers(2, {.pipit_worker = true, .flags = {"--runs", "1"}});
+  Pipeline pipeline(model, config, Launch::workers(support::endpoints(workers)));
   const Timing t = median_step_ms(pipeline, x, y, steps);
   return 2 * kBatch / (t.step_ms / 1000);
 }
@@ -259,60 +249,44 @@ double train_gpt_tokens_per_s(const std::string& where, int r, int steps) {
   std::string command = (bin / "train_gpt").string() + " --stages 2 --replicas " +
                         std::to_string(r) + " --batch " + std::to_string(16 * r) + " --steps " +
                         std::to_string(steps) + " --print-every 10";
-  std::vector<std::unique_ptr<bench::Worker>> workers;
+  support::Workers workers;
   if (where == "tcp") {
-    const fs::path dir =
-        fs::temp_directory_path() / ("pipit-replicas-gpt-" + std::to_string(getpid()));
-    fs::create_directories(dir);
+    workers = support::start_workers(2 * r, {.pipit_worker = true, .flags = {"--runs", "1"}});
     std::string list;
-    for (int e = 0; e < 2 * r; ++e) {
-      workers.push_back(std::make_unique<bench::Worker>(dir, e, 1.0, false));
-      list += (e ? "," : "") + workers.back()->endpoint();
+    for (const std::string& endpoint : support::endpoints(workers)) {
+      list += (list.empty() ? "" : ",") + endpoint;
     }
     command += " --workers " + list;
   } else if (where == "mpi") {
     command = "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(2 * r) + " " +
               command + " --launcher mpi";
   }
-  FILE* pipe = popen((command + " 2>/dev/null").c_str(), "r");
-  if (!pipe) return 0;
+  const bench::CommandOutput run = bench::command_output(command + " 2>/dev/null");
   double tokens_per_s = 0;
-  char line[1024];
-  while (std::fgets(line, sizeof line, pipe)) {
+  for (const std::string& line : run.lines) {
     double value = 0;
-    if (const char* at = std::strstr(line, "tokens/s"); at && std::sscanf(at + 8, "%lf", &value)) {
+    if (const size_t at = line.find("tokens/s");
+        at != std::string::npos && std::sscanf(line.c_str() + at + 8, "%lf", &value)) {
       tokens_per_s = value;
     }
   }
-  if (pclose(pipe) != 0) std::fprintf(stderr, "replicas: '%s' failed\n", command.c_str());
+  if (!run.ok) std::fprintf(stderr, "replicas: '%s' failed\n", command.c_str());
   return tokens_per_s;
 }
 
-}  // namespace
+// A finished table: printed now and kept for bench/RESULTS.md.
+void publish(std::ostringstream& results, const std::ostringstream& section) {
+  std::fputs(section.str().c_str(), stdout);
+  std::fflush(stdout);
+  results << section.str();
+}
 
-int main(int argc, char** argv) {
-  register_ballast();
-  if (int status = 0; bench::worker_role(argc, argv, status)) return status;
-#ifdef PIPIT_WITH_MPI
-  if (argc == 8 && std::strcmp(argv[1], "--mpi-row") == 0) {
-    set_num_threads(1);
-    bench::register_sleep_layer();
-    return mpi_row(argv);
-  }
-#endif
-  samples::Flags flags("replicas",
-                       "p stages x r replicas on r times the data against p stages alone.");
-  flags.add("layer-ms", "2", "a sleeping layer's forward time in ms (backward: twice that)");
-  flags.add("steps", "5", "timed steps per row (the median is kept)");
-  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
-  flags.parse(argc, argv);
-  const auto layer_us = static_cast<int64_t>(flags.number("layer-ms") * 1000);
-  const int steps = static_cast<int>(flags.integer("steps"));
-  set_num_threads(1);
-  bench::register_sleep_layer();
-
+// The sleeping rows: p = 2 stages x r replicas in threads, over TCP and under mpirun; the TCP
+// rows' step times go to `over_tcp` ((ballast MB, r) -> ms), for the table against PyTorch.
+void sleeping_rows(std::ostringstream& results, const std::string& layer_ms, int64_t layer_us,
+                   int steps, std::map<std::pair<double, int>, double>& over_tcp) {
   std::ostringstream table;
-  table << "p = 2 stages of 4 sleeping layers (" << flags.str("layer-ms")
+  table << "p = 2 stages of 4 sleeping layers (" << layer_ms
         << " ms forward, twice that backward), m = 4 microbatches per replica, 1F1B; ballast: "
            "weights per stage that cost nothing to compute but are summed over the replicas. "
            "Median of "
@@ -326,13 +300,6 @@ int main(int argc, char** argv) {
            "|\n"
         << "| --- | --- | --- | --- | --- | --- | --- |\n";
   std::fputs(table.str().c_str(), stdout);
-  // A finished table: printed now and kept for bench/RESULTS.md.
-  const auto publish = [&table](const std::ostringstream& section) {
-    std::fputs(section.str().c_str(), stdout);
-    std::fflush(stdout);
-    table << section.str();
-  };
-  std::map<std::pair<double, int>, double> over_tcp;  // (ballast MB, r) -> step ms
   std::vector<Where> wheres{Where::threads, Where::tcp};
 #ifdef PIPIT_WITH_MPI
   wheres.insert(wheres.end(), {Where::mpi_pairs, Where::mpi_chain});
@@ -356,6 +323,13 @@ int main(int argc, char** argv) {
       }
     }
   }
+  results << table.str();
+}
+
+// The TCP rows beside torch.distributed.pipelining with DDP-wrapped stages.
+std::ostringstream against_torch_pipelining(
+    const std::map<std::pair<double, int>, double>& over_tcp, const std::string& layer_ms,
+    int steps) {
   std::ostringstream pipelined;
   pipelined << "\np x r against PyTorch: the rows above over TCP side by side with "
                "torch.distributed.pipelining (1F1B) whose stages are wrapped in "
@@ -371,8 +345,7 @@ int main(int argc, char** argv) {
     std::snprintf(command, sizeof command,
                   "%s %s/bench/replicas_torch.py --replicas %d --ballast-mb %g --layer-ms %s "
                   "--steps %d 2>/dev/null",
-                  peer_python().c_str(), PIPIT_SOURCE_DIR, r, ballast_mb,
-                  flags.str("layer-ms").c_str(), steps);
+                  peer_python().c_str(), PIPIT_SOURCE_DIR, r, ballast_mb, layer_ms.c_str(), steps);
     const std::vector<nlohmann::json> torch = bench::peer_json_lines(command, "replicas");
     char row[256];
     if (!torch.empty() && torch.back().contains("step_ms")) {
@@ -386,7 +359,11 @@ int main(int argc, char** argv) {
     }
     pipelined << row;
   }
-  publish(pipelined);
+  return pipelined;
+}
+
+// ZeRO-1: AdamW's state whole on every replica against sharded over them.
+std::ostringstream zero_rows(int64_t layer_us, int steps) {
   std::ostringstream zero;
   zero << "\nZeRO-1 (PipelineConfig::shard_optimizer): the same p = 2, r = 2 and 16 MB of ballast "
           "per stage (4 tensors) trained with AdamW; its state (2 x the weights) whole on every "
@@ -407,7 +384,11 @@ int main(int argc, char** argv) {
       zero << row;
     }
   }
-  publish(zero);
+  return zero;
+}
+
+// build/train_gpt's GPT at r = 1 and 2 in threads, over TCP workers and under mpirun.
+std::ostringstream gpt_rows() {
   std::ostringstream gpt;
   gpt << "\nA real GPT: build/train_gpt's default model (4 layers, width 128, about 0.8M "
          "parameters), 2 stages x r replicas, 4 microbatches of 4 sequences per replica, "
@@ -429,7 +410,11 @@ int main(int argc, char** argv) {
       gpt << row;
     }
   }
-  publish(gpt);
+  return gpt;
+}
+
+// r only: pipit's replicas against PyTorch DDP on a real MLP.
+std::ostringstream against_ddp() {
   const double pipit_mlp = pipit_mlp_samples_per_s(20);
   const std::vector<nlohmann::json> ddp = bench::peer_json_lines(
       peer_python() + " " + PIPIT_SOURCE_DIR +
@@ -452,15 +437,44 @@ int main(int argc, char** argv) {
     std::snprintf(row, sizeof row, "| %.0f | (PyTorch not found) | - | - |\n", pipit_mlp);
   }
   peers << row;
-  publish(peers);
-  if (!flags.on("no-append")) {
-    std::time_t now = std::time(nullptr);
-    char date[32];
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&now));
-    std::ofstream results(std::string(PIPIT_SOURCE_DIR) + "/bench/RESULTS.md", std::ios::app);
-    results << "\n## replicas, " << date << ", " << std::thread::hardware_concurrency()
-            << " cores\n\n"
-            << table.str();
+  return peers;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_ballast();
+  if (support::worker_role_requested(argc, argv)) return support::worker_role_main(argc, argv);
+  support::Flags flags("replicas",
+                       "p stages x r replicas on r times the data against p stages alone.");
+  flags.add("layer-ms", "2", "a sleeping layer's forward time in ms (backward: twice that)");
+  flags.add("steps", "5", "timed steps per row (the median is kept)");
+  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  flags.add_switch("mpi-row",
+                   "internal: be a rank of the mpirun job of one sleeping row (rank 0 prints it)");
+  flags.add("stages", "2", "internal, with --mpi-row: the row's stages");
+  flags.add("replicas", "1", "internal, with --mpi-row: the row's replicas");
+  flags.add("ballast-mb", "0", "internal, with --mpi-row: the row's ballast per stage");
+  flags.add_switch("pair-sums", "internal, with --mpi-row: sum pairs with MPI_Iallreduce");
+  flags.parse(argc, argv);
+  const int64_t layer_us = layer_us_of(flags);
+  const int steps = static_cast<int>(flags.integer("steps"));
+  set_num_threads(1);
+  support::register_sleep_layer();
+  if (flags.on("mpi-row")) {
+#ifdef PIPIT_WITH_MPI
+    return mpi_row(flags);
+#else
+    flags.fail("--mpi-row: this pipit was built without MPI");
+#endif
   }
+  std::ostringstream results;
+  std::map<std::pair<double, int>, double> over_tcp;
+  sleeping_rows(results, flags.str("layer-ms"), layer_us, steps, over_tcp);
+  publish(results, against_torch_pipelining(over_tcp, flags.str("layer-ms"), steps));
+  publish(results, zero_rows(layer_us, steps));
+  publish(results, gpt_rows());
+  publish(results, against_ddp());
+  if (!flags.on("no-append")) bench::append_results("replicas", results.str());
   return 0;
 }

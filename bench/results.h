@@ -1,6 +1,9 @@
 #pragma once
-// Appending a benchmark's results to bench/RESULTS.md under a heading that names the
-// benchmark, the date (UTC), the CPU and its cores.
+// What the benchmarks share around their measurements: medians, running a peer or a helper
+// command and reading what it printed, and appending results to bench/RESULTS.md under a
+// heading that names the benchmark, the date (UTC), the CPU and its cores.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -10,6 +13,17 @@
 #include <vector>
 
 namespace pipit::bench {
+
+// Seconds from `start` to now, on the steady clock.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The middle value (the upper of the two middle ones for an even count; 0 for none).
+inline double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0 : values[values.size() / 2];
+}
 
 inline std::string cpu_name() {
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -31,17 +45,32 @@ inline void append_results(const std::string& benchmark, const std::string& text
           << text;
 }
 
+// What a shell command printed on its standard output, line by line (each with its newline),
+// and whether it exited with status 0.
+struct CommandOutput {
+  std::vector<std::string> lines;
+  bool ok = false;
+};
+
+inline CommandOutput command_output(const std::string& command) {
+  CommandOutput out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return out;
+  char line[4096];
+  while (std::fgets(line, sizeof line, pipe)) out.lines.push_back(line);
+  out.ok = pclose(pipe) == 0;
+  return out;
+}
+
 // Runs a peer (a Python script) and returns the JSON objects it printed, one per line; other
 // lines (progress bars, warnings) are ignored. A failed command is reported under `who`.
 inline std::vector<nlohmann::json> peer_json_lines(const std::string& command, const char* who) {
+  const CommandOutput out = command_output(command);
   std::vector<nlohmann::json> rows;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return rows;
-  char line[4096];
-  while (std::fgets(line, sizeof line, pipe)) {
+  for (const std::string& line : out.lines) {
     if (line[0] == '{') rows.push_back(nlohmann::json::parse(line));
   }
-  if (pclose(pipe) != 0) std::fprintf(stderr, "%s: '%s' failed\n", who, command.c_str());
+  if (!out.ok) std::fprintf(stderr, "%s: '%s' failed\n", who, command.c_str());
   return rows;
 }
 

@@ -9,17 +9,12 @@
 // mpirun is missing or fails they say so. Prints the tables and appends them to
 // bench/RESULTS.md (--no-append to skip; --rounds N for fewer alternating rounds; --only
 // tcp|mpi|gpt for one part, which is never appended).
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -35,6 +30,8 @@
 #include "pipeline/protocol/messages.h"
 #include "pipit.h"
 #include "support/flags.h"
+#include "support/tcp_pair.h"
+#include "support/worker_process.h"
 
 using namespace pipit;
 using namespace pipit::bench;
@@ -42,33 +39,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
-struct CommPair {
-  std::shared_ptr<TcpCommunicator> a, b;
-};
-
-CommPair connected_communicators() {
-  TcpOptions options;
-  options.log = [](const std::string&) {};
-  CommPair pair{std::make_shared<TcpCommunicator>(0, options),
-                std::make_shared<TcpCommunicator>(1, options)};
-  const uint16_t port = pair.b->listen("127.0.0.1", 0);
-  pair.a->connect(1, "127.0.0.1", port);
-  // b answers through the connection a opened, once its handshake is through too.
-  while (pair.b->peer_address(0).empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  return pair;
-}
-
 double pipit_throughput(size_t size, int count) {
-  CommPair pair = connected_communicators();
+  const support::TcpPair pair = support::connected_tcp_pair();
   Tensor payload = ones({static_cast<int64_t>(size / 4)});
   auto start = Clock::now();
   std::thread receiver([&] {
@@ -82,7 +54,7 @@ double pipit_throughput(size_t size, int count) {
 }
 
 double pipit_round_trip_us(int count) {
-  CommPair pair = connected_communicators();
+  const support::TcpPair pair = support::connected_tcp_pair();
   Tensor payload = zeros({16});  // 64 bytes
   std::thread echo([&] {
     for (int i = 0; i < count; ++i) pair.b->send(0, pair.b->receive());
@@ -97,57 +69,14 @@ double pipit_round_trip_us(int count) {
   return us;
 }
 
-struct Worker {
-  pid_t pid;
-  std::string endpoint;
-};
-
-Worker start_worker(const std::string& binary, const std::string& dir, int index) {
-  const std::string port_file = dir + "/port" + std::to_string(index);
-  std::vector<std::string> args = {binary,      "--listen", "127.0.0.1:0", "--port-file", port_file,
-                                   "--threads", "1"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  check_os(posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ) == 0,
-           "spawn");
-  posix_spawn_file_actions_destroy(&actions);
-  while (!std::filesystem::exists(port_file))
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  return {pid, "127.0.0.1:" + std::to_string(std::stoi(read_file(port_file)))};
-}
-
 constexpr int kGptSteps = 15;
 
 double tcp_workers_step_ms(const GptStep& s) {
-  const std::string binary =
-      (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "pipit-worker").string();
-  const std::string dir =
-      std::filesystem::temp_directory_path() / ("pipit_bench_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  std::vector<Worker> workers;
-  std::vector<std::string> endpoints;
-  for (int i = 0; i < 4; ++i) {
-    workers.push_back(start_worker(binary, dir, i));
-    endpoints.push_back(workers.back().endpoint);
-  }
-  double ms = 0;
-  {
-    TcpOptions tcp;
-    tcp.log = [](const std::string&) {};
-    Pipeline remote(s.model, s.config, Launch::workers(endpoints, tcp));
-    ms = median_step_ms(remote.coordinator(), s, kGptSteps);
-  }
-  for (const Worker& w : workers) {
-    kill(w.pid, SIGTERM);
-    waitpid(w.pid, nullptr, 0);
-  }
-  std::filesystem::remove_all(dir);
-  return ms;
+  const support::Workers workers = support::start_workers(4, {.pipit_worker = true});
+  TcpOptions tcp;
+  tcp.log = [](const std::string&) {};
+  Pipeline remote(s.model, s.config, Launch::workers(support::endpoints(workers), tcp));
+  return median_step_ms(remote.coordinator(), s, kGptSteps);
 }
 
 // "why the MPI rows are missing", as one table cell.
@@ -177,7 +106,7 @@ struct Tables {
 MpiResults mpi_transport_medians(int rounds) {
   std::map<std::string, std::vector<double>> all;
   for (int round = 0; round < rounds; ++round) {
-    MpiResults run = mpi_results("transport", 2);
+    MpiResults run = mpi_results("--mpi-role transport", 2);
     if (!run.failure.empty()) return run;
     for (const auto& [name, value] : run.values) all[name].push_back(value);
   }
@@ -266,7 +195,7 @@ void gpt_steps(Tables& tables, int rounds) {
     }
     tcp.push_back(tcp_workers_step_ms(s));
     if (mpi_failure.empty()) {
-      MpiResults run = mpi_results("gpt " + std::to_string(kGptSteps), 4);
+      MpiResults run = mpi_results("--mpi-role gpt --gpt-steps " + std::to_string(kGptSteps), 4);
       if (run.failure.empty()) {
         mpi.push_back(run.values.at("gpt-ms"));
       } else {
@@ -288,38 +217,32 @@ void gpt_steps(Tables& tables, int rounds) {
   }
 }
 
+// A rank of the mpirun job mpi_results() started (bench/mpi_overhead.h).
+int mpi_role(const support::Flags& flags) {
+  const std::string role = flags.choice("mpi-role", {"transport", "gpt"});
 #ifdef PIPIT_WITH_MPI
-int mpi_role(int argc, char** argv) {
-  const std::string role = argc > 2 ? argv[2] : "";
   if (role == "transport") return mpi_transport_role();
-  if (role == "gpt" && argc > 3) return mpi_gpt_role(std::atoi(argv[3]));
-  std::fprintf(stderr, "unknown --mpi-role '%s'\n", role.c_str());
-  return 2;
-}
+  return mpi_gpt_role(static_cast<int>(flags.integer("gpt-steps")));
+#else
+  flags.fail("--mpi-role " + role + ": this pipit was built without MPI");
 #endif
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "--mpi-role") == 0) {
-#ifdef PIPIT_WITH_MPI
-    return mpi_role(argc, argv);
-#else
-    return 2;
-#endif
-  }
-  samples::Flags flags("tcp_throughput",
+  support::Flags flags("tcp_throughput",
                        "TCP and MPI transports against raw sockets and raw MPI, and a GPT step "
                        "across worker processes.");
   flags.add("rounds", "7", "timed rounds per size (the median is kept)");
   flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
   flags.add("only", "", "run one part: tcp, mpi or gpt (printed only, never appended)");
+  flags.add("mpi-role", "", "internal: transport or gpt, a rank of the mpirun job it starts");
+  flags.add("gpt-steps", std::to_string(kGptSteps), "internal, with --mpi-role gpt: timed steps");
   flags.parse(argc, argv);
+  if (!flags.str("mpi-role").empty()) return mpi_role(flags);
   const int rounds = static_cast<int>(flags.integer("rounds"));
-  const std::string only = flags.str("only");
-  if (!only.empty() && only != "tcp" && only != "mpi" && only != "gpt") {
-    flags.fail("--only takes tcp, mpi or gpt, got '" + only + "'");
-  }
+  const std::string only = flags.choice("only", {"", "tcp", "mpi", "gpt"});
   const bool append = !flags.on("no-append") && only.empty();
   set_num_threads(1);
   signal(SIGPIPE, SIG_IGN);

@@ -64,7 +64,8 @@ std::vector<json> run_peers(const std::string& python, const std::string& dir,
 }  // namespace
 
 int main(int argc, char** argv) {
-  samples::Flags flags("tokenizer", "pipit's BPE encode speed vs HF tokenizers and tiktoken");
+  pipit::support::Flags flags("tokenizer",
+                              "pipit's BPE encode speed vs HF tokenizers and tiktoken");
   flags.add("text", std::string(PIPIT_SOURCE_DIR) + "/../shared/data/tinyshakespeare.txt",
             "the text to encode");
   flags.add("reps", "5", "runs per measurement; the best is reported");

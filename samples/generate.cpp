@@ -17,8 +17,8 @@
 using namespace pipit;
 
 int main(int argc, char** argv) {
-  samples::Flags flags("generate", "Continues a prompt with a GPT and prints the text.");
-  flags.add("model", "", "model directory: Hugging Face GPT-2, or pipit's save_model");
+  support::Flags flags("generate", "Continues a prompt with a GPT and prints the text.");
+  flags.add_required("model", "model directory: Hugging Face GPT-2, or pipit's save_model");
   flags.add("tokenizer", "", "tokenizer directory (default: the model's)");
   flags.add("prompt", "", "text to continue");
   flags.add("ids", "", "or token ids to continue, comma-separated (no tokenizer needed)");
@@ -31,7 +31,6 @@ int main(int argc, char** argv) {
   flags.add("device", "cpu", "cpu or cuda");
   flags.add("dtype", "f32", "the products' dtype: f32, or bf16 (half the bytes per token)");
   flags.parse(argc, argv);
-  if (flags.str("model").empty()) flags.fail("--model is required");
   if (flags.str("prompt").empty() == flags.str("ids").empty()) {
     flags.fail("give --prompt or --ids (one of them)");
   }
@@ -54,9 +53,7 @@ int main(int argc, char** argv) {
     options.top_k = flags.integer("top-k", 0);
     options.top_p = flags.number("top-p");
     options.seed = static_cast<uint64_t>(flags.integer("seed", 0));
-    const std::string dtype = flags.str("dtype");
-    if (dtype != "f32" && dtype != "bf16") flags.fail("--dtype must be f32 or bf16, got " + dtype);
-    options.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
+    options.dtype = flags.choice("dtype", {"f32", "bf16"}) == "bf16" ? DType::bf16 : DType::f32;
 
     std::vector<int64_t> prompt;
     std::optional<text::Tokenizer> tokenizer;
@@ -65,14 +62,7 @@ int main(int argc, char** argv) {
           flags.str("tokenizer").empty() ? dir : flags.str("tokenizer"));
       for (const uint32_t id : tokenizer->encode(flags.str("prompt"))) prompt.push_back(id);
     } else {
-      for (const std::string& id : flags.items("ids")) {
-        int64_t value = 0;
-        const auto [end, error] = std::from_chars(id.data(), id.data() + id.size(), value);
-        if (error != std::errc() || end != id.data() + id.size()) {
-          flags.fail("--ids expects comma-separated integers, got '" + id + "'");
-        }
-        prompt.push_back(value);
-      }
+      for (const long long id : flags.integers("ids", 0)) prompt.push_back(id);
     }
     const std::vector<int64_t> out = generate(*model, {prompt}, options).at(0);
     if (tokenizer) {

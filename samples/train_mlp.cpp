@@ -37,7 +37,7 @@ double accuracy(const Tensor& logits, const Tensor& labels) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  samples::Flags flags("train_mlp", "Trains an MLP on synthetic clustered data.");
+  support::Flags flags("train_mlp", "Trains an MLP on synthetic clustered data.");
   flags.add("features", "32", "input features");
   flags.add("classes", "8", "classes");
   flags.add("hidden", "128", "hidden width (two hidden layers)");

@@ -30,6 +30,7 @@
 #include "pipit.h"
 #include "ps/local_run.h"
 #include "support/flags.h"
+#include "support/gpt_flags.h"
 #ifdef PIPIT_WITH_MPI
 #include "ps/mpi/mpi_ps.h"
 #endif
@@ -49,10 +50,10 @@ namespace {
 
 struct Setup {
   PsConfig config;
-  std::string model = "mlp";                                         // or "gpt"
-  int64_t features = 32, classes = 8, hidden = 128, samples = 8192;  // mlp
-  std::string data;                                                  // gpt: a text file
-  int64_t layers = 2, heads = 4, width = 64, context = 32;           // gpt
+  std::string model = "mlp";                                           // or "gpt"
+  int64_t features = 32, classes = 8, hidden = 128, samples = 8192;    // mlp
+  std::string data;                                                    // gpt: a text file
+  GptConfig gpt{.context = 32, .layers = 2, .heads = 4, .width = 64};  // gpt, less its vocabulary
   int64_t batch = 32, steps = 200;
   uint64_t seed = 1;
   std::vector<double> slowdown;  // per worker
@@ -75,7 +76,7 @@ Data make_data(const Setup& s) {
   if (s.model == "gpt") {
     const std::string text =
         s.data.empty() ? samples::generated_text(200000, s.seed) : read_file(s.data);
-    PIPIT_CHECK(text.size() > static_cast<size_t>(s.context) + 1, "the training text has ",
+    PIPIT_CHECK(text.size() > static_cast<size_t>(s.gpt.context) + 1, "the training text has ",
                 text.size(), " characters; it needs more than --context + 1");
     const samples::Vocabulary vocabulary(text);
     d.tokens = vocabulary.encode(text);
@@ -97,7 +98,9 @@ Data make_data(const Setup& s) {
 std::shared_ptr<Sequential> make_model(const Setup& s, const Data& data) {
   Generator generator(s.seed);
   if (s.model == "gpt") {
-    return gpt({data.vocabulary, s.context, s.layers, s.heads, s.width, 0.0}, &generator);
+    GptConfig config = s.gpt;
+    config.vocab_size = data.vocabulary;
+    return gpt(config, &generator);
   }
   return mlp({s.features, s.hidden, s.hidden, s.classes}, "relu", &generator);
 }
@@ -108,7 +111,7 @@ std::pair<Tensor, Tensor> batch_of(const Setup& s, const Data& data, int w, int6
   const int64_t index = step * s.config.workers + w;
   if (s.model == "gpt") {
     Generator generator(s.seed * 1000003 + static_cast<uint64_t>(index));
-    return samples::sample_batch(data.tokens, s.batch, s.context, generator);
+    return samples::sample_batch(data.tokens, s.batch, s.gpt.context, generator);
   }
   const int64_t begin = (index * s.batch) % (s.samples - s.batch + 1);
   return {narrow(data.x, 0, begin, s.batch).contiguous(),
@@ -124,7 +127,7 @@ std::string evaluate(const Setup& s, Module& model, const Data& data) {
     double total = 0;
     for (int i = 0; i < 8; ++i) {
       Generator generator(777 + static_cast<uint64_t>(i));
-      const auto [x, y] = samples::sample_batch(data.tokens, s.batch, s.context, generator);
+      const auto [x, y] = samples::sample_batch(data.tokens, s.batch, s.gpt.context, generator);
       total += loss.compute_loss(model.forward(x), y).item<double>();
     }
     std::snprintf(text, sizeof text, "loss %.4f", total / 8);
@@ -373,7 +376,7 @@ int run_processes(const Setup& s, const std::vector<std::string>& role_flags) {
       fs::remove(path, ignored);
     }
   } remove_token{token_file};
-  std::vector<std::unique_ptr<chaos::Child>> children;
+  std::vector<std::unique_ptr<support::ChildProcess>> children;
   auto start = [&](const std::string& role, int index, std::vector<std::string> extra) {
     std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(),
                                      "--role",
@@ -388,21 +391,17 @@ int run_processes(const Setup& s, const std::vector<std::string>& role_flags) {
     }
     argv.insert(argv.end(), extra.begin(), extra.end());
     const std::string log = (dir / (role + std::to_string(index) + ".log")).string();
-    children.push_back(std::make_unique<chaos::Child>(argv, log, log));
+    children.push_back(std::make_unique<support::ChildProcess>(argv, log, log));
   };
   const auto begin = std::chrono::steady_clock::now();
   std::vector<std::string> endpoints;
   for (int shard = 0; shard < s.config.servers; ++shard) {
-    const fs::path port_file = dir / ("server" + std::to_string(shard) + ".port");
+    const std::string name = "server" + std::to_string(shard);
+    const std::string port_file = (dir / (name + ".port")).string();
     fs::remove(port_file);
-    start("server", shard, {"--port-file", port_file.string()});
-    for (int i = 0; i < 1000 && !fs::exists(port_file); ++i) {
-      PIPIT_CHECK(children.back()->running(), "server ", shard, " exited at start (see ",
-                  (dir / ("server" + std::to_string(shard) + ".log")).string(), ")");
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    PIPIT_CHECK(fs::exists(port_file), "server ", shard, " did not start within 10 s");
-    std::string port = read_file(port_file.string());
+    start("server", shard, {"--port-file", port_file});
+    const std::string port = support::wait_for_file(
+        *children.back(), port_file, std::chrono::seconds(10), (dir / (name + ".log")).string());
     endpoints.push_back("127.0.0.1:" + port.substr(0, port.find('\n')));
   }
   std::string joined;
@@ -454,11 +453,7 @@ int run_processes(const Setup& s, const std::vector<std::string>& role_flags) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  samples::Flags flags("train_ps",
-                       "Data-parallel training of an MLP with a parameter server (ps/).");
+void add_flags(support::Flags& flags) {
   flags.add("mode", "sync", "sync, async (AsySG-InCon) or bounded (stale-synchronous)");
   flags.add("servers", "1", "parameter-server shards");
   flags.add("workers", "2", "data-parallel workers");
@@ -470,12 +465,12 @@ int main(int argc, char** argv) {
   flags.add("lr", "0.05", "learning rate");
   flags.add("steps", "200", "steps per worker");
   flags.add("batch", "32", "samples per worker step");
-  flags.add("model", "mlp", "mlp (synthetic clusters) or gpt (a character-level GPT)");
+  flags.add("model", "mlp",
+            "mlp (synthetic clusters) or gpt (a character-level GPT, shaped by --layers, "
+            "--heads, --width and --context)");
   flags.add("hidden", "128", "mlp: hidden width (two hidden layers)");
   flags.add("data", "", "gpt: a text file (default: text generated by the program)");
-  flags.add("layers", "2", "gpt: transformer blocks");
-  flags.add("width", "64", "gpt: embedding width");
-  flags.add("context", "32", "gpt: characters per window");
+  support::add_gpt_flags(flags, Setup{}.gpt, support::GptVocabulary::from_data);
   flags.add("seed", "1", "random seed (model and data)");
   flags.add("transport", "threads", "threads (one process) or tcp (a process per role)");
   flags.add("launcher", "none",
@@ -494,8 +489,27 @@ int main(int argc, char** argv) {
   flags.add("index", "0", "internal: the role's shard or worker index");
   flags.add("port-file", "", "internal: where a server writes its port");
   flags.add("server-endpoints", "", "internal: host:port of every shard, comma-separated");
-  flags.parse(argc, argv);
+}
 
+// --slowdown WORKER:FACTOR ...: every worker's factor, 1 for those not named; none when none is.
+std::vector<double> slowdown_of(const support::Flags& flags, int workers) {
+  std::vector<double> slowdown;
+  for (const std::string& item : flags.all("slowdown")) {
+    const size_t colon = item.find(':');
+    char* end = nullptr;
+    const long worker = colon == std::string::npos ? -1 : std::strtol(item.c_str(), &end, 10);
+    const double factor = colon == std::string::npos ? 0 : std::atof(item.c_str() + colon + 1);
+    if (worker < 0 || worker >= workers || end != item.c_str() + colon || factor < 1) {
+      flags.fail("--slowdown expects WORKER:FACTOR with a worker in [0, " +
+                 std::to_string(workers) + ") and a factor >= 1, got '" + item + "'");
+    }
+    slowdown.resize(static_cast<size_t>(workers), 1.0);
+    slowdown[static_cast<size_t>(worker)] = factor;
+  }
+  return slowdown;
+}
+
+Setup setup_of(const support::Flags& flags) {
   Setup s;
   s.config.mode = flags.str("mode");
   s.config.servers = static_cast<int>(flags.integer("servers"));
@@ -505,49 +519,40 @@ int main(int argc, char** argv) {
   s.config.min_workers = static_cast<int>(flags.integer("min-workers", 0));
   s.config.compress = flags.on("compress");
   s.config.timeout = std::chrono::milliseconds(flags.integer("timeout-ms"));
-  const std::string optimizer = flags.str("optimizer");
-  if (optimizer == "sgd") {
+  if (flags.choice("optimizer", {"sgd", "adamw"}) == "sgd") {
     s.config.optimizer = {{"type", "SGD"}, {"lr", flags.number("lr")}, {"momentum", 0.9}};
-  } else if (optimizer == "adamw") {
-    s.config.optimizer = {{"type", "AdamW"}, {"lr", flags.number("lr")}};
   } else {
-    flags.fail("--optimizer must be sgd or adamw, got '" + optimizer + "'");
+    s.config.optimizer = {{"type", "AdamW"}, {"lr", flags.number("lr")}};
   }
   s.steps = flags.integer("steps");
   s.batch = flags.integer("batch");
   s.hidden = flags.integer("hidden");
-  s.model = flags.str("model");
-  if (s.model != "mlp" && s.model != "gpt") {
-    flags.fail("--model must be mlp or gpt, got '" + s.model + "'");
-  }
+  s.model = flags.choice("model", {"mlp", "gpt"});
   s.data = flags.str("data");
-  s.layers = flags.integer("layers");
-  s.width = flags.integer("width");
-  s.context = flags.integer("context");
-  if (s.width % s.heads != 0) flags.fail("--width must be a multiple of 4 (the heads)");
+  s.gpt = support::gpt_config(flags);
   s.seed = static_cast<uint64_t>(flags.integer("seed", 0));
   s.checkpoint = flags.str("checkpoint");
   s.checkpoint_every = flags.integer("checkpoint-every", 0);
   s.resume = flags.on("resume");
   if (s.resume && s.checkpoint.empty()) flags.fail("--resume needs --checkpoint DIR");
-  if (s.model == "mlp" && s.batch > s.samples)
+  if (s.model == "mlp" && s.batch > s.samples) {
     flags.fail("--batch must not exceed " + std::to_string(s.samples));
-  for (const std::string& item : flags.all("slowdown")) {
-    const size_t colon = item.find(':');
-    char* end = nullptr;
-    const long worker = colon == std::string::npos ? -1 : std::strtol(item.c_str(), &end, 10);
-    const double factor = colon == std::string::npos ? 0 : std::atof(item.c_str() + colon + 1);
-    if (worker < 0 || worker >= s.config.workers || end != item.c_str() + colon || factor < 1) {
-      flags.fail("--slowdown expects WORKER:FACTOR with a worker in [0, " +
-                 std::to_string(s.config.workers) + ") and a factor >= 1, got '" + item + "'");
-    }
-    s.slowdown.resize(static_cast<size_t>(s.config.workers), 1.0);
-    s.slowdown[static_cast<size_t>(worker)] = factor;
   }
-  const std::string transport = flags.str("transport"), role = flags.str("role");
-  if (transport != "threads" && transport != "tcp") {
-    flags.fail("--transport must be threads or tcp, got '" + transport + "'");
-  }
+  s.slowdown = slowdown_of(flags, s.config.workers);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  support::Flags flags("train_ps",
+                       "Data-parallel training of an MLP with a parameter server (ps/).");
+  add_flags(flags);
+  flags.parse(argc, argv);
+  Setup s = setup_of(flags);
+  const std::string transport = flags.choice("transport", {"threads", "tcp"});
+  const std::string role = flags.choice("role", {"", "server", "worker"});
+  const std::string launcher = flags.choice("launcher", {"none", "mpi"});
   try {
     validate(s.config);
     set_num_threads(1);  // one core per worker or server: they run side by side
@@ -557,11 +562,6 @@ int main(int argc, char** argv) {
     }
     if (role == "server") return server_role(s, index, flags.str("port-file"));
     if (role == "worker") return worker_role(s, index, flags.items("server-endpoints"));
-    if (!role.empty()) flags.fail("--role must be server or worker, got '" + role + "'");
-    const std::string launcher = flags.str("launcher");
-    if (launcher != "none" && launcher != "mpi") {
-      flags.fail("--launcher must be none or mpi, got '" + launcher + "'");
-    }
     if (launcher == "mpi") {
 #ifdef PIPIT_WITH_MPI
       return run_under_mpi(s);
@@ -580,16 +580,7 @@ int main(int argc, char** argv) {
     }
     if (transport == "threads") return run_in_threads(s);
     // The roles get this run's flags back, minus the launcher's own.
-    std::vector<std::string> role_flags;
-    for (int i = 1; i < argc; ++i) {
-      const std::string arg = argv[i];
-      if (arg == "--transport" || arg == "--token-file") {
-        ++i;
-        continue;
-      }
-      role_flags.push_back(arg);
-    }
-    return run_processes(s, role_flags);
+    return run_processes(s, flags.given({"transport", "token-file"}));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_ps: %s\n", e.what());
     return 1;

@@ -21,14 +21,14 @@ using namespace pipit::batching;
 namespace {
 
 // Word w's polarity is w % 3 - 1; the label, whether the polarities sum above zero.
-std::vector<autobatch::Tree> make_trees(int64_t count, int64_t min_leaves, int64_t max_leaves,
-                                        int64_t vocabulary, Generator& generator) {
-  std::vector<autobatch::Tree> trees;
+std::vector<support::Tree> make_trees(int64_t count, int64_t min_leaves, int64_t max_leaves,
+                                      int64_t vocabulary, Generator& generator) {
+  std::vector<support::Tree> trees;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t leaves =
         min_leaves + static_cast<int64_t>(generator.bits(generator.reserve(1)) %
                                           static_cast<uint64_t>(max_leaves - min_leaves + 1));
-    autobatch::Tree tree = autobatch::random_tree(leaves, vocabulary, 2, generator);
+    support::Tree tree = support::random_tree(leaves, vocabulary, 2, generator);
     int64_t polarity = 0;
     for (const auto& node : tree.nodes) {
       if (node.left < 0) polarity += node.word % 3 - 1;
@@ -42,7 +42,7 @@ std::vector<autobatch::Tree> make_trees(int64_t count, int64_t min_leaves, int64
 }  // namespace
 
 int main(int argc, char** argv) {
-  samples::Flags flags("tree_lstm", "Trains a Tree-LSTM classifier with automatic batching.");
+  support::Flags flags("tree_lstm", "Trains a Tree-LSTM classifier with automatic batching.");
   flags.add("trees", "2000", "training trees (and a quarter as many held out)");
   flags.add("min-leaves", "10", "fewest leaves of a tree");
   flags.add("max-leaves", "50", "most leaves of a tree");
@@ -60,20 +60,17 @@ int main(int argc, char** argv) {
   if (min_leaves < 1 || max_leaves < min_leaves) {
     flags.fail("--min-leaves and --max-leaves need 1 <= min <= max");
   }
-  const std::string strategy_name = flags.str("strategy");
-  if (strategy_name != "agenda" && strategy_name != "depth") {
-    flags.fail("--strategy must be agenda or depth, got '" + strategy_name + "'");
-  }
+  const std::string strategy_name = flags.choice("strategy", {"agenda", "depth"});
   const Strategy strategy = strategy_name == "agenda" ? Strategy::agenda : Strategy::depth;
 
   Generator generator(static_cast<uint64_t>(flags.integer("seed", 0)));
   const int64_t count = flags.integer("trees");
-  const std::vector<autobatch::Tree> train =
+  const std::vector<support::Tree> train =
       make_trees(count, min_leaves, max_leaves, vocabulary, generator);
-  const std::vector<autobatch::Tree> held_out =
+  const std::vector<support::Tree> held_out =
       make_trees(std::max<int64_t>(1, count / 4), min_leaves, max_leaves, vocabulary, generator);
-  const autobatch::TreeLstm model(vocabulary, width, width, 2, generator);
-  const autobatch::TreeLstmBatched batched(model);
+  const support::TreeLstm model(vocabulary, width, width, 2, generator);
+  const support::TreeLstmBatched batched(model);
   NamedParameters parameters;
   const std::vector<Tensor> tensors = model.parameters();
   for (size_t i = 0; i < tensors.size(); ++i)

@@ -16,9 +16,7 @@
 #include "tensor/factory.h"
 #include "tensor/generator.h"
 
-namespace autobatch {
-
-using namespace pipit;
+namespace pipit::support {
 
 using batching::batched_index;
 using batching::Handle;
@@ -177,17 +175,11 @@ struct BiLstmTagger {
     return p;
   }
 
-  // Sentences of one length, batched by hand (rows = sentences): the summed loss. With one
-  // sentence, the one-at-a-time baseline.
-  Tensor loss(const std::vector<const Sentence*>& batch) const {
-    const int64_t k = static_cast<int64_t>(batch.size());
-    const size_t n = batch[0]->words.size();
-    std::vector<Tensor> xs;
-    for (size_t i = 0; i < n; ++i) {
-      std::vector<int64_t> words;
-      for (const Sentence* s : batch) words.push_back(s->words[i]);
-      xs.push_back(embed(from_vector(words, {k})));
-    }
+  // The forward and the backward LSTM's hidden states at every position of `xs` (k rows each).
+  // With `masks`, the backward state is held at zero where a row's mask is 0 (its padding).
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> hidden_states(
+      const std::vector<Tensor>& xs, int64_t k, const std::vector<Tensor>& masks = {}) const {
+    const size_t n = xs.size();
     std::vector<Tensor> hf(n), hb(n);
     Tensor h = zeros({k, hidden}), c = zeros({k, hidden});
     for (size_t i = 0; i < n; ++i) {
@@ -199,9 +191,24 @@ struct BiLstmTagger {
     c = zeros({k, hidden});
     for (size_t i = n; i-- > 0;) {
       auto next = backward_cell.step(xs[i], h, c);
-      h = hb[i] = next[0];
-      c = next[1];
+      h = hb[i] = masks.empty() ? next[0] : next[0] * masks[i];
+      c = masks.empty() ? next[1] : next[1] * masks[i];
     }
+    return {hf, hb};
+  }
+
+  // Sentences of one length, batched by hand (rows = sentences): the summed loss. With one
+  // sentence, the one-at-a-time baseline.
+  Tensor loss(const std::vector<const Sentence*>& batch) const {
+    const int64_t k = static_cast<int64_t>(batch.size());
+    const size_t n = batch[0]->words.size();
+    std::vector<Tensor> xs;
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<int64_t> words;
+      for (const Sentence* s : batch) words.push_back(s->words[i]);
+      xs.push_back(embed(from_vector(words, {k})));
+    }
+    const auto [hf, hb] = hidden_states(xs, k);
     Tensor total;
     for (size_t i = 0; i < n; ++i) {
       std::vector<int64_t> tags;
@@ -232,20 +239,7 @@ struct BiLstmTagger {
       tags.push_back(from_vector(tag, {k}));
       masks.push_back(from_vector(mask, {k, 1}));
     }
-    std::vector<Tensor> hf(longest), hb(longest);
-    Tensor h = zeros({k, hidden}), c = zeros({k, hidden});
-    for (size_t i = 0; i < longest; ++i) {
-      auto next = forward_cell.step(xs[i], h, c);
-      h = hf[i] = next[0];
-      c = next[1];
-    }
-    h = zeros({k, hidden});
-    c = zeros({k, hidden});
-    for (size_t i = longest; i-- > 0;) {
-      auto next = backward_cell.step(xs[i], h, c);
-      h = hb[i] = next[0] * masks[i];
-      c = next[1] * masks[i];
-    }
+    const auto [hf, hb] = hidden_states(xs, k, masks);
     Tensor total;
     for (size_t i = 0; i < longest; ++i) {
       Tensor l = sum(nll_per_row(tag_logits(hf[i], hb[i]), tags[i]) * reshape(masks[i], {k}));
@@ -402,4 +396,4 @@ struct BiLstmBatched {
   }
 };
 
-}  // namespace autobatch
+}  // namespace pipit::support

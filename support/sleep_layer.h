@@ -4,7 +4,6 @@
 // while it waits: stages built of them do not compete for cores, so a 2-core machine can time
 // pipelines of many stages. Registered as "SleepLayer" (register_sleep_layer) so a remap can
 // rebuild it from its config.
-#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -15,7 +14,7 @@
 #include "nn/registry.h"
 #include "pipit.h"
 
-namespace pipit::bench {
+namespace pipit::support {
 
 // Backward of y = x * w: the input gradient costs `input_cost`, the weight gradient
 // `weight_cost`, each paid only when that gradient is computed, so a split backward (I, then W)
@@ -77,9 +76,4 @@ inline void register_sleep_layer() {
   });
 }
 
-inline double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0 : values[values.size() / 2];
-}
-
-}  // namespace pipit::bench
+}  // namespace pipit::support

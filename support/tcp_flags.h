@@ -7,7 +7,7 @@
 #include "comm/tcp_communicator.h"
 #include "support/flags.h"
 
-namespace samples {
+namespace pipit::support {
 
 enum class TcpSide { coordinator, worker };
 
@@ -45,4 +45,4 @@ inline pipit::TcpOptions tcp_options(const Flags& flags, TcpSide side) {
   return tcp;
 }
 
-}  // namespace samples
+}  // namespace pipit::support

@@ -14,7 +14,7 @@
 #include "support/tcp_flags.h"
 #include "tensor/parallel.h"
 
-namespace samples {
+namespace pipit::support {
 
 // argv[0] is skipped, as a program's own name; `program` names it in usage and errors.
 inline int worker_main(int argc, char** argv, const std::string& program = "pipit-worker") {
@@ -65,4 +65,4 @@ inline int worker_main(int argc, char** argv, const std::string& program = "pipi
   return 0;
 }
 
-}  // namespace samples
+}  // namespace pipit::support

@@ -17,8 +17,8 @@
 
 using namespace pipit;
 using namespace pipit::batching;
-using autobatch::Sentence;
-using autobatch::Tree;
+using support::Sentence;
+using support::Tree;
 
 namespace {
 
@@ -167,9 +167,9 @@ TEST_CASE("gather_rows copies rows from several sources and sends gradients back
 
 TEST_CASE("a Tree-LSTM trains batched exactly as one tree at a time", "[batching]") {
   Generator generator(7);
-  const autobatch::TreeLstm model(50, 16, 24, 5, generator);
+  const support::TreeLstm model(50, 16, 24, 5, generator);
   std::vector<Tree> trees;
-  for (int i = 0; i < 12; ++i) trees.push_back(autobatch::random_tree(2 + i % 9, 50, 5, generator));
+  for (int i = 0; i < 12; ++i) trees.push_back(support::random_tree(2 + i % 9, 50, 5, generator));
   trees.push_back(trees[3]);  // the same tree twice: its gradients count twice
 
   std::vector<Tensor> eager_losses;
@@ -185,7 +185,7 @@ TEST_CASE("a Tree-LSTM trains batched exactly as one tree at a time", "[batching
     zero_gradients(model.parameters());
     Graph graph;
     auto scope = graph.scope();
-    const autobatch::TreeLstmBatched batched(model);
+    const support::TreeLstmBatched batched(model);
     std::vector<Handle> losses;
     for (const Tree& t : trees) losses.push_back(batched(t));
     graph.run(strategy);
@@ -207,10 +207,10 @@ TEST_CASE("a Tree-LSTM trains batched exactly as one tree at a time", "[batching
 TEST_CASE("a BiLSTM tagger over sentences of different lengths trains batched as one at a time",
           "[batching]") {
   Generator generator(8);
-  const autobatch::BiLstmTagger model(40, 12, 16, 6, generator);
+  const support::BiLstmTagger model(40, 12, 16, 6, generator);
   std::vector<Sentence> sentences;
   for (int i = 0; i < 10; ++i) {
-    sentences.push_back(autobatch::random_sentence(1 + (i * 7) % 11, 40, 6, generator));
+    sentences.push_back(support::random_sentence(1 + (i * 7) % 11, 40, 6, generator));
   }
   Tensor eager_total;
   for (const Sentence& s : sentences) {
@@ -223,7 +223,7 @@ TEST_CASE("a BiLSTM tagger over sentences of different lengths trains batched as
 
   Graph graph;
   auto scope = graph.scope();
-  const autobatch::BiLstmBatched batched(model);
+  const support::BiLstmBatched batched(model);
   const Handle zero_state = batched_value(zeros({model.hidden}));
   std::vector<Handle> losses;
   for (const Sentence& s : sentences) {
@@ -248,8 +248,8 @@ TEST_CASE("coroutine greedy decoding equals decoding one example at a time, toke
   NoGradGuard no_grad;
   Generator generator(9);
   // Token 0 ends a sequence; its score's bias makes the examples end at different times.
-  const autobatch::GreedyDecoder d(4, 6, 10, 8, 0.2f, 25, generator);
-  const autobatch::GreedyDecoder::Ops ops = d.batched();
+  const support::GreedyDecoder d(4, 6, 10, 8, 0.2f, 25, generator);
+  const support::GreedyDecoder::Ops ops = d.batched();
   std::vector<Tensor> inputs;
   std::vector<std::vector<int64_t>> want;
   for (int i = 0; i < 24; ++i) {
@@ -287,9 +287,9 @@ TEST_CASE("coroutine greedy decoding equals decoding one example at a time, toke
 
 TEST_CASE("graphs built on several threads run together through a queue", "[batching]") {
   Generator generator(10);
-  const autobatch::TreeLstm model(30, 8, 12, 3, generator);
+  const support::TreeLstm model(30, 8, 12, 3, generator);
   std::vector<Tree> trees;
-  for (int i = 0; i < 32; ++i) trees.push_back(autobatch::random_tree(2 + i % 7, 30, 3, generator));
+  for (int i = 0; i < 32; ++i) trees.push_back(support::random_tree(2 + i % 7, 30, 3, generator));
   NoGradGuard no_grad;
   std::vector<double> want;
   for (const Tree& t : trees) want.push_back(model.loss(t).item<double>());
@@ -301,7 +301,7 @@ TEST_CASE("graphs built on several threads run together through a queue", "[batc
       for (int part = 0; part < 2; ++part) {
         BuiltGraph built{std::make_unique<Graph>(), {}, b * 2 + part};
         auto scope = built.graph->scope();
-        const autobatch::TreeLstmBatched batched(model);
+        const support::TreeLstmBatched batched(model);
         for (int i = 0; i < 4; ++i)
           built.results.push_back(batched(trees[static_cast<size_t>(built.tag * 4 + i)]));
         queue.push(std::move(built));

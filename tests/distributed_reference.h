@@ -11,7 +11,7 @@
 #include "pipeline/pipeline.h"
 #include "pipeline_models.h"
 #include "pipit.h"
-#include "worker_process.h"
+#include "support/worker_process.h"
 
 namespace pipit::testing {
 
@@ -33,19 +33,18 @@ inline PipelineConfig config_for(const std::string& schedule, int v,
   return config;
 }
 
-inline std::string logs(const std::vector<std::unique_ptr<WorkerProcess>>& workers) {
-  std::string out;
-  for (size_t i = 0; i < workers.size(); ++i) {
-    out += "--- worker " + std::to_string(i) + " log:\n" + workers[i]->log();
-  }
-  return out;
-}
+using support::endpoints;
+using support::logs;
+using support::start_workers;
+using support::WorkerProcess;
+using support::Workers;
 
-inline std::vector<std::string> endpoints(
-    const std::vector<std::unique_ptr<WorkerProcess>>& workers) {
-  std::vector<std::string> out;
-  for (const auto& w : workers) out.push_back(w->endpoint());
-  return out;
+// How the tests start a worker: this executable in its --worker role (tests/main.cpp), calling a
+// silent peer lost after 3 s so that fault tests end soon.
+inline support::WorkerLaunch test_worker(const std::string& token = "",
+                                         std::vector<std::string> flags = {}) {
+  flags.insert(flags.begin(), {"--peer-timeout-ms", "3000"});
+  return {.flags = std::move(flags), .token = token};
 }
 
 }  // namespace pipit::testing

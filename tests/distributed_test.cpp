@@ -20,7 +20,6 @@
 #include "pipeline/remote/stage_package.h"
 #include "pipit.h"
 #include "serialize/checkpoint.h"
-#include "worker_process.h"
 
 using namespace pipit;
 using namespace pipit::testing;
@@ -52,8 +51,7 @@ void send_raw(uint16_t port, const std::string& bytes) {
 
 TEST_CASE("training over 4 worker processes equals training in-process, bit for bit",
           "[distributed]") {
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  for (int i = 0; i < 4; ++i) workers.push_back(std::make_unique<WorkerProcess>());
+  Workers workers = start_workers(4, test_worker());
   const Batch batch = gpt_batch();
   struct Case {
     std::string schedule;
@@ -123,8 +121,7 @@ TEST_CASE(
     for (int step = 0; step < 4; ++step) pipeline.train_step(batch.input, batch.target);
   }
 
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  for (int i = 0; i < 4; ++i) workers.push_back(std::make_unique<WorkerProcess>());
+  Workers workers = start_workers(4, test_worker());
   TcpOptions tcp;
   tcp.peer_timeout = std::chrono::milliseconds(2000);
   const std::string path =
@@ -155,7 +152,7 @@ TEST_CASE(
 
   // The survivors went back to waiting; with a new worker for stage 2 the run resumes from
   // the checkpoint and ends where the uninterrupted run ended, bit for bit.
-  workers[2] = std::make_unique<WorkerProcess>();
+  workers[2] = std::make_unique<WorkerProcess>(test_worker());
   Checkpoint checkpoint = load_checkpoint(path);
   fs::remove(path);
   auto resumed = std::dynamic_pointer_cast<Sequential>(build_module(checkpoint.model_config));
@@ -176,8 +173,7 @@ TEST_CASE(
 
 TEST_CASE("a worker that stops answering is reported within the heartbeat timeout",
           "[distributed]") {
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  for (int i = 0; i < 2; ++i) workers.push_back(std::make_unique<WorkerProcess>());
+  Workers workers = start_workers(2, test_worker());
   auto model = small_gpt(2);
   PipelineConfig config = config_for("1f1b", 1);
   config.stages = 2;
@@ -197,8 +193,7 @@ TEST_CASE("a worker that stops answering is reported within the heartbeat timeou
 }
 
 TEST_CASE("bad bytes on a worker port are refused and the worker keeps serving", "[distributed]") {
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  workers.push_back(std::make_unique<WorkerProcess>("sesame"));
+  Workers workers = start_workers(1, test_worker("sesame"));
   const uint16_t port = workers[0]->port();
 
   std::string random_bytes(300, '\0');
@@ -252,9 +247,7 @@ class UnregisteredLayer final : public Module {
 }  // namespace
 
 TEST_CASE("a stage package the worker cannot build is reported, not crashed on", "[distributed]") {
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  workers.push_back(std::make_unique<WorkerProcess>());
-  workers.push_back(std::make_unique<WorkerProcess>());
+  Workers workers = start_workers(2, test_worker());
   auto model = small_gpt(2);
   model->push_back(std::make_shared<UnregisteredLayer>());
   PipelineConfig config = config_for("1f1b", 1);
@@ -271,7 +264,7 @@ TEST_CASE("a stage package the worker cannot build is reported, not crashed on",
 
 TEST_CASE("a stage package whose weights do not fit its layers is refused by name",
           "[distributed]") {
-  WorkerProcess worker;
+  WorkerProcess worker(test_worker());
   auto model = small_gpt(2);
   PipelineConfig config = config_for("1f1b", 1);
   config.stages = 1;
@@ -294,10 +287,8 @@ TEST_CASE("a stage package whose weights do not fit its layers is refused by nam
 
 TEST_CASE("a coordinator that claims workers and vanishes leaves them serving the next one",
           "[distributed]") {
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  workers.push_back(std::make_unique<WorkerProcess>());
-  workers.push_back(
-      std::make_unique<WorkerProcess>("", std::vector<std::string>{"--package-timeout-ms=300"}));
+  Workers workers = start_workers(1, test_worker());
+  workers.push_back(std::make_unique<WorkerProcess>(test_worker("", {"--package-timeout-ms=300"})));
   PipelineConfig config = config_for("1f1b", 1);
   config.stages = 2;
   TcpOptions quick;
@@ -327,8 +318,7 @@ TEST_CASE("a coordinator that claims workers and vanishes leaves them serving th
 
 TEST_CASE("a DistributedPipeline that cannot reach every worker releases the ones it claimed",
           "[distributed]") {
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  for (int i = 0; i < 2; ++i) workers.push_back(std::make_unique<WorkerProcess>());
+  Workers workers = start_workers(2, test_worker());
   PipelineConfig config = config_for("1f1b", 1);
   config.stages = 3;
   TcpOptions quick;
@@ -347,8 +337,7 @@ TEST_CASE("a DistributedPipeline that cannot reach every worker releases the one
 
 TEST_CASE("a worker waiting for its neighbour is released when its coordinator goes away",
           "[distributed]") {
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  for (int i = 0; i < 2; ++i) workers.push_back(std::make_unique<WorkerProcess>());
+  Workers workers = start_workers(2, test_worker());
   PipelineConfig config = config_for("1f1b", 1);
   config.stages = 2;
   TcpOptions quick;

@@ -90,7 +90,7 @@ TEST_CASE("a slowed stage is busy for about its slowdown times as long", "[rebal
   // computing stage's busy time is mostly its wait for a core, which no slowdown stretches.
   auto make_sleeping_net = [] {
     auto net = std::make_shared<Sequential>();
-    for (int i = 0; i < 4; ++i) net->push_back(std::make_shared<bench::SleepLayer>(500));
+    for (int i = 0; i < 4; ++i) net->push_back(std::make_shared<support::SleepLayer>(500));
     return net;
   };
   const Batch b = testing::mlp_batch();

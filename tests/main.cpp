@@ -1,6 +1,6 @@
 // Catch2's main, plus extra roles:
 //   pipit_tests --worker FLAGS
-// is a worker with pipit-worker's flags (support/worker_main.h), so the distributed tests start
+// is a worker with pipit-worker's flags (support/worker_process.h), so the distributed tests start
 // real worker processes from this same executable in every build configuration (sanitizers
 // included);
 //   pipit_tests --chaos-role worker|trainer FLAGS
@@ -16,8 +16,7 @@
 
 #include "mpi_roles.h"
 #include "ps_task.h"
-#include "support/sleep_layer.h"
-#include "support/worker_main.h"
+#include "support/worker_process.h"
 #include "tools/chaos/roles.h"
 
 int main(int argc, char** argv) {
@@ -32,10 +31,9 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--ps-role") == 0) {
     return pipit::testing::ps_role_main(argc, argv);
   }
-  if (argc >= 2 && std::strcmp(argv[1], "--worker") == 0) {
-    // Stage packages of tests/rebalance_pipeline_test.cpp hold these.
-    pipit::bench::register_sleep_layer();
-    return samples::worker_main(argc - 1, argv + 1, "pipit_tests --worker");
+  // Stage packages of tests/rebalance_pipeline_test.cpp hold SleepLayers, which this role knows.
+  if (pipit::support::worker_role_requested(argc, argv)) {
+    return pipit::support::worker_role_main(argc, argv);
   }
   return Catch::Session().run(argc, argv);
 }

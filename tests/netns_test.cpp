@@ -153,10 +153,12 @@ TEST_CASE("a pipeline across 4 network-namespace hosts equals in-process trainin
   }
   if (!cluster.netem()) WARN("no netem qdisc in this kernel: the links are rate-limited only");
   const std::string token = "netns-test-token";
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
+  Workers workers;
   for (int i = 0; i < 4; ++i) {
-    workers.push_back(std::make_unique<WorkerProcess>(token, std::vector<std::string>{},
-                                                      cluster.netns(i), cluster.address(i)));
+    support::WorkerLaunch launch = test_worker(token);
+    launch.netns = cluster.netns(i);
+    launch.host = cluster.address(i);
+    workers.push_back(std::make_unique<WorkerProcess>(launch));
   }
   TcpOptions tcp;
   tcp.token = token;

@@ -95,8 +95,7 @@ TEST_CASE("training after pipelined generation is training as if it had not run"
 
 TEST_CASE("pipelined generation over worker processes equals the whole model",
           "[pipelined_generation][distributed]") {
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  for (int i = 0; i < 3; ++i) workers.push_back(std::make_unique<WorkerProcess>());
+  Workers workers = start_workers(3, test_worker());
   auto whole = load_hf_gpt2(kTied);
   const auto greedy = generate(*whole, kPrompts, options(false));
   for (const auto& [schedule, v] :

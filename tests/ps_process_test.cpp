@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "codec/atomic_file.h"
+#include "distributed_reference.h"
 #include "pipit.h"
 #include "ps/checkpoint.h"
 #include "ps/launch.h"
@@ -17,7 +18,6 @@
 #include "ps_task.h"
 #include "serialize/checkpoint.h"
 #include "support/child_process.h"
-#include "worker_process.h"
 
 using namespace pipit;
 using namespace pipit::testing;
@@ -41,19 +41,13 @@ class PsProcesses {
 
   // Starts shard s and waits for its port; returns its "host:port".
   std::string start_server(int s, const nlohmann::json& config) {
+    const std::string name = "server" + std::to_string(s);
     const std::string port_file = (dir_ / ("port" + std::to_string(s))).string();
     fs::remove(port_file);
-    chaos::Child& child =
-        start("server" + std::to_string(s),
-              {"server", std::to_string(s), config.dump(), port_file, dir_.string()});
-    for (int i = 0; i < 1000 && !fs::exists(port_file) && child.running(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    INFO(log("server" + std::to_string(s)));
-    REQUIRE(fs::exists(port_file));
-    std::string endpoint = "127.0.0.1:";
-    endpoint += read_file(port_file);
-    return endpoint;
+    support::ChildProcess& child =
+        start(name, {"server", std::to_string(s), config.dump(), port_file, dir_.string()});
+    return "127.0.0.1:" + support::wait_for_file(child, port_file, std::chrono::seconds(10),
+                                                 (dir_ / (name + ".log")).string());
   }
   std::string start_servers(const nlohmann::json& config) {
     std::string endpoints;
@@ -63,16 +57,16 @@ class PsProcesses {
     }
     return endpoints;
   }
-  chaos::Child& start_worker(int w, const nlohmann::json& config, const std::string& endpoints,
-                             int64_t steps) {
+  support::ChildProcess& start_worker(int w, const nlohmann::json& config,
+                                      const std::string& endpoints, int64_t steps) {
     return start("worker" + std::to_string(w),
                  {"worker", std::to_string(w), config.dump(), endpoints, std::to_string(steps)});
   }
-  chaos::Child& child(const std::string& name) { return *children_.at(name); }
+  support::ChildProcess& child(const std::string& name) { return *children_.at(name); }
   // Waits for the process to exit; its exit status.
   int wait(const std::string& name) {
     INFO(name << ": " << log(name));
-    REQUIRE(child(name).wait_exit(chaos::Clock::now() + std::chrono::seconds(120)));
+    REQUIRE(child(name).wait_exit(support::ChildProcess::Clock::now() + std::chrono::seconds(120)));
     return *child(name).exit_status();
   }
   std::string log(const std::string& name) const {
@@ -92,16 +86,16 @@ class PsProcesses {
   }
 
  private:
-  chaos::Child& start(const std::string& name, std::vector<std::string> role) {
+  support::ChildProcess& start(const std::string& name, std::vector<std::string> role) {
     std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(), "--ps-role"};
     argv.insert(argv.end(), role.begin(), role.end());
     const std::string path = (dir_ / (name + ".log")).string();
-    children_[name] = std::make_unique<chaos::Child>(argv, path, path);
+    children_[name] = std::make_unique<support::ChildProcess>(argv, path, path);
     return *children_[name];
   }
 
   fs::path dir_;
-  std::map<std::string, std::unique_ptr<chaos::Child>> children_;
+  std::map<std::string, std::unique_ptr<support::ChildProcess>> children_;
 };
 
 nlohmann::json role_config(const std::string& mode, int servers, int workers,
@@ -241,12 +235,7 @@ TEST_CASE("sync on bare pipit-worker processes equals the large batch bit for bi
   const PsTask task(512);
   for (int servers : {1, 2}) {
     DYNAMIC_SECTION(servers << " shard(s)") {
-      std::vector<std::unique_ptr<testing::WorkerProcess>> processes;
-      std::vector<std::string> addresses;
-      for (int i = 0; i < servers + kSyncWorkers; ++i) {
-        processes.push_back(std::make_unique<testing::WorkerProcess>());
-        addresses.push_back(processes.back()->endpoint());
-      }
+      const Workers processes = start_workers(servers + kSyncWorkers, test_worker());
       // Worker w's data shard: its batches of every step, in step order.
       std::vector<PsWorkerData> data;
       for (int w = 0; w < kSyncWorkers; ++w) {
@@ -260,7 +249,7 @@ TEST_CASE("sync on bare pipit-worker processes equals the large batch bit for bi
       }
       const PsLaunchResult result =
           train_ps_on_workers(*make_ps_mlp(), ps_config_of("sync", kSyncWorkers, servers, kAdamW),
-                              data, testing::kPsBatch, kSyncSteps, addresses);
+                              data, testing::kPsBatch, kSyncSteps, endpoints(processes));
       CHECK(result.version == kSyncSteps);
       check_bitwise_equal(result.weights, large_batch_reference(kAdamW, task).first);
       CHECK(result.optimizer_state.count("step"));
@@ -270,7 +259,7 @@ TEST_CASE("sync on bare pipit-worker processes equals the large batch bit for bi
 
 TEST_CASE("a bad parameter-server package is refused by name and releases the worker",
           "[ps][distributed]") {
-  testing::WorkerProcess shard, worker;
+  WorkerProcess shard(test_worker()), worker(test_worker());
   PsConfig config = ps_config_of("sync", 1, 1, kSgd);
   config.timeout = std::chrono::milliseconds(20000);
   // A worker data shard with fewer rows than a batch.

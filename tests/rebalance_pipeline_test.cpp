@@ -8,22 +8,23 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 
+#include "distributed_reference.h"
 #include "pipeline/pipeline.h"
 #include "pipeline_models.h"
 #include "pipit.h"
 #include "support/sleep_layer.h"
-#include "worker_process.h"
 
 using namespace pipit;
+using pipit::testing::test_worker;
 using pipit::testing::WorkerProcess;
 using testing::Batch;
 
 namespace {
 
 std::shared_ptr<Sequential> model() {
-  bench::register_sleep_layer();  // a remap rebuilds moved layers from their config
+  support::register_sleep_layer();  // a remap rebuilds moved layers from their config
   auto net = std::make_shared<Sequential>();
-  for (int i = 0; i < 12; ++i) net->push_back(std::make_shared<bench::SleepLayer>(1000));
+  for (int i = 0; i < 12; ++i) net->push_back(std::make_shared<support::SleepLayer>(1000));
   return net;
 }
 
@@ -143,7 +144,7 @@ TEST_CASE(
 TEST_CASE("rebalancing across worker processes, one of them slowed", "[rebalance][distributed]") {
   Pipeline plain_pipeline(model(), config(false));
   const RebalancedRun plain = train(plain_pipeline, kSteps);
-  WorkerProcess fast, slow("", {"--slowdown=3"});
+  WorkerProcess fast(test_worker()), slow(test_worker("", {"--slowdown=3"}));
   auto net = model();
   Pipeline pipeline(net, config(true), Launch::workers({fast.endpoint(), slow.endpoint()}));
   INFO(slow.log());

@@ -10,17 +10,21 @@
 #include <unistd.h>
 
 #include "bitwise.h"
+#include "distributed_reference.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipeline/pipeline.h"
 #include "pipeline_models.h"
 #include "pipit.h"
 #include "serialize/checkpoint.h"
-#include "worker_process.h"
 
 using namespace pipit;
 using pipit::testing::bitwise_equal;
+using pipit::testing::endpoints;
+using pipit::testing::start_workers;
+using pipit::testing::test_worker;
 using pipit::testing::WorkerProcess;
+using pipit::testing::Workers;
 using testing::Batch;
 
 namespace {
@@ -187,10 +191,7 @@ TEST_CASE("invalid remaps are refused by name and change nothing", "[remap]") {
 TEST_CASE("remapping over worker processes moves layers worker to worker, bit for bit",
           "[remap][distributed]") {
   const Batch b = remap_batch();
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  for (int i = 0; i < 3; ++i) workers.push_back(std::make_unique<WorkerProcess>());
-  std::vector<std::string> endpoints;
-  for (const auto& w : workers) endpoints.push_back(w->endpoint());
+  Workers workers = start_workers(3, test_worker());
   std::mt19937_64 random(23);
   for (const auto& [schedule, v] :
        std::vector<std::pair<std::string, int>>{{"1f1b", 1}, {"interleaved", 2}}) {
@@ -198,7 +199,7 @@ TEST_CASE("remapping over worker processes moves layers worker to worker, bit fo
     const PipelineConfig config = config_for(3, 3, v, schedule);
     auto plain_model = gpt_of(8), remote_model = gpt_of(8);  // 11 layers
     Pipeline plain(plain_model, config);
-    Pipeline remote(remote_model, config, Launch::workers(endpoints));
+    Pipeline remote(remote_model, config, Launch::workers(endpoints(workers)));
     std::string log;
     for (const auto& w : workers) log += w->log();
     INFO(log);
@@ -232,13 +233,7 @@ TEST_CASE(
     }
   }
 
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  for (int i = 0; i < 3; ++i) workers.push_back(std::make_unique<WorkerProcess>());
-  auto endpoints = [&] {
-    std::vector<std::string> out;
-    for (const auto& w : workers) out.push_back(w->endpoint());
-    return out;
-  };
+  Workers workers = start_workers(3, test_worker());
   TcpOptions tcp;
   tcp.peer_timeout = std::chrono::milliseconds(2000);
   const std::string path = (std::filesystem::temp_directory_path() /
@@ -246,7 +241,7 @@ TEST_CASE(
                                .string();
   auto model = gpt_of(8);
   {
-    Pipeline pipeline(model, config, Launch::workers(endpoints(), tcp));
+    Pipeline pipeline(model, config, Launch::workers(endpoints(workers), tcp));
     for (int step = 0; step < 2; ++step) pipeline.train_step(b.input, b.target);
     auto [weights, optimizer_state] = pipeline.coordinator().fetch_state();
     save_checkpoint(path, {model->config(),
@@ -273,14 +268,15 @@ TEST_CASE(
     CHECK(pipeline.chunk_ranges() == before);
   }
 
-  workers[2] = std::make_unique<WorkerProcess>();
+  workers[2] = std::make_unique<WorkerProcess>(test_worker());
   Checkpoint checkpoint = load_checkpoint(path);
   std::filesystem::remove(path);
   auto resumed = std::dynamic_pointer_cast<Sequential>(build_module(checkpoint.model_config));
   REQUIRE(resumed != nullptr);
   resumed->load_state_dict(checkpoint.weights);
   config.layer_counts = checkpoint.extra.at("layer_counts").get<std::vector<int64_t>>();
-  Pipeline pipeline(resumed, config, Launch::workers(endpoints(), tcp), checkpoint.optimizer_state);
+  Pipeline pipeline(resumed, config, Launch::workers(endpoints(workers), tcp),
+                    checkpoint.optimizer_state);
   for (int64_t step = checkpoint.step; step < 4; ++step) {
     if (step == 2) pipeline.move_layers(1, 2, 2);
     pipeline.train_step(b.input, b.target);

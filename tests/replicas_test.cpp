@@ -12,18 +12,21 @@
 #include <tuple>
 
 #include "bitwise.h"
+#include "distributed_reference.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
 #include "pipeline_models.h"
 #include "pipit.h"
-#include "worker_process.h"
 
 using namespace pipit;
 using pipit::testing::bitwise_equal;
 using pipit::testing::Model;
 using testing::kAdamW;
+using testing::start_workers;
+using testing::test_worker;
+using testing::Workers;
 
 namespace {
 
@@ -148,7 +151,7 @@ void check_state_held_once(Pipeline& pipeline, const Layout& layout) {
 // the one-thread reference, bit for bit; `move`: between the steps every replica's stage 1
 // hands a layer to its stage 0, worker to worker, which changes nothing.
 void check_over_tcp(const Layout& layout, const std::string& recompute, bool move,
-                    std::vector<std::unique_ptr<pipit::testing::WorkerProcess>>& workers) {
+                    const pipit::testing::Workers& workers) {
   INFO(layout.schedule << " p=" << layout.p << " r=" << layout.r << " sharded optimizer "
                        << layout.shard_optimizer << " recompute " << recompute);
   const int m = 4, steps = 2;
@@ -376,8 +379,7 @@ TEST_CASE(
     "p stages x r replicas over TCP worker processes equal the one-thread reference, bit "
     "for bit",
     "[replicas][distributed]") {
-  std::vector<std::unique_ptr<pipit::testing::WorkerProcess>> workers;
-  for (int i = 0; i < 8; ++i) workers.push_back(std::make_unique<pipit::testing::WorkerProcess>());
+  Workers workers = start_workers(8, test_worker());
   // Every schedule and every (p, r) of the threads test once.
   for (const Layout& layout : std::vector<Layout>{{"1f1b", 2, 2, 1},
                                                   {"zbh1", 2, 3, 1},
@@ -397,8 +399,7 @@ TEST_CASE(
     "p stages x r replicas over TCP workers: every schedule, (p, r), recomputation and "
     "ZeRO-1",
     "[.][replicas_full]") {
-  std::vector<std::unique_ptr<pipit::testing::WorkerProcess>> workers;
-  for (int i = 0; i < 8; ++i) workers.push_back(std::make_unique<pipit::testing::WorkerProcess>());
+  Workers workers = start_workers(8, test_worker());
   for (Layout layout : layouts()) {
     for (const std::string recompute : {"none", "full"}) {
       for (const bool shard : {false, true}) {
@@ -457,12 +458,8 @@ TEST_CASE(
 
 TEST_CASE("replicas: a replica's worker that dies fails the step, naming its stage and replica",
           "[replicas][distributed]") {
-  std::vector<std::unique_ptr<pipit::testing::WorkerProcess>> workers;
-  std::vector<std::string> endpoints;
-  for (int i = 0; i < 4; ++i) {
-    workers.push_back(std::make_unique<pipit::testing::WorkerProcess>());
-    endpoints.push_back(workers.back()->endpoint());
-  }
+  Workers workers = start_workers(4, test_worker());
+  const std::vector<std::string> endpoints = testing::endpoints(workers);
   Model model = testing::make_gpt(kRows);
   PipelineConfig config;
   config.stages = 2;

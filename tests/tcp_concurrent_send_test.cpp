@@ -12,26 +12,12 @@
 #include "comm/tcp_communicator.h"
 #include "pipeline/protocol/messages.h"
 #include "pipit.h"
+#include "support/tcp_pair.h"
 
 using namespace pipit;
 using namespace std::chrono_literals;
 
 namespace {
-
-struct SocketPair {
-  std::unique_ptr<TcpCommunicator> a, b;
-};
-
-SocketPair connected_pair() {
-  TcpOptions options;
-  options.log = [](const std::string&) {};
-  SocketPair pair{std::make_unique<TcpCommunicator>(0, options),
-                  std::make_unique<TcpCommunicator>(1, options)};
-  const uint16_t port = pair.b->listen("127.0.0.1", 0);
-  pair.a->connect(1, "127.0.0.1", port);
-  pair.b->wait_for_peer(0, 5000ms);
-  return pair;
-}
 
 // Sizes from 1 float to 1 Mi floats: small frames are written by their senders (whole or in
 // part), large ones by the io thread, and frames queue behind both.
@@ -48,7 +34,7 @@ float value_for(int thread, int index) {
 
 TEST_CASE("frames sent by several threads at once arrive whole and, per thread, in order",
           "[tcp]") {
-  SocketPair pair = connected_pair();
+  const support::TcpPair pair = support::connected_tcp_pair();
   constexpr int kThreads = 4, kMessages = 60;
   std::vector<std::thread> senders;
   for (int t = 0; t < kThreads; ++t) {
@@ -83,7 +69,7 @@ TEST_CASE("frames sent by several threads at once arrive whole and, per thread, 
 
 TEST_CASE("closing a communicator while threads are sending on it ends cleanly", "[tcp]") {
   for (int round = 0; round < 3; ++round) {
-    SocketPair pair = connected_pair();
+    const support::TcpPair pair = support::connected_tcp_pair();
     std::atomic<bool> stop{false};
     std::vector<std::thread> senders;
     for (int t = 0; t < 3; ++t) {

@@ -218,8 +218,7 @@ TEST_CASE("remaps, rebalancing and ties between distant stages are refused by na
 
 TEST_CASE("a tied model over 4 worker processes equals the threads, bit for bit",
           "[tied_pipeline][distributed]") {
-  std::vector<std::unique_ptr<WorkerProcess>> workers;
-  for (int i = 0; i < 4; ++i) workers.push_back(std::make_unique<WorkerProcess>());
+  Workers workers = start_workers(4, test_worker());
   const Batch batch = gpt_batch();
   struct Case {
     std::string schedule;

@@ -13,17 +13,18 @@
 
 #include "comm/frame.h"
 #include "comm/handshake.h"
+#include "distributed_reference.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol/messages.h"
 #include "pipeline/remote/stage_package.h"
 #include "pipeline_models.h"
 #include "pipit.h"
-#include "worker_process.h"
 
 using namespace pipit;
 using asio::ip::tcp;
 using pipit::testing::Batch;
+using pipit::testing::test_worker;
 using pipit::testing::WorkerProcess;
 using namespace std::chrono_literals;
 
@@ -134,7 +135,7 @@ int rounds() {
 }
 
 void fuzz_worker(const std::string& token) {
-  WorkerProcess worker(token, {"--package-timeout-ms=2000"});
+  WorkerProcess worker(test_worker(token, {"--package-timeout-ms=2000"}));
   const std::vector<std::string> seeds = seed_frames();
   std::mt19937_64 rng(token.empty() ? 1 : 2);
   asio::io_context io;

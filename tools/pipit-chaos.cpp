@@ -42,8 +42,8 @@ std::vector<FaultKind> parse_kinds(const std::string& text) {
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "--chaos-role") == 0) return role_main(argc, argv);
-  samples::Flags flags("pipit-chaos",
-                       "Injects seeded faults into distributed training, or soaks it.");
+  pipit::support::Flags flags("pipit-chaos",
+                              "Injects seeded faults into distributed training, or soaks it.");
   flags.add("seed", "1", "picks the faults, their targets and their moments");
   flags.add("faults", "10", "faults to inject");
   std::string names;
@@ -77,8 +77,9 @@ int main(int argc, char** argv) {
   const std::string dir =
       own_dir ? "/tmp/pipit-chaos-" + std::to_string(getpid()) : flags.str("dir");
   ClusterOptions cluster;
-  cluster.programs =
-      flags.str("programs") == "roles" ? Programs::roles(self) : Programs::tools(bin_dir);
+  cluster.programs = flags.choice("programs", {"tools", "roles"}) == "roles"
+                         ? Programs::roles(self)
+                         : Programs::tools(bin_dir);
   cluster.dir = dir;
   cluster.workers = static_cast<int>(flags.integer("workers"));
   cluster.peer_timeout = std::chrono::milliseconds(flags.integer("peer-timeout-ms"));

@@ -4,9 +4,9 @@
 //   pipit-tokenizer decode --tokenizer DIR FILE.tokens OUT.txt  token file -> text
 // A tokenizer directory holds tokenizer.json, or vocab.json + merges.txt (Hugging Face's and
 // GPT-2's files load as they are). Errors name the file at fault and exit with status 1.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 
@@ -24,17 +24,21 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+void add_tokenizer_flag(pipit::support::Flags& flags) {
+  flags.add_required("tokenizer", "directory holding tokenizer.json, or vocab.json + merges.txt");
+}
+
 int train(int argc, char** argv) {
-  samples::Flags flags("pipit-tokenizer train",
-                       "Learns a byte-level BPE from FILE as Hugging Face tokenizers' "
-                       "ByteLevel BPE trainer does; writes DIR/vocab.json and DIR/merges.txt.");
-  flags.add("vocab-size", "", "tokens in the vocabulary: <|endoftext|>, the 256 bytes, merges");
-  flags.add("out", "", "directory to write vocab.json and merges.txt into");
+  pipit::support::Flags flags(
+      "pipit-tokenizer train",
+      "Learns a byte-level BPE from FILE as Hugging Face tokenizers' "
+      "ByteLevel BPE trainer does; writes DIR/vocab.json and DIR/merges.txt.");
+  flags.add_required("vocab-size",
+                     "tokens in the vocabulary: <|endoftext|>, the 256 bytes, merges");
+  flags.add_required("out", "directory to write vocab.json and merges.txt into");
   flags.add("min-frequency", "0", "never merge a pair seen fewer times than this");
   flags.add_positional("FILE", "the training text");
   flags.parse(argc, argv);
-  if (flags.str("vocab-size").empty()) flags.fail("--vocab-size is required");
-  if (flags.str("out").empty()) flags.fail("--out is required");
   const auto start = std::chrono::steady_clock::now();
   BpeTrainer trainer({.vocab_size = static_cast<size_t>(flags.integer("vocab-size", 258)),
                       .min_frequency = static_cast<uint64_t>(flags.integer("min-frequency", 0))});
@@ -47,19 +51,15 @@ int train(int argc, char** argv) {
 }
 
 int encode(int argc, char** argv) {
-  samples::Flags flags("pipit-tokenizer encode",
-                       "Encodes FILE (read whole, any bytes) into the token file OUT.");
-  flags.add("tokenizer", "", "directory holding tokenizer.json, or vocab.json + merges.txt");
+  pipit::support::Flags flags("pipit-tokenizer encode",
+                              "Encodes FILE (read whole, any bytes) into the token file OUT.");
+  add_tokenizer_flag(flags);
   flags.add("dtype", "auto", "id width: uint16, uint32, or auto (uint16 when the vocabulary fits)");
   flags.add_positional("FILE", "the text to encode");
   flags.add_positional("OUT", "the token file to write");
   flags.parse(argc, argv);
-  if (flags.str("tokenizer").empty()) flags.fail("--tokenizer is required");
   const Tokenizer tokenizer = Tokenizer::from_directory(flags.str("tokenizer"));
-  const std::string dtype = flags.str("dtype");
-  if (dtype != "auto" && dtype != "uint16" && dtype != "uint32") {
-    flags.fail("--dtype must be auto, uint16 or uint32, got '" + dtype + "'");
-  }
+  const std::string dtype = flags.choice("dtype", {"auto", "uint16", "uint32"});
   const TokenWidth width = dtype == "uint16"   ? TokenWidth::u16
                            : dtype == "uint32" ? TokenWidth::u32
                                                : token_width_for(tokenizer.vocab_size());
@@ -78,12 +78,11 @@ int encode(int argc, char** argv) {
 }
 
 int decode(int argc, char** argv) {
-  samples::Flags flags("pipit-tokenizer decode", "Decodes the token file FILE into OUT.");
-  flags.add("tokenizer", "", "directory holding tokenizer.json, or vocab.json + merges.txt");
+  pipit::support::Flags flags("pipit-tokenizer decode", "Decodes the token file FILE into OUT.");
+  add_tokenizer_flag(flags);
   flags.add_positional("FILE", "the token file to decode");
   flags.add_positional("OUT", "the text file to write");
   flags.parse(argc, argv);
-  if (flags.str("tokenizer").empty()) flags.fail("--tokenizer is required");
   const Tokenizer tokenizer = Tokenizer::from_directory(flags.str("tokenizer"));
   TokenFileReader reader(flags.positional("FILE"), tokenizer.vocab_size());
   std::ofstream out(flags.positional("OUT"), std::ios::binary | std::ios::trunc);
@@ -103,14 +102,14 @@ int decode(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage =
-      "usage: pipit-tokenizer train|encode|decode [--flag value ...] ARGS "
-      "(pipit-tokenizer COMMAND --help lists each command's flags)\n";
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    std::fputs(usage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string command = argv[1];
+  pipit::support::Flags flags("pipit-tokenizer",
+                              "GPT-2 byte-level BPE: trains one, encodes text into a token file, "
+                              "decodes a token file (pipit-tokenizer COMMAND --help lists each "
+                              "command's flags).");
+  flags.add_positional("COMMAND", "train, encode or decode");
+  // Only the command: its flags follow it, for its own parser.
+  flags.parse(std::min(argc, 2), argv);
+  const std::string command = flags.positional("COMMAND");
   try {
     if (command == "train") return train(argc - 1, argv + 1);
     if (command == "encode") return encode(argc - 1, argv + 1);
@@ -119,6 +118,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pipit-tokenizer %s: %s\n", command.c_str(), e.what());
     return 1;
   }
-  std::fprintf(stderr, "pipit-tokenizer: unknown command '%s'\n%s", command.c_str(), usage);
-  return 2;
+  flags.fail("unknown command '" + command + "'");
 }

@@ -5,5 +5,5 @@
 #include "support/worker_main.h"
 
 int main(int argc, char** argv) {
-  return samples::worker_main(argc, argv);
+  return pipit::support::worker_main(argc, argv);
 }

@@ -3,16 +3,18 @@
 // directory other than the checkpoint itself (the temporary a checkpoint is written to before
 // its rename), from the inotify thread, so that SIGKILL or SIGSTOP lands while the write is
 // under way. Whether it really did shows afterwards: the temporary is still there.
+#include <chrono>
 #include <csignal>
 #include <mutex>
 #include <optional>
 #include <string>
 
-#include "support/child_process.h"
 #include "tools/chaos/checkpoint_dir.h"
 #include "tools/chaos/dir_watch.h"
 
 namespace pipit::chaos {
+
+using Clock = std::chrono::steady_clock;
 
 class CheckpointTrap {
  public:

@@ -53,7 +53,7 @@ class ChaosChecks {
   // Waits for the trainer to fail; judges its error against the fault and `budget_ms`.
   void observe_trainer(FaultOutcome& out, Clock::time_point t0, double budget_ms) {
     out.budget_ms = budget_ms;
-    Child& trainer = *cluster_->trainer();
+    ChildProcess& trainer = *cluster_->trainer();
     const auto hang =
         t0 + to_ms(budget_ms + std::max(10000.0, 2 * ms(options_.cluster.step_timeout)));
     // A fault that may be absorbed is, once the trainer has trained 3 more steps.
@@ -149,7 +149,7 @@ class ChaosChecks {
                              trainer_err);
     }
     for (int i = 0; i < cluster_->size(); ++i) {
-      Child& worker = cluster_->worker(i);
+      ChildProcess& worker = cluster_->worker(i);
       const std::string log = read_tail(cluster_->worker_log(i), 1 << 20);
       if (log.find("Sanitizer") != std::string::npos ||
           log.find("runtime error:") != std::string::npos) {

@@ -1,7 +1,7 @@
 #pragma once
 // Cluster: the processes of one distributed training session on 127.0.0.1: N workers, each
 // behind a FaultProxy whose address is the one the coordinator (the "trainer") is told, and at
-// most one trainer at a time. Everything it starts is a Child, killed when the Cluster goes.
+// most one trainer at a time. Everything it starts is a ChildProcess, killed when the Cluster goes.
 // Logs: DIR/worker<i>.<n>.log (the n-th start of worker i), DIR/<tag>.out and .err.
 #include <filesystem>
 #include <memory>
@@ -16,6 +16,8 @@
 #include "tools/chaos/proxy.h"
 
 namespace pipit::chaos {
+
+using support::ChildProcess;
 
 // How to start a worker and a trainer: an argv prefix, to which the flags are appended.
 struct Programs {
@@ -68,7 +70,7 @@ class Cluster {
 
   int size() const { return options_.workers; }
   const ClusterOptions& options() const { return options_; }
-  Child& worker(int i) { return *workers_.at(static_cast<size_t>(i)); }
+  ChildProcess& worker(int i) { return *workers_.at(static_cast<size_t>(i)); }
   FaultProxy* proxy(int i) {
     return proxies_.empty() ? nullptr : proxies_.at(static_cast<size_t>(i)).get();
   }
@@ -98,7 +100,7 @@ class Cluster {
           std::string("--connect-timeout-ms"), ms(options_.connect_timeout)}) {
       argv.push_back(arg);
     }
-    workers_[index] = std::make_unique<Child>(argv, logs_[index], logs_[index]);
+    workers_[index] = std::make_unique<ChildProcess>(argv, logs_[index], logs_[index]);
     const auto deadline = Clock::now() + std::chrono::seconds(30);
     while (!std::filesystem::exists(port_file)) {
       PIPIT_CHECK(workers_[index]->running() && Clock::now() < deadline, "chaos: worker ", i,
@@ -147,12 +149,12 @@ class Cluster {
     if (resume) argv.push_back("--resume");
     trainer_out_ = options_.dir + "/" + tag + ".out";
     trainer_err_ = options_.dir + "/" + tag + ".err";
-    trainer_ = std::make_unique<Child>(argv, trainer_out_, trainer_err_);
+    trainer_ = std::make_unique<ChildProcess>(argv, trainer_out_, trainer_err_);
     trainer_started_ = Clock::now();
     progress_.emplace(trainer_out_);
     step_ = -1;
   }
-  Child* trainer() { return trainer_.get(); }
+  ChildProcess* trainer() { return trainer_.get(); }
   Clock::time_point trainer_started() const { return trainer_started_; }
   // The last "step N" the trainer printed (-1: none yet); reads what it wrote since.
   int64_t step() {
@@ -177,11 +179,11 @@ class Cluster {
   ClusterOptions options_;
   std::string token_file_;
   std::vector<std::unique_ptr<FaultProxy>> proxies_;
-  std::vector<std::unique_ptr<Child>> workers_;
+  std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::vector<int> starts_;
   std::vector<std::string> logs_;
   std::vector<uint16_t> ports_;
-  std::unique_ptr<Child> trainer_;
+  std::unique_ptr<ChildProcess> trainer_;
   Clock::time_point trainer_started_{};
   std::string trainer_out_, trainer_err_;
   std::optional<LogTail> progress_;

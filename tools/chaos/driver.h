@@ -80,7 +80,7 @@ class ChaosSession : private ChaosChecks {
   // The trainer is running, restarted if it stopped with an error; false once it has
   // finished the run.
   bool ensure_trainer() {
-    Child* trainer = cluster_->trainer();
+    ChildProcess* trainer = cluster_->trainer();
     if (trainer->running()) return true;
     if (trainer->exit_status() == 0) return false;
     report_.failures.push_back("the trainer failed with no fault injected: " +
@@ -103,7 +103,7 @@ class ChaosSession : private ChaosChecks {
 
   bool wait_trigger(FaultOutcome& out) {
     const Fault& f = out.fault;
-    Child& trainer = *cluster_->trainer();
+    ChildProcess& trainer = *cluster_->trainer();
     const auto give_up = Clock::now() +
                          to_ms(ms(options_.cluster.step_timeout) * 2 +
                                reference_.step_ms * 4 * options_.checkpoint_every) +
@@ -139,8 +139,8 @@ class ChaosSession : private ChaosChecks {
     out.injected = true;
     const double peer = ms(options_.cluster.peer_timeout), beat = ms(options_.cluster.heartbeat);
     const double slack = ms(options_.slack), step_timeout = ms(options_.cluster.step_timeout);
-    Child& worker = cluster_->worker(f.worker);
-    Child& trainer = *cluster_->trainer();
+    ChildProcess& worker = cluster_->worker(f.worker);
+    ChildProcess& trainer = *cluster_->trainer();
     at_fault_ = cluster_->step();
     const std::string at_step = " at step " + std::to_string(at_fault_);
     const double startup_extra =
@@ -250,7 +250,7 @@ class ChaosSession : private ChaosChecks {
   // Restarts what the fault left dead and checks the checkpoint directory.
   void recover(FaultOutcome& out) {
     watch_.reset();
-    Child& trainer = *cluster_->trainer();
+    ChildProcess& trainer = *cluster_->trainer();
     for (int i = 0; i < cluster_->size(); ++i) cluster_->worker(i).signal(SIGCONT);
     if (trainer.running() && out.errored) trainer.kill();
     if (!trainer.running()) {

@@ -27,11 +27,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "support/child_process.h"
 #include "tensor/error.h"
 #include "tools/chaos/frame_tracker.h"
 
 namespace pipit::chaos {
+
+using Clock = std::chrono::steady_clock;
 
 struct ProxyFault {
   enum class Kind { Cut, Flip, Stall };

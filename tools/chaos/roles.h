@@ -7,8 +7,8 @@
 //                             made-up tokens over --workers, with checkpoints and --resume,
 //                             printing "step N loss L" lines and "chaos-trainer: ERROR" on
 //                             failure (exit status 1), as train_gpt does.
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -19,7 +19,9 @@
 #include "pipeline/remote/worker.h"
 #include "pipit.h"
 #include "serialize/checkpoint.h"
+#include "support/checkpoint_flags.h"
 #include "support/flags.h"
+#include "support/gpt_flags.h"
 #include "support/tcp_flags.h"
 #include "support/worker_main.h"
 #include "tensor/parallel.h"
@@ -27,54 +29,46 @@
 namespace pipit::chaos {
 
 inline int worker_role(int argc, char** argv) {
-  return samples::worker_main(argc, argv, "chaos-worker");
+  return support::worker_main(argc, argv, "chaos-worker");
 }
 
 inline int trainer_role(int argc, char** argv) {
-  samples::Flags flags("chaos-trainer", "train_gpt's distributed flags, in the chaos roles.");
-  for (const char* name : {"workers", "token-file", "checkpoint-dir"}) flags.add(name, "", "");
-  flags.add("checkpoint-every", "0", "steps between checkpoints (0: only at the end)");
-  flags.add_switch("resume", "continue from the checkpoint in --checkpoint-dir");
+  support::Flags flags("chaos-trainer", "train_gpt's distributed flags, in the chaos roles.");
+  flags.add("workers", "", "host:port,... of the workers, one per stage");
+  support::add_checkpoint_flags(flags);
   flags.add("steps", "20", "optimizer steps");
   flags.add("seed", "1", "random seed (weights, batches)");
-  flags.add("layers", "1", "transformer blocks");
-  flags.add("heads", "2", "attention heads");
-  flags.add("width", "16", "embedding width");
-  flags.add("context", "8", "tokens per sequence");
+  support::add_gpt_flags(flags,
+                         {.vocab_size = 13, .context = 8, .layers = 1, .heads = 2, .width = 16},
+                         support::GptVocabulary::from_data);
   flags.add("batch", "4", "sequences per step");
   flags.add("microbatches", "2", "microbatches per batch");
   flags.add("lr", "0.003", "AdamW learning rate");
   flags.add("threads", "1", "CPU threads per kernel");
   flags.add("print-every", "1", "steps between progress lines");
   flags.add("sample", "0", "ignored (train_gpt's)");
-  samples::add_tcp_flags(flags, samples::TcpSide::coordinator);
+  support::add_tcp_flags(flags, support::TcpSide::coordinator);
   flags.add("step-timeout-ms", "30000", "a step fails when no stage has answered for this long");
   flags.parse(argc, argv);
   try {
     set_num_threads(static_cast<int>(flags.integer("threads")));
-    std::vector<std::string> workers;
-    for (size_t begin = 0; begin < flags.str("workers").size();) {
-      const size_t comma =
-          std::min(flags.str("workers").find(',', begin), flags.str("workers").size());
-      workers.push_back(flags.str("workers").substr(begin, comma - begin));
-      begin = comma + 1;
-    }
-    PIPIT_CHECK(!workers.empty() && !flags.str("checkpoint-dir").empty(),
+    const std::vector<std::string> workers = flags.items("workers");
+    const support::CheckpointFlags checkpoints = support::checkpoint_flags(flags);
+    PIPIT_CHECK(!workers.empty() && !checkpoints.dir.empty(),
                 "chaos-trainer needs --workers and --checkpoint-dir");
-    const int64_t steps = flags.integer("steps"), every = flags.integer("checkpoint-every", 0);
-    const int64_t batch = flags.integer("batch"), context = flags.integer("context");
+    const int64_t steps = flags.integer("steps"), every = checkpoints.every;
+    const int64_t batch = flags.integer("batch");
     const int64_t print_every = flags.integer("print-every");
-    const int64_t vocab = 13;
-    const std::string path = flags.str("checkpoint-dir") + "/checkpoint.safetensors";
-    std::filesystem::create_directories(flags.str("checkpoint-dir"));
+    GptConfig shape = support::gpt_config(flags);
+    shape.vocab_size = 13;
+    const int64_t vocab = shape.vocab_size, context = shape.context;
+    const std::string& path = checkpoints.path;
 
     Generator generator(static_cast<uint64_t>(flags.integer("seed", 0)));
-    auto model = gpt({vocab, context, flags.integer("layers"), flags.integer("heads"),
-                      flags.integer("width"), 0.0},
-                     &generator);
+    auto model = gpt(shape, &generator);
     StateDict optimizer_state;
     int64_t first_step = 0;
-    if (flags.on("resume")) {
+    if (checkpoints.resume) {
       Checkpoint checkpoint = load_checkpoint(path);
       model = std::dynamic_pointer_cast<Sequential>(build_module(checkpoint.model_config));
       PIPIT_CHECK(model != nullptr, "checkpoint '", path, "' holds no Sequential");
@@ -91,7 +85,7 @@ inline int trainer_role(int argc, char** argv) {
     config.optimizer = {{"type", "AdamW"}, {"lr", flags.number("lr")}};
     config.max_grad_norm = 1.0;
     config.timeout = std::chrono::milliseconds(flags.integer("step-timeout-ms"));
-    const TcpOptions tcp = samples::tcp_options(flags, samples::TcpSide::coordinator);
+    const TcpOptions tcp = support::tcp_options(flags, support::TcpSide::coordinator);
     Pipeline pipeline(model, config, Launch::workers(workers, tcp), optimizer_state);
     std::printf("chaos-trainer: %lld parameters, %zu stages\n",
                 static_cast<long long>(model->parameter_count()), workers.size());
@@ -128,15 +122,18 @@ inline int trainer_role(int argc, char** argv) {
   return 0;
 }
 
-// Runs the role named after --chaos-role (argv[1] == "--chaos-role", argv[2] the role).
+// Runs the role named after --chaos-role (argv[1] == "--chaos-role", argv[2] the role); the
+// role's flags follow, for its own parser.
 inline int role_main(int argc, char** argv) {
-  PIPIT_CHECK(argc >= 3, "--chaos-role needs worker or trainer");
-  const std::string role = argv[2];
+  support::Flags flags(std::filesystem::path(argv[0]).filename().string() + " --chaos-role",
+                       "The chaos driver's processes of a distributed run.");
+  flags.add_positional("ROLE", "worker or trainer");
+  flags.parse(std::min(argc - 1, 2), argv + 1);
+  const std::string role = flags.positional("ROLE");
   argv[2] = argv[0];
   if (role == "worker") return worker_role(argc - 2, argv + 2);
   if (role == "trainer") return trainer_role(argc - 2, argv + 2);
-  std::fprintf(stderr, "--chaos-role: unknown role '%s'\n", role.c_str());
-  return 2;
+  flags.fail("unknown role '" + role + "'");
 }
 
 }  // namespace pipit::chaos

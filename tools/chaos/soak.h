@@ -70,7 +70,7 @@ inline SoakReport run_soak(SoakOptions options) {
   }
   Cluster cluster(options.cluster);
   cluster.start_trainer(options.cluster.dir + "/soak-checkpoints", false, "soak");
-  Child& trainer = *cluster.trainer();
+  ChildProcess& trainer = *cluster.trainer();
   SoakReport report;
   // Samples fall half-way between checkpoints (a checkpoint write holds a descriptor or two):
   // after "step s" with s = every/2 mod every.
