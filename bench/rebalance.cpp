@@ -28,7 +28,7 @@
 #include "codec/atomic_file.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/remote/worker.h"
+#include "pipeline/remote/host.h"
 #include "pipit.h"
 #include "support/flags.h"
 #include "support/sleep_layer.h"

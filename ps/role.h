@@ -1,7 +1,7 @@
 #pragma once
 // Serves the parameter-server role in a PsPackage (ps/package.h) on a worker process's
 // communicator: the one a launcher claimed, listening on the worker's address. pipit-worker
-// installs it as WorkerOptions::other_packages[PsKind::Package]. Tells the launcher (kCoordinator)
+// installs it as HostOptions::other_packages[PsKind::Package]. Tells the launcher (kCoordinator)
 // Ready once the role is in place, and at the end: a shard, its final weights and optimizer state
 // (a State message whose step is the shard's version); a worker, PsLeave. Errors propagate.
 #include <functional>

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "pipeline/remote/worker.h"
+#include "pipeline/remote/host.h"
 #include "ps/messages.h"
 #include "ps/role.h"
 #include "support/flags.h"
@@ -35,7 +35,7 @@ inline int worker_main(int argc, char** argv, const std::string& program = "pipi
             "trying load rebalancing on one computer)");
   flags.parse(argc, argv);
   try {
-    pipit::WorkerOptions options;
+    pipit::HostOptions options;
     options.listen = flags.str("listen");
     options.port_file = flags.str("port-file");
     options.runs = static_cast<int>(flags.integer("runs", -1));
@@ -57,7 +57,7 @@ inline int worker_main(int argc, char** argv, const std::string& program = "pipi
                   : [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); },
               threads);
         };
-    pipit::run_worker(options);
+    pipit::run_host(options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", program.c_str(), e.what());
     return 1;

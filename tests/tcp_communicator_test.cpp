@@ -19,7 +19,7 @@
 #include "comm/handshake.h"
 #include "comm/tcp_communicator.h"
 #include "pipeline/protocol/messages.h"
-#include "pipeline/remote/worker.h"
+#include "pipeline/remote/host.h"
 #include "pipit.h"
 
 using namespace pipit;
@@ -312,18 +312,18 @@ TEST_CASE("a token others can read and a worker open beyond loopback without one
   std::filesystem::remove(path);
 
   Log log;
-  WorkerOptions options;
+  HostOptions options;
   options.runs = 0;  // warn, then serve no run
   options.tcp.log = log.sink();
   options.listen = "0.0.0.0:0";
-  run_worker(options);
+  run_host(options);
   CHECK(log.contains("WITHOUT a token"));
   Log quiet;
   options.tcp.log = quiet.sink();
   options.listen = "127.0.0.1:0";
-  run_worker(options);
+  run_host(options);
   options.listen = "0.0.0.0:0";
   options.tcp.token = "sesame";
-  run_worker(options);
+  run_host(options);
   CHECK_FALSE(quiet.contains("WITHOUT a token"));
 }

@@ -16,7 +16,7 @@
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipeline/pipeline.h"
-#include "pipeline/remote/worker.h"
+#include "pipeline/remote/host.h"
 #include "pipit.h"
 #include "serialize/checkpoint.h"
 #include "support/checkpoint_flags.h"

@@ -1,10 +1,12 @@
 #pragma once
-// The worker runtime behind tools/pipit-worker: it listens, waits for a coordinator, builds
-// its Stage from the stage package the coordinator sends, connects to its neighbouring stages,
-// replies READY and serves steps until SHUTDOWN or until the coordinator goes away; then it
-// waits for the next coordinator. A bad package is answered with a RoleError, not a crash;
-// a coordinator that vanishes, shuts the run down or sends no package in time releases the
-// worker. Listening beyond loopback without a token is logged as a warning.
+// The host: the runtime behind tools/pipit-worker, a bare process that takes whatever role a
+// coordinator ships it. It listens, waits for a coordinator, builds its Stage from the stage
+// package the coordinator sends (or runs another kind of package, a parameter-server role),
+// connects to its neighbouring stages, replies READY and serves steps until SHUTDOWN or until
+// the coordinator goes away; then it waits for the next coordinator. A bad package is answered
+// with a RoleError, not a crash; a coordinator that vanishes, shuts the run down or sends no
+// package in time releases the host. Listening beyond loopback without a token is logged as a
+// warning. ("Worker" in pipit's code is a parameter server's data-parallel worker, ps/worker.h.)
 #include <functional>
 #include <map>
 #include <memory>
@@ -14,7 +16,7 @@
 
 namespace pipit {
 
-struct WorkerOptions {
+struct HostOptions {
   std::string listen = "127.0.0.1:7001";
   TcpOptions tcp;
   int runs = -1;          // serve this many coordinator runs, then return (-1: forever)
@@ -37,6 +39,6 @@ struct WorkerOptions {
   std::map<MessageKind, PackageServer> other_packages;
 };
 
-void run_worker(const WorkerOptions& options);
+void run_host(const HostOptions& options);
 
 }  // namespace pipit

@@ -1,4 +1,4 @@
-#include "pipeline/remote/worker.h"
+#include "pipeline/remote/host.h"
 
 #include <algorithm>
 #include <memory>
@@ -134,7 +134,7 @@ std::unique_ptr<Stage> build_stage(const std::shared_ptr<TcpCommunicator>& comm,
 // (the coordinator went away, told the worker to shut down, or sent no package in time), or
 // when the package was another kind, which other_packages has served by then.
 std::unique_ptr<Stage> await_stage(const std::shared_ptr<TcpCommunicator>& comm, Claim& claim,
-                                   const WorkerOptions& options, const TcpOptions& tcp) {
+                                   const HostOptions& options, const TcpOptions& tcp) {
   while (true) {
     std::optional<Message> message = comm->try_receive(std::chrono::milliseconds(100));
     if (!message) {
@@ -190,7 +190,7 @@ std::unique_ptr<Stage> await_stage(const std::shared_ptr<TcpCommunicator>& comm,
 
 }  // namespace
 
-void run_worker(const WorkerOptions& options) {
+void run_host(const HostOptions& options) {
   TcpOptions tcp = options.tcp;
   if (!tcp.log) {
     tcp.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
