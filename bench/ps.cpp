@@ -30,7 +30,7 @@
 #include "codec/atomic_file.h"
 #include "nn/builders.h"
 #include "pipit.h"
-#include "ps/local_run.h"
+#include "ps/launch.h"
 #include "ps/shard_plan.h"
 #include "ps/tcp.h"
 #include "support/child_process.h"
@@ -161,7 +161,7 @@ Throughput measure_processes(const std::string& mode, int workers, int64_t steps
   return t;
 }
 
-// The same run in threads of this process (train_ps_locally): no bytes are copied between
+// The same run in threads of this process (train_ps): no bytes are copied between
 // workers and server but the parameter snapshot. Timed from the moment every worker is past
 // its warm-up steps.
 double measure_threads(const std::string& mode, int workers, int64_t steps) {
@@ -186,7 +186,7 @@ double measure_threads(const std::string& mode, int workers, int64_t steps) {
     if (step == kWarmup - 1 && ++warmed_up == workers) start = Clock::now();
     end = Clock::now();
   };
-  train_ps_locally(*throughput_model(), config, options);
+  train_ps(*throughput_model(), config, options);
   return static_cast<double>(workers * steps * kBatch) /
          std::chrono::duration<double>(end - start).count();
 }
@@ -259,7 +259,7 @@ TimeToLoss time_to_loss(const std::string& mode) {
       }
     }
   };
-  const PsRunReport report = train_ps_locally(*model, config, options);
+  const PsRunReport report = train_ps(*model, config, options);
   result.total_seconds = report.seconds;
   result.updates = report.servers[0].version;
   result.max_staleness = report.servers[0].staleness.rbegin()->first;

@@ -1,7 +1,7 @@
 #include "ps/gradient_compression.h"
 
-#include "autograd/ops.h"
 #include "autograd/grad_mode.h"
+#include "autograd/ops.h"
 
 namespace pipit {
 

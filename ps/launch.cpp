@@ -1,12 +1,18 @@
 #include "ps/launch.h"
 
+#include <chrono>
 #include <map>
 #include <random>
 
+#include "autograd/ops.h"
 #include "comm/control.h"
+#include "ps/local_run.h"
 #include "ps/messages.h"
 #include "ps/package.h"
 #include "ps/shard_plan.h"
+#ifdef PIPIT_WITH_MPI
+#include "ps/mpi/mpi_ps.h"
+#endif
 
 namespace pipit {
 namespace {
@@ -55,18 +61,17 @@ int roles_on_host(const std::vector<std::string>& addresses, int id) {
   return count;
 }
 
-// Each shard its parameters; returns what each will answer when Ready and when done.
+// Each shard its parameters; what each will answer when Ready and when done.
 void send_shards(TcpCommunicator& comm, const Module& model, const PsConfig& config,
-                 const std::vector<std::string>& addresses, std::map<int, MessageKind>& ready,
-                 std::map<int, MessageKind>& done) {
+                 const PsPackage& common, const std::vector<std::string>& addresses,
+                 std::map<int, MessageKind>& ready, std::map<int, MessageKind>& done) {
   const NamedParameters all = model.named_parameters();
   const std::vector<int> shard_of = plan_shards(all, config.servers);
   for (int s = 0; s < config.servers; ++s) {
-    PsPackage package;
+    PsPackage package = common;
     package.role = "shard";
     package.index = s;
     package.sharing = roles_on_host(addresses, config.server_id(s));
-    package.config = config;
     for (const auto& [name, p] : shard_parameters(all, shard_of, s)) {
       package.weights.emplace(name, p.detach());
     }
@@ -76,69 +81,86 @@ void send_shards(TcpCommunicator& comm, const Module& model, const PsConfig& con
   }
 }
 
-// Each worker the model's config, the shards' addresses and its data.
-void send_workers(TcpCommunicator& comm, const Module& model, const PsConfig& config,
-                  const std::vector<PsWorkerData>& data, int64_t batch, int64_t steps,
-                  const std::vector<std::string>& addresses, std::map<int, MessageKind>& done) {
+// Each worker the shards' addresses and its batches of every step, in step order.
+void send_workers(TcpCommunicator& comm, const PsConfig& config, const PsRunOptions& options,
+                  const PsPackage& common, const std::vector<std::string>& addresses,
+                  std::map<int, MessageKind>& done) {
   const std::vector<std::string> shard_addresses(addresses.begin(),
                                                  addresses.begin() + config.servers);
   for (int w = 0; w < config.workers; ++w) {
-    PsPackage package;
+    PsPackage package = common;
     package.role = "worker";
     package.index = w;
     package.sharing = roles_on_host(addresses, config.worker_id(w));
-    package.config = config;
-    package.model = model.config();
     package.shards = shard_addresses;
-    package.inputs = data[static_cast<size_t>(w)].inputs;
-    package.targets = data[static_cast<size_t>(w)].targets;
-    package.batch = batch;
-    package.steps = steps;
+    std::vector<Tensor> xs, ys;
+    for (int64_t step = 0; step < options.steps; ++step) {
+      const auto [x, y] = options.batch(w, step);
+      xs.push_back(x);
+      ys.push_back(y);
+    }
+    package.batch = xs.empty() ? 1 : xs.front().size(0);
+    if (!xs.empty()) {
+      package.inputs = cat(xs, 0);
+      package.targets = cat(ys, 0);
+    }
+    package.steps = options.steps;
+    package.slowdown = options.slowdown.empty() ? 1.0 : options.slowdown[w];
     comm.send(config.worker_id(w), to_message(package));
     done[config.worker_id(w)] = PsKind::Leave;
   }
 }
 
-}  // namespace
+// A shard's final State: its weights and optimizer entries into the report, its version.
+void take_final_state(const Message& m, const PsConfig& config, PsRunReport& report) {
+  const StateReply reply = read_state_reply(m);
+  size_t next = 0;
+  for (const std::string& name : reply.weights) report.weights[name] = m.tensors[next++];
+  for (const std::string& name : reply.optimizer) {
+    // "step" is every shard's; shard 0's is the one reported.
+    if (name != "step" || m.from == config.server_id(0)) {
+      report.optimizer_state[name] = m.tensors[next];
+    }
+    ++next;
+  }
+  report.servers.at(static_cast<size_t>(m.from)).version = m.step;
+}
 
-PsLaunchResult train_ps_on_workers(const Module& model, const PsConfig& config,
-                                   const std::vector<PsWorkerData>& data, int64_t batch,
-                                   int64_t steps, const std::vector<std::string>& addresses,
-                                   TcpOptions tcp) {
-  validate(config);
+PsRunReport train_ps_on_hosts(const Module& model, const PsConfig& config,
+                              const PsRunOptions& options,
+                              const std::vector<std::string>& addresses, TcpOptions tcp) {
   const int roles = config.servers + config.workers;
-  PIPIT_CHECK(static_cast<int>(addresses.size()) == roles, "train_ps_on_workers: ", config.servers,
+  PIPIT_CHECK(static_cast<int>(addresses.size()) == roles, "train_ps: ", config.servers,
               " shards and ", config.workers, " workers need ", roles,
               " pipit-worker addresses, got ", addresses.size());
-  PIPIT_CHECK(static_cast<int>(data.size()) == config.workers, "train_ps_on_workers: ", data.size(),
-              " data shards for ", config.workers, " workers");
   if (tcp.session.empty()) {
     std::random_device device;
     tcp.session = "ps-" + std::to_string(device()) + "-" + std::to_string(device());
   }
+  PsPackage common;
+  common.config = config;
+  common.model = model.config();
+  common.checkpoint_dir = options.checkpoint_dir;
+  common.checkpoint_every = options.checkpoint_every;
+  common.resume = options.resume;
   auto comm = std::make_shared<TcpCommunicator>(kCoordinator, tcp);
-  PsLaunchResult result;
+  PsRunReport report;
+  report.servers.resize(config.servers);
+  const auto start = std::chrono::steady_clock::now();
   try {
     for (int id = 0; id < roles; ++id) {
       const auto [host, port] = parse_endpoint(addresses[static_cast<size_t>(id)]);
       comm->connect(id, host, port);
     }
     std::map<int, MessageKind> shards_ready, done;
-    send_shards(*comm, model, config, addresses, shards_ready, done);
+    send_shards(*comm, model, config, common, addresses, shards_ready, done);
     await_all(*comm, config, shards_ready, addresses);
-    send_workers(*comm, model, config, data, batch, steps, addresses, done);
+    send_workers(*comm, config, options, common, addresses, done);
     // A worker says Ready, trains, and says PsLeave; a fast one may be done before a slow one
     // is Ready, so the launcher waits only for the ends: every worker's PsLeave, every
     // shard's State.
     await_all(*comm, config, done, addresses, [&](const Message& m) {
-      if (m.kind != MessageKind::State) return;
-      const StateReply reply = read_state_reply(m);
-      size_t next = 0;
-      for (const std::string& name : reply.weights) result.weights[name] = m.tensors[next++];
-      for (const std::string& name : reply.optimizer) {
-        result.optimizer_state[name] = m.tensors[next++];
-      }
-      if (m.from == config.server_id(0)) result.version = m.step;
+      if (m.kind == MessageKind::State) take_final_state(m, config, report);
     });
   } catch (...) {
     for (int id = 0; id < roles; ++id) comm->send(id, Message(MessageKind::Shutdown, 0));
@@ -146,7 +168,33 @@ PsLaunchResult train_ps_on_workers(const Module& model, const PsConfig& config,
     throw;
   }
   comm->close();
-  return result;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+}  // namespace
+
+PsRunReport train_ps(const Module& model, const PsConfig& config, const PsRunOptions& options,
+                     PsLaunch launch) {
+  validate(config);
+  PIPIT_CHECK(options.batch, "train_ps: options.batch is not set");
+  PIPIT_CHECK(
+      options.slowdown.empty() || static_cast<int>(options.slowdown.size()) == config.workers,
+      "train_ps: slowdown has ", options.slowdown.size(), " entries for ", config.workers,
+      " workers");
+  switch (launch.kind) {
+    case PsLaunch::Kind::threads:
+      return train_ps_locally(model, config, options);
+    case PsLaunch::Kind::hosts:
+      return train_ps_on_hosts(model, config, options, launch.addresses, launch.tcp_options);
+    case PsLaunch::Kind::mpi:
+#ifdef PIPIT_WITH_MPI
+      return train_ps_over_mpi(model, config, options, launch.mpi_options);
+#else
+      throw Error("train_ps: PsLaunch::mpi needs pipit built with MPI (Open MPI was not found)");
+#endif
+  }
+  throw Error("train_ps: unknown launch kind");
 }
 
 }  // namespace pipit

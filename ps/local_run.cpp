@@ -40,20 +40,6 @@ std::vector<std::unique_ptr<PsWorker>> make_workers(const Module& model, const P
   return workers;
 }
 
-// Worker w's run: join, options.steps steps (each loss kept under `mutex`), leave.
-void train_worker(PsWorker& worker, int w, const PsRunOptions& options, std::vector<double>& losses,
-                  std::mutex& mutex) {
-  worker.join();
-  for (int64_t step = 0; step < options.steps; ++step) {
-    const auto [input, target] = options.batch(w, step);
-    const double loss = worker.step(input, target);
-    std::lock_guard<std::mutex> lock(mutex);
-    losses.push_back(loss);
-    if (options.on_step) options.on_step(w, step, loss);
-  }
-  worker.leave();
-}
-
 }  // namespace
 
 PsRunReport train_ps_locally(const Module& model, const PsConfig& config,
@@ -83,9 +69,9 @@ PsRunReport train_ps_locally(const Module& model, const PsConfig& config,
   for (int s = 0; s < config.servers; ++s) {
     threads.emplace_back([&, s] {
       try {
-        if (options.on_server_start) options.on_server_start(*servers[s]);
+        start_shard(*servers[s], options, model.config());
         servers[s]->serve();
-        if (options.on_server_end) options.on_server_end(*servers[s]);
+        end_shard(*servers[s], options, model.config());
       } catch (...) {
         fail(std::current_exception());
       }
@@ -94,7 +80,13 @@ PsRunReport train_ps_locally(const Module& model, const PsConfig& config,
   for (int w = 0; w < config.workers; ++w) {
     threads.emplace_back([&, w] {
       try {
-        train_worker(*workers[w], w, options, report.losses[w], mutex);
+        report.losses[w] = run_ps_worker(
+            *workers[w], config, options.steps, options.resume,
+            [&](int64_t step) { return options.batch(w, step); },
+            [&](int64_t step, double loss) {
+              std::lock_guard<std::mutex> lock(mutex);
+              if (options.on_step) options.on_step(w, step, loss);
+            });
       } catch (...) {
         fail(std::current_exception());
       }
@@ -105,6 +97,10 @@ PsRunReport train_ps_locally(const Module& model, const PsConfig& config,
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (const auto& server : servers) {
     for (auto& [name, value] : server->weights()) report.weights.emplace(name, value);
+    for (auto& [name, value] : server->optimizer_state()) {
+      // "step" is every shard's; shard 0's is the one reported.
+      report.optimizer_state.emplace(name, value);
+    }
     report.servers.push_back(server->stats());
   }
   for (const auto& worker : workers) report.workers.push_back(worker->stats());

@@ -14,13 +14,9 @@ constexpr int64_t kMaxCount = int64_t{1} << 40;
 
 Message to_message(const PsPackage& p) {
   Message message(PsKind::Package, 0);
-  std::vector<std::string> weights, optimizer;
+  std::vector<std::string> weights;
   for (const auto& [name, t] : p.weights) {
     weights.push_back(name);
-    message.tensors.push_back(t);
-  }
-  for (const auto& [name, t] : p.optimizer_state) {
-    optimizer.push_back(name);
     message.tensors.push_back(t);
   }
   const bool data = p.inputs.defined();
@@ -32,15 +28,15 @@ Message to_message(const PsPackage& p) {
                   {"index", p.index},
                   {"sharing", p.sharing},
                   {"config", to_json(p.config)},
-                  {"weights", weights},
-                  {"optimizer", optimizer},
-                  {"version", p.version},
                   {"model", p.model},
+                  {"checkpoint_dir", p.checkpoint_dir},
+                  {"checkpoint_every", p.checkpoint_every},
+                  {"resume", p.resume},
+                  {"weights", weights},
                   {"shards", p.shards},
                   {"data", data},
                   {"batch", p.batch},
                   {"steps", p.steps},
-                  {"first_step", p.first_step},
                   {"slowdown", p.slowdown}};
   return message;
 }
@@ -80,20 +76,19 @@ PsPackage read_ps_package(const Message& message) {
   const int roles = p.role == "shard" ? p.config.servers : p.config.workers;
   if (p.index >= roles)
     f.fail("field \"index\" is ", p.index, ", but the run has ", roles, " ", p.role, "s");
-  const std::vector<std::string> weights = f.strings("weights", kMaxControlList, kMaxControlString);
-  const std::vector<std::string> optimizer =
-      f.strings("optimizer", kMaxControlList, kMaxControlString);
-  p.version = f.integer("version", 0, kMaxCount);
   p.model = f.object("model");
+  p.checkpoint_dir = f.string("checkpoint_dir", kMaxControlString);
+  p.checkpoint_every = f.integer("checkpoint_every", 0, kMaxCount);
+  p.resume = f.boolean("resume");
+  const std::vector<std::string> weights = f.strings("weights", kMaxControlList, kMaxControlString);
   p.shards = f.strings("shards", 1024, kMaxControlString);
   const bool data = f.boolean("data");
   p.batch = f.integer("batch", 1, kMaxCount);
   p.steps = f.integer("steps", 0, kMaxCount);
-  p.first_step = f.integer("first_step", 0, kMaxCount);
   p.slowdown = f.number("slowdown");
   f.done();
   if (!(p.slowdown >= 1 && p.slowdown <= 1000)) f.fail("field \"slowdown\" is not in [1, 1000]");
-  const size_t tensors = weights.size() + optimizer.size() + (data ? 2 : 0);
+  const size_t tensors = weights.size() + (data ? 2 : 0);
   if (tensors != message.tensors.size()) {
     f.fail("names ", tensors, " tensors but carries ", message.tensors.size());
   }
@@ -101,11 +96,6 @@ PsPackage read_ps_package(const Message& message) {
   for (const std::string& name : weights) {
     if (!p.weights.emplace(name, message.tensors[next++]).second) {
       f.fail("names the weight \"", name, "\" twice");
-    }
-  }
-  for (const std::string& name : optimizer) {
-    if (!p.optimizer_state.emplace(name, message.tensors[next++]).second) {
-      f.fail("names the optimizer entry \"", name, "\" twice");
     }
   }
   if (p.role == "shard" && p.weights.empty()) f.fail("gives shard ", p.index, " no parameters");

@@ -1,9 +1,9 @@
 #pragma once
 // A parameter-server role for a bare pipit-worker: what a launcher (ps/launch.h) sends so the
-// worker can serve one shard or be one data-parallel worker. A shard gets its parameters
-// (and, when resuming, its optimizer state and version); a worker gets the model's config,
-// the shards' addresses and its own data shard, from which step i takes rows
-// [i * batch, (i + 1) * batch) modulo its rows.
+// worker can serve one shard or be one data-parallel worker. A shard gets its parameters; a
+// worker gets the shards' addresses and its own data shard, from which step i takes rows
+// [i * batch, (i + 1) * batch) modulo its rows; both get the model's config and where the run
+// keeps its checkpoints.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -20,15 +20,17 @@ struct PsPackage {
   int index = 0;
   PsConfig config;
   int sharing = 1;  // roles of this run on this role's host, this one included
+  nlohmann::json model = nlohmann::json::object();  // Module::config() of the whole model
+  // The run's checkpoints (PsRunOptions): the shard saves and resumes, the worker resumes.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  bool resume = false;
   // shard
   StateDict weights;
-  StateDict optimizer_state;  // empty: a fresh optimizer
-  int64_t version = 0;
   // worker
-  nlohmann::json model = nlohmann::json::object();  // Module::config() of the whole model
-  std::vector<std::string> shards;                  // "host:port" of every shard, in shard order
-  Tensor inputs, targets;                           // this worker's data: rows along dim 0
-  int64_t batch = 1, steps = 0, first_step = 0;
+  std::vector<std::string> shards;  // "host:port" of every shard, in shard order
+  Tensor inputs, targets;           // this worker's data: rows along dim 0
+  int64_t batch = 1, steps = 0;
   double slowdown = 1.0;
 };
 

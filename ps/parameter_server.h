@@ -60,6 +60,7 @@ class ParameterServer {
   StateDict optimizer_state() const;
   const PsServerStats& stats() const { return stats_; }
   int shard() const { return shard_; }
+  const PsConfig& config() const { return config_; }
 
   // Called after every update (for checkpoints), on the serving thread.
   std::function<void(const ParameterServer&)> after_update;

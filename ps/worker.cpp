@@ -3,10 +3,10 @@
 #include <chrono>
 #include <thread>
 
+#include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "comm/control.h"
 #include "ps/messages.h"
-#include "autograd/grad_mode.h"
 
 namespace pipit {
 namespace {

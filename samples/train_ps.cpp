@@ -1,50 +1,37 @@
 // Data-parallel training with a parameter server (ps/): an MLP on synthetic clustered data or
 // a character-level GPT (--model gpt, on --data FILE or generated text), `--workers` replicas each
-// training on its own batches, the parameters sharded over
-// `--servers` servers, in threads, in processes talking TCP, or as MPI ranks.
+// training on its own batches, the parameters sharded over `--servers` servers, in threads, in
+// pipit-worker processes over TCP, or as MPI ranks: one train_ps call whatever the transport.
 //   train_ps                                   # sync, 1 server, 2 workers, in threads
 //   train_ps --mode async --workers 4 --servers 2 --transport tcp
 //   mpirun -np 6 train_ps --launcher mpi --servers 2 --workers 4
 //   train_ps --mode bounded --max-staleness 2 --slowdown 1:4
 // With --checkpoint DIR every shard saves its weights and optimizer state there (atomically)
 // every --checkpoint-every updates and at the end; --resume continues from them.
-// --pipit-workers ADDRESSES runs the shards and workers on bare pipit-worker processes (the
-// first --servers addresses serve the shards), shipping each worker its data shard.
-// The TCP transport starts this program again in a server and a worker role (--role), one
-// process each, on 127.0.0.1; their logs go to DIR/<role><index>.log.
+// --transport tcp starts a pipit-worker process per role on 127.0.0.1 (with a fresh token);
+// --pipit-workers ADDRESSES uses running ones (the first --servers addresses serve the
+// shards), shipping each worker its batches.
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
-#include <map>
 #include <memory>
-#include <sstream>
+#include <optional>
 #include <string>
-#include <thread>
 
-#include <fcntl.h>
 #include <unistd.h>
 
+#include "codec/atomic_file.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "pipit.h"
-#include "ps/local_run.h"
+#include "ps/launch.h"
 #include "support/flags.h"
 #include "support/gpt_flags.h"
-#ifdef PIPIT_WITH_MPI
-#include "ps/mpi/mpi_ps.h"
-#endif
-#include "codec/atomic_file.h"
-#include "ps/checkpoint.h"
-#include "ps/launch.h"
-#include "ps/shard_plan.h"
-#include "ps/tcp.h"
-#include "serialize/checkpoint.h"
-#include "support/child_process.h"
+#include "support/worker_process.h"
 #include "text_data.h"
 
 using namespace pipit;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -142,14 +129,6 @@ std::string evaluate(const Setup& s, Module& model, const Data& data) {
   return text;
 }
 
-// The step a worker starts at: 0, or when resuming, where the versions it read on joining
-// say the run was.
-int64_t first_step(const Setup& s, const PsWorker& worker) {
-  if (!s.resume) return 0;
-  const int64_t version = worker.versions().front();
-  return s.config.mode == "sync" ? version : version * s.config.accumulate / s.config.workers;
-}
-
 void print_stats(const PsServerStats& stats, int shard) {
   std::string histogram;
   for (const auto& [staleness, count] : stats.staleness) {
@@ -166,36 +145,6 @@ void print_stats(const PsServerStats& stats, int shard) {
       histogram.c_str());
 }
 
-// Loads the shard's checkpoint when resuming, and saves one every --checkpoint-every updates.
-void attach_checkpoints(const Setup& s, ParameterServer& server) {
-  if (s.checkpoint.empty()) return;
-  const std::string path = shard_checkpoint_path(s.checkpoint, server.shard(), s.config.servers);
-  if (s.resume) load_shard_checkpoint(path, server, s.config.servers);
-  const nlohmann::json model_config = make_model(s, make_data(s))->config();
-  server.after_update = [&s, path, model_config](const ParameterServer& server) {
-    if (s.checkpoint_every > 0 && server.stats().version % s.checkpoint_every == 0) {
-      save_shard_checkpoint(path, server, model_config, s.config.optimizer);
-    }
-  };
-}
-
-std::unique_ptr<ParameterServer> make_server(const Setup& s, std::shared_ptr<Communicator> comm,
-                                             int shard) {
-  auto model = make_model(s, make_data(s));
-  const NamedParameters all = model->named_parameters();
-  auto server = std::make_unique<ParameterServer>(
-      std::move(comm), shard_parameters(all, plan_shards(all, s.config.servers), shard), s.config,
-      shard);
-  attach_checkpoints(s, *server);
-  return server;
-}
-
-void save_final(const Setup& s, const ParameterServer& server) {
-  if (s.checkpoint.empty()) return;
-  save_shard_checkpoint(shard_checkpoint_path(s.checkpoint, server.shard(), s.config.servers),
-                        server, make_model(s, make_data(s))->config(), s.config.optimizer);
-}
-
 void report(const Setup& s, const StateDict& weights, double seconds, int64_t samples) {
   const Data data = make_data(s);
   auto model = make_model(s, data);
@@ -205,112 +154,25 @@ void report(const Setup& s, const StateDict& weights, double seconds, int64_t sa
               evaluate(s, *model, data).c_str());
 }
 
-int run_in_threads(const Setup& s) {
-  const Data data = make_data(s);
-  PIPIT_CHECK(s.checkpoint.empty(),
-              "--checkpoint needs --transport tcp (the in-thread run keeps no checkpoints)");
-  auto model = make_model(s, data);
+PsRunOptions run_options(const Setup& s, const Data& data) {
   PsRunOptions options;
   options.steps = s.steps;
-  options.batch = [&](int w, int64_t step) { return batch_of(s, data, w, step); };
+  options.batch = [&s, &data](int w, int64_t step) { return batch_of(s, data, w, step); };
   options.slowdown = s.slowdown;
-  options.on_step = [&](int w, int64_t step, double loss) {
-    if (w == 0 && ((step + 1) % 50 == 0 || step == 0)) {
-      std::printf("worker 0 step %4lld  loss %.4f\n", static_cast<long long>(step + 1), loss);
-    }
-  };
-  const PsRunReport result = train_ps_locally(*model, s.config, options);
-  for (size_t shard = 0; shard < result.servers.size(); ++shard) {
-    print_stats(result.servers[shard], static_cast<int>(shard));
-  }
-  if (s.config.compress) {
-    int64_t pushed = 0, uncompressed = 0;
-    for (const PsWorkerStats& w : result.workers) {
-      pushed += w.pushed_bytes;
-      uncompressed += w.uncompressed_bytes;
-    }
-    std::printf("bf16 pushes: %.2f MB instead of %.2f MB (%.2f MB saved)\n", pushed / 1e6,
-                uncompressed / 1e6, (uncompressed - pushed) / 1e6);
-  }
-  report(s, result.weights, result.seconds, s.steps * s.config.workers * s.batch);
-  return 0;
-}
-
-#ifdef PIPIT_WITH_MPI
-// This rank's shard or worker (mpirun -np servers+workers). Shards save their checkpoints
-// with --checkpoint DIR (a directory every node sees) and print their statistics; worker 0
-// prints its progress.
-int run_under_mpi(const Setup& s) {
-  PIPIT_CHECK(!s.resume, "--resume is not supported with --launcher mpi");
-  const Data data = make_data(s);
-  auto model = make_model(s, data);
-  PsRunOptions options;
-  options.steps = s.steps;
-  options.batch = [&](int w, int64_t step) { return batch_of(s, data, w, step); };
-  options.slowdown = s.slowdown;
-  options.on_server_start = [&s](ParameterServer& server) { attach_checkpoints(s, server); };
-  options.on_server_end = [&s](const ParameterServer& server) { save_final(s, server); };
   options.on_step = [](int w, int64_t step, double loss) {
     if (w == 0 && ((step + 1) % 50 == 0 || step == 0)) {
       std::printf("worker 0 step %4lld  loss %.4f\n", static_cast<long long>(step + 1), loss);
       std::fflush(stdout);
     }
   };
-  const MpiPsRole role = mpi_ps_role(s.config, mpi_job().rank);
-  // mpirun names a rank that dies; this line maps it to its role and node.
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  std::printf("[mpi] rank %d on %s: %s %d\n", mpi_job().rank, host,
-              role.server ? "shard" : "worker", role.index);
-  std::fflush(stdout);
-  const PsRunReport result = train_ps_over_mpi(*model, s.config, options);
-  if (role.server) {
-    print_stats(result.servers[role.index], role.index);
-  } else if (role.index == 0) {
-    std::printf("worker 0: %lld samples in %.2f s (%.0f samples/s per worker)\n",
-                static_cast<long long>(s.steps * s.batch), result.seconds,
-                static_cast<double>(s.steps * s.batch) / result.seconds);
-  }
-  return 0;
-}
-#endif
-
-// Every role on a bare pipit-worker: each worker gets its batches of every step as its data.
-int run_on_workers(const Setup& s, const std::vector<std::string>& addresses,
-                   const TcpOptions& tcp) {
-  PIPIT_CHECK(s.checkpoint.empty() && !s.resume && s.slowdown.empty(),
-              "--checkpoint, --resume and --slowdown are not supported with --pipit-workers");
-  const Data data = make_data(s);
-  std::vector<PsWorkerData> shards;
-  for (int w = 0; w < s.config.workers; ++w) {
-    std::vector<Tensor> xs, ys;
-    for (int64_t step = 0; step < s.steps; ++step) {
-      const auto [x, y] = batch_of(s, data, w, step);
-      xs.push_back(x);
-      ys.push_back(y);
-    }
-    shards.push_back({cat(xs, 0), cat(ys, 0)});
-  }
-  const auto start = std::chrono::steady_clock::now();
-  const PsLaunchResult result =
-      train_ps_on_workers(*make_model(s, data), s.config, shards, s.batch, s.steps, addresses, tcp);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("shard 0: %lld updates\n", static_cast<long long>(result.version));
-  report(s, result.weights, seconds, s.steps * s.config.workers * s.batch);
-  return 0;
+  options.checkpoint_dir = s.checkpoint;
+  options.checkpoint_every = s.checkpoint_every;
+  options.resume = s.resume;
+  return options;
 }
 
-TcpOptions tcp_options(const Setup& s) {
-  TcpOptions tcp;
-  tcp.peer_timeout = std::chrono::milliseconds(std::min<int64_t>(s.config.timeout.count(), 5000));
-  tcp.token = s.token;
-  return tcp;
-}
-
-// A fresh random token for this run's roles, in a file only this user may read, so no other
-// process on the machine can join the run.
-void write_run_token(const fs::path& path) {
+// A fresh random token for one run's roles, so no other process on the machine can join it.
+std::string random_token() {
   std::ifstream random("/dev/urandom", std::ios::binary);
   unsigned char bytes[32];
   random.read(reinterpret_cast<char*>(bytes), sizeof bytes);
@@ -322,135 +184,38 @@ void write_run_token(const fs::path& path) {
     std::snprintf(pair, sizeof pair, "%02x", b);
     hex += pair;
   }
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  PIPIT_CHECK(fd >= 0, "cannot create the run's token file ", path.string());
-  const bool written = ::write(fd, hex.data(), hex.size()) == static_cast<ssize_t>(hex.size());
-  ::close(fd);
-  PIPIT_CHECK(written, "cannot write the run's token file ", path.string());
+  return hex;
 }
 
-int server_role(const Setup& s, int shard, const std::string& port_file) {
-  uint16_t port = 0;
-  auto comm = listen_as_ps_shard(s.config, shard, "127.0.0.1:0", tcp_options(s), &port);
-  auto server = make_server(s, comm, shard);
-  write_file_atomic(port_file, std::to_string(port) + "\n");
-  server->serve();
-  save_final(s, *server);
-  print_stats(server->stats(), shard);
-  comm->close();
-  return 0;
-}
+// What this process holds of the run: every shard's statistics (under MPI a shard's rank its
+// own, worker 0's rank its pace), the pushes' compression, and the final model where every
+// weight is here.
+void print_report(const Setup& s, const PsRunReport& result, size_t weights) {
+  for (size_t shard = 0; shard < result.servers.size(); ++shard) {
+    const PsServerStats& stats = result.servers[shard];
+    if (stats.gradients > 0) {
+      print_stats(stats, static_cast<int>(shard));
+    } else if (stats.version > 0) {  // a shard on a pipit-worker reports its version alone
+      std::printf("shard %zu: %lld updates\n", shard, static_cast<long long>(stats.version));
+    }
+  }
 
-int worker_role(const Setup& s, int w, const std::vector<std::string>& servers) {
-  auto comm = connect_as_ps_worker(s.config, w, servers, tcp_options(s));
-  const Data data = make_data(s);
-  PsWorker worker(comm, make_model(s, data), s.config, w, s.slowdown.empty() ? 1.0 : s.slowdown[w]);
-  worker.join();
-  for (int64_t step = first_step(s, worker); step < s.steps; ++step) {
-    const auto [x, y] = batch_of(s, data, w, step);
-    const double loss = worker.step(x, y);
-    if (w == 0 && ((step + 1) % 50 == 0 || step == 0)) {
-      std::printf("worker 0 step %4lld  loss %.4f\n", static_cast<long long>(step + 1), loss);
-      std::fflush(stdout);
-    }
+  int64_t pushed = 0, uncompressed = 0;
+  for (const PsWorkerStats& w : result.workers) {
+    pushed += w.pushed_bytes;
+    uncompressed += w.uncompressed_bytes;
   }
-  worker.leave();
-  comm->close();
-  return 0;
-}
-
-// Starts every server and worker as a process of this program and waits for them all; the
-// first that fails stops the rest.
-int run_processes(const Setup& s, const std::vector<std::string>& role_flags) {
-  const fs::path dir = s.checkpoint.empty()
-                           ? fs::temp_directory_path() / ("pipit_ps_" + std::to_string(getpid()))
-                           : fs::path(s.checkpoint);
-  fs::create_directories(dir);
-  const fs::path token_file =
-      fs::temp_directory_path() / ("pipit_ps_token_" + std::to_string(getpid()));
-  write_run_token(token_file);
-  struct RemoveToken {
-    fs::path path;
-    ~RemoveToken() {
-      std::error_code ignored;
-      fs::remove(path, ignored);
-    }
-  } remove_token{token_file};
-  std::vector<std::unique_ptr<support::ChildProcess>> children;
-  auto start = [&](const std::string& role, int index, std::vector<std::string> extra) {
-    std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(),
-                                     "--role",
-                                     role,
-                                     "--index",
-                                     std::to_string(index),
-                                     "--token-file",
-                                     token_file.string()};
-    argv.insert(argv.end(), role_flags.begin(), role_flags.end());
-    if (s.checkpoint.empty()) {  // the final weights come back through a temporary one
-      argv.insert(argv.end(), {"--checkpoint", dir.string(), "--checkpoint-every", "0"});
-    }
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    const std::string log = (dir / (role + std::to_string(index) + ".log")).string();
-    children.push_back(std::make_unique<support::ChildProcess>(argv, log, log));
-  };
-  const auto begin = std::chrono::steady_clock::now();
-  std::vector<std::string> endpoints;
-  for (int shard = 0; shard < s.config.servers; ++shard) {
-    const std::string name = "server" + std::to_string(shard);
-    const std::string port_file = (dir / (name + ".port")).string();
-    fs::remove(port_file);
-    start("server", shard, {"--port-file", port_file});
-    const std::string port = support::wait_for_file(
-        *children.back(), port_file, std::chrono::seconds(10), (dir / (name + ".log")).string());
-    endpoints.push_back("127.0.0.1:" + port.substr(0, port.find('\n')));
+  if (s.config.compress && uncompressed > 0) {
+    std::printf("bf16 pushes: %.2f MB instead of %.2f MB (%.2f MB saved)\n", pushed / 1e6,
+                uncompressed / 1e6, (uncompressed - pushed) / 1e6);
   }
-  std::string joined;
-  for (const auto& e : endpoints) joined += (joined.empty() ? "" : ",") + e;
-  for (int w = 0; w < s.config.workers; ++w) start("worker", w, {"--server-endpoints", joined});
-  std::printf("started %d servers and %d workers (logs in %s)\n", s.config.servers,
-              s.config.workers, dir.string().c_str());
-  std::fflush(stdout);
-  int failed = -1;
-  for (bool running = true; running && failed < 0;) {
-    running = false;
-    for (size_t i = 0; i < children.size(); ++i) {
-      const std::optional<int> status = children[i]->exit_status();
-      if (!status) running = true;
-      if (status && *status != 0) failed = static_cast<int>(i);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (result.weights.size() == weights) {
+    report(s, result.weights, result.seconds, s.steps * s.config.workers * s.batch);
+  } else if (!result.losses.empty() && !result.losses[0].empty()) {
+    std::printf("worker 0: %lld samples in %.2f s (%.0f samples/s per worker)\n",
+                static_cast<long long>(s.steps * s.batch), result.seconds,
+                static_cast<double>(s.steps * s.batch) / result.seconds);
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  auto log_of = [&](size_t i) {
-    const bool server = static_cast<int>(i) < s.config.servers;
-    const int index = server ? static_cast<int>(i) : static_cast<int>(i) - s.config.servers;
-    return (dir / ((server ? "server" : "worker") + std::to_string(index) + ".log")).string();
-  };
-  if (failed >= 0) {
-    for (auto& child : children) child->kill();
-    std::fprintf(stderr, "train_ps: %s failed; its log:\n%s", log_of(failed).c_str(),
-                 read_file(log_of(failed)).c_str());
-    return 1;
-  }
-  // Worker 0's progress and every shard's statistics, without the connection log lines.
-  auto print_log = [](const std::string& path) {
-    std::istringstream lines(read_file(path));
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind("[tcp ", 0) != 0) std::printf("%s\n", line.c_str());
-    }
-  };
-  print_log(log_of(static_cast<size_t>(s.config.servers)));
-  StateDict weights;
-  for (int shard = 0; shard < s.config.servers; ++shard) {
-    print_log(log_of(static_cast<size_t>(shard)));
-    const Checkpoint c =
-        load_checkpoint(shard_checkpoint_path(dir.string(), shard, s.config.servers));
-    weights.insert(c.weights.begin(), c.weights.end());
-  }
-  report(s, weights, seconds, s.steps * s.config.workers * s.batch);
-  if (s.checkpoint.empty()) fs::remove_all(dir);
-  return 0;
 }
 
 void add_flags(support::Flags& flags) {
@@ -472,7 +237,8 @@ void add_flags(support::Flags& flags) {
   flags.add("data", "", "gpt: a text file (default: text generated by the program)");
   support::add_gpt_flags(flags, Setup{}.gpt, support::GptVocabulary::from_data);
   flags.add("seed", "1", "random seed (model and data)");
-  flags.add("transport", "threads", "threads (one process) or tcp (a process per role)");
+  flags.add("transport", "threads",
+            "threads (one process) or tcp (a pipit-worker process per role, started here)");
   flags.add("launcher", "none",
             "mpi: this process is one rank of mpirun -np servers+workers (shards first)");
   flags.add("token-file", "",
@@ -481,14 +247,10 @@ void add_flags(support::Flags& flags) {
   flags.add("pipit-workers", "",
             "host:port of --servers + --workers running pipit-workers (instead of --transport)");
   flags.add_repeatable("slowdown", "WORKER:FACTOR: that worker computes FACTOR times slower");
-  flags.add("checkpoint", "", "directory for shard checkpoints (tcp transport)");
+  flags.add("checkpoint", "", "directory for the shards' checkpoints");
   flags.add("checkpoint-every", "50", "save every this many updates (with --checkpoint)");
   flags.add_switch("resume", "continue from the checkpoints in --checkpoint");
   flags.add("timeout-ms", "60000", "the longest any side waits for a message");
-  flags.add("role", "", "internal: server or worker (started by --transport tcp)");
-  flags.add("index", "0", "internal: the role's shard or worker index");
-  flags.add("port-file", "", "internal: where a server writes its port");
-  flags.add("server-endpoints", "", "internal: host:port of every shard, comma-separated");
 }
 
 // --slowdown WORKER:FACTOR ...: every worker's factor, 1 for those not named; none when none is.
@@ -542,6 +304,26 @@ Setup setup_of(const support::Flags& flags) {
   return s;
 }
 
+// Where the run's roles go, the one choice that differs between transports: threads here,
+// pipit-worker processes started here (--transport tcp) or given (--pipit-workers), or the
+// ranks of this MPI job.
+PsLaunch launch_of(const Setup& s, const support::Flags& flags,
+                   std::optional<support::Workers>& started) {
+  if (flags.choice("launcher", {"none", "mpi"}) == "mpi") return PsLaunch::mpi();
+  TcpOptions tcp;
+  tcp.peer_timeout = std::chrono::milliseconds(std::min<int64_t>(s.config.timeout.count(), 5000));
+  tcp.log = [](const std::string&) {};  // the run's failures reach it as errors
+  if (!flags.str("pipit-workers").empty()) {
+    if (!flags.str("token-file").empty()) tcp.token = read_token_file(flags.str("token-file"));
+    return PsLaunch::hosts(flags.items("pipit-workers"), tcp);
+  }
+  if (flags.choice("transport", {"threads", "tcp"}) == "threads") return PsLaunch::threads();
+  tcp.token = random_token();
+  started = support::start_workers(s.config.servers + s.config.workers,
+                                   {.pipit_worker = true, .token = tcp.token});
+  return PsLaunch::hosts(support::endpoints(*started), tcp);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -549,38 +331,34 @@ int main(int argc, char** argv) {
                        "Data-parallel training of an MLP with a parameter server (ps/).");
   add_flags(flags);
   flags.parse(argc, argv);
-  Setup s = setup_of(flags);
-  const std::string transport = flags.choice("transport", {"threads", "tcp"});
-  const std::string role = flags.choice("role", {"", "server", "worker"});
-  const std::string launcher = flags.choice("launcher", {"none", "mpi"});
+  const Setup s = setup_of(flags);
   try {
     validate(s.config);
     set_num_threads(1);  // one core per worker or server: they run side by side
-    const int index = static_cast<int>(flags.integer("index", 0));
-    if (!role.empty() && !flags.str("token-file").empty()) {
-      s.token = read_token_file(flags.str("token-file"));
-    }
-    if (role == "server") return server_role(s, index, flags.str("port-file"));
-    if (role == "worker") return worker_role(s, index, flags.items("server-endpoints"));
-    if (launcher == "mpi") {
+    std::optional<support::Workers> started;
+    const PsLaunch launch = launch_of(s, flags, started);
+    if (launch.kind == PsLaunch::Kind::mpi) {
 #ifdef PIPIT_WITH_MPI
-      return run_under_mpi(s);
-#else
-      flags.fail("--launcher mpi: this pipit was built without MPI");
+      // mpirun names a rank that dies; this line maps it to its role and node.
+      const int rank = mpi_job().rank;
+      char host[256] = "?";
+      gethostname(host, sizeof host - 1);
+      std::printf("[mpi] rank %d on %s: %s %d\n", rank, host,
+                  rank < s.config.servers ? "shard" : "worker",
+                  rank < s.config.servers ? rank : rank - s.config.servers);
 #endif
+    } else {
+      std::printf("train_ps: %s, %d server(s), %d worker(s), %s, batch %lld per worker\n",
+                  s.config.mode.c_str(), s.config.servers, s.config.workers,
+                  launch.kind == PsLaunch::Kind::threads ? "threads" : "pipit-workers",
+                  static_cast<long long>(s.batch));
     }
-    std::printf("train_ps: %s, %d server(s), %d worker(s), %s, batch %lld per worker\n",
-                s.config.mode.c_str(), s.config.servers, s.config.workers,
-                flags.str("pipit-workers").empty() ? transport.c_str() : "pipit-workers",
-                static_cast<long long>(s.batch));
-    if (!flags.str("pipit-workers").empty()) {
-      TcpOptions tcp;
-      if (!flags.str("token-file").empty()) tcp.token = read_token_file(flags.str("token-file"));
-      return run_on_workers(s, flags.items("pipit-workers"), tcp);
-    }
-    if (transport == "threads") return run_in_threads(s);
-    // The roles get this run's flags back, minus the launcher's own.
-    return run_processes(s, flags.given({"transport", "token-file"}));
+    std::fflush(stdout);
+    const Data data = make_data(s);
+    const auto model = make_model(s, data);
+    const PsRunReport result = train_ps(*model, s.config, run_options(s, data), launch);
+    print_report(s, result, model->state_dict().size());
+    return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_ps: %s\n", e.what());
     return 1;

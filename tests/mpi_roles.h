@@ -47,6 +47,7 @@
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol/messages.h"
 #include "pipit.h"
+#include "ps/launch.h"
 #include "ps/mpi/mpi_ps.h"
 #include "ps_reference.h"
 #include "serialize/hf_gpt2.h"
@@ -269,7 +270,7 @@ inline int mpi_ps_role(const std::string& optimizer_name) {
   options.steps = kSyncSteps;
   options.batch = [&](int w, int64_t step) { return task.batch(kSyncWorkers, w, step); };
   const int rank = mpi_job().rank;
-  const PsRunReport report = train_ps_over_mpi(*make_ps_mlp(), config, options);
+  const PsRunReport report = train_ps(*make_ps_mlp(), config, options, PsLaunch::mpi());
   const auto [want, losses] = large_batch_reference(optimizer, task);
   const MpiPsRole role = pipit::mpi_ps_role(config, rank);
   std::string differ;
@@ -324,7 +325,7 @@ inline int mpi_failing_worker_role() {
     PIPIT_CHECK(w != 1 || step < 2, "worker 1 cannot read its batch at step ", step);
     return task.batch(kSyncWorkers, w, step);
   };
-  train_ps_over_mpi(*make_ps_mlp(), ps_config_of("sync", kSyncWorkers, 2, kSgd), options);
+  train_ps(*make_ps_mlp(), ps_config_of("sync", kSyncWorkers, 2, kSgd), options, PsLaunch::mpi());
   return 0;
 }
 

@@ -236,21 +236,13 @@ TEST_CASE("sync on bare pipit-worker processes equals the large batch bit for bi
   for (int servers : {1, 2}) {
     DYNAMIC_SECTION(servers << " shard(s)") {
       const Workers processes = start_workers(servers + kSyncWorkers, test_worker());
-      // Worker w's data shard: its batches of every step, in step order.
-      std::vector<PsWorkerData> data;
-      for (int w = 0; w < kSyncWorkers; ++w) {
-        std::vector<Tensor> xs, ys;
-        for (int64_t step = 0; step < kSyncSteps; ++step) {
-          const auto [x, y] = task.batch(kSyncWorkers, w, step);
-          xs.push_back(x);
-          ys.push_back(y);
-        }
-        data.push_back({cat(xs, 0), cat(ys, 0)});
-      }
-      const PsLaunchResult result =
-          train_ps_on_workers(*make_ps_mlp(), ps_config_of("sync", kSyncWorkers, servers, kAdamW),
-                              data, testing::kPsBatch, kSyncSteps, endpoints(processes));
-      CHECK(result.version == kSyncSteps);
+      PsRunOptions options;
+      options.steps = kSyncSteps;
+      options.batch = [&](int w, int64_t step) { return task.batch(kSyncWorkers, w, step); };
+      const PsRunReport result =
+          train_ps(*make_ps_mlp(), ps_config_of("sync", kSyncWorkers, servers, kAdamW), options,
+                   PsLaunch::hosts(endpoints(processes)));
+      CHECK(result.servers.at(0).version == kSyncSteps);
       check_bitwise_equal(result.weights, large_batch_reference(kAdamW, task).first);
       CHECK(result.optimizer_state.count("step"));
     }
@@ -262,17 +254,22 @@ TEST_CASE("a bad parameter-server package is refused by name and releases the wo
   WorkerProcess shard(test_worker()), worker(test_worker());
   PsConfig config = ps_config_of("sync", 1, 1, kSgd);
   config.timeout = std::chrono::milliseconds(20000);
-  // A worker data shard with fewer rows than a batch.
-  std::vector<PsWorkerData> data = {
-      {zeros({4, testing::kPsIn}), zeros({4}, {.dtype = DType::i64})}};
-  CHECK_THROWS_WITH(train_ps_on_workers(*make_ps_mlp(), config, data, 8, 2,
-                                        {shard.endpoint(), worker.endpoint()}),
+  // A worker whose batches disagree on their rows: 8 inputs, 4 targets.
+  PsRunOptions options;
+  options.steps = 2;
+  options.batch = [](int, int64_t) {
+    return std::pair{zeros({8, testing::kPsIn}), zeros({4}, {.dtype = DType::i64})};
+  };
+  CHECK_THROWS_WITH(train_ps(*make_ps_mlp(), config, options,
+                             PsLaunch::hosts({shard.endpoint(), worker.endpoint()})),
                     Catch::Contains("worker 0 (" + worker.endpoint() + ") failed") &&
                         Catch::Contains("at least batch = 8"));
   // Both workers serve the next run.
   INFO("shard's log:\n" << shard.log() << "\nworker's log:\n" << worker.log());
-  data = {{zeros({8, testing::kPsIn}), zeros({8}, {.dtype = DType::i64})}};
-  const PsLaunchResult result = train_ps_on_workers(*make_ps_mlp(), config, data, 8, 2,
-                                                    {shard.endpoint(), worker.endpoint()});
-  CHECK(result.version == 2);
+  options.batch = [](int, int64_t) {
+    return std::pair{zeros({8, testing::kPsIn}), zeros({8}, {.dtype = DType::i64})};
+  };
+  const PsRunReport result = train_ps(*make_ps_mlp(), config, options,
+                                      PsLaunch::hosts({shard.endpoint(), worker.endpoint()}));
+  CHECK(result.servers.at(0).version == 2);
 }

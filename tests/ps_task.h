@@ -17,6 +17,7 @@
 #include "pipit.h"
 #include "ps/checkpoint.h"
 #include "ps/parameter_server.h"
+#include "ps/run.h"
 #include "ps/shard_plan.h"
 #include "ps/tcp.h"
 #include "ps/worker.h"
@@ -80,17 +81,14 @@ inline int run_ps_role(char** argv) {
     const NamedParameters all = model->named_parameters();
     ParameterServer server(comm, shard_parameters(all, plan_shards(all, config.servers), index),
                            config, index);
-    const std::string path = shard_checkpoint_path(argv[6], index, config.servers);
-    const int64_t every = c.value("checkpoint_every", 0);
-    if (resume) load_shard_checkpoint(path, server, config.servers);
-    server.after_update = [&](const ParameterServer& s) {
-      if (every > 0 && s.stats().version % every == 0) {
-        save_shard_checkpoint(path, s, model->config(), config.optimizer);
-      }
-    };
+    PsRunOptions checkpoints;
+    checkpoints.checkpoint_dir = argv[6];
+    checkpoints.checkpoint_every = c.value("checkpoint_every", 0);
+    checkpoints.resume = resume;
+    start_shard(server, checkpoints, model->config());
     write_file_atomic(argv[5], std::to_string(port));
     server.serve();
-    save_shard_checkpoint(path, server, model->config(), config.optimizer);
+    end_shard(server, checkpoints, model->config());
     comm->close();
     return 0;
   }

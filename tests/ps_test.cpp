@@ -12,7 +12,7 @@
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipit.h"
-#include "ps/local_run.h"
+#include "ps/launch.h"
 #include "ps/messages.h"
 #include "ps/shard_plan.h"
 #include "ps_reference.h"
@@ -60,7 +60,7 @@ TEST_CASE("sync parameter server equals sequential accumulation bit for bit", "[
         PsRunOptions options;
         options.steps = kSyncSteps;
         options.batch = [&](int w, int64_t step) { return task.batch(kSyncWorkers, w, step); };
-        const PsRunReport report = train_ps_locally(
+        const PsRunReport report = train_ps(
             *make_ps_mlp(), ps_config_of("sync", kSyncWorkers, servers, optimizer), options);
         const auto [want, losses] = large_batch_reference(optimizer, task);
         CHECK(report.losses == losses);
@@ -98,7 +98,7 @@ TEST_CASE("async and bounded modes count every gradient and learn as well as syn
     PsRunOptions options;
     options.steps = kSteps;
     options.batch = batch;
-    const PsRunReport report = train_ps_locally(*model, config, options);
+    const PsRunReport report = train_ps(*model, config, options);
     model->load_state_dict(report.weights);
     const std::string label = mode.name + " accumulate " + std::to_string(mode.accumulate);
     accuracy_of[label] = accuracy(*model, held_out);
@@ -139,7 +139,7 @@ TEST_CASE("bounded staleness is reached and never exceeded with one worker slowe
         return task.rows((step * kWorkers + worker) * 16, 16);
       };
       options.slowdown = {1, 1, 4, 1};
-      const PsRunReport report = train_ps_locally(*make_ps_mlp(128), config, options);
+      const PsRunReport report = train_ps(*make_ps_mlp(128), config, options);
       for (const PsServerStats& s : report.servers) {
         CHECK(s.gradients == kWorkers * kSteps);
         // Reached, not only kept: while the slowed worker computes, the others push enough to
@@ -249,7 +249,7 @@ TEST_CASE("compressed pushes train, halve the bytes, and stay close to uncompres
       return task.rows((step * 2 + worker) * 16, 16);
     };
     auto model = make_ps_mlp();
-    PsRunReport report = train_ps_locally(*model, config, options);
+    PsRunReport report = train_ps(*model, config, options);
     model->load_state_dict(report.weights);
     return std::make_pair(report, accuracy(*model, held_out));
   };

@@ -45,23 +45,22 @@ PsRunReport train_ps_over_mpi(const Module& model, const PsConfig& config,
       own.emplace_back(name, p.detach().clone().requires_grad_());
     }
     ParameterServer server(transport->endpoint(rank), std::move(own), config, role.index);
-    if (options.on_server_start) options.on_server_start(server);
+    start_shard(server, options, model.config());
     server.serve();
-    if (options.on_server_end) options.on_server_end(server);
+    end_shard(server, options, model.config());
     for (auto& [name, value] : server.weights()) report.weights.emplace(name, value);
+    report.optimizer_state = server.optimizer_state();
     report.servers[role.index] = server.stats();
   } else {
     const int w = role.index;
     PsWorker worker(transport->endpoint(rank), build_module(model.config()), config, w,
                     options.slowdown.empty() ? 1.0 : options.slowdown[w]);
-    worker.join();
-    for (int64_t step = 0; step < options.steps; ++step) {
-      const auto [input, target] = options.batch(w, step);
-      const double loss = worker.step(input, target);
-      report.losses[w].push_back(loss);
-      if (options.on_step) options.on_step(w, step, loss);
-    }
-    worker.leave();
+    report.losses[w] = run_ps_worker(
+        worker, config, options.steps, options.resume,
+        [&](int64_t step) { return options.batch(w, step); },
+        [&](int64_t step, double loss) {
+          if (options.on_step) options.on_step(w, step, loss);
+        });
     report.workers[w] = worker.stats();
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -1,0 +1,57 @@
+#include "ps/run.h"
+
+#include <filesystem>
+
+#include "ps/checkpoint.h"
+
+namespace pipit {
+
+void start_shard(ParameterServer& server, const PsRunOptions& options,
+                 const nlohmann::json& model_config) {
+  if (options.checkpoint_dir.empty()) return;
+  const int servers = server.config().servers;
+  const std::string path = shard_checkpoint_path(options.checkpoint_dir, server.shard(), servers);
+  if (options.resume) {
+    load_shard_checkpoint(path, server, servers);
+  } else {
+    std::filesystem::create_directories(options.checkpoint_dir);
+  }
+  if (options.checkpoint_every <= 0) return;
+  server.after_update = [path, model_config,
+                         every = options.checkpoint_every](const ParameterServer& server) {
+    if (server.stats().version % every == 0) {
+      save_shard_checkpoint(path, server, model_config, server.config().optimizer);
+    }
+  };
+}
+
+void end_shard(const ParameterServer& server, const PsRunOptions& options,
+               const nlohmann::json& model_config) {
+  if (options.checkpoint_dir.empty()) return;
+  save_shard_checkpoint(
+      shard_checkpoint_path(options.checkpoint_dir, server.shard(), server.config().servers),
+      server, model_config, server.config().optimizer);
+}
+
+std::vector<double> run_ps_worker(PsWorker& worker, const PsConfig& config, int64_t steps,
+                                  bool resume,
+                                  const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch,
+                                  const std::function<void(int64_t step, double loss)>& on_step) {
+  worker.join();
+  // Sync updates once per step; async and bounded once per `accumulate` gradients of any
+  // worker, so a worker's step is the updates times accumulate over the workers.
+  const int64_t version = worker.versions().front();
+  const int64_t first = !resume                 ? 0
+                        : config.mode == "sync" ? version
+                                                : version * config.accumulate / config.workers;
+  std::vector<double> losses;
+  for (int64_t step = first; step < steps; ++step) {
+    const auto [input, target] = batch(step);
+    losses.push_back(worker.step(input, target));
+    if (on_step) on_step(step, losses.back());
+  }
+  worker.leave();
+  return losses;
+}
+
+}  // namespace pipit
