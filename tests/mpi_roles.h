@@ -412,7 +412,8 @@ inline int mpi_doorbells_role() {
   return ok ? 0 : 1;
 }
 
-//   --mpi-role exchange | pipeline SCHEDULE | tied-pipeline SCHEDULE | generate SCHEDULE |
+//   --mpi-role exchange | pipeline SCHEDULE | tied-pipeline SCHEDULE |
+//   tied-replica-pipeline SCHEDULE | generate SCHEDULE |
 //   all-reduce | pair-sum | replica-pipeline SCHEDULE [LAYOUT] | paired-replica-pipeline SCHEDULE |
 //   sharded-replica-pipeline SCHEDULE | three-replica-pipeline SCHEDULE |
 //   recomputed-three-replica-pipeline SCHEDULE | matrix-pipeline SCHEDULE R RECOMPUTE SHARD |
@@ -424,6 +425,9 @@ inline int mpi_role_main(int argc, char** argv) {
     if (role == "exchange") return mpi_exchange_role();
     if (role == "pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5);
     if (role == "tied-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, true);
+    if (role == "tied-replica-pipeline" && argc == 4) {
+      return mpi_pipeline_role(argv[3], 5, true, 2);
+    }
     if (role == "replica-pipeline" && argc == 4) return mpi_pipeline_role(argv[3], 5, false, 2);
     if (role == "paired-replica-pipeline" && argc == 4) {
       return mpi_pipeline_role(argv[3], 5, false, 2, false, "stages", true);

@@ -179,6 +179,26 @@ TEST_CASE("MPI: a pipeline with tied parameters equals the in-process one bit fo
 #endif
 }
 
+TEST_CASE(
+    "MPI: 2 replicas of a pipeline with tied parameters equal the in-process ones bit for bit",
+    "[mpi][replicas][tied_pipeline]") {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+#else
+  if (!mpirun_works()) return;
+  for (const std::string schedule : {"1f1b", "zbv"}) {
+    for (int ranks : {2, 4}) {
+      DYNAMIC_SECTION(schedule << ", " << ranks << " ranks") {
+        const Run run = mpirun(ranks, "tied-replica-pipeline " + schedule);
+        INFO(run.output);
+        CHECK(run.status == 0);
+        CHECK(run.output.find("pipeline ok") != std::string::npos);
+      }
+    }
+  }
+#endif
+}
+
 TEST_CASE("MPI: all_reduce over ranks gives every rank the in-order sum, bit for bit", "[mpi]") {
 #ifndef PIPIT_WITH_MPI
   WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
