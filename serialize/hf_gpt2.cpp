@@ -260,7 +260,10 @@ json to_hf_gpt2_config(const GptConfig& c) {
           {"torch_dtype", "float32"}};
 }
 
-void save_hf_gpt2(const Sequential& model, const std::string& dir) {
+namespace {
+
+// The GptConfig gpt() would build `model` from, or an error naming what GPT-2 has no place for.
+GptConfig gpt2_config_of(const Sequential& model) {
   const json config = model.config();
   const json& layers = config["layers"];
   auto type_at = [&](size_t i) {
@@ -303,7 +306,13 @@ void save_hf_gpt2(const Sequential& model, const std::string& dir) {
   }
   c.tie_embeddings = !model.ties().empty();
   c.head_bias = false;
+  return c;
+}
 
+}  // namespace
+
+void save_hf_gpt2(const Sequential& model, const std::string& dir) {
+  const GptConfig c = gpt2_config_of(model);
   // The model must have exactly the parameters of gpt(c), with their shapes.
   std::map<std::string, Tensor> params;
   for (const auto& [name, p] : model.named_parameters()) params[name] = p;

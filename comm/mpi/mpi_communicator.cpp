@@ -3,7 +3,6 @@
 #include <mpi.h>
 #include <sys/prctl.h>
 
-#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -24,6 +23,7 @@
 #include "comm/inbox.h"
 #include "comm/mpi/doorbells.h"
 #include "comm/mpi/mpi_frames.h"
+#include "comm/mpi/mpi_pair_sum.h"
 #include "comm/sha256.h"
 
 namespace pipit {
@@ -206,131 +206,23 @@ struct MpiTransport::Impl {
     return sending.empty() ? std::chrono::microseconds(kLongestSleep) : kLongestSleepWhileSending;
   }
 
-  // Pair sums (Communicator::start_pair_sum) of this rank's endpoint in MpiOptions::pair_sums.
-  // Each side tells the other, in a notice on the pair's own communicator, the name of each
-  // sum it starts, and starts MPI_Iallreduce only once both have named it: a sum one side
-  // skipped (an aborted step) is never matched with the next, as collectives match by order.
-  struct PairSum {
-    int64_t step = 0;
-    int part = 0;
-    Tensor tensor;
-    bool operator<(const PairSum& other) const {
-      return std::pair(step, part) < std::pair(other.step, other.part);
-    }
-  };
-  struct Pair {
-    // Explicit, not default member initializers: std::optional<Pair> asks whether Pair is
-    // constructible while Impl is incomplete, which clang then answers no.
-    Pair(int endpoint, int peer) : endpoint(endpoint), peer(peer), comm(MPI_COMM_NULL) {}
-    int endpoint, peer;  // this rank's endpoint and the other's
-    MPI_Comm comm;
-    std::deque<PairSum> starting;  // queued by start_pair_sum (under `mutex`)
-    std::deque<PairSum> mine;      // named to the peer, not yet matched
-    std::deque<PairSum> theirs;    // named by the peer, not yet matched (no tensor)
-    std::list<std::pair<std::array<int64_t, 2>, MPI_Request>> notices;  // being sent
-    std::list<std::pair<PairSum, std::vector<MPI_Request>>> summing;
-    std::pair<int64_t, int> last{-1, 0};  // the last name started (order check)
-  };
-  std::optional<Pair> pair;
-  std::atomic<int64_t> pair_sums_done{0};
-  static constexpr int kNoticeTag = 9;
-  // A bucket goes as collectives of this many elements, all started at once (the chain's
-  // segment size), so that one segment's additions overlap the next one's transfer.
-  static constexpr int64_t kPairSumSegment = int64_t{1} << 20;
+  // This rank's pair sum (MpiOptions::pair_sums), if it holds an endpoint of a pair.
+  std::unique_ptr<MpiPairSum> pair;
+  std::deque<MpiPairSum::Sum> pair_sums_queued;  // by start_pair_sum (under `mutex`)
 
-  // Names the queued sums to the peer, takes the peer's notices, starts the sums both named
-  // and retires those done; true when one started or finished. Needs `mpi`.
+  // True when a pair sum started or finished. Needs `mpi`.
   bool move_pair_sums() {
     if (!pair) return false;
-    Pair& p = *pair;
-    bool moved = false;
-    std::deque<PairSum> queued;
+    std::deque<MpiPairSum::Sum> queued;
     {
       std::lock_guard<std::mutex> lock(mutex);
-      queued.swap(p.starting);
+      queued.swap(pair_sums_queued);
     }
-    for (PairSum& sum : queued) {
-      auto& notice =
-          p.notices.emplace_back(std::array<int64_t, 2>{sum.step, sum.part}, MPI_REQUEST_NULL);
-      check_mpi(MPI_Isend(notice.first.data(), 2, MPI_INT64_T, 1 - pair_rank(), kNoticeTag, p.comm,
-                          &notice.second),
-                "MPI_Isend");
-      if (doorbells) doorbells->ring(ranks.at(p.peer));
-      p.mine.push_back(std::move(sum));
-    }
-    std::erase_if(p.notices, [](auto& notice) {
-      int done = 0;
-      check_mpi(MPI_Test(&notice.second, &done, MPI_STATUS_IGNORE), "MPI_Test");
-      return done != 0;
+    return pair->move(std::move(queued), doorbells.get(), [this](Message done) {
+      inboxes.at(pair->endpoint())->push(std::move(done));
     });
-    while (true) {
-      int found = 0;
-      MPI_Message handle;
-      MPI_Status status;
-      check_mpi(MPI_Improbe(1 - pair_rank(), kNoticeTag, p.comm, &found, &handle, &status),
-                "MPI_Improbe");
-      if (!found) break;
-      int count = 0;
-      check_mpi(MPI_Get_count(&status, MPI_INT64_T, &count), "MPI_Get_count");
-      std::array<int64_t, 2> name{};
-      if (count != 2) {
-        check_mpi(MPI_Mrecv(nullptr, 0, MPI_BYTE, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
-        std::fprintf(stderr, "[mpi %d] dropped a pair-sum notice of %d values, expected 2\n", rank,
-                     count);
-        continue;
-      }
-      check_mpi(MPI_Mrecv(name.data(), 2, MPI_INT64_T, &handle, MPI_STATUS_IGNORE), "MPI_Mrecv");
-      p.theirs.push_back(PairSum{name[0], static_cast<int>(name[1]), Tensor()});
-      moved = true;
-    }
-    // Both sides name their sums in increasing order, so a name one side passed is one the
-    // other skipped.
-    while (!p.mine.empty() && !p.theirs.empty()) {
-      if (p.mine.front() < p.theirs.front()) {
-        p.mine.pop_front();
-      } else if (p.theirs.front() < p.mine.front()) {
-        p.theirs.pop_front();
-      } else {
-        PairSum sum = std::move(p.mine.front());
-        p.mine.pop_front();
-        p.theirs.pop_front();
-        auto& started = p.summing.emplace_back(std::move(sum), std::vector<MPI_Request>());
-        const Tensor& t = started.first.tensor;
-        const int64_t n = t.numel();
-        const int64_t segment = kPairSumSegment;
-        for (int64_t at = 0; at < n; at += segment) {
-          MPI_Request& request = started.second.emplace_back(MPI_REQUEST_NULL);
-          const int count = static_cast<int>(std::min(segment, n - at));
-          void* data =
-              static_cast<char*>(t.raw_data()) + at * static_cast<int64_t>(dtype_size(t.dtype()));
-          check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, count,
-                                   t.dtype() == DType::f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
-                                   p.comm, &request),
-                    "MPI_Iallreduce");
-        }
-        moved = true;
-      }
-    }
-    std::erase_if(p.summing, [&](auto& sum) {
-      int done = 0;
-      check_mpi(MPI_Testall(static_cast<int>(sum.second.size()), sum.second.data(), &done,
-                            MPI_STATUSES_IGNORE),
-                "MPI_Testall");
-      if (!done) return false;
-      Message message(MessageKind::PairSumDone, sum.first.step, sum.first.part);
-      message.from = p.endpoint;
-      inboxes.at(p.endpoint)->push(std::move(message));
-      ++pair_sums_done;
-      moved = true;
-      return true;
-    });
-    return moved;
   }
-  // This rank's place in its pair's communicator: 0 or 1.
-  int pair_rank() const { return ranks.at(pair->endpoint) < ranks.at(pair->peer) ? 0 : 1; }
-  bool pair_sums_in_flight() const {
-    return pair && (!pair->summing.empty() || !pair->notices.empty());
-  }
+  bool pair_sums_in_flight() const { return pair && pair->in_flight(); }
 
   // One pass over every transfer; true when a message started or arrived. (A send that
   // completes is not traffic: counting it kept a sender's progress thread polling, a fifth of
@@ -398,7 +290,7 @@ struct MpiTransport::Impl {
         // Idle: nap, but wake at once for a send from this rank.
         std::unique_lock<std::mutex> queue_lock(mutex);
         wake.wait_for(queue_lock, nap,
-                      [&] { return !outgoing.empty() || (pair && !pair->starting.empty()); });
+                      [&] { return !outgoing.empty() || !pair_sums_queued.empty(); });
         nap = std::min(nap * 2, options.idle_sleep);
         continue;
       }
@@ -442,7 +334,7 @@ class MpiCommunicator final : public Communicator {
   }
   bool has_pair_sum(int peer, DType dtype) const override {
     const auto& pair = transport_->pair;
-    return pair && pair->endpoint == id_ && pair->peer == peer &&
+    return pair && pair->endpoint() == id_ && pair->peer() == peer &&
            (dtype == DType::f32 || dtype == DType::f64);
   }
   void start_pair_sum(int peer, const Tensor& tensor, int64_t step, int part) override {
@@ -454,15 +346,11 @@ class MpiCommunicator final : public Communicator {
                     tensor.numel() <= std::numeric_limits<int>::max(),
                 "MPI: a pair sum takes a contiguous CPU tensor of at most 2^31 - 1 elements, got ",
                 tensor.numel(), " elements on ", tensor.device());
-    auto& pair = *t.pair;
-    const std::pair<int64_t, int> name{step, part};
-    PIPIT_CHECK(pair.last < name, "MPI: endpoint ", id_, " started pair sum (", step, ", ", part,
-                ") after (", pair.last.first, ", ", pair.last.second,
-                "): a pair's sums are named in increasing order");
-    pair.last = name;
+    MpiPairSum::Sum sum{step, part, tensor};
+    t.pair->check_order(sum);
     {
       std::lock_guard<std::mutex> lock(t.mutex);
-      pair.starting.push_back(MpiTransport::Impl::PairSum{step, part, tensor});
+      t.pair_sums_queued.push_back(std::move(sum));
     }
     std::unique_lock<std::mutex> mpi(t.mpi, std::try_to_lock);
     if (mpi && !t.stopping && !t.abandoning) {
@@ -484,72 +372,6 @@ class MpiCommunicator final : public Communicator {
 };
 
 }  // namespace
-
-namespace {
-
-void initialize() {
-  int initialized = 0;
-  check_mpi(MPI_Initialized(&initialized), "MPI_Initialized");
-  if (initialized) return;
-#ifdef OPEN_MPI
-  // Open MPI yields the core inside a call that finds nothing to do once mpirun oversubscribes
-  // the node. Every call pipit makes after start-up returns at once, under the transport's lock,
-  // and pipit sleeps by itself when idle: with those yields, a thread that had let others run
-  // still held the lock, and every thread that needed MPI waited out their time slices (4
-  // ranks on 2 cores: a rank's lock held that way for a fifth of the time).
-  setenv("OMPI_MCA_mpi_yield_when_idle", "0", 1);
-#endif
-  int provided = 0;
-  check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
-  PIPIT_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI: this MPI library gives thread level ",
-              provided, ", pipit's progress thread needs MPI_THREAD_SERIALIZED");
-}
-
-}  // namespace
-
-// Splits off the communicator of this rank's pair (MpiOptions::pair_sums), collectively.
-void open_pair(MpiTransport::Impl& t) {
-  std::map<int, std::pair<int, int>> pair_of_rank;  // rank -> (pair, endpoint)
-  int color = MPI_UNDEFINED;
-  const auto& pairs = t.options.pair_sums;
-  for (size_t i = 0; i < pairs.size(); ++i) {
-    const auto [a, b] = pairs[i];
-    for (int endpoint : {a, b}) {
-      const auto rank = t.ranks.find(endpoint);
-      PIPIT_CHECK(rank != t.ranks.end(), "MPI: pair_sums names endpoint ", endpoint,
-                  ", which has no rank in the route table");
-      const auto [other, taken] =
-          pair_of_rank.try_emplace(rank->second, static_cast<int>(i), endpoint);
-      PIPIT_CHECK(taken, "MPI: rank ", rank->second, " holds endpoint ", endpoint, " of pair ", i,
-                  " and endpoint ", other->second.second, " of pair ", other->second.first,
-                  ": pair_sums takes at most one pair per rank, on two ranks");
-    }
-    if (t.ranks.at(a) == t.rank || t.ranks.at(b) == t.rank) {
-      color = static_cast<int>(i);
-      const bool first = t.ranks.at(a) == t.rank;
-      t.pair.emplace(first ? a : b, first ? b : a);
-    }
-  }
-  MPI_Comm comm = MPI_COMM_NULL;
-  // Key: the rank, so a pair's lower rank is its rank 0 (Impl::pair_rank).
-  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, color, t.rank, &comm), "MPI_Comm_split");
-  if (t.pair) t.pair->comm = comm;
-}
-
-MpiJob mpi_job() {
-  initialize();
-  MpiJob job;
-  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &job.rank), "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &job.world_size), "MPI_Comm_size");
-  MPI_Comm node;
-  check_mpi(
-      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, job.rank, MPI_INFO_NULL, &node),
-      "MPI_Comm_split_type");
-  check_mpi(MPI_Comm_rank(node, &job.local_rank), "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(node, &job.local_size), "MPI_Comm_size");
-  MPI_Comm_free(&node);
-  return job;
-}
 
 std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiOptions options,
                                                   const std::string& fingerprint) {
@@ -577,7 +399,7 @@ std::shared_ptr<MpiTransport> MpiTransport::start(std::map<int, int> ranks, MpiO
                 " built a different model or configuration than rank 0 (every rank must run "
                 "the same program with the same flags and seed)");
   }
-  open_pair(*impl);
+  impl->pair = MpiPairSum::open(impl->options.pair_sums, impl->ranks, impl->rank);
   impl->doorbells = NodeDoorbells::open(job.rank, job.world_size, job.local_size);
   for (const auto& [endpoint, rank] : impl->ranks) {
     PIPIT_CHECK(rank >= 0 && rank < impl->world, "MPI: endpoint ", endpoint, " is routed to rank ",
@@ -615,7 +437,7 @@ int MpiTransport::local_rank() const {
   return impl_->local_rank;
 }
 int64_t MpiTransport::pair_sums() const {
-  return impl_->pair_sums_done;
+  return impl_->pair ? impl_->pair->done() : 0;
 }
 
 std::shared_ptr<Communicator> MpiTransport::endpoint(int endpoint) {
@@ -642,7 +464,7 @@ void MpiTransport::stop() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  if (impl_->pair) MPI_Comm_free(&impl_->pair->comm);
+  if (impl_->pair) impl_->pair->release();
   MPI_Finalize();
 }
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/mpi/mpi_job.h"
 
 namespace pipit {
 
@@ -44,19 +45,12 @@ struct MpiOptions {
   // communicator of their two ranks, split off at start: every rank passes the same list, and
   // a rank holds at most one pair's endpoint. A pipeline with two replicas pairs each stage's.
   std::vector<std::pair<int, int>> pair_sums;
-  // MpiPipeline with two replicas and pair_sums empty: pair each stage's replicas. Off by
+  // A Pipeline over MPI (Launch::mpi) with two replicas and pair_sums empty: pair each
+  // stage's replicas. Off by
   // default: on a 2-core VM with 4 ranks it was at best even with the chain (bench/RESULTS.md,
   // replicas); where MPI's collectives are tuned to the network, try it.
   bool pair_replicas = false;
 };
-
-// This process's place in the MPI job (initialising MPI if needed): call it before any
-// MpiTransport starts, e.g. to size a pipeline by the job or share out a node's cores.
-struct MpiJob {
-  int rank = 0, world_size = 1;
-  int local_rank = 0, local_size = 1;  // among the ranks on this node
-};
-MpiJob mpi_job();
 
 class MpiTransport : public std::enable_shared_from_this<MpiTransport> {
  public:
