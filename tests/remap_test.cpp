@@ -37,12 +37,7 @@ std::shared_ptr<Sequential> gpt_of(int64_t blocks) {
 }
 
 Batch remap_batch() {
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < 12 * 4; ++i) {
-    x.push_back((i * 7) % 11);
-    y.push_back((i * 7 + 3) % 11);
-  }
-  return {from_vector(x, {12, 4}), from_vector(y, {12, 4})};
+  return testing::gpt_batch(11, 12, 4);
 }
 
 PipelineConfig config_for(int p, int m, int v, const std::string& schedule,
