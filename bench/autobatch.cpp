@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
   flags.add("threads", "1", "CPU threads per kernel");
   flags.add("examples", "512", "examples per batched measurement (a quarter one at a time)");
   flags.add("end-bias", "1", "decoding: the end token's score bias (sets the lengths)");
-  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  bench::add_no_append_flag(flags);
   flags.parse(argc, argv);
   set_num_threads(static_cast<int>(flags.integer("threads")));
   const int64_t examples = flags.integer("examples");
