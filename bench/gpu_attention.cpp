@@ -84,8 +84,7 @@ int main(int argc, char** argv) {
                                                      : cuda::AttentionProvider::pipit);
     for (const auto& dtype : dtypes) {
       for (const auto& shape : shapes) {
-        std::printf("%s\n", time_attention(dtype, shape, provider, warmup, repeats).dump().c_str());
-        std::fflush(stdout);
+        bench::print_row(time_attention(dtype, shape, provider, warmup, repeats));
       }
     }
     return 0;

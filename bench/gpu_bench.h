@@ -1,10 +1,11 @@
 #pragma once
 // What the gpu_* benchmarks share: the CUDA device check (a machine without a GPU is not an
-// error: the benchmark says so and exits 0), and timing, with the per-kernel benchmarks' timing
-// flags (gpu_common.py's --warmup and --repeats, which it passes on).
+// error: the benchmark says so and exits 0), timing, with the per-kernel benchmarks' timing
+// flags (gpu_common.py's --warmup and --repeats, which it passes on), and printing a result.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,12 @@ std::vector<double> time_ms(int64_t warmup, int64_t repeats, Run run) {
     times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   }
   return times;
+}
+
+// A result as one JSON line, flushed at once: gpu_common.py reads the lines as they come.
+inline void print_row(const nlohmann::json& row) {
+  std::printf("%s\n", row.dump().c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace pipit::bench

@@ -65,8 +65,7 @@ int main(int argc, char** argv) {
                                     {"size", n},
                                     {"iters", iters},
                                     {"ms", time_gemm(kind, n, iters, warmup, repeats)}};
-        std::printf("%s\n", row.dump().c_str());
-        std::fflush(stdout);
+        bench::print_row(row);
       }
     }
     return 0;

@@ -187,8 +187,7 @@ void time_bias_grad(int64_t warmup, int64_t repeats) {
       check_close(weight_grad, product, what);
       check_close(bias_grad, bias_product, what + " (bias)");
     }
-    std::printf("%s\n", row.dump().c_str());
-    std::fflush(stdout);
+    bench::print_row(row);
   }
 }
 
@@ -217,8 +216,7 @@ int main(int argc, char** argv) {
       const nlohmann::json row = kernel == "layer_norm"      ? time_layer_norm(warmup, repeats)
                                  : kernel == "cross_entropy" ? time_cross_entropy(warmup, repeats)
                                                              : time_adamw(warmup, repeats);
-      std::printf("%s\n", row.dump().c_str());
-      std::fflush(stdout);
+      bench::print_row(row);
     }
     return 0;
   } catch (const std::exception& e) {

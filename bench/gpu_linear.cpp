@@ -71,8 +71,7 @@ int main(int argc, char** argv) {
     if (!bench::has_cuda_device("gpu_linear")) return 0;
     for (const auto& mode : modes) {
       for (const auto& shape : shapes) {
-        std::printf("%s\n", time_linear(mode, shape, warmup, repeats).dump().c_str());
-        std::fflush(stdout);
+        bench::print_row(time_linear(mode, shape, warmup, repeats));
       }
     }
     return 0;
