@@ -19,13 +19,7 @@
 #include "serialize/checkpoint.h"
 
 using namespace pipit;
-using pipit::testing::bitwise_equal;
-using pipit::testing::endpoints;
-using pipit::testing::start_workers;
-using pipit::testing::test_worker;
-using pipit::testing::WorkerProcess;
-using pipit::testing::Workers;
-using testing::Batch;
+using namespace pipit::testing;
 
 namespace {
 
@@ -37,7 +31,7 @@ std::shared_ptr<Sequential> gpt_of(int64_t blocks) {
 }
 
 Batch remap_batch() {
-  return testing::gpt_batch(11, 12, 4);
+  return gpt_batch(11, 12, 4);
 }
 
 PipelineConfig config_for(int p, int m, int v, const std::string& schedule,
