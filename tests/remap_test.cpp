@@ -55,6 +55,14 @@ void check_same(const StateDict& got, const StateDict& expected) {
   }
 }
 
+// `got`'s weights and optimizer state, fetched from its stages, are exactly `expected`'s.
+void check_same_state(Pipeline& got, Pipeline& expected) {
+  const auto [weights, optimizer] = expected.coordinator().fetch_state();
+  const auto [got_weights, got_optimizer] = got.coordinator().fetch_state();
+  check_same(got_weights, weights);
+  check_same(got_optimizer, optimizer);
+}
+
 // A random contiguous partition of `layers` into `chunks` non-empty ranges.
 std::vector<LayerRange> random_partition(std::mt19937_64& random, size_t layers, size_t chunks) {
   std::vector<size_t> cuts;
@@ -91,10 +99,7 @@ TEST_CASE("the reference scenario: stage 1 hands 3 of its 12 layers to stage 0 m
         CHECK(remapped.stage(0).spec().chunks[0]->size() == 15);
         CHECK(remapped.stage(1).spec().chunks[0]->first_index() == 15);
         // Weights and optimizer state, moved or not, are exactly the unmoved pipeline's.
-        const auto [w_plain, o_plain] = plain.coordinator().fetch_state();
-        const auto [w_moved, o_moved] = remapped.coordinator().fetch_state();
-        check_same(w_moved, w_plain);
-        check_same(o_moved, o_plain);
+        check_same_state(remapped, plain);
       }
       CHECK(remapped.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
     }
@@ -131,10 +136,7 @@ TEST_CASE("random remap sequences train exactly as no remaps, for every schedule
         REQUIRE(remapped.chunk_ranges() == ranges);
         CHECK(remapped.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
       }
-      const auto [w_plain, o_plain] = plain.coordinator().fetch_state();
-      const auto [w_moved, o_moved] = remapped.coordinator().fetch_state();
-      check_same(w_moved, w_plain);
-      check_same(o_moved, o_plain);
+      check_same_state(remapped, plain);
     }
   }
 }
@@ -201,10 +203,7 @@ TEST_CASE("remapping over worker processes moves layers worker to worker, bit fo
       CHECK(remote.chunk_ranges() == ranges);
       CHECK(remote.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
     }
-    const auto [w_plain, o_plain] = plain.coordinator().fetch_state();
-    const auto [w_remote, o_remote] = remote.coordinator().fetch_state();
-    check_same(w_remote, w_plain);
-    check_same(o_remote, o_plain);
+    check_same_state(remote, plain);
   }
 }
 
