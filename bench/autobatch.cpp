@@ -19,6 +19,7 @@
 #include "pipit.h"
 #include "support/autobatch_models.h"
 #include "support/flags.h"
+#include "support/run_flags.h"
 
 using namespace pipit;
 using namespace pipit::batching;
@@ -110,10 +111,10 @@ std::string ratio(double a, double b) {
 
 int main(int argc, char** argv) {
   support::Flags flags("autobatch", "Automatic batching vs one at a time and by hand.");
-  flags.add("threads", "1", "CPU threads per kernel");
+  support::add_threads_flag(flags, "1");
   flags.add("examples", "512", "examples per batched measurement (a quarter one at a time)");
   flags.add("end-bias", "1", "decoding: the end token's score bias (sets the lengths)");
-  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  bench::add_no_append_flag(flags);
   flags.parse(argc, argv);
   set_num_threads(static_cast<int>(flags.integer("threads")));
   const int64_t examples = flags.integer("examples");

@@ -37,6 +37,17 @@ def time_steps(warmup, steps, step):
     return times
 
 
+def time_chained_adds(warmup, steps, add, a, b, finish=lambda a: None, ops=10000):
+    """Microseconds per call of `add` over steps of `ops` chained calls (each adds `b` to the
+    one before's result), `finish` waiting for the last: a framework's cost per tiny op."""
+    def step():
+        nonlocal a
+        for _ in range(ops):
+            a = add(a, b)
+        finish(a)
+    return [t * 1000.0 / ops for t in time_steps(warmup, steps, step)]
+
+
 def peer_flags(description):
     """The flags bench/cpu_vs_torch.py gives pipit (build/cpu_vs_torch) and each of its peers."""
     parser = argparse.ArgumentParser(description=description)

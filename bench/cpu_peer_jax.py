@@ -11,7 +11,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from bench_common import peer_flags, time_steps
+from bench_common import peer_flags, time_chained_adds, time_steps
 
 jax.config.update("jax_platforms", "cpu")
 
@@ -163,15 +163,8 @@ def jax_gpt(warmup, steps):
 
 
 def jax_tiny_op(warmup, steps):
-    a, b = jnp.array([1.0]), jnp.array([2.0])
-    ops = 10000
-
-    def step():
-        nonlocal a
-        for _ in range(ops):
-            a = jnp.add(a, b)
-        a.block_until_ready()
-    return [t * 1000.0 / ops for t in time_steps(warmup, steps, step)]
+    return time_chained_adds(warmup, steps, jnp.add, jnp.array([1.0]), jnp.array([2.0]),
+                             lambda a: a.block_until_ready())
 
 
 def jax_bf16_ops(warmup, steps):

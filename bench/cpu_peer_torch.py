@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench_common import peer_flags, time_steps
+from bench_common import peer_flags, time_chained_adds, time_steps
 
 
 # Attention as torch's users run it: F.scaled_dot_product_attention (fused kernels: flash or
@@ -107,14 +107,7 @@ def torch_gpt(warmup, steps):
 
 
 def torch_tiny_op(warmup, steps):
-    a, b = torch.tensor([1.0]), torch.tensor([2.0])
-    ops = 10000
-
-    def step():
-        nonlocal a
-        for _ in range(ops):
-            a = torch.add(a, b)
-    return [t * 1000.0 / ops for t in time_steps(warmup, steps, step)]
+    return time_chained_adds(warmup, steps, torch.add, torch.tensor([1.0]), torch.tensor([2.0]))
 
 
 def torch_bf16_ops(warmup, steps):

@@ -12,6 +12,7 @@
 #include "optim/optimizer.h"
 #include "pipit.h"
 #include "support/flags.h"
+#include "support/run_flags.h"
 #include "tensor/cpu/cpu_backend.h"
 
 using namespace pipit;
@@ -97,7 +98,7 @@ int main(int argc, char** argv) {
   support::Flags flags("cpu_vs_torch",
                        "Times training steps of one model and prints them as a JSON line.");
   flags.add("model", "mlp", "mlp, gpt, tiny_op, bf16_ops, or peak: one core's FP32 peak");
-  flags.add("threads", "1", "CPU threads per kernel");
+  support::add_threads_flag(flags, "1");
   flags.add("warmup", "2", "untimed steps first");
   flags.add("steps", "10", "timed steps");
   flags.add("gemm", "auto", "GEMM provider: auto, onednn or openblas");

@@ -73,20 +73,18 @@ int main(int argc, char** argv) {
     flags.add("dtypes", "bf16,f16,f32", "dtypes to time");
     flags.add("shapes", "8x12x1024x64,2x12x4096x64", "BxHxTxD shapes");
     flags.add("provider", "pipit", "pipit or cudnn");
-    flags.add("warmup", "3", "untimed calls first");
-    flags.add("repeats", "10", "timed calls");
+    bench::add_timing_flags(flags);
     flags.parse(argc, argv);
     const auto dtypes = flags.choices("dtypes", {"bf16", "f16", "f32"});
     const auto shapes = flags.items("shapes");
     const std::string provider = flags.choice("provider", {"pipit", "cudnn"});
-    const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
+    const auto [warmup, repeats] = bench::timing(flags);
     if (!bench::has_cuda_device("gpu_attention")) return 0;
     cuda::set_attention_provider(provider == "cudnn" ? cuda::AttentionProvider::cudnn
                                                      : cuda::AttentionProvider::pipit);
     for (const auto& dtype : dtypes) {
       for (const auto& shape : shapes) {
-        std::printf("%s\n", time_attention(dtype, shape, provider, warmup, repeats).dump().c_str());
-        std::fflush(stdout);
+        bench::print_row(time_attention(dtype, shape, provider, warmup, repeats));
       }
     }
     return 0;

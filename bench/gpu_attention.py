@@ -61,14 +61,10 @@ def main():
     cases = [(d, p, s) for d in args.dtypes.split(",") for p in args.providers.split(",")
              for s in args.shapes.split(",") if not (p == "cudnn" and d == "f32")]
     for dtype, provider, shape in cases:
-        rows = gpu_common.run_pipit(binary, ["--dtypes", dtype, "--shapes", shape,
-                                             "--provider", provider, "--warmup",
-                                             str(args.warmup), "--repeats",
-                                             str(args.repeats)])
-        if not rows:
-            table.append(f"| {dtype} | {provider} | {shape} | failed | | | | | |")
+        row = gpu_common.run_case(binary, ["--dtypes", dtype, "--shapes", shape, "--provider",
+                                           provider], args, [dtype, provider, shape], table)
+        if row is None:
             continue
-        [row] = rows
         B, H, T, D = row["batch"], row["heads"], row["context"], row["head_dim"]
         forward_flops = 2.0 * B * H * T * T * D
         fwd, step = torch_attention(torch, dtype, B, H, T, D, args.warmup, args.repeats)

@@ -62,6 +62,19 @@ def run_pipit(binary, args):
     return rows
 
 
+def run_case(binary, arguments, args, cells, table):
+    """Runs pipit's binary on one case with the script's --warmup and --repeats; returns its one
+    JSON row, or None after adding to `table` a row that says the case `cells` names failed."""
+    rows = run_pipit(binary, arguments + ["--warmup", str(args.warmup), "--repeats",
+                                          str(args.repeats)])
+    if not rows:
+        columns = table[1].count("---")
+        table.append("| " + " | ".join(cells) + " | failed |" + " |" * (columns - len(cells) - 1))
+        return None
+    [row] = rows
+    return row
+
+
 def parser(doc):
     """An argument parser with the flags every per-kernel script takes (--build, --warmup,
     --repeats, --no-append); the script adds its own."""

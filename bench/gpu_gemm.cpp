@@ -52,12 +52,11 @@ int main(int argc, char** argv) {
     support::Flags flags("gpu_gemm", "Square GEMMs on one GPU, per dtype and size.");
     flags.add("dtypes", "f32,tf32,bf16,bf16-f32", "kinds of product to time");
     flags.add("sizes", "1024,2048,4096,8192", "matrix sizes");
-    flags.add("warmup", "3", "untimed products first");
-    flags.add("repeats", "10", "timed products");
+    bench::add_timing_flags(flags, "products");
     flags.parse(argc, argv);
     const auto kinds = flags.choices("dtypes", {"f32", "tf32", "bf16", "bf16-f32"});
     const auto sizes = flags.integers("sizes");
-    const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
+    const auto [warmup, repeats] = bench::timing(flags);
     if (!bench::has_cuda_device("gpu_gemm")) return 0;
     for (const auto& kind : kinds) {
       for (const auto& size : sizes) {
@@ -66,8 +65,7 @@ int main(int argc, char** argv) {
                                     {"size", n},
                                     {"iters", iters},
                                     {"ms", time_gemm(kind, n, iters, warmup, repeats)}};
-        std::printf("%s\n", row.dump().c_str());
-        std::fflush(stdout);
+        bench::print_row(row);
       }
     }
     return 0;

@@ -58,13 +58,10 @@ def main():
              "| --- | --- | --- | --- | --- |"]
     for kind in args.dtypes.split(","):
         for size in args.sizes.split(","):
-            rows = gpu_common.run_pipit(binary, ["--dtypes", kind, "--sizes", size, "--warmup",
-                                                 str(args.warmup), "--repeats",
-                                                 str(args.repeats)])
-            if not rows:
-                table.append(f"| {kind} | {size} | failed | | |")
+            row = gpu_common.run_case(binary, ["--dtypes", kind, "--sizes", size], args,
+                                      [kind, size], table)
+            if row is None:
                 continue
-            [row] = rows
             n = row["size"]
             pipit = tflops(n, statistics.median(row["ms"]))
             torch_ms = torch_gemm(torch, kind, n, row["iters"], args.warmup, args.repeats)

@@ -180,8 +180,7 @@ int main(int argc, char** argv) {
                                  : attention == "pipit" ? cuda::AttentionProvider::pipit
                                                         : cuda::AttentionProvider::automatic);
     for (const auto& mode : modes) {
-      std::printf("%s\n", run_mode(mode, o).dump().c_str());
-      std::fflush(stdout);
+      bench::print_row(run_mode(mode, o));
     }
     return 0;
   } catch (const std::exception& e) {

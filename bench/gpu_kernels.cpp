@@ -187,8 +187,7 @@ void time_bias_grad(int64_t warmup, int64_t repeats) {
       check_close(weight_grad, product, what);
       check_close(bias_grad, bias_product, what + " (bias)");
     }
-    std::printf("%s\n", row.dump().c_str());
-    std::fflush(stdout);
+    bench::print_row(row);
   }
 }
 
@@ -198,13 +197,12 @@ int main(int argc, char** argv) {
   try {
     support::Flags flags("gpu_kernels", "GPT-2 small's LayerNorm, cross-entropy and AdamW.");
     flags.add("kernels", "layer_norm,cross_entropy,adamw", "kernels to time");
-    flags.add("warmup", "3", "untimed calls first");
-    flags.add("repeats", "10", "timed calls");
+    bench::add_timing_flags(flags);
     flags.add("device", "cuda", "cuda (cuda:0), or cpu to check this program without a GPU");
     flags.parse(argc, argv);
     const auto kernels =
         flags.choices("kernels", {"layer_norm", "cross_entropy", "adamw", "bias_grad"});
-    const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
+    const auto [warmup, repeats] = bench::timing(flags);
     if (flags.choice("device", {"cuda", "cpu"}) == "cpu") {
       g_device = Device::cpu();
     } else if (!bench::has_cuda_device("gpu_kernels")) {
@@ -218,8 +216,7 @@ int main(int argc, char** argv) {
       const nlohmann::json row = kernel == "layer_norm"      ? time_layer_norm(warmup, repeats)
                                  : kernel == "cross_entropy" ? time_cross_entropy(warmup, repeats)
                                                              : time_adamw(warmup, repeats);
-      std::printf("%s\n", row.dump().c_str());
-      std::fflush(stdout);
+      bench::print_row(row);
     }
     return 0;
   } catch (const std::exception& e) {

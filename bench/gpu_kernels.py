@@ -99,12 +99,9 @@ def main():
              "pipit fwd+bwd ms | torch fwd+bwd ms | fwd+bwd torch/pipit |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for kernel in args.kernels.split(","):
-        rows = gpu_common.run_pipit(binary, ["--kernels", kernel, "--warmup", str(args.warmup),
-                                             "--repeats", str(args.repeats)])
-        if not rows:
-            table.append(f"| {kernel} | failed | | | | | | |")
+        row = gpu_common.run_case(binary, ["--kernels", kernel], args, [kernel], table)
+        if row is None:
             continue
-        [row] = rows
         forward, step = torch_kernel(torch, kernel, args.warmup, args.repeats)
         line = (f"| {kernel} | {row['shape']} | "
                 f"{cells(ms(row.get('forward_ms')), ms(forward))} | "

@@ -63,17 +63,15 @@ int main(int argc, char** argv) {
     // GPT-2 small's Linears at batch 8, context 1024: qkv, proj, fc, fc2 and the padded head.
     flags.add("shapes", "8192x768x2304,8192x768x768,8192x768x3072,8192x3072x768,8192x768x50304",
               "MxKxN shapes: M rows of K inputs to N outputs");
-    flags.add("warmup", "3", "untimed calls first");
-    flags.add("repeats", "10", "timed calls");
+    bench::add_timing_flags(flags);
     flags.parse(argc, argv);
     const auto modes = flags.choices("modes", {"f32", "tf32", "bf16"});
     const auto shapes = flags.items("shapes");
-    const int64_t warmup = flags.integer("warmup", 0), repeats = flags.integer("repeats");
+    const auto [warmup, repeats] = bench::timing(flags);
     if (!bench::has_cuda_device("gpu_linear")) return 0;
     for (const auto& mode : modes) {
       for (const auto& shape : shapes) {
-        std::printf("%s\n", time_linear(mode, shape, warmup, repeats).dump().c_str());
-        std::fflush(stdout);
+        bench::print_row(time_linear(mode, shape, warmup, repeats));
       }
     }
     return 0;

@@ -68,13 +68,10 @@ def main():
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for mode in args.modes.split(","):
         for shape in args.shapes.split(","):
-            rows = gpu_common.run_pipit(binary, ["--modes", mode, "--shapes", shape, "--warmup",
-                                                 str(args.warmup), "--repeats",
-                                                 str(args.repeats)])
-            if not rows:
-                table.append(f"| {mode} | {shape} | failed | | | | | |")
+            row = gpu_common.run_case(binary, ["--modes", mode, "--shapes", shape], args,
+                                      [mode, shape], table)
+            if row is None:
                 continue
-            [row] = rows
             M, K, N = row["m"], row["k"], row["n"]
             forward_flops = 2.0 * M * K * N
             fwd, step = torch_linear(torch, mode, M, K, N, args.warmup, args.repeats)

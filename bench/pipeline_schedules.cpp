@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
                        "Every schedule's efficiency against theory, per-task overhead and memory, "
                        "with sleeping layers (in-process and as worker processes).");
   flags.add("layer-ms", "4", "a sleeping layer's forward time in ms (backward: twice that)");
-  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  bench::add_no_append_flag(flags);
   flags.add("timeline", "", "print one step's timeline of this schedule instead");
   flags.add("timeline-m", "8", "microbatches of --timeline's step");
   flags.parse(argc, argv);

@@ -52,22 +52,26 @@ inline std::pair<int, int> socket_pair(int buffer_bytes = 0) {
   return {client, server};
 }
 
-inline void send_all(int fd, const char* data, size_t size) {
+// Calls `transfer(next, left)`, one send() or recv() of the `left` bytes still to move from
+// `next`, until all `size` bytes have moved.
+template <typename Byte, typename Transfer>
+void transfer_all(Byte* data, size_t size, const char* what, Transfer transfer) {
   while (size > 0) {
-    ssize_t n = ::send(fd, data, size, 0);
-    check_os(n > 0, "send");
+    const ssize_t n = transfer(data, size);
+    check_os(n > 0, what);
     data += n;
     size -= static_cast<size_t>(n);
   }
 }
 
+inline void send_all(int fd, const char* data, size_t size) {
+  transfer_all(data, size, "send",
+               [fd](const char* left, size_t bytes) { return ::send(fd, left, bytes, 0); });
+}
+
 inline void recv_all(int fd, char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::recv(fd, data, size, 0);
-    check_os(n > 0, "recv");
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
+  transfer_all(data, size, "recv",
+               [fd](char* left, size_t bytes) { return ::recv(fd, left, bytes, 0); });
 }
 
 // recv_all with a receive low-water mark of up to 1 MiB, so the reader wakes once per MiB
@@ -83,15 +87,12 @@ inline void recv_all_batched(int fd, char* data, size_t size) {
     setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof bytes);
     mark = bytes;
   };
-  while (size > 0) {
-    set_mark(static_cast<int>(std::min(size, kBatch)));
+  transfer_all(data, size, "recv", [&](char* left, size_t bytes) {
+    set_mark(static_cast<int>(std::min(bytes, kBatch)));
     pollfd ready{fd, POLLIN, 0};
     if (poll(&ready, 1, 1) == 0) set_mark(1);
-    ssize_t n = ::recv(fd, data, size, 0);
-    check_os(n > 0, "recv");
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
+    return ::recv(fd, left, bytes, 0);
+  });
   set_mark(1);
 }
 

@@ -161,7 +161,7 @@ PipelineConfig config_for(const Scenario& scenario, bool rebalance) {
 int run(int argc, char** argv) {
   support::Flags flags("rebalance", "Automatic layer rebalancing against the fitted optimum.");
   flags.add("steps", "40", "training steps per row (>= 20)");
-  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  bench::add_no_append_flag(flags);
   flags.add("only", "", "run only the rows whose \"imbalance | model | stages in\" contains this");
   flags.parse(argc, argv);
   const int steps = static_cast<int>(flags.integer("steps", 20));

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <map>
 #include <sstream>
 
@@ -129,17 +130,12 @@ PipelineConfig config_of(int p, int r, double ballast_mb, Update update) {
 enum class Where { threads, tcp, mpi_pairs, mpi_chain };
 
 const char* where_name(Where where) {
-  switch (where) {
-    case Where::threads:
-      return "threads";
-    case Where::tcp:
-      return "worker processes (TCP)";
-    case Where::mpi_pairs:
-      return "mpirun ranks (MPI_Iallreduce pairs)";
-    case Where::mpi_chain:
-      return "mpirun ranks (chain over MPI messages)";
-  }
-  return "?";
+  // In Where's order.
+  static constexpr const char* kNames[] = {"threads", "worker processes (TCP)",
+                                           "mpirun ranks (MPI_Iallreduce pairs)",
+                                           "mpirun ranks (chain over MPI messages)"};
+  static_assert(std::size(kNames) == static_cast<size_t>(Where::mpi_chain) + 1);
+  return kNames[static_cast<size_t>(where)];
 }
 
 #ifdef PIPIT_WITH_MPI
@@ -449,7 +445,7 @@ int main(int argc, char** argv) {
                        "p stages x r replicas on r times the data against p stages alone.");
   flags.add("layer-ms", "2", "a sleeping layer's forward time in ms (backward: twice that)");
   flags.add("steps", "5", "timed steps per row (the median is kept)");
-  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  bench::add_no_append_flag(flags);
   flags.add_switch("mpi-row",
                    "internal: be a rank of the mpirun job of one sleeping row (rank 0 prints it)");
   flags.add("stages", "2", "internal, with --mpi-row: the row's stages");

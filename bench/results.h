@@ -1,7 +1,7 @@
 #pragma once
 // What the benchmarks share around their measurements: medians, running a peer or a helper
 // command and reading what it printed, and appending results to bench/RESULTS.md under a
-// heading that names the benchmark, the date (UTC), the CPU and its cores.
+// heading that names the benchmark, the date (UTC), the CPU and its cores, unless --no-append.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +11,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "support/flags.h"
 
 namespace pipit::bench {
 
@@ -43,6 +45,10 @@ inline void append_results(const std::string& benchmark, const std::string& text
   results << "\n## " << benchmark << ", " << date << ", " << cpu_name() << ", "
           << std::thread::hardware_concurrency() << " cores\n\n"
           << text;
+}
+
+inline void add_no_append_flag(support::Flags& flags) {
+  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
 }
 
 // What a shell command printed on its standard output, line by line (each with its newline),

@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
                        "TCP and MPI transports against raw sockets and raw MPI, and a GPT step "
                        "across worker processes.");
   flags.add("rounds", "7", "timed rounds per size (the median is kept)");
-  flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  bench::add_no_append_flag(flags);
   flags.add("only", "", "run one part: tcp, mpi or gpt (printed only, never appended)");
   flags.add("mpi-role", "", "internal: transport or gpt, a rank of the mpirun job it starts");
   flags.add("gpt-steps", std::to_string(kGptSteps), "internal, with --mpi-role gpt: timed steps");

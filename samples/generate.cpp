@@ -12,6 +12,7 @@
 #include "serialize/hf_gpt2.h"
 #include "serialize/model_io.h"
 #include "support/flags.h"
+#include "support/run_flags.h"
 #include "text/tokenizer.h"
 
 using namespace pipit;
@@ -27,7 +28,7 @@ int main(int argc, char** argv) {
   flags.add("temperature", "1", "divides the logits before sampling");
   flags.add("top-k", "0", "sample among the k most likely tokens (0: all)");
   flags.add("top-p", "1", "sample among the most likely tokens holding this probability");
-  flags.add("seed", "0", "random seed for sampling");
+  support::add_seed_flag(flags, "0", "sampling");
   flags.add("device", "cpu", "cpu or cuda");
   flags.add("dtype", "f32", "the products' dtype: f32, or bf16 (half the bytes per token)");
   flags.parse(argc, argv);
@@ -52,7 +53,7 @@ int main(int argc, char** argv) {
     options.temperature = flags.number("temperature");
     options.top_k = flags.integer("top-k", 0);
     options.top_p = flags.number("top-p");
-    options.seed = static_cast<uint64_t>(flags.integer("seed", 0));
+    options.seed = support::seed_flag(flags);
     options.dtype = flags.choice("dtype", {"f32", "bf16"}) == "bf16" ? DType::bf16 : DType::f32;
 
     std::vector<int64_t> prompt;

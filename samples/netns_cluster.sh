@@ -33,16 +33,14 @@ cmake --build build -j"$(nproc)" --target pipit-worker train_gpt >/dev/null
 
 tag=$$ subnet=10.78.$(($$ % 250))
 run_dir=$(mktemp -d)
-pids=()
+source samples/local_workers.sh
 cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  cleanup_workers
   for ((i = 0; i < hosts; i++)); do
     ip netns del "pn$tag-$i" 2>/dev/null || true
     ip link del "pv$tag-$i" 2>/dev/null || true
   done
   ip link del "pb$tag" 2>/dev/null || true
-  rm -rf "$run_dir"
 }
 trap cleanup EXIT
 
@@ -70,6 +68,8 @@ for ((i = 0; i < hosts; i++)); do
 done
 
 flags=(--steps 30 --threads 1 --sample 0 "$@")
+addresses=()
+for ((i = 0; i < hosts; i++)); do addresses+=("$subnet.$((i + 1))"); done
 if ((mpi)); then
   cat >"$run_dir/agent.sh" <<AGENT
 #!/bin/sh
@@ -78,8 +78,6 @@ host=\$1; shift
 exec ip netns exec pn$tag-\$(( \${host##*.} - 1 )) /bin/sh -c "\$*"
 AGENT
   chmod 700 "$run_dir/agent.sh"
-  addresses=()
-  for ((i = 0; i < hosts; i++)); do addresses+=("$subnet.$((i + 1))"); done
   host_list=$(IFS=,; echo "${addresses[*]}")
   echo "netns_cluster: $hosts MPI ranks on $host_list, links shaped by $shaping"
   mpirun --allow-run-as-root --host "$host_list" --mca plm_rsh_agent "$run_dir/agent.sh" \
@@ -89,7 +87,6 @@ AGENT
     ./build/train_gpt --launcher mpi "${flags[@]}" | tee "$run_dir/cluster.log"
 else
   (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n" >"$run_dir/token")
-  endpoints=()
   for ((i = 0; i < hosts; i++)); do
     # Every "host" here shares this machine's cores, so one thread each; on real hosts the
     # workers' default (the host's cores over its stages) is right.
@@ -98,12 +95,7 @@ else
       2>"$run_dir/worker$i.log" &
     pids+=($!)
   done
-  for ((i = 0; i < hosts; i++)); do
-    for _ in $(seq 100); do [[ -s "$run_dir/port$i" ]] && break; sleep 0.1; done
-    [[ -s "$run_dir/port$i" ]] || { echo "worker $i did not start:"; cat "$run_dir/worker$i.log"; exit 1; }
-    endpoints+=("$subnet.$((i + 1)):$(cat "$run_dir/port$i")")
-  done
-  workers=$(IFS=,; echo "${endpoints[*]}")
+  await_workers "${addresses[@]}"
   echo "netns_cluster: $hosts hosts at $workers, links shaped by $shaping"
 
   ./build/train_gpt --workers "$workers" --token-file "$run_dir/token" \

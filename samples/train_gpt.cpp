@@ -28,6 +28,7 @@
 #include "support/checkpoint_flags.h"
 #include "support/flags.h"
 #include "support/gpt_flags.h"
+#include "support/run_flags.h"
 #include "support/tcp_flags.h"
 #include "text/tokenizer.h"
 #include "text_data.h"
@@ -168,8 +169,8 @@ int main(int argc, char** argv) {
   flags.add("batch", "16", "sequences per step");
   flags.add("steps", "200", "optimizer steps (0: load, save and sample only)");
   flags.add("lr", "0.003", "peak learning rate (warm-up then cosine decay)");
-  flags.add("seed", "1", "random seed (weights, batches, sampling)");
-  flags.add("threads", "0", "CPU threads per kernel (0: the cores shared out over the stages)");
+  support::add_seed_flag(flags, "1", "weights, batches, sampling");
+  support::add_threads_flag(flags, "0", "the cores shared out over the stages");
   add_pipeline_flags(flags);
   add_distributed_flags(flags);
   support::add_checkpoint_flags(flags);
@@ -183,7 +184,7 @@ int main(int argc, char** argv) {
     const int64_t batch = flags.integer("batch"), steps = flags.integer("steps", 0);
     const int64_t print_every = flags.integer("print-every");
     const int64_t sample_length = flags.integer("sample", 0);
-    const auto seed = static_cast<uint64_t>(flags.integer("seed", 0));
+    const uint64_t seed = support::seed_flag(flags);
     const double lr = flags.number("lr");
     if (!(lr > 0)) flags.fail("--lr must be positive");
     const std::vector<std::string> workers = flags.items("workers");

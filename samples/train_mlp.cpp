@@ -7,6 +7,7 @@
 #include "optim/optimizer.h"
 #include "pipit.h"
 #include "support/flags.h"
+#include "support/run_flags.h"
 
 using namespace pipit;
 
@@ -46,8 +47,8 @@ int main(int argc, char** argv) {
   flags.add("steps", "300", "optimizer steps");
   flags.add("lr", "0.05", "SGD learning rate");
   flags.add("momentum", "0.9", "SGD momentum");
-  flags.add("seed", "1", "random seed");
-  flags.add("threads", "0", "CPU threads (0: all cores)");
+  support::add_seed_flag(flags, "1", "data and weights");
+  support::add_threads_flag(flags, "0", "all cores");
   flags.parse(argc, argv);
 
   try {
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
     if (batch > samples) flags.fail("--batch must not exceed --samples");
     if (flags.integer("threads", 0) > 0)
       set_num_threads(static_cast<int>(flags.integer("threads")));
-    Generator generator(static_cast<uint64_t>(flags.integer("seed", 0)));
+    Generator generator(support::seed_flag(flags));
 
     auto [x, y] = make_dataset(samples, features, classes, generator);
     auto model = mlp({features, hidden, hidden, classes}, "relu", &generator);

@@ -14,6 +14,7 @@
 #include "pipit.h"
 #include "support/autobatch_models.h"
 #include "support/flags.h"
+#include "support/run_flags.h"
 
 using namespace pipit;
 using namespace pipit::batching;
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
   flags.add("width", "128", "hidden width (and word embedding width)");
   flags.add("lr", "0.005", "AdamW learning rate");
   flags.add("strategy", "agenda", "agenda (DyNet's) or depth");
-  flags.add("seed", "1", "random seed (data and weights)");
+  support::add_seed_flag(flags, "1", "data and weights");
   flags.parse(argc, argv);
   const int64_t vocabulary = 300;
   const int64_t batch = flags.integer("batch"), width = flags.integer("width");
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
   const std::string strategy_name = flags.choice("strategy", {"agenda", "depth"});
   const Strategy strategy = strategy_name == "agenda" ? Strategy::agenda : Strategy::depth;
 
-  Generator generator(static_cast<uint64_t>(flags.integer("seed", 0)));
+  Generator generator(support::seed_flag(flags));
   const int64_t count = flags.integer("trees");
   const std::vector<support::Tree> train =
       make_trees(count, min_leaves, max_leaves, vocabulary, generator);

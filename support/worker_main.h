@@ -11,6 +11,7 @@
 #include "ps/messages.h"
 #include "ps/role.h"
 #include "support/flags.h"
+#include "support/run_flags.h"
 #include "support/tcp_flags.h"
 #include "tensor/parallel.h"
 
@@ -28,8 +29,7 @@ inline int worker_main(int argc, char** argv, const std::string& program = "pipi
   add_tcp_flags(flags, TcpSide::worker);
   flags.add("package-timeout-ms", "30000",
             "a coordinator that claims this worker must send its stage within this");
-  flags.add("threads", "0",
-            "CPU threads per kernel (0: the cores shared out over the run's stages on this host)");
+  add_threads_flag(flags, "0", "the cores shared out over the run's stages on this host");
   flags.add("slowdown", "1",
             "run every layer this many times slower, as a slower machine would (>= 1; for "
             "trying load rebalancing on one computer)");

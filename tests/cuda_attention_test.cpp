@@ -14,10 +14,7 @@
 #endif
 
 using namespace pipit;
-using testing::cuda_ready;
-using testing::kCpu;
-using testing::kCuda;
-using testing::poisoned;
+using namespace testing::cuda_testing;
 
 // Without CUDA every case skips before it needs these.
 #ifdef PIPIT_WITH_CUDA

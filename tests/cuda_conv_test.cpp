@@ -16,12 +16,7 @@
 #include "pipit.h"
 
 using namespace pipit;
-using testing::cuda_ready;
-using testing::kCpu;
-using testing::kCuda;
-using testing::poisoned;
-using testing::random;
-using testing::tol_for;
+using namespace testing::cuda_testing;
 
 namespace {
 

@@ -16,10 +16,8 @@
 
 using namespace pipit;
 using Catch::Matchers::Contains;
+using namespace testing::cuda_testing;
 using testing::bitwise_equal;
-using testing::cuda_ready;
-using testing::kCpu;
-using testing::kCuda;
 
 #ifdef PIPIT_WITH_CUDA
 namespace {

@@ -9,7 +9,9 @@
 #include "tensor/cuda/cuda_device.h"
 #endif
 
+// Inline, so a [cuda] test file can take every helper here with one using-directive.
 namespace pipit::testing {
+inline namespace cuda_testing {
 
 inline const pipit::Device kCuda = pipit::Device::cuda(0);
 inline const pipit::Device kCpu = pipit::Device::cpu();
@@ -51,4 +53,5 @@ inline pipit::Tensor random(const pipit::Shape& shape, pipit::DType dtype, pipit
   return pipit::uniform(shape, low, high, &g, {dtype});
 }
 
+}  // namespace cuda_testing
 }  // namespace pipit::testing

@@ -16,12 +16,9 @@
 #include "pipit.h"
 
 using namespace pipit;
+using namespace testing::cuda_testing;
 using testing::Batch;
-using testing::cuda_ready;
 using testing::gpt_batch;
-using testing::kCpu;
-using testing::kCuda;
-using testing::measured;
 
 namespace {
 

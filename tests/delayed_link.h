@@ -12,17 +12,19 @@
 #include <thread>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "forwarding_communicator.h"
 
 namespace pipit::testing {
 
-class DelayedCommunicator final : public Communicator {
+class DelayedCommunicator final : public ForwardingCommunicator {
  public:
   using Clock = std::chrono::steady_clock;
 
   DelayedCommunicator(std::shared_ptr<Communicator> inner, std::chrono::microseconds latency,
                       double bytes_per_second)
-      : inner_(std::move(inner)), latency_(latency), bytes_per_second_(bytes_per_second) {
+      : ForwardingCommunicator(std::move(inner)),
+        latency_(latency),
+        bytes_per_second_(bytes_per_second) {
     courier_ = std::thread([this] { deliver(); });
   }
   // Delivers what is still on the wire, then stops.
@@ -35,7 +37,6 @@ class DelayedCommunicator final : public Communicator {
     courier_.join();
   }
 
-  int id() const override { return inner_->id(); }
   void send(int peer, Message message) override {
     size_t bytes = 64;  // a frame's header, roughly
     for (const Tensor& t : message.tensors) bytes += t.nbytes();
@@ -47,11 +48,6 @@ class DelayedCommunicator final : public Communicator {
     in_flight_.push({free_at + latency_, sequence_++, peer, std::move(message)});
     wake_.notify_all();
   }
-  Message receive() override { return inner_->receive(); }
-  std::optional<Message> try_receive(std::chrono::milliseconds timeout) override {
-    return inner_->try_receive(timeout);
-  }
-  void close() override { inner_->close(); }
 
  private:
   struct InFlight {
@@ -80,12 +76,11 @@ class DelayedCommunicator final : public Communicator {
       InFlight next = std::move(const_cast<InFlight&>(in_flight_.top()));
       in_flight_.pop();
       lock.unlock();
-      inner_->send(next.peer, std::move(next.message));
+      inner().send(next.peer, std::move(next.message));
       lock.lock();
     }
   }
 
-  std::shared_ptr<Communicator> inner_;
   const std::chrono::microseconds latency_;
   const double bytes_per_second_;
   std::mutex mutex_;

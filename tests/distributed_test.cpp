@@ -35,6 +35,27 @@ double in_process_loss(const PipelineConfig& config) {
   return pipeline.train_step(batch.input, batch.target);
 }
 
+// Options that give up dialing after `connect_timeout` and log nothing, in the session
+// `session` (empty: the default one).
+TcpOptions quiet_options(std::chrono::milliseconds connect_timeout,
+                         const std::string& session = "") {
+  TcpOptions options;
+  options.connect_timeout = connect_timeout;
+  options.log = [](const std::string&) {};
+  if (!session.empty()) options.session = session;
+  return options;
+}
+
+// A fresh pipeline of small_gpt(2) over `workers` trains a step to the in-process loss: what
+// the workers do once whatever came before has released them.
+void check_trains_as_in_process(const Workers& workers, const PipelineConfig& config,
+                                const TcpOptions& options) {
+  Pipeline pipeline(small_gpt(2), config, Launch::workers(endpoints(workers), options));
+  const Batch batch = gpt_batch();
+  INFO(logs(workers));
+  CHECK(pipeline.train_step(batch.input, batch.target) == in_process_loss(config));
+}
+
 // Sends raw bytes to a worker's port and waits until the worker closes the connection.
 void send_raw(uint16_t port, const std::string& bytes) {
   asio::io_context io;
@@ -106,12 +127,7 @@ TEST_CASE(
     Generator g(9);
     return gpt({11, 32, 6, 2, 64, 0.0}, &g);
   };
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < 64 * 32; ++i) {
-    x.push_back((i * 7) % 11);
-    y.push_back((i * 5 + 1) % 11);
-  }
-  const Batch batch{from_vector(x, {64, 32}), from_vector(y, {64, 32})};
+  const Batch batch = testing::sequence_batch(64, 32, {.target_step = 5, .target_offset = 1});
   const PipelineConfig config = config_for("1f1b", 1);
 
   // The run that never stops: 4 steps in-process.
@@ -291,27 +307,18 @@ TEST_CASE("a coordinator that claims workers and vanishes leaves them serving th
   workers.push_back(std::make_unique<WorkerProcess>(test_worker("", {"--package-timeout-ms=300"})));
   PipelineConfig config = config_for("1f1b", 1);
   config.stages = 2;
-  TcpOptions quick;
-  quick.connect_timeout = std::chrono::milliseconds(3000);
-  quick.log = [](const std::string&) {};
+  const auto connect_timeout = std::chrono::milliseconds(3000);
   {
     // Claims worker 0 and goes away without a stage package.
-    TcpOptions options = quick;
-    options.session = "vanishing";
-    TcpCommunicator coordinator(kCoordinator, options);
+    TcpCommunicator coordinator(kCoordinator, quiet_options(connect_timeout, "vanishing"));
     coordinator.connect(0, "127.0.0.1", workers[0]->port());
   }
   // Claims worker 1, stays connected and sends nothing: the package deadline releases it.
-  TcpOptions silent_options = quick;
-  silent_options.session = "silent";
-  TcpCommunicator silent(kCoordinator, silent_options);
+  TcpCommunicator silent(kCoordinator, quiet_options(connect_timeout, "silent"));
   silent.connect(0, "127.0.0.1", workers[1]->port());
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
 
-  Pipeline pipeline(small_gpt(2), config, Launch::workers(endpoints(workers), quick));
-  const Batch batch = gpt_batch();
-  INFO(logs(workers));
-  CHECK(pipeline.train_step(batch.input, batch.target) == in_process_loss(config));
+  check_trains_as_in_process(workers, config, quiet_options(connect_timeout));
   CHECK_THAT(workers[0]->log(), Catch::Contains("coordinator went away"));
   CHECK_THAT(workers[1]->log(), Catch::Contains("sent no stage package within 300 ms"));
 }
@@ -321,18 +328,13 @@ TEST_CASE("a DistributedPipeline that cannot reach every worker releases the one
   Workers workers = start_workers(2, test_worker());
   PipelineConfig config = config_for("1f1b", 1);
   config.stages = 3;
-  TcpOptions quick;
-  quick.connect_timeout = std::chrono::milliseconds(1500);
-  quick.log = [](const std::string&) {};
+  const TcpOptions quick = quiet_options(std::chrono::milliseconds(1500));
   std::vector<std::string> three = endpoints(workers);
   three.push_back("127.0.0.1:1");  // nothing listens there
   CHECK_THROWS_WITH(Pipeline(small_gpt(3), config, Launch::workers(three, quick)),
                     Catch::Contains("127.0.0.1:1"));
   config.stages = 2;
-  Pipeline pipeline(small_gpt(2), config, Launch::workers(endpoints(workers), quick));
-  const Batch batch = gpt_batch();
-  INFO(logs(workers));
-  CHECK(pipeline.train_step(batch.input, batch.target) == in_process_loss(config));
+  check_trains_as_in_process(workers, config, quick);
 }
 
 TEST_CASE("a worker waiting for its neighbour is released when its coordinator goes away",
@@ -340,15 +342,11 @@ TEST_CASE("a worker waiting for its neighbour is released when its coordinator g
   Workers workers = start_workers(2, test_worker());
   PipelineConfig config = config_for("1f1b", 1);
   config.stages = 2;
-  TcpOptions quick;
-  quick.connect_timeout = std::chrono::milliseconds(3000);
-  quick.log = [](const std::string&) {};
+  const auto connect_timeout = std::chrono::milliseconds(3000);
   {
     // Claims both workers, gives only stage 1 its package (stage 1 then waits for stage 0 to
     // dial it, which never happens) and goes away.
-    TcpOptions options = quick;
-    options.session = "half-started";
-    TcpCommunicator coordinator(kCoordinator, options);
+    TcpCommunicator coordinator(kCoordinator, quiet_options(connect_timeout, "half-started"));
     coordinator.connect(0, "127.0.0.1", workers[0]->port());
     coordinator.connect(1, "127.0.0.1", workers[1]->port());
     auto model = small_gpt(2);
@@ -358,9 +356,6 @@ TEST_CASE("a worker waiting for its neighbour is released when its coordinator g
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
   // Within the 3 s connect timeout, far less than the worker's own 10 s: it stopped waiting.
-  Pipeline pipeline(small_gpt(2), config, Launch::workers(endpoints(workers), quick));
-  const Batch batch = gpt_batch();
-  INFO(logs(workers));
-  CHECK(pipeline.train_step(batch.input, batch.target) == in_process_loss(config));
+  check_trains_as_in_process(workers, config, quiet_options(connect_timeout));
   CHECK_THAT(workers[1]->log(), Catch::Contains("stopped waiting for peer 0"));
 }

@@ -12,10 +12,7 @@
 
 using namespace pipit;
 using testing::bitwise_equal;
-using testing::cuda_ready;
-using testing::kCpu;
-using testing::kCuda;
-using testing::poisoned;
+using namespace testing::cuda_testing;
 
 namespace {
 

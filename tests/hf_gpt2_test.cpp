@@ -55,6 +55,14 @@ std::vector<int64_t> ids(const Tensor& t) {
   return t.contiguous().to_vector<int64_t>();
 }
 
+// The reference's three prompts (prompt_0 to prompt_2), of different lengths.
+std::vector<std::vector<int64_t>> reference_prompts() {
+  std::vector<std::vector<int64_t>> prompts;
+  for (int i = 0; i < 3; ++i)
+    prompts.push_back(ids(hf_reference().at("prompt_" + std::to_string(i))));
+  return prompts;
+}
+
 // A copy of a fixture checkpoint in a scratch directory, to break on purpose.
 void copy_checkpoint(const std::string& name, const fs::path& to) {
   fs::copy(kHfDir + "/" + name, to, fs::copy_options::recursive);
@@ -228,9 +236,7 @@ TEST_CASE("generation with the KV cache equals running the whole sequence each s
 
 TEST_CASE("prompts of different lengths in one batch get what each gets alone", "[hf_gpt2]") {
   auto model = load_hf_gpt2(kHfDir + "/tied");
-  std::vector<std::vector<int64_t>> prompts;
-  for (int i = 0; i < 3; ++i)
-    prompts.push_back(ids(hf_reference().at("prompt_" + std::to_string(i))));
+  const std::vector<std::vector<int64_t>> prompts = reference_prompts();
   GenerationOptions options;
   options.max_new_tokens = 15;
   const auto batched = generate(*model, prompts, options);
@@ -330,9 +336,7 @@ TEST_CASE("CUDA: generation on the GPU gives the CPU's greedy tokens, and transf
           "[cuda][hf_gpt2]") {
   if (!cuda_ready()) return;
   auto model = load_hf_gpt2(kHfDir + "/tied");
-  std::vector<std::vector<int64_t>> prompts;
-  for (int i = 0; i < 3; ++i)
-    prompts.push_back(ids(hf_reference().at("prompt_" + std::to_string(i))));
+  const std::vector<std::vector<int64_t>> prompts = reference_prompts();
   GenerationOptions options;
   options.max_new_tokens = 20;
   options.stop_token = 511;

@@ -24,11 +24,8 @@
 #endif
 
 using namespace pipit;
-using testing::cuda_ready;
-using testing::kCpu;
-using testing::kCuda;
+using namespace testing::cuda_testing;
 using testing::node_names;
-using testing::poisoned;
 
 namespace {
 

@@ -46,6 +46,7 @@
 #include "pipeline/generation/pipelined_generation.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol/messages.h"
+#include "pipeline_models.h"
 #include "pipit.h"
 #include "ps/launch.h"
 #include "ps/mpi/mpi_ps.h"
@@ -103,13 +104,9 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
   for (int64_t i = 0; i < rows; ++i) labels.push_back(i % 3);
   Tensor y = from_vector(labels, {rows});
   if (tied) {
-    std::vector<int64_t> tokens, targets;
-    for (int64_t i = 0; i < 8 * 6; ++i) {
-      tokens.push_back((i * 7) % 11);
-      targets.push_back((i * 7 + 3) % 11);
-    }
-    x = from_vector(tokens, {8, 6});
-    y = from_vector(targets, {8, 6});
+    const Batch tokens = gpt_batch(11, 8, 6);
+    x = tokens.input;
+    y = tokens.target;
   }
   auto model = make_model(rank == 1 ? seed_of_rank_1 : 5);
   MpiOptions options;

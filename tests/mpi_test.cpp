@@ -28,24 +28,17 @@ void check_pair_sums(const std::string& output, int ranks, bool paired) {
 
 TEST_CASE("MPI: tensors between ranks and endpoints sharing a rank, from several threads",
           "[mpi]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   const Run run = mpirun(3, "exchange");
   INFO(run.output);
   CHECK(run.status == 0);
   for (int rank = 0; rank < 3; ++rank) {
     CHECK(run.output.find("rank " + std::to_string(rank) + " ok") != std::string::npos);
   }
-#endif
 }
 
 TEST_CASE("MPI: malformed frames are dropped with their bodies and named", "[mpi]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   const Run run = mpirun(2, "malformed");
   INFO(run.output);
   CHECK(run.status == 0);
@@ -55,26 +48,18 @@ TEST_CASE("MPI: malformed frames are dropped with their bodies and named", "[mpi
   CHECK(run.output.find("dropped a message: frame: bad magic") != std::string::npos);
   CHECK(run.output.find("dropped a message: MPI: a frame from rank 1 does not match its "
                         "checksum") != std::string::npos);
-#endif
 }
 
 TEST_CASE("MPI: doorbells wake a sleeping rank and lose no ring", "[mpi]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   const Run run = mpirun(2, "doorbells");
   INFO(run.output);
   CHECK(run.status == 0);
   CHECK(run.output.find("doorbells ok") != std::string::npos);
-#endif
 }
 
 TEST_CASE("MPI: an SPMD pipeline equals the in-process one bit for bit, every schedule", "[mpi]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zbh1", "zbh2", "zbv"}) {
     for (int ranks : {2, 4}) {
       DYNAMIC_SECTION(schedule << ", " << ranks << " ranks") {
@@ -85,15 +70,11 @@ TEST_CASE("MPI: an SPMD pipeline equals the in-process one bit for bit, every sc
       }
     }
   }
-#endif
 }
 
 TEST_CASE("MPI: stages x 2 replicas as ranks equal the in-process pipelines bit for bit",
           "[mpi][replicas]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   for (const std::string schedule : {"1f1b", "interleaved", "zbh1"}) {
     for (int ranks : {2, 4}) {
       DYNAMIC_SECTION(schedule << ", " << ranks << " ranks") {
@@ -109,15 +90,11 @@ TEST_CASE("MPI: stages x 2 replicas as ranks equal the in-process pipelines bit 
       }
     }
   }
-#endif
 }
 
 TEST_CASE("MPI: ranks run stage s of replica k at s * r + k, or at k * p + s by pipelines",
           "[mpi][replicas]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   // 4 ranks: 2 stages x 2 replicas.
   for (const auto& [layout, expected] :
        std::vector<std::pair<std::string, std::vector<std::string> > >{
@@ -136,17 +113,13 @@ TEST_CASE("MPI: ranks run stage s of replica k at s * r + k, or at k * p + s by 
       check_pair_sums(run.output, 4, false);
     }
   }
-#endif
 }
 
 TEST_CASE(
     "MPI: stages x 2 replicas with the optimizer sharded (ZeRO-1) equal unsharded in-process "
     "pipelines bit for bit",
     "[mpi][replicas]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   for (const std::string schedule : {"1f1b", "zbv"}) {
     for (int ranks : {2, 4}) {
       DYNAMIC_SECTION(schedule << ", " << ranks << " ranks") {
@@ -158,14 +131,10 @@ TEST_CASE(
       }
     }
   }
-#endif
 }
 
 TEST_CASE("MPI: a pipeline with tied parameters equals the in-process one bit for bit", "[mpi]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   for (const std::string schedule : {"1f1b", "interleaved", "zbv"}) {
     for (int ranks : {2, 4}) {
       DYNAMIC_SECTION(schedule << ", " << ranks << " ranks") {
@@ -176,7 +145,6 @@ TEST_CASE("MPI: a pipeline with tied parameters equals the in-process one bit fo
       }
     }
   }
-#endif
 }
 
 TEST_CASE(
@@ -200,10 +168,7 @@ TEST_CASE(
 }
 
 TEST_CASE("MPI: all_reduce over ranks gives every rank the in-order sum, bit for bit", "[mpi]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   for (int ranks : {2, 3, 5}) {
     DYNAMIC_SECTION(ranks << " ranks") {
       const Run run = mpirun(ranks, "all-reduce");
@@ -217,7 +182,6 @@ TEST_CASE("MPI: all_reduce over ranks gives every rank the in-order sum, bit for
       CHECK(ok == static_cast<size_t>(ranks));
     }
   }
-#endif
 }
 
 TEST_CASE(
@@ -225,10 +189,7 @@ TEST_CASE(
     "messages (MPI does not fix a sum of three's order) and equal the in-process pipelines bit "
     "for bit",
     "[mpi][replicas]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   for (const auto& [ranks, role] :
        std::vector<std::pair<int, std::string> >{{3, "three-replica-pipeline 1f1b"},
                                                  {3, "three-replica-pipeline zbv"},
@@ -242,16 +203,12 @@ TEST_CASE(
       check_pair_sums(run.output, ranks, false);
     }
   }
-#endif
 }
 
 // The whole matrix of tests/replicas_test.cpp as MPI ranks (96 mpirun jobs, a few minutes):
 // run it by hand, pipit_tests "[mpi_full]".
 TEST_CASE("MPI: every schedule, (p, r), recomputation and ZeRO-1 as ranks", "[.][mpi_full]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   for (const auto& [p, r] : std::vector<std::pair<int, int> >{{1, 2}, {2, 2}, {2, 3}, {4, 2}}) {
     for (const std::string schedule : {"gpipe", "1f1b", "zbh1", "zbh2", "interleaved", "zbv"}) {
       for (const std::string recompute : {"0", "1"}) {
@@ -267,30 +224,22 @@ TEST_CASE("MPI: every schedule, (p, r), recomputation and ZeRO-1 as ranks", "[.]
       }
     }
   }
-#endif
 }
 
 TEST_CASE(
     "MPI: a pair sum is MPI_Iallreduce's a + b, and a sum one side skipped is matched with "
     "nothing",
     "[mpi][replicas]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   const Run run = mpirun(2, "pair-sum");
   INFO(run.output);
   CHECK(run.status == 0);
   CHECK(run.output.find("pair sums ok on rank 0 (3 done)") != std::string::npos);
   CHECK(run.output.find("pair sums ok on rank 1 (3 done)") != std::string::npos);
-#endif
 }
 
 TEST_CASE("MPI: pipelined generation equals the whole model", "[mpi]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   for (const std::string schedule : {"1f1b", "zbv"}) {
     DYNAMIC_SECTION(schedule) {
       const Run run = mpirun(3, "generate " + schedule);
@@ -299,28 +248,20 @@ TEST_CASE("MPI: pipelined generation equals the whole model", "[mpi]") {
       CHECK(run.output.find("generate ok") != std::string::npos);
     }
   }
-#endif
 }
 
 TEST_CASE("MPI: ranks that built different models are named at start-up", "[mpi]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   const Run run = mpirun(2, "mismatch");
   INFO(run.output);
   CHECK(run.status != 0);
   CHECK(run.output.find("ranks 1 built a different model or configuration than rank 0") !=
         std::string::npos);
-#endif
 }
 
 TEST_CASE("MPI: sync parameter-server training equals large-batch training bit for bit",
           "[mpi][ps]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   for (const std::string optimizer : {"sgd", "adamw"}) {
     DYNAMIC_SECTION(optimizer) {
       const Run run = mpirun(5, "ps " + optimizer);
@@ -331,15 +272,11 @@ TEST_CASE("MPI: sync parameter-server training equals large-batch training bit f
       }
     }
   }
-#endif
 }
 
 // Failing ranks end the job within seconds, not after the others' timeouts (60 s here).
 TEST_CASE("MPI: a killed rank or a failing one ends the job, naming the rank", "[mpi]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   auto timed = [](int ranks, const std::string& role) {
     const auto start = std::chrono::steady_clock::now();
     const Run run = mpirun(ranks, role);
@@ -361,5 +298,4 @@ TEST_CASE("MPI: a killed rank or a failing one ends the job, naming the rank", "
     CHECK(seconds < 30);
     CHECK(run.output.find("worker 1 cannot read its batch at step 2") != std::string::npos);
   }
-#endif
 }

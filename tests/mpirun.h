@@ -45,4 +45,15 @@ inline bool mpirun_works() {
   return probe.status == 0;
 }
 
+// Whether this build has MPI and mpirun can start processes here; if not, the test skips and
+// says why.
+inline bool mpi_ready() {
+#ifndef PIPIT_WITH_MPI
+  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
+  return false;
+#else
+  return mpirun_works();
+#endif
+}
+
 }  // namespace pipit::testing

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "comm/local_communicator.h"
+#include "forwarding_communicator.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol/messages.h"
@@ -43,26 +44,19 @@ bool same_weights(Sequential& a, Sequential& b) {
 
 // A stage's communicator with a filter on what it receives: the filter may drop a message
 // (nothing), pass it on, or throw.
-class FilteringCommunicator final : public Communicator {
+class FilteringCommunicator final : public testing::ForwardingCommunicator {
  public:
   using Filter = std::function<std::optional<Message>(Message)>;
   FilteringCommunicator(std::shared_ptr<Communicator> inner, Filter filter)
-      : inner_(std::move(inner)), filter_(std::move(filter)) {}
-  int id() const override { return inner_->id(); }
-  void send(int peer, Message message) override { inner_->send(peer, std::move(message)); }
+      : ForwardingCommunicator(std::move(inner)), filter_(std::move(filter)) {}
   Message receive() override {
     while (true) {
-      if (std::optional<Message> kept = filter_(inner_->receive())) return std::move(*kept);
+      if (std::optional<Message> kept = filter_(inner().receive())) return std::move(*kept);
     }
   }
-  std::optional<Message> try_receive(std::chrono::milliseconds timeout) override {
-    return inner_->try_receive(timeout);
-  }
-  void close() override { inner_->close(); }
   bool carries_device_tensors() const override { return true; }
 
  private:
-  std::shared_ptr<Communicator> inner_;
   Filter filter_;
 };
 

@@ -31,14 +31,25 @@ struct Batch {
   Tensor input, target;
 };
 
-// `batch` windows of `context` tokens of a fixed sequence; targets run 3 tokens ahead.
-inline Batch gpt_batch(int64_t vocab = 11, int64_t batch = 8, int64_t context = 6) {
+// A test's token ids: input i is (i * step) % vocab, target i (i * target_step + target_offset)
+// % vocab.
+struct TokenSequence {
+  int64_t vocab = 11, step = 7, target_step = 7, target_offset = 3;
+};
+
+// `batch` rows of `context` tokens of `sequence`.
+inline Batch sequence_batch(int64_t batch, int64_t context, const TokenSequence& sequence = {}) {
   std::vector<int64_t> x, y;
   for (int64_t i = 0; i < batch * context; ++i) {
-    x.push_back((i * 7) % vocab);
-    y.push_back((i * 7 + 3) % vocab);
+    x.push_back((i * sequence.step) % sequence.vocab);
+    y.push_back((i * sequence.target_step + sequence.target_offset) % sequence.vocab);
   }
   return {from_vector(x, {batch, context}), from_vector(y, {batch, context})};
+}
+
+// `batch` windows of `context` tokens of a fixed sequence; targets run 3 tokens ahead.
+inline Batch gpt_batch(int64_t vocab = 11, int64_t batch = 8, int64_t context = 6) {
+  return sequence_batch(batch, context, {.vocab = vocab});
 }
 
 inline Model make_gpt(int64_t rows = 8) {

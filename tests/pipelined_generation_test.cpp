@@ -42,12 +42,8 @@ GenerationOptions options(bool sample) {
 }
 
 Batch token_batch() {
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < 4 * 8; ++i) {
-    x.push_back((i * 37) % 512);
-    y.push_back((i * 37 + 5) % 512);
-  }
-  return {from_vector(x, {4, 8}), from_vector(y, {4, 8})};
+  return testing::sequence_batch(4, 8,
+                                 {.vocab = 512, .step = 37, .target_step = 37, .target_offset = 5});
 }
 
 }  // namespace

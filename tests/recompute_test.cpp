@@ -28,12 +28,7 @@ std::shared_ptr<Sequential> dropout_gpt() {
 }
 
 Batch recompute_batch() {
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < 8 * 6; ++i) {
-    x.push_back((i * 7) % 11);
-    y.push_back((i * 5 + 1) % 11);
-  }
-  return {from_vector(x, {8, 6}), from_vector(y, {8, 6})};
+  return testing::sequence_batch(8, 6, {.target_step = 5, .target_offset = 1});
 }
 
 StateDict train_sequentially(int microbatches, int steps) {

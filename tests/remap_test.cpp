@@ -19,13 +19,7 @@
 #include "serialize/checkpoint.h"
 
 using namespace pipit;
-using pipit::testing::bitwise_equal;
-using pipit::testing::endpoints;
-using pipit::testing::start_workers;
-using pipit::testing::test_worker;
-using pipit::testing::WorkerProcess;
-using pipit::testing::Workers;
-using testing::Batch;
+using namespace pipit::testing;
 
 namespace {
 
@@ -37,12 +31,7 @@ std::shared_ptr<Sequential> gpt_of(int64_t blocks) {
 }
 
 Batch remap_batch() {
-  std::vector<int64_t> x, y;
-  for (int64_t i = 0; i < 12 * 4; ++i) {
-    x.push_back((i * 7) % 11);
-    y.push_back((i * 7 + 3) % 11);
-  }
-  return {from_vector(x, {12, 4}), from_vector(y, {12, 4})};
+  return gpt_batch(11, 12, 4);
 }
 
 PipelineConfig config_for(int p, int m, int v, const std::string& schedule,
@@ -64,6 +53,14 @@ void check_same(const StateDict& got, const StateDict& expected) {
     REQUIRE(got.count(name));
     CHECK(bitwise_equal(got.at(name), value));
   }
+}
+
+// `got`'s weights and optimizer state, fetched from its stages, are exactly `expected`'s.
+void check_same_state(Pipeline& got, Pipeline& expected) {
+  const auto [weights, optimizer] = expected.coordinator().fetch_state();
+  const auto [got_weights, got_optimizer] = got.coordinator().fetch_state();
+  check_same(got_weights, weights);
+  check_same(got_optimizer, optimizer);
 }
 
 // A random contiguous partition of `layers` into `chunks` non-empty ranges.
@@ -102,10 +99,7 @@ TEST_CASE("the reference scenario: stage 1 hands 3 of its 12 layers to stage 0 m
         CHECK(remapped.stage(0).spec().chunks[0]->size() == 15);
         CHECK(remapped.stage(1).spec().chunks[0]->first_index() == 15);
         // Weights and optimizer state, moved or not, are exactly the unmoved pipeline's.
-        const auto [w_plain, o_plain] = plain.coordinator().fetch_state();
-        const auto [w_moved, o_moved] = remapped.coordinator().fetch_state();
-        check_same(w_moved, w_plain);
-        check_same(o_moved, o_plain);
+        check_same_state(remapped, plain);
       }
       CHECK(remapped.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
     }
@@ -142,10 +136,7 @@ TEST_CASE("random remap sequences train exactly as no remaps, for every schedule
         REQUIRE(remapped.chunk_ranges() == ranges);
         CHECK(remapped.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
       }
-      const auto [w_plain, o_plain] = plain.coordinator().fetch_state();
-      const auto [w_moved, o_moved] = remapped.coordinator().fetch_state();
-      check_same(w_moved, w_plain);
-      check_same(o_moved, o_plain);
+      check_same_state(remapped, plain);
     }
   }
 }
@@ -212,10 +203,7 @@ TEST_CASE("remapping over worker processes moves layers worker to worker, bit fo
       CHECK(remote.chunk_ranges() == ranges);
       CHECK(remote.train_step(b.input, b.target) == plain.train_step(b.input, b.target));
     }
-    const auto [w_plain, o_plain] = plain.coordinator().fetch_state();
-    const auto [w_remote, o_remote] = remote.coordinator().fetch_state();
-    check_same(w_remote, w_plain);
-    check_same(o_remote, o_plain);
+    check_same_state(remote, plain);
   }
 }
 

@@ -82,6 +82,19 @@ StateDict weights_of_replica(Pipeline& pipeline, int replica, int stages) {
   return weights;
 }
 
+// The trained model's weights (`got`) and every other replica's are exactly `want`.
+void check_weights(const StateDict& want, const StateDict& got,
+                   const std::vector<StateDict>& replica_weights) {
+  for (const auto& [name, value] : want) {
+    INFO(name);
+    CHECK(bitwise_equal(got.at(name), value));
+    for (const StateDict& replica : replica_weights) {
+      REQUIRE(replica.count(name));
+      CHECK(bitwise_equal(replica.at(name), value));
+    }
+  }
+}
+
 struct Layout {
   std::string schedule;
   int p, r, v;
@@ -212,15 +225,7 @@ TEST_CASE(
           }
         }
         CHECK(losses == expected_losses);
-        const StateDict want = reference.net->state_dict(), got = piped.net->state_dict();
-        for (const auto& [name, value] : want) {
-          INFO(name);
-          CHECK(bitwise_equal(got.at(name), value));
-          for (const StateDict& replica : replica_weights) {
-            REQUIRE(replica.count(name));
-            CHECK(bitwise_equal(replica.at(name), value));
-          }
-        }
+        check_weights(reference.net->state_dict(), piped.net->state_dict(), replica_weights);
       }
     }
   }
@@ -268,14 +273,7 @@ TEST_CASE(
         }
       }
       CHECK(losses == expected);
-      for (const auto& [name, value] : whole.net->state_dict()) {
-        INFO(name);
-        CHECK(bitwise_equal(sharded.net->state_dict().at(name), value));
-        for (const StateDict& replica : replica_weights) {
-          REQUIRE(replica.count(name));
-          CHECK(bitwise_equal(replica.at(name), value));
-        }
-      }
+      check_weights(whole.net->state_dict(), sharded.net->state_dict(), replica_weights);
       CHECK(got_optimizer.size() == want_optimizer.size());
       for (const auto& [name, value] : want_optimizer) {
         INFO(name);

@@ -47,11 +47,10 @@ Tensor leaf(const json& t) {
   return load(t).requires_grad_();
 }
 
-}  // namespace
-
-TEST_CASE("Linear matches PyTorch", "[torch]") {
-  const json& c = cases()["linear"];
-  Linear layer(4, 5);
+// A layer with a weight and a bias (Linear, LayerNorm) given case `c`'s parameters: its output
+// and the gradients of its input and parameters against PyTorch's.
+template <typename Layer>
+void check_weight_and_bias_layer(Layer& layer, const json& c) {
   layer.load_state_dict({{"weight", load(c["weight"])}, {"bias", load(c["bias"])}});
   Tensor x = leaf(c["x"]);
   Tensor out = layer(x);
@@ -62,17 +61,16 @@ TEST_CASE("Linear matches PyTorch", "[torch]") {
   check_close(layer.bias.grad(), c["grad_bias"], "grad bias");
 }
 
+}  // namespace
+
+TEST_CASE("Linear matches PyTorch", "[torch]") {
+  Linear layer(4, 5);
+  check_weight_and_bias_layer(layer, cases()["linear"]);
+}
+
 TEST_CASE("LayerNorm matches PyTorch", "[torch]") {
-  const json& c = cases()["layer_norm"];
   LayerNorm layer(6);
-  layer.load_state_dict({{"weight", load(c["weight"])}, {"bias", load(c["bias"])}});
-  Tensor x = leaf(c["x"]);
-  Tensor out = layer(x);
-  out.backward(load(c["upstream"]));
-  check_close(out, c["out"], "out");
-  check_close(x.grad(), c["grad_x"], "grad x");
-  check_close(layer.weight.grad(), c["grad_weight"], "grad weight");
-  check_close(layer.bias.grad(), c["grad_bias"], "grad bias");
+  check_weight_and_bias_layer(layer, cases()["layer_norm"]);
 }
 
 TEST_CASE("GELU (tanh approximation) matches PyTorch", "[torch]") {

@@ -24,12 +24,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::vector<FaultKind> parse_kinds(const std::string& text) {
-  if (text == "default") return default_fault_kinds();
+  if (text == "default" || text == "all") return default_fault_kinds();
   std::vector<FaultKind> kinds;
-  if (text == "all") {
-    for (const auto& [kind, name] : fault_names()) kinds.push_back(kind);
-    return kinds;
-  }
   for (size_t begin = 0; begin < text.size();) {
     const size_t comma = std::min(text.find(',', begin), text.size());
     kinds.push_back(parse_fault_kind(text.substr(begin, comma - begin)));
@@ -47,7 +43,7 @@ int main(int argc, char** argv) {
   flags.add("seed", "1", "picks the faults, their targets and their moments");
   flags.add("faults", "10", "faults to inject");
   std::string names;
-  for (const auto& [kind, name] : fault_names()) names += (names.empty() ? "" : ", ") + name;
+  for (const char* name : kFaultNames) names += (names.empty() ? "" : ", ") + std::string(name);
   flags.add("kinds", "default",
             "comma-separated fault kinds, 'default' or 'all' (the same: every kind): " + names);
   flags.add("steps", "60", "training steps of the run");

@@ -4,6 +4,7 @@
 // meet depends on timing.
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,43 +30,37 @@ enum class FaultKind {
   DiskFull,                   // the checkpoint file system fills up
 };
 
-inline const std::vector<std::pair<FaultKind, std::string>>& fault_names() {
-  static const std::vector<std::pair<FaultKind, std::string>> names = {
-      {FaultKind::KillWorker, "kill-worker"},
-      {FaultKind::StopWorkerBrief, "stop-worker-brief"},
-      {FaultKind::StopWorkerCont, "stop-worker-cont"},
-      {FaultKind::StopWorkerKill, "stop-worker-kill"},
-      {FaultKind::KillCoordinator, "kill-coordinator"},
-      {FaultKind::KillCoordinatorCheckpoint, "kill-coordinator-checkpoint"},
-      {FaultKind::StopCoordinatorCheckpoint, "stop-coordinator-checkpoint"},
-      {FaultKind::StopCoordinatorKill, "stop-coordinator-kill"},
-      {FaultKind::Cut, "cut"},
-      {FaultKind::Flip, "flip"},
-      {FaultKind::FlipData, "flip-data"},
-      {FaultKind::Stall, "stall"},
-      {FaultKind::DiskFull, "disk-full"}};
-  return names;
-}
+// Each kind's name on the command line and in reports, in FaultKind's order.
+inline constexpr const char* kFaultNames[] = {"kill-worker",
+                                              "stop-worker-brief",
+                                              "stop-worker-cont",
+                                              "stop-worker-kill",
+                                              "kill-coordinator",
+                                              "kill-coordinator-checkpoint",
+                                              "stop-coordinator-checkpoint",
+                                              "stop-coordinator-kill",
+                                              "cut",
+                                              "flip",
+                                              "flip-data",
+                                              "stall",
+                                              "disk-full"};
+static_assert(std::size(kFaultNames) == static_cast<size_t>(FaultKind::DiskFull) + 1);
 
 inline std::string fault_name(FaultKind kind) {
-  for (const auto& [k, name] : fault_names()) {
-    if (k == kind) return name;
-  }
-  return "?";
+  return kFaultNames[static_cast<size_t>(kind)];
 }
 
 inline FaultKind parse_fault_kind(const std::string& text) {
-  for (const auto& [kind, name] : fault_names()) {
-    if (name == text) return kind;
-  }
-  throw Error("chaos: unknown fault kind '" + text + "'");
+  const auto it = std::find(std::begin(kFaultNames), std::end(kFaultNames), text);
+  if (it == std::end(kFaultNames)) throw Error("chaos: unknown fault kind '" + text + "'");
+  return static_cast<FaultKind>(it - std::begin(kFaultNames));
 }
 
 // Every kind. (flip-data was left out until frames carried a checksum: a flipped tensor byte
 // then changed training silently; see docs/RELIABILITY.md.)
 inline std::vector<FaultKind> default_fault_kinds() {
   std::vector<FaultKind> kinds;
-  for (const auto& [kind, name] : fault_names()) kinds.push_back(kind);
+  for (size_t i = 0; i < std::size(kFaultNames); ++i) kinds.push_back(static_cast<FaultKind>(i));
   return kinds;
 }
 

@@ -6,6 +6,7 @@
 // nothing, so a malformed stream only confuses it.
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string>
 
 #include "comm/frame.h"
@@ -16,19 +17,12 @@ namespace pipit::chaos {
 enum class Region { FixedHeader, FrameJson, BodyLength, TensorJson, TensorData };
 
 inline const char* region_name(Region region) {
-  switch (region) {
-    case Region::FixedHeader:
-      return "fixed header";
-    case Region::FrameJson:
-      return "frame JSON header";
-    case Region::BodyLength:
-      return "safetensors length";
-    case Region::TensorJson:
-      return "safetensors JSON header";
-    case Region::TensorData:
-      return "tensor data";
-  }
-  return "?";
+  // In Region's order.
+  static constexpr const char* kNames[] = {"fixed header", "frame JSON header",
+                                           "safetensors length", "safetensors JSON header",
+                                           "tensor data"};
+  static_assert(std::size(kNames) == static_cast<size_t>(Region::TensorData) + 1);
+  return kNames[static_cast<size_t>(region)];
 }
 
 struct BytePosition {

@@ -22,6 +22,7 @@
 #include "support/checkpoint_flags.h"
 #include "support/flags.h"
 #include "support/gpt_flags.h"
+#include "support/run_flags.h"
 #include "support/tcp_flags.h"
 #include "support/worker_main.h"
 #include "tensor/parallel.h"
@@ -37,14 +38,14 @@ inline int trainer_role(int argc, char** argv) {
   flags.add("workers", "", "host:port,... of the workers, one per stage");
   support::add_checkpoint_flags(flags);
   flags.add("steps", "20", "optimizer steps");
-  flags.add("seed", "1", "random seed (weights, batches)");
+  support::add_seed_flag(flags, "1", "weights, batches");
   support::add_gpt_flags(flags,
                          {.vocab_size = 13, .context = 8, .layers = 1, .heads = 2, .width = 16},
                          support::GptVocabulary::from_data);
   flags.add("batch", "4", "sequences per step");
   flags.add("microbatches", "2", "microbatches per batch");
   flags.add("lr", "0.003", "AdamW learning rate");
-  flags.add("threads", "1", "CPU threads per kernel");
+  support::add_threads_flag(flags, "1");
   flags.add("print-every", "1", "steps between progress lines");
   flags.add("sample", "0", "ignored (train_gpt's)");
   support::add_tcp_flags(flags, support::TcpSide::coordinator);
@@ -64,7 +65,7 @@ inline int trainer_role(int argc, char** argv) {
     const int64_t vocab = shape.vocab_size, context = shape.context;
     const std::string& path = checkpoints.path;
 
-    Generator generator(static_cast<uint64_t>(flags.integer("seed", 0)));
+    Generator generator(support::seed_flag(flags));
     auto model = gpt(shape, &generator);
     StateDict optimizer_state;
     int64_t first_step = 0;

@@ -40,31 +40,28 @@ inline const std::string kSource = "fuzz input";
 const std::vector<Target>& targets();
 const Target* find_target(std::string_view name);
 
-// The harnesses (one file each in this folder) and their seeds.
-bool fuzz_frame(const uint8_t* data, size_t size);
-bool fuzz_safetensors(const uint8_t* data, size_t size);
-bool fuzz_checkpoint(const uint8_t* data, size_t size);
-bool fuzz_stage_package(const uint8_t* data, size_t size);
-bool fuzz_stage_package_message(const uint8_t* data, size_t size);
-bool fuzz_module_config(const uint8_t* data, size_t size);
-bool fuzz_training_config(const uint8_t* data, size_t size);
-bool fuzz_handshake(const uint8_t* data, size_t size);
-bool fuzz_tokenizer_files(const uint8_t* data, size_t size);
-bool fuzz_tokenizer_json(const uint8_t* data, size_t size);
-bool fuzz_token_file(const uint8_t* data, size_t size);
-bool fuzz_hf_gpt2_config(const uint8_t* data, size_t size);
+// Every harness as X(name, max_len): the function fuzz_<name> and its seeds <name>_seeds (one
+// file each in this folder), and libFuzzer's -max_len for it. max_len: somewhat above the
+// largest seed, so mutations can grow an input a little without the fuzzer spending its time
+// on megabyte inputs; handshake frames are capped at 4 KiB by the communicator anyway.
+#define PIPIT_FUZZ_TARGETS(X)     \
+  X(frame, 16384)                 \
+  X(safetensors, 16384)           \
+  X(checkpoint, 16384)            \
+  X(stage_package, 16384)         \
+  X(stage_package_message, 16384) \
+  X(module_config, 4096)          \
+  X(training_config, 4096)        \
+  X(handshake, 4096)              \
+  X(tokenizer_files, 16384)       \
+  X(tokenizer_json, 16384)        \
+  X(token_file, 4096)             \
+  X(hf_gpt2_config, 4096)
 
-std::vector<std::string> frame_seeds();
-std::vector<std::string> safetensors_seeds();
-std::vector<std::string> checkpoint_seeds();
-std::vector<std::string> stage_package_seeds();
-std::vector<std::string> stage_package_message_seeds();
-std::vector<std::string> module_config_seeds();
-std::vector<std::string> training_config_seeds();
-std::vector<std::string> handshake_seeds();
-std::vector<std::string> hf_gpt2_config_seeds();
-std::vector<std::string> tokenizer_files_seeds();
-std::vector<std::string> tokenizer_json_seeds();
-std::vector<std::string> token_file_seeds();
+#define PIPIT_DECLARE_FUZZ_TARGET(name, max_len)      \
+  bool fuzz_##name(const uint8_t* data, size_t size); \
+  std::vector<std::string> name##_seeds();
+PIPIT_FUZZ_TARGETS(PIPIT_DECLARE_FUZZ_TARGET)
+#undef PIPIT_DECLARE_FUZZ_TARGET
 
 }  // namespace pipit::fuzz
