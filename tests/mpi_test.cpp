@@ -150,10 +150,7 @@ TEST_CASE("MPI: a pipeline with tied parameters equals the in-process one bit fo
 TEST_CASE(
     "MPI: 2 replicas of a pipeline with tied parameters equal the in-process ones bit for bit",
     "[mpi][replicas][tied_pipeline]") {
-#ifndef PIPIT_WITH_MPI
-  WARN("skipped: pipit was built without MPI (PIPIT_MPI=OFF, or no MPI found)");
-#else
-  if (!mpirun_works()) return;
+  if (!mpi_ready()) return;
   for (const std::string schedule : {"1f1b", "zbv"}) {
     for (int ranks : {2, 4}) {
       DYNAMIC_SECTION(schedule << ", " << ranks << " ranks") {
@@ -164,7 +161,6 @@ TEST_CASE(
       }
     }
   }
-#endif
 }
 
 TEST_CASE("MPI: all_reduce over ranks gives every rank the in-order sum, bit for bit", "[mpi]") {
