@@ -19,8 +19,8 @@ namespace pipit {
 
 // The byte on the wire. Values are fixed forever: a peer of another version reads them.
 enum class MessageKind : uint8_t {
-  Shutdown = 4,     // whoever started a role -> the role: stop serving
-  State = 6,        // role -> its starter: tensors with comm/control.h's StateReply
+  Shutdown = 4,    // whoever started a role -> the role: stop serving
+  State = 6,       // role -> its starter: tensors with comm/control.h's StateReply
   RoleError = 11,  // role -> its starter: its work failed (RoleError)
   // Connection management (networked communicators and launchers).
   Hello = 12,  // the handshake (comm/handshake.h)

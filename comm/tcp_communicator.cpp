@@ -15,6 +15,7 @@
 #include "codec/atomic_file.h"
 #include "comm/control.h"
 #include "comm/inbox.h"
+#include "comm/pending_connections.h"
 #include "comm/tcp_connection.h"
 
 namespace pipit {
@@ -92,7 +93,9 @@ struct TcpCommunicator::Impl {
   std::thread thread;
   std::unique_ptr<tcp::acceptor> acceptor;
   asio::steady_timer timer{io};
-  std::set<ConnectionPtr> connections;  // io thread only
+  std::set<ConnectionPtr> connections;                          // io thread only
+  PendingConnections pending{options.max_pending_connections};  // accepted, in their handshake
+  asio::steady_timer accept_retry{io};
   // connect() waits on these: "" when connected, else why not ("retry:" when worth retrying).
   std::map<ConnectionPtr, std::shared_ptr<std::promise<std::string>>> dial_results;
   std::atomic<size_t> open_connections{0};
@@ -136,11 +139,13 @@ struct TcpCommunicator::Impl {
         Handshake(id.load(), session(), options.token, expected_peer), options.limits, events);
     connections.insert(conn);
     ++open_connections;
+    if (!expected_peer) pending.add(conn);
     conn->start();
     return conn;
   }
 
   void on_ready(const ConnectionPtr& conn) {
+    if (!conn->dialed()) pending.remove(conn);
     {
       std::lock_guard<std::mutex> lock(peers_mutex);
       addresses[conn->peer()] = conn->address();
@@ -156,7 +161,8 @@ struct TcpCommunicator::Impl {
   }
 
   void on_closed(const ConnectionPtr& conn, const std::string& reason, bool refused) {
-    if (!closing) {
+    if (!conn->ready() && !conn->dialed()) pending.remove(conn);
+    if (!closing && !pending.evicting()) {
       log("closed connection " +
           (conn->ready() ? "to peer " + std::to_string(conn->peer()) + " " : "") + conn->address() +
           ": " + reason);
@@ -207,30 +213,35 @@ struct TcpCommunicator::Impl {
 
   void accept() {
     acceptor->async_accept([this](const asio::error_code& ec, tcp::socket socket) {
-      if (ec) {
-        if (ec != asio::error::operation_aborted) log("accept failed: " + ec.message());
-        if (!acceptor->is_open() || closing) return;
+      if (ec) return accept_failed(ec);
+      asio::error_code remote_ec;
+      std::string address = endpoint_text(socket.remote_endpoint(remote_ec));
+      if (!pending.make_room()) {
+        asio::error_code ignored;
+        socket.close(ignored);
       } else {
-        asio::error_code remote_ec;
-        std::string address = endpoint_text(socket.remote_endpoint(remote_ec));
-        size_t pending = 0;
-        for (const auto& conn : connections) pending += conn->ready() ? 0 : 1;
-        if (pending >= options.max_pending_connections) {
-          log("refused connection from " + address + ": " + std::to_string(pending) +
-              " connections are already in their handshake");
-          asio::error_code ignored;
-          socket.close(ignored);
-        } else {
-          start(std::move(socket), std::move(address), std::nullopt);
-        }
+        start(std::move(socket), std::move(address), std::nullopt);
       }
       accept();
+    });
+  }
+
+  // Out of descriptors (EMFILE), say: a silent connection gives one back; else accepting again
+  // at once would fail the same way, so it waits a little.
+  void accept_failed(const asio::error_code& ec) {
+    if (ec == asio::error::operation_aborted || !acceptor->is_open() || closing) return;
+    pending.accept_failed(ec.message());
+    if (pending.evict_silent()) return accept();
+    accept_retry.expires_after(std::chrono::milliseconds(20));
+    accept_retry.async_wait([this](const asio::error_code& e) {
+      if (!e && !closing) accept();
     });
   }
 
   void tick() {
     if (closing) return;
     const auto now = Clock::now();
+    if (const std::string line = pending.summary(now); !line.empty()) log(line);
     std::vector<ConnectionPtr> all(connections.begin(), connections.end());
     for (const auto& conn : all) {
       conn->has_progress();
@@ -424,6 +435,7 @@ void TcpCommunicator::close() {
     asio::error_code ignored;
     if (impl_->acceptor) impl_->acceptor->close(ignored);
     impl_->timer.cancel();
+    impl_->accept_retry.cancel();
     std::vector<ConnectionPtr> all(impl_->connections.begin(), impl_->connections.end());
     for (const auto& conn : all) conn->close_after_write();
   });

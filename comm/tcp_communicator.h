@@ -30,7 +30,9 @@ struct TcpOptions {
   // A connection whose handshake has not completed within this long is closed.
   std::chrono::milliseconds handshake_timeout{10000};
   std::chrono::milliseconds connect_timeout{10000};  // connect() retries refused connects
-  // Incoming connections still in their handshake beyond this many are closed at once.
+  // Incoming connections in their handshake at once. Past it, a newcomer takes the place of
+  // the oldest one that has not sent a whole frame (a real peer sends its Hello at once, a
+  // flood of idle connections never does); when every one has, the newcomer is closed.
   size_t max_pending_connections = 64;
   std::function<void(const std::string&)> log;  // one line per event; default: stderr
   // Sent in every Hello: which run this endpoint belongs to (see admit).

@@ -47,6 +47,7 @@ void TcpConnection::read_next() {
 
 void TcpConnection::on_frame(Message message) {
   last_received_ = Clock::now();
+  ++frames_received_;
   if (!ready()) {
     Handshake::Step step = handshake_.on_message(message, events_.admit);
     const bool refused = step.state == Handshake::State::Refused;

@@ -61,6 +61,8 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   // kernel below the reader's low-water mark.
   bool has_progress();
   Clock::time_point opened() const { return opened_; }
+  // Whole frames received: 0 for a peer that has not yet sent even its Hello.
+  int64_t frames_received() const { return frames_received_; }
   Clock::time_point last_received() const { return last_received_; }
   Clock::time_point last_sent() const { return writer_.last_write(); }
 
@@ -79,6 +81,7 @@ class TcpConnection : public std::enable_shared_from_this<TcpConnection> {
   bool closed_ = false;
   std::string reason_after_write_;  // set: close once the queue drains
   bool progressed_ = false;
+  int64_t frames_received_ = 0;
   size_t seen_available_ = 0;
   Clock::time_point opened_ = Clock::now(), last_received_ = opened_;
 };

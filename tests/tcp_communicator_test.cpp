@@ -1,6 +1,7 @@
 // TcpCommunicator against hostile and unlucky peers: nothing a peer sends before it proves
 // the token costs more than a handshake's bytes or ends the io thread, pending connections
-// are capped and timed out, and a large frame arriving slowly but steadily stays alive.
+// are capped and timed out, a flood of idle connections cannot keep a real peer out, and a
+// large frame arriving slowly but steadily stays alive.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -21,6 +22,7 @@
 #include "pipeline/protocol/messages.h"
 #include "pipeline/remote/host.h"
 #include "pipit.h"
+#include "support/connection_flood.h"
 
 using namespace pipit;
 using asio::ip::tcp;
@@ -233,20 +235,67 @@ TEST_CASE("before authentication a peer can send no body and only a small header
   check_still_serving(server, port, "sesame");
 }
 
-TEST_CASE("pending handshakes are capped and time out", "[tcp]") {
+TEST_CASE("past the pending cap a newcomer takes the place of the oldest silent handshake",
+          "[tcp]") {
   Log log;
   TcpOptions options = options_with(log);
+  options.token = "sesame";
   options.max_pending_connections = 3;
-  options.handshake_timeout = 400ms;
+  options.handshake_timeout = 3000ms;
   TcpCommunicator server(0, options);
   const uint16_t port = server.listen("127.0.0.1", 0);
-  std::vector<std::unique_ptr<RawPeer>> silent;
-  for (int i = 0; i < 5; ++i) silent.push_back(std::make_unique<RawPeer>(port));
-  CHECK(log.wait_for("3 connections are already in their handshake"));
-  // The silent ones are closed by the handshake deadline; then a real peer gets in.
-  for (auto& peer : silent) CHECK(peer->closed_within(5000ms));
-  CHECK(log.contains("no handshake within 400 ms"));
+  RawPeer first(port), second(port), spoke(port);
+  // A whole Hello, then no proof: a peer that spoke keeps its place until its deadline. The
+  // pause lets the server read it (a slower read could only fail this test, not pass it).
+  spoke.send(encode_frame(to_message(Hello{5, random_nonce(), ""})));
+  std::this_thread::sleep_for(300ms);
+  RawPeer third(port), fourth(port), fifth(port);
+  CHECK(first.closed_within(2000ms));
+  CHECK(second.closed_within(2000ms));
+  CHECK(third.closed_within(2000ms));  // the oldest silent one once fifth came
+  CHECK(log.wait_for("3 closed silent to make room for newer ones, 0 refused"));
+  // The others wait for their handshake deadline.
+  CHECK_FALSE(spoke.closed_within(100ms));
+  for (RawPeer* peer : {&spoke, &fourth, &fifth}) CHECK(peer->closed_within(6000ms));
+  CHECK(log.contains("no handshake within 3000 ms"));
+  check_still_serving(server, port, "sesame");
+}
+
+TEST_CASE("when every pending handshake has spoken, a newcomer is refused at once", "[tcp]") {
+  Log log;
+  TcpOptions options = options_with(log);
+  options.token = "sesame";
+  options.max_pending_connections = 2;
+  TcpCommunicator server(0, options);
+  const uint16_t port = server.listen("127.0.0.1", 0);
+  RawPeer a(port), b(port);
+  for (RawPeer* peer : {&a, &b}) peer->send(encode_frame(to_message(Hello{5, random_nonce(), ""})));
+  std::this_thread::sleep_for(300ms);
+  RawPeer newcomer(port);
+  CHECK(newcomer.closed_within(2000ms));  // long before the 10 s handshake deadline
+  CHECK(log.wait_for("0 closed silent to make room for newer ones, 1 refused"));
+  CHECK_FALSE(a.closed_within(10ms));
+  CHECK_FALSE(b.closed_within(10ms));
+}
+
+TEST_CASE("a renewed flood of 600 idle connections does not keep a real peer out", "[tcp]") {
+  // Default options: the server holds 64 handshakes; each flood connection sends half a frame
+  // header and is opened again the moment the server closes it. The peer connects with its
+  // default 10 s connect timeout, which bounds the test: a server that refused newcomers
+  // while the table is full let a peer in only after about 27 s.
+  Log log;
+  TcpCommunicator server(0, options_with(log));
+  const uint16_t port = server.listen("127.0.0.1", 0);
+  support::ConnectionFlood flood("127.0.0.1", port, 600, /*renew=*/true);
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (flood.closed_by_peer() < 600 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE(flood.closed_by_peer() >= 600);  // the table is full and the flood renews
   check_still_serving(server, port);
+  INFO(log.all());
+  CHECK(log.wait_for("closed silent to make room for newer ones"));
+  CHECK(flood.opened() > 600);
 }
 
 TEST_CASE("a large frame arriving slowly but steadily is not cut off by the peer timeout",
