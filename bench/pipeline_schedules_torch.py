@@ -14,7 +14,8 @@ time (the formulas of pipit's README; for interleaved zero bubble, which pipit l
 m (F + B) with no bubble), and the overhead per task with layers that cost nothing.
 
 Before torch it runs pipit's build/pipeline_schedules with the same layer time, and ends with
-both side by side for the schedules they share.
+both side by side for the schedules they share: pipit's stages as 4 worker processes over TCP
+against torch's 4 processes, and pipit's stages as threads for reference.
 
 usage: <torch 2.x python> bench/pipeline_schedules_torch.py [--build build] [--layer-ms 4]
                                                             [--steps 3] [--no-append]
@@ -188,19 +189,27 @@ def critical_path_tasks(name, m):
     return per_stage + 2 * (P - 1)
 
 
+def ms_and_efficiency(cell):
+    """"268.5 (0.983)" -> (268.5, 0.983)."""
+    ms, efficiency = cell.replace("(", " ").replace(")", " ").split()
+    return float(ms), float(efficiency)
+
+
 def pipit_rows(binary, layer_ms):
-    """pipit's efficiency ({(schedule, m): efficiency}) and overhead ({schedule: us per task})
-    from the tables build/pipeline_schedules prints."""
+    """pipit's stages as 4 worker processes over TCP and as threads of one process, from the
+    last table build/pipeline_schedules prints: {(schedule, m): (ms, efficiency)} and
+    {schedule: us per task with zero-cost layers} for each."""
     out = subprocess.run([binary, "--no-append", "--layer-ms", str(layer_ms)], check=True,
                          capture_output=True, text=True).stdout
-    efficiency, overhead = {}, {}
+    pipit = {"processes": ({}, {}), "threads": ({}, {})}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 9 and cells[1].isdigit():  # schedule m v theory sim measured eff ...
-            efficiency[(cells[0], int(cells[1]))] = (float(cells[5]), float(cells[6]))
-        elif len(cells) == 7 and cells[1].isdigit() and cells[1] == str(P):  # overhead, p = 4
-            overhead[cells[0]] = float(cells[6])
-    return efficiency, overhead
+        # schedule | m | v | theory | threads ms (eff) | processes ms (eff) | threads us | processes us
+        if len(cells) == 8 and cells[1].isdigit() and "(" in cells[4]:
+            for where, ms_cell, us_cell in (("threads", 4, 6), ("processes", 5, 7)):
+                pipit[where][0][(cells[0], int(cells[1]))] = ms_and_efficiency(cells[ms_cell])
+                pipit[where][1][cells[0]] = float(cells[us_cell])
+    return pipit
 
 
 def main():
@@ -210,8 +219,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args()
-    pipit_efficiency, pipit_overhead = pipit_rows(
-        os.path.join(args.build, "pipeline_schedules"), args.layer_ms)
+    pipit = pipit_rows(os.path.join(args.build, "pipeline_schedules"), args.layer_ms)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = 29500 + os.getpid() % 1000
@@ -246,17 +254,23 @@ def main():
                         for kind, name, m, ms in rows if kind == "efficiency"}
     torch_overhead = {name: ms * 1000 / critical_path_tasks(name, m)
                       for kind, name, m, ms in rows if kind == "overhead"}
-    lines += ["", "Side by side, the same run: measured ms (efficiency against the schedule's "
-              "theory) and us per task with zero-cost layers.\n",
-              "| schedule | m | pipit ms (efficiency) | torch ms (efficiency) | pipit us/task | "
-              "torch us/task |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "Side by side, the same run, both as 4 processes on this machine (pipit's "
+              "stages as worker processes over TCP on loopback, torch's as gloo ranks): measured "
+              "ms (efficiency against the schedule's theory) and us per task with zero-cost "
+              "layers; pipit's stages as threads of one process last, for reference.\n",
+              "| schedule | m | pipit processes ms (efficiency) | torch processes ms (efficiency) "
+              "| pipit processes us/task | torch us/task | pipit threads ms (efficiency) | "
+              "pipit threads us/task |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    nan = (float("nan"), float("nan"))
     for name in ("gpipe", "1f1b", "interleaved", "zbv"):
         for m in (8, 16, 32):
-            pm, pe = pipit_efficiency.get((name, m), (float("nan"), float("nan")))
-            tm, te = torch_efficiency.get((name, m), (float("nan"), float("nan")))
+            pm, pe = pipit["processes"][0].get((name, m), nan)
+            tm, te = torch_efficiency.get((name, m), nan)
+            hm, he = pipit["threads"][0].get((name, m), nan)
             lines.append(f"| {name} | {m} | {pm:.1f} ({pe:.3f}) | {tm:.1f} ({te:.3f}) | "
-                         f"{pipit_overhead.get(name, float('nan')):.1f} | "
-                         f"{torch_overhead.get(name, float('nan')):.1f} |")
+                         f"{pipit['processes'][1].get(name, float('nan')):.1f} | "
+                         f"{torch_overhead.get(name, float('nan')):.1f} | {hm:.1f} ({he:.3f}) | "
+                         f"{pipit['threads'][1].get(name, float('nan')):.1f} |")
     publish("\n".join(lines) + "\n", not args.no_append)
 
 

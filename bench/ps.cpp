@@ -191,16 +191,15 @@ double measure_threads(const std::string& mode, int workers, int64_t steps) {
          std::chrono::duration<double>(end - start).count();
 }
 
-// bench/ps_ddp.py's samples/s, or 0 when PyTorch is not there.
-double measure_ddp(int workers, int64_t steps) {
-  const std::string command = std::string("/usr/bin/python3 ") + PIPIT_SOURCE_DIR +
+// bench/ps_ddp.py's samples/s (0 when PyTorch is not there) and torch's version.
+std::pair<double, std::string> measure_ddp(int workers, int64_t steps) {
+  const std::string command = bench::peer_python() + " " + PIPIT_SOURCE_DIR +
                               "/bench/ps_ddp.py --workers " + std::to_string(workers) +
                               " --dims 784,1024,1024,10 --batch " + std::to_string(kBatch) +
                               " --steps " + std::to_string(steps) + " 2>/dev/null";
   const std::vector<json> rows = bench::peer_json_lines(command, "ps");
-  return !rows.empty() && rows.back().contains("samples_per_s")
-             ? rows.back()["samples_per_s"].get<double>()
-             : 0;
+  if (rows.empty() || !rows.back().contains("samples_per_s")) return {0, "not installed"};
+  return {rows.back()["samples_per_s"].get<double>(), rows.back().value("torch", "?")};
 }
 
 // Part 3: the clustered-data MLP of train_ps, 4 workers, worker 3 slowed 4x. The loss the
@@ -279,27 +278,30 @@ int run(const support::Flags& flags) {
   fs::create_directories(dir);
   std::ostringstream out;
   out << "Throughput, MLP 784-1024-1024-10, batch " << kBatch << " per worker, SGD, one thread "
-      << "per process, " << steps << " timed steps after " << kWarmup << ":\n\n"
-      << "| workers | DDP (gloo) samples/s | pipit sync, threads | sync threads / DDP | pipit "
-         "sync, TCP processes | sync TCP / DDP | pipit async, threads | pipit async, TCP "
-         "processes | TCP sync: compute ms/step | push+pull ms/step | server ms/gradient |\n"
-         "|---|---|---|---|---|---|---|---|---|---|---|\n";
+      << "per process, " << steps << " timed steps after " << kWarmup
+      << "; like for like first: pipit's server and workers as processes over TCP against "
+         "torch's DistributedDataParallel workers as processes (gloo); pipit's roles as threads "
+         "of one process after:\n\n"
+      << "| workers | torch | DDP (gloo) samples/s | pipit sync, TCP processes | sync TCP / DDP | "
+         "pipit async, TCP processes | pipit sync, threads | sync threads / DDP | pipit async, "
+         "threads | TCP sync: compute ms/step | push+pull ms/step | server ms/gradient |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::printf("%s", out.str().c_str());
   Throughput single;
   for (int workers : {1, 2, 4}) {
-    const double ddp = measure_ddp(workers, steps);
-    const double sync_threads = measure_threads("sync", workers, steps);
+    const auto [ddp, torch] = measure_ddp(workers, steps);
     const Throughput sync = measure_processes("sync", workers, steps, dir);
-    const double async_threads = measure_threads("async", workers, steps);
     const Throughput async = measure_processes("async", workers, steps, dir);
+    const double sync_threads = measure_threads("sync", workers, steps);
+    const double async_threads = measure_threads("async", workers, steps);
     if (workers == 1) single = sync;
     auto ratio = [&](double pipit) { return ddp > 0 ? format("%.2f", pipit / ddp) : "-"; };
     const std::string row =
-        format("| %d | %s | %.0f | %s | %.0f | %s | %.0f | %.0f | %.2f | %.2f | %.2f |\n", workers,
-               ddp > 0 ? format("%.0f", ddp).c_str() : "not installed", sync_threads,
-               ratio(sync_threads).c_str(), sync.samples_per_s, ratio(sync.samples_per_s).c_str(),
-               async_threads, async.samples_per_s, sync.compute_ms, sync.wait_ms,
-               sync.server_ms_per_gradient);
+        format("| %d | %s | %s | %.0f | %s | %.0f | %.0f | %s | %.0f | %.2f | %.2f | %.2f |\n",
+               workers, torch.c_str(), ddp > 0 ? format("%.0f", ddp).c_str() : "-",
+               sync.samples_per_s, ratio(sync.samples_per_s).c_str(), async.samples_per_s,
+               sync_threads, ratio(sync_threads).c_str(), async_threads, sync.compute_ms,
+               sync.wait_ms, sync.server_ms_per_gradient);
     std::printf("%s", row.c_str());
     std::fflush(stdout);
     out << row;

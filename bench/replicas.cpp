@@ -207,14 +207,6 @@ Timing step_ms(int p, int r, int64_t layer_us, double ballast_mb, Where where, i
   return median_step_ms(pipeline, x, y, steps);
 }
 
-// PyTorch 2.x from the benchmarks' venv when it is there, else Debian's.
-std::string peer_python() {
-  const char* home = std::getenv("HOME");
-  const std::string venv =
-      std::string(home ? home : "/root") + "/.cache/pipit-bench/torch2/bin/python";
-  return std::filesystem::exists(venv) ? venv : "/usr/bin/python3";
-}
-
 // The MLP bench/ps.cpp trains (784-1024-1024-10, ReLU, cross-entropy, SGD 0.01), 64 rows
 // per replica, as 1 stage x 2 replicas in 2 worker processes: samples per second.
 double pipit_mlp_samples_per_s(int steps) {
@@ -341,7 +333,8 @@ std::ostringstream against_torch_pipelining(
     std::snprintf(command, sizeof command,
                   "%s %s/bench/replicas_torch.py --replicas %d --ballast-mb %g --layer-ms %s "
                   "--steps %d 2>/dev/null",
-                  peer_python().c_str(), PIPIT_SOURCE_DIR, r, ballast_mb, layer_ms.c_str(), steps);
+                  bench::peer_python().c_str(), PIPIT_SOURCE_DIR, r, ballast_mb, layer_ms.c_str(),
+                  steps);
     const std::vector<nlohmann::json> torch = bench::peer_json_lines(command, "replicas");
     char row[256];
     if (!torch.empty() && torch.back().contains("step_ms")) {
@@ -413,7 +406,7 @@ std::ostringstream gpt_rows() {
 std::ostringstream against_ddp() {
   const double pipit_mlp = pipit_mlp_samples_per_s(20);
   const std::vector<nlohmann::json> ddp = bench::peer_json_lines(
-      peer_python() + " " + PIPIT_SOURCE_DIR +
+      bench::peer_python() + " " + PIPIT_SOURCE_DIR +
           "/bench/ps_ddp.py --workers 2 --dims 784,1024,1024,10 --batch 64 --steps 20 "
           "2>/dev/null",
       "replicas");

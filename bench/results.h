@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -45,6 +46,17 @@ inline void append_results(const std::string& benchmark, const std::string& text
   results << "\n## " << benchmark << ", " << date << ", " << cpu_name() << ", "
           << std::thread::hardware_concurrency() << " cores\n\n"
           << text;
+}
+
+// PyTorch 2.x from the benchmarks' venv (PIPIT_BENCH_VENVS, default ~/.cache/pipit-bench, as
+// bench/cpu_vs_torch.py makes it) when it is there, else Debian's python3 and its torch.
+inline std::string peer_python() {
+  const char* venvs = std::getenv("PIPIT_BENCH_VENVS");
+  const char* home = std::getenv("HOME");
+  const std::string root =
+      venvs ? std::string(venvs) : std::string(home ? home : "/root") + "/.cache/pipit-bench";
+  const std::string venv = root + "/torch2/bin/python";
+  return std::filesystem::exists(venv) ? venv : "/usr/bin/python3";
 }
 
 inline void add_no_append_flag(support::Flags& flags) {
