@@ -40,6 +40,20 @@ std::vector<std::unique_ptr<PsWorker>> make_workers(const Module& model, const P
   return workers;
 }
 
+// The shards' weights, optimizer state and statistics, and the workers' statistics.
+void add_results(const std::vector<std::unique_ptr<ParameterServer>>& servers,
+                 const std::vector<std::unique_ptr<PsWorker>>& workers, PsRunReport& report) {
+  for (const auto& server : servers) {
+    for (auto& [name, value] : server->weights()) report.weights.emplace(name, value);
+    for (auto& [name, value] : server->optimizer_state()) {
+      // "step" is every shard's; shard 0's is the one reported.
+      report.optimizer_state.emplace(name, value);
+    }
+    report.servers.push_back(server->stats());
+  }
+  for (const auto& worker : workers) report.workers.push_back(worker->stats());
+}
+
 }  // namespace
 
 PsRunReport train_ps_locally(const Module& model, const PsConfig& config,
@@ -95,15 +109,7 @@ PsRunReport train_ps_locally(const Module& model, const PsConfig& config,
   for (auto& t : threads) t.join();
   if (first_error) std::rethrow_exception(first_error);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  for (const auto& server : servers) {
-    for (auto& [name, value] : server->weights()) report.weights.emplace(name, value);
-    for (auto& [name, value] : server->optimizer_state()) {
-      // "step" is every shard's; shard 0's is the one reported.
-      report.optimizer_state.emplace(name, value);
-    }
-    report.servers.push_back(server->stats());
-  }
-  for (const auto& worker : workers) report.workers.push_back(worker->stats());
+  add_results(servers, workers, report);
   return report;
 }
 
