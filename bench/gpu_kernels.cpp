@@ -106,7 +106,9 @@ nlohmann::json time_adamw(int64_t warmup, int64_t repeats) {
   for (const Shape& s : shapes) {
     Tensor p = (randn(s, &generator, {DType::f32, g_device}) * 0.02).requires_grad_();
     p.set_grad(randn(s, &generator, {DType::f32, g_device}) * 1e-3);
-    parameters.emplace_back("p" + std::to_string(parameters.size()), p);
+    std::string name = "p";
+    name += std::to_string(parameters.size());  // "p" + to_string trips GCC 12's -Wrestrict
+    parameters.emplace_back(name, p);
     count += p.numel();
   }
   AdamW optimizer(parameters, {3e-4, 0.9, 0.95, 1e-8, 0.1});
