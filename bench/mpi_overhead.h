@@ -2,7 +2,7 @@
 // The MPI half of bench/tcp_throughput. The benchmark starts itself under mpirun in a role:
 //   transport (2 ranks): raw MPI_Send/MPI_Recv, then the same through MpiTransport
 //             (throughput of 1-64 MiB messages, round trip of 64 bytes);
-//   gpt (4 ranks):       the GPT step of bench/gpt_step.h as an MpiPipeline.
+//   gpt (4 ranks):       the GPT step of bench/gpt_step.h as a Pipeline over Launch::mpi().
 // Rank 0 prints "mpi-result NAME VALUE" lines, which mpi_results() collects. Raw MPI and the
 // transport cannot run at once (the transport's progress thread owns MPI, and stopping it
 // finalizes MPI), so one launch measures raw first, then pipit; rounds alternate by launch.

@@ -82,7 +82,7 @@ class Coordinator {
   void remap(const std::vector<LayerRange>& ranges);
   const std::vector<LayerRange>& chunk_ranges() const { return ranges_; }
   // Turns on config().rebalance: `layer_kinds[l]` says which layers cost the same on the same
-  // stage (their configs, as Pipeline and DistributedPipeline give them).
+  // stage (their configs, as Pipeline gives them on every transport).
   void enable_rebalancing(std::vector<std::string> layer_kinds);
   // Makes every later remap (and rebalancing) throw an Error saying `why`.
   void refuse_remaps(std::string why) { remap_refusal_ = std::move(why); }

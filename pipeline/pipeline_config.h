@@ -24,7 +24,7 @@ struct PipelineConfig {
   // stage's parameters and updates those alone, then the replicas gather the updated
   // parameters (pipeline/gradients/replica_group.h). The same bits as without it, 1/r of the state.
   bool shard_optimizer = false;
-  // Under MPI (MpiPipeline) with replicas, which rank runs which endpoint: "stages" (rank
+  // Under MPI (Launch::mpi()) with replicas, which rank runs which endpoint: "stages" (rank
   // s * r + k runs stage s of replica k: a stage's replicas on neighbouring ranks, so when
   // ranks fill nodes in order the gradient sums stay inside a node and only activations cross
   // between nodes, as Megatron-LM places data parallelism inside pipeline parallelism) or

@@ -323,7 +323,7 @@ TEST_CASE("a coordinator that claims workers and vanishes leaves them serving th
   CHECK_THAT(workers[1]->log(), Catch::Contains("sent no stage package within 300 ms"));
 }
 
-TEST_CASE("a DistributedPipeline that cannot reach every worker releases the ones it claimed",
+TEST_CASE("a Pipeline over workers that cannot reach every one releases the ones it claimed",
           "[distributed]") {
   Workers workers = start_workers(2, test_worker());
   PipelineConfig config = config_for("1f1b", 1);

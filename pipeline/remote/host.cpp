@@ -98,7 +98,7 @@ std::unique_ptr<Stage> build_stage(const std::shared_ptr<TcpCommunicator>& comm,
   auto stage = std::make_unique<Stage>(std::move(spec), comm);
   // A coordinator that goes away while this stage waits for its neighbours ends the wait at
   // once: the worker must not stay claimed by a run that is over. (A failing
-  // DistributedPipeline closes its connections after its Shutdown.)
+  // Pipeline on pipit-workers closes its connections after its Shutdown.)
   auto run_over = [&comm] { return !comm->is_connected(kCoordinator); };
   // The neighbouring stages of this replica (a ring, which ties between the first and the
   // last stage use too), and this stage in the neighbouring replicas (the gradient sum's
