@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -21,10 +23,8 @@ AdamW::AdamW(NamedParameters parameters, AdamWOptions options)
 void AdamW::step() {
   NoGradGuard no_grad;
   ++step_;
-  const AdamWParams params{options_.lr,  options_.beta1,        options_.beta2,
-                           options_.eps, options_.weight_decay, step_};
-  // One fused update per (device, dtype) group rather than one per parameter.
-  std::map<std::pair<std::string, DType>, std::vector<AdamWSlot>> groups;
+  // One fused update per (device, dtype, weight decay) group rather than one per parameter.
+  std::map<std::tuple<std::string, DType, double>, std::vector<AdamWSlot>> groups;
   for (auto& [name, p] : parameters_) {
     if (!p.grad().defined()) continue;
     Tensor g = detail::contiguous_grad(name, p);
@@ -33,9 +33,14 @@ void AdamW::step() {
       m = exp_avg_.emplace(name, zeros_like(p)).first;
       exp_avg_sq_.emplace(name, zeros_like(p));
     }
-    groups[{p.device().str(), p.dtype()}].push_back({p, g, m->second, exp_avg_sq_.at(name)});
+    const double decay = std::ranges::count(options_.no_decay, name) ? 0 : options_.weight_decay;
+    groups[{p.device().str(), p.dtype(), decay}].push_back({p, g, m->second, exp_avg_sq_.at(name)});
   }
-  for (const auto& [key, slots] : groups) backend(slots[0].param).adamw_step(slots, params);
+  for (const auto& [key, slots] : groups) {
+    backend(slots[0].param)
+        .adamw_step(slots, {options_.lr, options_.beta1, options_.beta2, options_.eps,
+                            std::get<2>(key), step_});
+  }
 }
 
 StateDict AdamW::state_dict() const {
@@ -67,9 +72,11 @@ void AdamW::load_state_dict(const StateDict& state) {
 }
 
 nlohmann::json AdamW::config() const {
-  return {{"type", "AdamW"},         {"lr", options_.lr},
-          {"beta1", options_.beta1}, {"beta2", options_.beta2},
-          {"eps", options_.eps},     {"weight_decay", options_.weight_decay}};
+  nlohmann::json config = {{"type", "AdamW"},         {"lr", options_.lr},
+                           {"beta1", options_.beta1}, {"beta2", options_.beta2},
+                           {"eps", options_.eps},     {"weight_decay", options_.weight_decay}};
+  config["no_decay"] = options_.no_decay;
+  return config;
 }
 
 }  // namespace pipit

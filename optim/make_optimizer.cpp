@@ -37,13 +37,17 @@ std::unique_ptr<Optimizer> make_optimizer(const nlohmann::json& config,
     return std::make_unique<SGD>(std::move(parameters), o);
   }
   if (type == "AdamW") {
-    check_fields(config, type, {"lr", "beta1", "beta2", "eps", "weight_decay"});
+    check_fields(config, type, {"lr", "beta1", "beta2", "eps", "weight_decay", "no_decay"});
     AdamWOptions o;
     o.lr = number_field(config, type, "lr", o.lr);
     o.beta1 = number_field(config, type, "beta1", o.beta1);
     o.beta2 = number_field(config, type, "beta2", o.beta2);
     o.eps = number_field(config, type, "eps", o.eps);
     o.weight_decay = number_field(config, type, "weight_decay", o.weight_decay);
+    for (const nlohmann::json& name : config.value("no_decay", nlohmann::json::array())) {
+      PIPIT_CHECK(name.is_string(), "make_optimizer: AdamW no_decay: not a name: ", name.dump());
+      o.no_decay.push_back(name);
+    }
     return std::make_unique<AdamW>(std::move(parameters), o);
   }
   throw Error("make_optimizer: unknown optimizer type '" + type + "' (expected SGD or AdamW)");

@@ -63,6 +63,9 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  // Parameters (by name) that take no weight decay, as GPT-2 trainers spare biases, norms and
+  // embeddings (train/weight_decay.h names them for a model).
+  std::vector<std::string> no_decay = {};
 };
 
 // Adam with decoupled weight decay and bias correction, as torch.optim.AdamW.

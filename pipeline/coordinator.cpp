@@ -6,6 +6,7 @@
 
 #include "autograd/grad_mode.h"
 #include "optim/optimizer.h"
+#include "pipeline/coordinator_busy.h"
 #include "pipeline/gradients/replica_group.h"
 #include "pipeline/protocol/messages.h"
 #include "pipit.h"
@@ -25,21 +26,6 @@ std::string stage_list(const std::vector<bool>& done, int stages, int replicas) 
 }
 
 }  // namespace
-
-class Coordinator::Busy {
- public:
-  Busy(std::atomic<bool>& busy, const char* what) : busy_(busy) {
-    PIPIT_CHECK(!busy_.exchange(true), "pipeline: ", what,
-                " was called while another call (a step, a remap or a state fetch) was "
-                "still running; the pipeline takes one call at a time, between steps");
-  }
-  ~Busy() { busy_ = false; }
-  Busy(const Busy&) = delete;
-  Busy& operator=(const Busy&) = delete;
-
- private:
-  std::atomic<bool>& busy_;
-};
 
 Coordinator::Coordinator(std::shared_ptr<Communicator> communicator, PipelineConfig config,
                          std::vector<LayerRange> ranges)
@@ -326,15 +312,14 @@ void Coordinator::rebalance(double step_ms) {
   stats_.rebalanced = decision;
 }
 
-Tensor Coordinator::forward(const Tensor& input) {
-  Busy busy(busy_, "forward");
+void Coordinator::forward_each(const Tensor& input,
+                               const std::function<void(int, const Tensor&)>& on_output) {
   const int m = config_.microbatches, p = config_.stages;
   std::vector<Tensor> inputs = split_batch(input, "input", m);
   // Inference runs on replica 0 alone: the replicas hold the same weights.
   begin_step(false, 1);
   for (int i = 0; i < m; ++i) comm_->send(0, {PipelineKind::Activation, step_, i, 0, {inputs[i]}});
-  std::vector<Tensor> outputs(static_cast<size_t>(m));
-  std::vector<bool> stage_done(static_cast<size_t>(p));
+  std::vector<bool> output_seen(static_cast<size_t>(m)), stage_done(static_cast<size_t>(p));
   int received = 0, done = 0;
   while (received < m || done < p) {
     Message message = receive_step_message(
@@ -342,9 +327,10 @@ Tensor Coordinator::forward(const Tensor& input) {
                      : "stages " + stage_list(stage_done, config_.stages, config_.replicas));
     if (message.kind == PipelineKind::Activation) {
       const int mb = message.microbatch;
-      PIPIT_CHECK(mb >= 0 && mb < m && !outputs[mb].defined() && message.tensors.size() == 1,
+      PIPIT_CHECK(mb >= 0 && mb < m && !output_seen[mb] && message.tensors.size() == 1,
                   "pipeline: unexpected output message for microbatch ", mb);
-      outputs[mb] = message.tensors[0];
+      output_seen[mb] = true;
+      on_output(mb, message.tensors[0]);
       ++received;
     } else if (message.kind == PipelineKind::StageDone) {
       stage_done[static_cast<size_t>(message.from)] = true;
@@ -352,38 +338,24 @@ Tensor Coordinator::forward(const Tensor& input) {
       record_stage_done(message);
     }
   }
+}
+
+Tensor Coordinator::forward(const Tensor& input) {
+  Busy busy(busy_, "forward");
+  std::vector<Tensor> outputs(static_cast<size_t>(config_.microbatches));
+  forward_each(input, [&](int mb, const Tensor& output) { outputs[mb] = output; });
   return cat(outputs, 0);
 }
 
-void Coordinator::generate_begin(const GenerateBegin& begin) {
-  Busy busy(busy_, "generate_begin");
-  require_consistent();
-  ++step_;
-  send_to_replica0(to_message(begin, step_));
-}
-
-Tensor Coordinator::generate_step(const Tensor& tokens, int64_t start) {
-  Busy busy(busy_, "generate_step");
-  Message message(PipelineKind::GenerateStep, step_, 0, 0, {tokens});
-  message.meta = {{"start", start}};
-  comm_->send(0, std::move(message));
-  const int chunks = config_.stages * config_.chunks_per_stage;
-  while (true) {
-    Message reply =
-        receive_step_message("the logits of generation step at position " + std::to_string(start));
-    if (reply.kind == PipelineKind::GenerateStep && reply.chunk == chunks &&
-        reply.tensors.size() == 1) {
-      return reply.tensors[0];
-    }
-  }
-}
-
-void Coordinator::generate_end() {
-  Busy busy(busy_, "generate_end");
-  // Acknowledged: in one process the stages share the model's modules, and they must be back
-  // in training mode before the caller touches the model again.
-  send_to_replica0(Message(PipelineKind::GenerateEnd, step_));
-  await_all(PipelineKind::GenerateEnd, "the end of generation", config_.stages);
+double Coordinator::evaluate(const Tensor& input, const Tensor& target) {
+  Busy busy(busy_, "evaluate");
+  const std::vector<Tensor> targets = split_batch(target, "target", config_.microbatches);
+  // Each microbatch's loss as its output arrives: the whole batch's logits are not kept.
+  double sum = 0;
+  forward_each(input, [&](int mb, const Tensor& output) {
+    sum += loss_->compute_loss(output, targets[mb]).item<double>();
+  });
+  return sum / config_.microbatches;
 }
 
 std::pair<StateDict, StateDict> Coordinator::fetch_state() {

@@ -63,6 +63,10 @@ class Coordinator {
   // Pipelined inference (no gradients, layers in eval mode): the outputs of the m
   // microbatches concatenated in order.
   Tensor forward(const Tensor& input);
+  // The loss of (input, target) through the same stages, forward only and in eval mode, with
+  // no gradient and no update: the mean of the microbatch losses, as train_step reports it.
+  // What a validation loss is.
+  double evaluate(const Tensor& input, const Tensor& target);
 
   // Generation with KV caches on the stages (pipeline/generation/pipelined_generation.h, through
   // generate()): the stages allocate caches for their chunks' blocks; each generate_step runs
@@ -113,6 +117,9 @@ class Coordinator {
   std::vector<Tensor> split_batch(const Tensor& batch, const char* what, int m) const;
   // Stage s of replica k is endpoint k * p + s (replica_group.h); endpoints() counts them.
   int endpoints() const { return config_.stages * config_.replicas; }
+  // The microbatches of `input` forward through replica 0 (eval mode); each output is handed to
+  // `on_output(microbatch, output)` as it arrives.
+  void forward_each(const Tensor& input, const std::function<void(int, const Tensor&)>& on_output);
   // StepBegin to every stage of the first `replicas` replicas.
   void begin_step(bool train, int replicas);
   Message receive_step_message(const std::string& waiting_for);

@@ -59,6 +59,10 @@ class Pipeline {
     return coordinator().train_step(input, target);
   }
   Tensor forward(const Tensor& input) { return coordinator().forward(input); }
+  // The loss of a held-out batch, forward only (Coordinator::evaluate).
+  double evaluate(const Tensor& input, const Tensor& target) {
+    return coordinator().evaluate(input, target);
+  }
   // Moves layers between stages, between steps (Coordinator::remap): chunk c holds ranges[c]
   // afterwards. On threads, after every remap (this one or an automatic one) the model's
   // layers are the modules the stages now train.
