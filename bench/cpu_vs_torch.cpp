@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "bench/peak_flops.h"
+#include "support/peak_flops.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
   const std::string model = flags.choice("model", {"mlp", "gpt", "tiny_op", "bf16_ops", "peak"});
   const std::string gemm = flags.choice("gemm", {"auto", "onednn", "openblas"});
   if (model == "peak") {
-    const bench::Peak peak = bench::measure_peak_gflops();
+    const support::Peak peak = support::measure_peak_gflops();
     std::printf("{\"gflops\": %.1f, \"isa\": \"%s\"}\n", peak.gflops, peak.isa.c_str());
     return 0;
   }

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/peak_flops.h"
+#include "support/peak_flops.h"
 #include "bench/results.h"
 #include "support/flags.h"
 
@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
                  where.dli_fname ? where.dli_fname : "(unknown)");
     return 1;
   }
-  const pipit::bench::Peak peak = pipit::bench::measure_peak_gflops();
+  const pipit::support::Peak peak = pipit::support::measure_peak_gflops();
   const std::vector<Provider> list = providers();
 
   std::ostringstream table;

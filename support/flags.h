@@ -55,6 +55,8 @@ class Flags {
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
       if (arg == "--help" || arg == "-h") usage(0);
+      // A one-letter flag may be given with one dash: -o FILE.
+      if (arg.size() == 2 && arg[0] == '-' && values_.count(arg.substr(1))) arg = "-" + arg;
       if (arg.rfind("--", 0) != 0 && positional_values_.size() < positional_names_.size()) {
         positional_values_.push_back(arg);
         continue;

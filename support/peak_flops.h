@@ -5,7 +5,7 @@
 #include <chrono>
 #include <string>
 
-namespace pipit::bench {
+namespace pipit::support {
 
 namespace detail {
 
@@ -65,4 +65,4 @@ inline Peak measure_peak_gflops() {
   return peak;
 }
 
-}  // namespace pipit::bench
+}  // namespace pipit::support

@@ -10,6 +10,7 @@
 #include "graph_names.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
+#include "nn/transformer.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"

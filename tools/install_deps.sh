@@ -2,8 +2,9 @@
 # Installs pipit's build and test dependencies from Debian's packages (and, for CUDA builds,
 # the cuDNN frontend's headers from PyPI). Idempotent: packages already present are not
 # touched and apt is not even updated.
-# Usage: tools/install_deps.sh [--with-torch]   (python3-torch is only needed for
-# regenerating reference values and for bench/cpu_vs_torch)
+# Usage: tools/install_deps.sh [--with-torch] [--with-chromium]   (python3-torch is only
+# needed for regenerating reference values and for bench/cpu_vs_torch; chromium only for
+# tools/screenshot_report.sh, which checks pipit-report's page in a real browser)
 set -euo pipefail
 
 packages=(cmake g++ make pkg-config libopenblas-dev nlohmann-json3-dev libasio-dev catch2 python3)
@@ -20,9 +21,13 @@ packages+=(iproute2)
 # bench/tcp_throughput's loopback ceiling. Its package asks whether to start an iperf3 daemon
 # at boot; the answer is preseeded to no, so nothing listens behind the benchmark's back.
 packages+=(iperf3)
-if [[ "${1:-}" == "--with-torch" ]]; then
-  packages+=(python3-torch python3-numpy)
-fi
+for option in "$@"; do
+  case "$option" in
+    --with-torch) packages+=(python3-torch python3-numpy) ;;
+    --with-chromium) packages+=(chromium) ;;
+    *) echo "install_deps: unknown option '$option' (see the usage at the top)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do
