@@ -9,11 +9,13 @@
 
 #include "codec/atomic_file.h"
 #include "nn/generate.h"
+#include "nn/layers.h"
 #include "serialize/hf_gpt2.h"
 #include "serialize/model_io.h"
 #include "support/flags.h"
 #include "support/run_flags.h"
 #include "text/tokenizer.h"
+#include "text/unicode.h"
 
 using namespace pipit;
 
@@ -43,6 +45,15 @@ int main(int argc, char** argv) {
     if (config.contains("model_type")) {
       model = load_hf_gpt2(dir);
       options.stop_token = read_hf_gpt2_config(dir).eos_token_id;
+      // transformers' GPT2Config keeps 50256 whatever the vocabulary; like transformers, warn
+      // and generate on, here without a stop token.
+      const int64_t vocab = dynamic_cast<const TokenPosEmbedding&>(*(*model)[0]).vocab_size();
+      if (options.stop_token && (*options.stop_token < 0 || *options.stop_token >= vocab)) {
+        std::cerr << "generate: warning: " << dir << "/config.json's eos_token_id "
+                  << *options.stop_token << " is outside the vocabulary of " << vocab
+                  << "; generating without a stop token\n";
+        options.stop_token.reset();
+      }
     } else {
       model = std::dynamic_pointer_cast<Sequential>(load_model(dir));
       if (!model) flags.fail("--model " + dir + " does not hold a Sequential GPT");
@@ -68,13 +79,16 @@ int main(int argc, char** argv) {
     const std::vector<int64_t> out = generate(*model, {prompt}, options).at(0);
     if (tokenizer) {
       const std::vector<uint32_t> ids(out.begin(), out.end());
-      std::cout << flags.str("prompt") << tokenizer->decode(ids) << "\n";
+      // A sample may stop inside a character: printed as U+FFFD, as tokenizers' decode does.
+      std::cout << flags.str("prompt") << text::valid_utf8(tokenizer->decode(ids)) << "\n";
     } else {
       for (const int64_t id : out) std::cout << id << " ";
       std::cout << "\n";
     }
   } catch (const std::exception& e) {
-    std::cerr << "generate: " << e.what() << "\n";
+    // The library's errors from generate() already begin "generate: ".
+    const std::string message = e.what();
+    std::cerr << (message.rfind("generate: ", 0) == 0 ? "" : "generate: ") << message << "\n";
     return 1;
   }
 }

@@ -32,6 +32,7 @@
 #include "support/run_flags.h"
 #include "support/tcp_flags.h"
 #include "text/tokenizer.h"
+#include "text/unicode.h"
 #include "text_data.h"
 #include "train/metrics_log.h"
 #include "train/weight_decay.h"
@@ -450,7 +451,15 @@ int main(int argc, char** argv) {
                   trace.timeline().c_str());
     }
     if (!flags.str("save-hf").empty()) {
-      save_hf_gpt2(*model, flags.str("save-hf"));
+      // The end-of-text token: the tokenizer's, or the --init checkpoint's, else GPT-2's place
+      // for it, the vocabulary's last id.
+      std::optional<int64_t> eos;
+      if (!hf_dir.empty()) eos = read_hf_gpt2_config(hf_dir).eos_token_id;
+      if (tokenizer) {
+        if (const auto id = tokenizer->token_id("<|endoftext|>")) eos = *id;
+      }
+      if (eos && (*eos < 0 || *eos >= vocab_size)) eos.reset();
+      save_hf_gpt2(*model, flags.str("save-hf"), eos);
       // With its tokenizer beside it, the directory is what from_pretrained and generate read.
       for (const char* file : {"vocab.json", "merges.txt", "tokenizer.json"}) {
         const std::filesystem::path from = std::filesystem::path(tokenizer_dir) / file;
@@ -463,9 +472,10 @@ int main(int argc, char** argv) {
     }
     if (sample_length > 0 && chars) {
       model->to(Device::cpu());
-      std::printf(
-          "--- sample ---\n%s\n",
-          sample_text(*model, *chars, tokens[0], context, sample_length, generator).c_str());
+      std::printf("--- sample ---\n%s\n",
+                  text::valid_utf8(
+                      sample_text(*model, *chars, tokens[0], context, sample_length, generator))
+                      .c_str());
     } else if (sample_length > 0 && tokenizer && !tokens.empty()) {
       GenerationOptions options;
       options.max_new_tokens = sample_length;
@@ -475,7 +485,7 @@ int main(int argc, char** argv) {
       const std::vector<int64_t> out = generate(*model, {{tokens[0]}}, options).at(0);
       std::vector<uint32_t> ids = {static_cast<uint32_t>(tokens[0])};
       ids.insert(ids.end(), out.begin(), out.end());
-      std::printf("--- sample ---\n%s\n", tokenizer->decode(ids).c_str());
+      std::printf("--- sample ---\n%s\n", text::valid_utf8(tokenizer->decode(ids)).c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());

@@ -240,9 +240,14 @@ std::shared_ptr<Sequential> load_hf_gpt2(const std::string& dir) {
   return model;
 }
 
-json to_hf_gpt2_config(const GptConfig& c) {
+json to_hf_gpt2_config(const GptConfig& c, std::optional<int64_t> eos_token_id) {
   PIPIT_CHECK(!c.head_bias, "save_hf_gpt2: a head with a bias has no place in GPT2LMHeadModel");
+  const int64_t eos = eos_token_id.value_or(c.vocab_size - 1);
+  PIPIT_CHECK(eos >= 0 && eos < c.vocab_size, "save_hf_gpt2: eos_token_id ", eos,
+              " is outside the vocabulary of ", c.vocab_size);
   return {{"architectures", {"GPT2LMHeadModel"}},
+          {"bos_token_id", eos},
+          {"eos_token_id", eos},
           {"model_type", "gpt2"},
           {"vocab_size", c.vocab_size},
           {"n_positions", c.context},
@@ -311,8 +316,10 @@ GptConfig gpt2_config_of(const Sequential& model) {
 
 }  // namespace
 
-void save_hf_gpt2(const Sequential& model, const std::string& dir) {
+void save_hf_gpt2(const Sequential& model, const std::string& dir,
+                  std::optional<int64_t> eos_token_id) {
   const GptConfig c = gpt2_config_of(model);
+  const json config = to_hf_gpt2_config(c, eos_token_id);  // checked before anything is written
   // The model must have exactly the parameters of gpt(c), with their shapes.
   std::map<std::string, Tensor> params;
   for (const auto& [name, p] : model.named_parameters()) params[name] = p;
@@ -331,7 +338,7 @@ void save_hf_gpt2(const Sequential& model, const std::string& dir) {
   }
   fs::create_directories(dir);
   save_safetensors((fs::path(dir) / kHfWeights).string(), tensors, {{"format", "pt"}});
-  write_file_atomic((fs::path(dir) / kHfConfig).string(), to_hf_gpt2_config(c).dump(2) + "\n");
+  write_file_atomic((fs::path(dir) / kHfConfig).string(), config.dump(2) + "\n");
 }
 
 }  // namespace pipit

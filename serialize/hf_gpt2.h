@@ -25,8 +25,10 @@ struct HfGpt2Config {
 // other than 4 x n_embd, ...) are refused by name; `source` names the file in errors.
 HfGpt2Config hf_gpt2_config(const nlohmann::json& config, const std::string& source);
 // The config.json of a GPT-2 of config `c` (which must have no head bias): hf_gpt2_config
-// reads it back as `c`.
-nlohmann::json to_hf_gpt2_config(const GptConfig& c);
+// reads it back as `c`. Its bos_token_id and eos_token_id are `eos_token_id`, by default the
+// vocabulary's last id, GPT-2's place for <|endoftext|> (without them transformers assumes
+// 50256, outside a smaller vocabulary).
+nlohmann::json to_hf_gpt2_config(const GptConfig& c, std::optional<int64_t> eos_token_id = {});
 
 // Reads config.json and every weight, checking each tensor's presence and shape before the
 // model is built: an error names the file and the tensor, and nothing is half-loaded.
@@ -36,6 +38,8 @@ HfGpt2Config read_hf_gpt2_config(const std::string& dir);
 // Writes config.json and model.safetensors (f32) into `dir`, made if missing; other files
 // there (a tokenizer's) stay. The model must be GPT-2-shaped: gpt() with head_bias false.
 // Each file is replaced atomically, the weights first.
-void save_hf_gpt2(const Sequential& model, const std::string& dir);
+// `eos_token_id` as to_hf_gpt2_config's.
+void save_hf_gpt2(const Sequential& model, const std::string& dir,
+                  std::optional<int64_t> eos_token_id = {});
 
 }  // namespace pipit

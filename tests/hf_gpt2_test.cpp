@@ -203,8 +203,9 @@ TEST_CASE("pipit saves a GPT-2 checkpoint as transformers does", "[hf_gpt2]") {
     }
     const json config = json::parse(read_file((out / "config.json").string()));
     const json original = json::parse(read_file(kHfDir + "/" + name + "/config.json"));
-    for (const char* field : {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head",
-                              "tie_word_embeddings", "resid_pdrop", "embd_pdrop"}) {
+    for (const char* field :
+         {"vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "tie_word_embeddings",
+          "resid_pdrop", "embd_pdrop", "bos_token_id", "eos_token_id"}) {
       CHECK(config[field] == original.value(field, json(true)));
     }
     auto again = load_hf_gpt2(out.string());
@@ -214,6 +215,29 @@ TEST_CASE("pipit saves a GPT-2 checkpoint as transformers does", "[hf_gpt2]") {
   const std::string refused =
       error_of([&] { save_hf_gpt2(*gpt(GptConfig{}), (dir / "x").string()); });
   CHECK(refused.find("has a bias") != std::string::npos);
+}
+
+TEST_CASE("a saved GPT-2 names its end-of-text token inside its vocabulary", "[hf_gpt2]") {
+  TempDir dir("hf_eos");
+  GptConfig c;
+  c.vocab_size = 40;
+  c.layers = 1;
+  c.width = 16;
+  c.heads = 2;
+  c.tie_embeddings = true;
+  c.head_bias = false;
+  const auto model = gpt(c);
+  // By default GPT-2's place for <|endoftext|>, the last id (transformers would assume 50256).
+  save_hf_gpt2(*model, (dir / "last").string());
+  const json last = json::parse(read_file((dir / "last" / "config.json").string()));
+  CHECK(last["bos_token_id"] == 39);
+  CHECK(last["eos_token_id"] == 39);
+  CHECK(read_hf_gpt2_config((dir / "last").string()).eos_token_id == 39);
+  save_hf_gpt2(*model, (dir / "given").string(), 7);
+  CHECK(read_hf_gpt2_config((dir / "given").string()).eos_token_id == 7);
+  const std::string refused = error_of([&] { save_hf_gpt2(*model, (dir / "x").string(), 40); });
+  CHECK(refused.find("eos_token_id 40 is outside the vocabulary of 40") != std::string::npos);
+  CHECK(!fs::exists(dir / "x"));  // refused before anything was written
 }
 
 TEST_CASE("greedy generation with the KV cache equals transformers' generate", "[hf_gpt2]") {

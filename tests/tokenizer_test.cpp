@@ -9,6 +9,7 @@
 
 #include "text/error.h"
 #include "text/tokenizer.h"
+#include "text/unicode.h"
 
 using namespace pipit::text;
 using nlohmann::json;
@@ -135,5 +136,27 @@ TEST_CASE("tokenizer encodes long runs of one class in linear time", "[tokenizer
     const double small = time(1 << 20), large = time(1 << 22);
     INFO("class of '" << c << "': 1 MiB " << small << " s, 4 MiB " << large << " s");
     CHECK(large < 10 * small + 0.05);
+  }
+}
+
+TEST_CASE(
+    "text for display: each ill-formed part of UTF-8 is one U+FFFD, as Python's "
+    "decode(errors='replace')",
+    "[tokenizer]") {
+  // Expected values from Python 3.11's bytes.decode("utf-8", errors="replace").
+  const std::string r = "\xef\xbf\xbd";
+  const std::pair<std::string, std::string> cases[] = {
+      {"ab\xe2\x82", "ab" + r},                     // cut short at the end: one U+FFFD
+      {"\xe2\x82\xac", "\xe2\x82\xac"},             // the euro sign, valid
+      {"\xc0\xaf", r + r},                          // an overlong lead, then a stray byte
+      {"\xed\xa0\x80", r + r + r},                  // a surrogate
+      {"\xf0\x9f\x98", r},                          // a 4-byte emoji's first 3 bytes
+      {"\xf4\x90\x80\x80", r + r + r + r},          // past U+10FFFF
+      {"\xe0\x80\xaf", r + r + r},                  // overlong
+      {"x\x80y", "x" + r + "y"},                    // a stray continuation byte
+      {"\xf0\x9f\x98\x80z", "\xf0\x9f\x98\x80z"}};  // the whole emoji
+  for (const auto& [bytes, expected] : cases) {
+    INFO(bytes);
+    CHECK(pipit::text::valid_utf8(bytes) == expected);
   }
 }

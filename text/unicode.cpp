@@ -1,5 +1,6 @@
 #include "text/unicode.h"
 
+#include <algorithm>
 #include <array>
 
 namespace pipit::text {
@@ -56,6 +57,43 @@ Unit unit_at(std::string_view text, size_t pos) {
     return {CharClass::other, 1};
   }
   return {classify(cp), static_cast<uint8_t>(size)};
+}
+
+std::string valid_utf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t i = 0; i < bytes.size();) {
+    const auto lead = static_cast<unsigned char>(bytes[i]);
+    if (lead < 0x80) {
+      out += bytes[i++];
+      continue;
+    }
+    // The sequence's length and its second byte's range (Unicode's Table 3-7 of well-formed
+    // sequences: no overlongs, surrogates or values past U+10FFFF).
+    size_t length = 0;
+    unsigned char low = 0x80, high = 0xbf;
+    if (lead >= 0xc2 && lead <= 0xdf) length = 2;
+    if (lead >= 0xe0 && lead <= 0xef) length = 3;
+    if (lead >= 0xf0 && lead <= 0xf4) length = 4;
+    if (lead == 0xe0) low = 0xa0;
+    if (lead == 0xed) high = 0x9f;
+    if (lead == 0xf0) low = 0x90;
+    if (lead == 0xf4) high = 0x8f;
+    size_t valid = length == 0 ? 0 : 1;  // the lead and the continuation bytes that fit
+    while (valid > 0 && valid < length && i + valid < bytes.size()) {
+      const auto next = static_cast<unsigned char>(bytes[i + valid]);
+      if (next < (valid == 1 ? low : 0x80) || next > (valid == 1 ? high : 0xbf)) break;
+      ++valid;
+    }
+    if (length > 0 && valid == length) {
+      out.append(bytes.substr(i, length));
+      i += length;
+    } else {
+      out += "\xef\xbf\xbd";  // U+FFFD
+      i += std::max<size_t>(valid, 1);
+    }
+  }
+  return out;
 }
 
 }  // namespace pipit::text

@@ -3,6 +3,7 @@
 // decoder that reads UTF-8 one unit at a time, an invalid byte being a unit of its own.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace pipit::text {
@@ -27,5 +28,11 @@ struct Unit {
 // surrogates or values past U+10FFFF) is one character; any other byte is a unit of class
 // `other` by itself, so that every byte string pre-tokenizes and round-trips.
 Unit unit_at(std::string_view text, size_t pos);
+
+// `bytes` made valid UTF-8 for display: each maximal ill-formed part (a stray byte, a
+// sequence cut short, as at the end of a sample that stops inside a character) becomes one
+// U+FFFD, Unicode's recommended practice, which Hugging Face tokenizers' decode (Rust's
+// from_utf8_lossy) and Python's decode(errors="replace") follow. Valid text is unchanged.
+std::string valid_utf8(std::string_view bytes);
 
 }  // namespace pipit::text
