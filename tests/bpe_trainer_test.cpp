@@ -16,10 +16,15 @@ namespace {
 
 const std::string kTokenizerFiles = std::string(PIPIT_TEST_DATA) + "/tokenizer";
 
-BpeModel train_small() {
+// With `sizes`, the vocabulary's size after each merge, as train's progress reports it.
+BpeModel train_small(std::vector<size_t>* sizes = nullptr) {
   BpeTrainer trainer({.vocab_size = 1000});
   trainer.add_file(kTokenizerFiles + "/train.txt");
-  return trainer.train();
+  if (!sizes) return trainer.train();
+  return trainer.train([&](size_t tokens, size_t total) {
+    CHECK(total == 1000);
+    sizes->push_back(tokens);
+  });
 }
 
 }  // namespace
@@ -51,6 +56,17 @@ TEST_CASE("BPE trainer learns HF's merges in HF's order", "[tokenizer]") {
     REQUIRE(a.result == b.result);
   }
   CHECK(ours.tokens == hf.tokens);
+}
+
+TEST_CASE("BPE trainer reports each merge's vocabulary size and learns the same merges",
+          "[tokenizer]") {
+  std::vector<size_t> sizes;
+  const BpeModel reported = train_small(&sizes);
+  const BpeModel quiet = train_small();
+  CHECK(reported.tokens == quiet.tokens);
+  REQUIRE(sizes.size() == reported.merges.size());
+  for (size_t i = 0; i < sizes.size(); ++i) CHECK(sizes[i] == 1 + 256 + i + 1);
+  CHECK(sizes.back() == 1000);
 }
 
 TEST_CASE("BPE trainer output saves as vocab.json + merges.txt and loads back", "[tokenizer]") {

@@ -67,6 +67,41 @@ TEST_CASE("tokenizer gives Hugging Face's ids on 30 KB of held-out text", "[toke
   CHECK(hash == heldout.at("ids_fnv1a64").get<uint64_t>());
 }
 
+TEST_CASE("encoding in pieces with progress gives the ids of encoding whole", "[tokenizer]") {
+  const std::string heldout = read_text_file(kDir + "/heldout.txt");
+  // Cuts that must not be made: inside "\n\n", beside a multi-byte space; and one beside a
+  // special token.
+  const std::string tricky = "a\n\nb\n c\nd\n<|endoftext|>\ne\xe3\x80\x80\nf\n\xe3\x80\x80g\nh";
+  // The fixtures' vocabularies have no "\n\n"; GPT-2's has, and a cut inside one would change
+  // its ids: a model of the 256 bytes and that one merge shows it.
+  BpeModel newlines;
+  for (int b = 0; b < 256; ++b) newlines.tokens.push_back(std::string(1, static_cast<char>(b)));
+  newlines.tokens.push_back("\n\n");
+  newlines.tokens.push_back("<|endoftext|>");
+  newlines.merges.push_back({'\n', '\n', 256});
+  newlines.specials.push_back(257);
+  const Tokenizer merged_newlines(newlines);
+  REQUIRE(merged_newlines.encode("a\n\nb") == std::vector<uint32_t>{'a', '\n', '\n', 'b'});
+  REQUIRE(merged_newlines.encode("a\n\n") == std::vector<uint32_t>{'a', 256});
+  for (const Tokenizer* tokenizer : {&merged_newlines, &gpt2_files(), &tokenizer_json()}) {
+    for (const std::string& text : {heldout, tricky}) {
+      const std::vector<uint32_t> whole = tokenizer->encode(text);
+      for (const size_t chunk : {size_t{1}, size_t{7}, size_t{1000}, size_t{1} << 20}) {
+        INFO("chunk " << chunk);
+        std::vector<uint32_t> pieces;
+        std::vector<size_t> done;
+        tokenizer->encode(
+            text, pieces, [&](size_t bytes) { done.push_back(bytes); }, chunk);
+        CHECK(pieces == whole);
+        REQUIRE(!done.empty());
+        CHECK(done.back() == text.size());
+        CHECK(std::is_sorted(done.begin(), done.end()));
+        if (chunk == 7 && text == heldout) CHECK(done.size() > 100);  // it did cut
+      }
+    }
+  }
+}
+
 TEST_CASE("tokenizer round-trips random bytes and invalid UTF-8", "[tokenizer]") {
   const Tokenizer& tokenizer = gpt2_files();
   // Bytes that are not UTF-8: lone continuations, a truncated sequence, overlongs, a

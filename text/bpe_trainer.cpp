@@ -147,7 +147,7 @@ void push_grown(Corpus& corpus, std::priority_queue<Candidate>& queue) {
 
 }  // namespace
 
-BpeModel BpeTrainer::train() const {
+BpeModel BpeTrainer::train(const std::function<void(size_t, size_t)>& on_progress) const {
   const size_t base = options_.specials.size() + 256;
   if (options_.vocab_size < base) {
     throw TextError("BPE trainer: a vocabulary of " + std::to_string(options_.vocab_size) +
@@ -189,6 +189,7 @@ BpeModel BpeTrainer::train() const {
     }
     corpus.pair_counts[top.pair] = 0;
     push_grown(corpus, queue);
+    if (on_progress) on_progress(model.tokens.size(), options_.vocab_size);
   }
   return std::move(vocabulary.model);
 }

@@ -6,6 +6,7 @@
 // adjacent pair (ties: the pair of smaller ids) is merged everywhere. Pair counts are kept
 // up to date incrementally, so each merge costs the words it touches, not the corpus.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -31,7 +32,9 @@ class BpeTrainer {
   void add_file(const std::string& path);
 
   // Throws TextError when vocab_size leaves no room for the specials and the 256 bytes.
-  BpeModel train() const;
+  // `on_progress(tokens, vocab_size)`, when given, hears of the vocabulary's growth after each
+  // merge (a progress line's input; it does not change the result).
+  BpeModel train(const std::function<void(size_t, size_t)>& on_progress = {}) const;
 
  private:
   BpeTrainerOptions options_;

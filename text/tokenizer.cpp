@@ -91,6 +91,34 @@ void Tokenizer::encode(std::string_view text, std::vector<uint32_t>& out) const 
   }
 }
 
+namespace {
+
+bool visible_ascii(char c) {
+  return c > ' ' && c < 0x7f;
+}
+
+// The first place at or after `from` where the text may be cut without changing its
+// pre-tokens: just after a '\n' that stands alone between two visible ASCII characters (that
+// '\n' is a pre-token of its own, and no special token holds one); the end when there is none.
+size_t safe_cut(std::string_view text, size_t from) {
+  for (size_t p = std::max<size_t>(from, 2); p < text.size(); ++p) {
+    if (text[p - 1] == '\n' && visible_ascii(text[p - 2]) && visible_ascii(text[p])) return p;
+  }
+  return text.size();
+}
+
+}  // namespace
+
+void Tokenizer::encode(std::string_view text, std::vector<uint32_t>& out,
+                       const std::function<void(size_t)>& on_progress, size_t chunk) const {
+  for (size_t done = 0; done < text.size();) {
+    const size_t cut = safe_cut(text, done + std::max<size_t>(chunk, 1));
+    encode(text.substr(done, cut - done), out);
+    done = cut;
+    if (on_progress) on_progress(done);
+  }
+}
+
 void Tokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>& out) const {
   pretokenize(text, [&](std::string_view piece) { encode_piece(piece, out); });
 }

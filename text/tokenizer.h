@@ -8,6 +8,7 @@
 // encode and decode may be called from several threads at once: pieces seen before come
 // from a cache shared under a mutex.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -36,6 +37,11 @@ class Tokenizer {
   std::vector<uint32_t> encode(std::string_view text) const;
   // Appends to out.
   void encode(std::string_view text, std::vector<uint32_t>& out) const;
+  // The same ids, encoded in pieces of about `chunk` bytes cut where the pre-tokenizer cuts
+  // anyway (a lone '\n' between two visible ASCII characters), with `on_progress(bytes done)`
+  // after each: a progress line's input for texts of gigabytes.
+  void encode(std::string_view text, std::vector<uint32_t>& out,
+              const std::function<void(size_t)>& on_progress, size_t chunk = size_t{1} << 20) const;
   // Throws TextError naming the first id that is not in the vocabulary.
   std::string decode(std::span<const uint32_t> ids) const;
 

@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "support/flags.h"
+#include "support/progress_line.h"
 #include "text/bpe_trainer.h"
 #include "text/error.h"
 #include "text/token_file.h"
@@ -43,7 +44,11 @@ int train(int argc, char** argv) {
   BpeTrainer trainer({.vocab_size = static_cast<size_t>(flags.integer("vocab-size", 258)),
                       .min_frequency = static_cast<uint64_t>(flags.integer("min-frequency", 0))});
   trainer.add_file(flags.positional("FILE"));
-  const BpeModel model = trainer.train();
+  pipit::support::ProgressLine progress("train", static_cast<double>(flags.integer("vocab-size")),
+                                        "tokens");
+  const BpeModel model =
+      trainer.train([&](size_t tokens, size_t) { progress.update(static_cast<double>(tokens)); });
+  progress.finish();
   save_vocab_merges(model, flags.str("out"));
   std::printf("%zu tokens (%zu merges) in %.2f s -> %s\n", model.tokens.size(), model.merges.size(),
               seconds_since(start), flags.str("out").c_str());
@@ -65,7 +70,10 @@ int encode(int argc, char** argv) {
                                                : token_width_for(tokenizer.vocab_size());
   const std::string text = read_text_file(flags.positional("FILE"));
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<uint32_t> ids = tokenizer.encode(text);
+  std::vector<uint32_t> ids;
+  pipit::support::ProgressLine progress("encode", static_cast<double>(text.size()), "MB", 1e6);
+  tokenizer.encode(text, ids, [&](size_t bytes) { progress.update(static_cast<double>(bytes)); });
+  progress.finish();
   const double seconds = seconds_since(start);
   TokenFileWriter writer(flags.positional("OUT"), width);
   writer.write(ids);
