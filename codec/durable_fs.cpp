@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -118,7 +119,8 @@ NewFile create_new_file(const std::string& path) {
   return {path, fd};
 }
 
-void finish_file(const NewFile& file, const std::string& contents) {
+void finish_file(const NewFile& file, const std::string& contents,
+                 const std::function<void(size_t, size_t)>& on_progress) {
   auto abandon = [&](const std::string& what, int err, bool open) {
     if (open) close_file(file.fd, file.path);
     ::unlink(file.path.c_str());
@@ -127,11 +129,13 @@ void finish_file(const NewFile& file, const std::string& contents) {
   if (int err = injected(FileStep::Write, file.path)) abandon("cannot write", err, true);
   size_t written = 0;
   while (written < contents.size()) {
-    const ssize_t n = ::write(file.fd, contents.data() + written, contents.size() - written);
+    const size_t piece = std::min(kProgressPiece, contents.size() - written);
+    const ssize_t n = ::write(file.fd, contents.data() + written, piece);
     if (n < 0 && errno == EINTR) continue;
     // write(2) returning 0 for a regular file sets no errno: report it as out of space.
     if (n <= 0) abandon("cannot write", n < 0 ? errno : ENOSPC, true);
     written += static_cast<size_t>(n);
+    if (on_progress) on_progress(written, contents.size());
   }
   int err = injected(FileStep::Sync, file.path);
   if (!err && ::fsync(file.fd) != 0) err = errno;

@@ -2,6 +2,7 @@
 // The steps that replace files and directories durably on a POSIX file system. Each throws a
 // pipit::Error naming the path and the system's reason; none leaves a temporary behind when
 // it fails. Tests can make any step fail through a per-thread hook.
+#include <cstddef>
 #include <functional>
 #include <string>
 
@@ -29,7 +30,11 @@ int remove_stale_temporaries(const std::string& target);
 NewFile create_new_file(const std::string& path);
 // Writes `contents`, fsyncs and closes `file`; on any failure, the close included (on NFS a
 // failed close can be the first sign of lost data), removes it and throws naming it.
-void finish_file(const NewFile& file, const std::string& contents);
+// `on_progress(bytes written, bytes in all)` after each kProgressPiece, when given.
+void finish_file(const NewFile& file, const std::string& contents,
+                 const std::function<void(size_t, size_t)>& on_progress = {});
+// How much is written or read between two progress reports.
+constexpr size_t kProgressPiece = size_t{8} << 20;
 // An empty directory beside `target`, named as create_temp_file names files.
 std::string create_temp_dir(const std::string& target);
 

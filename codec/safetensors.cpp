@@ -246,12 +246,14 @@ StateDict decode_safetensors(const char* data, size_t size, const std::string& s
                    std::make_move_iterator(tensors.end()));
 }
 
-void save_safetensors(const std::string& path, const StateDict& tensors, const json& metadata) {
-  write_file_atomic(path, encode_safetensors(tensors, metadata));
+void save_safetensors(const std::string& path, const StateDict& tensors, const json& metadata,
+                      const ByteProgress& on_progress) {
+  write_file_atomic(path, encode_safetensors(tensors, metadata), on_progress);
 }
 
-StateDict load_safetensors(const std::string& path, json* metadata) {
-  const std::string bytes = read_file(path);
+StateDict load_safetensors(const std::string& path, json* metadata,
+                           const ByteProgress& on_progress) {
+  const std::string bytes = read_file(path, on_progress);
   return decode_safetensors(bytes.data(), bytes.size(), path, metadata);
 }
 

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "codec/atomic_file.h"
 #include "tensor/state_dict.h"
 
 namespace pipit {
@@ -55,8 +56,11 @@ SafetensorsLayout plan_safetensors(std::string_view header_text, uint64_t data_s
 void check_safetensors_values(const Tensor& tensor, const std::string& where);
 
 // Written to a temporary file, fsynced and renamed: a crash leaves the old file or the new.
+// `on_progress` as write_file_atomic's and read_file's (atomic_file.h).
 void save_safetensors(const std::string& path, const StateDict& tensors,
-                      const nlohmann::json& metadata = nlohmann::json::object());
-StateDict load_safetensors(const std::string& path, nlohmann::json* metadata = nullptr);
+                      const nlohmann::json& metadata = nlohmann::json::object(),
+                      const ByteProgress& on_progress = {});
+StateDict load_safetensors(const std::string& path, nlohmann::json* metadata = nullptr,
+                           const ByteProgress& on_progress = {});
 
 }  // namespace pipit

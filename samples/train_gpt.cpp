@@ -29,6 +29,7 @@
 #include "support/checkpoint_flags.h"
 #include "support/flags.h"
 #include "support/gpt_flags.h"
+#include "support/progress_line.h"
 #include "support/run_flags.h"
 #include "support/tcp_flags.h"
 #include "text/tokenizer.h"
@@ -236,7 +237,11 @@ int main(int argc, char** argv) {
     StateDict optimizer_state;
     nlohmann::json grad_scaler_state;
     if (checkpoints.resume) {
-      Checkpoint checkpoint = load_checkpoint(checkpoint_path);
+      support::ProgressLine progress("reading " + checkpoint_path, 0, "MB", 1e6);
+      Checkpoint checkpoint = load_checkpoint(checkpoint_path, [&](size_t done, size_t total) {
+        progress.update(static_cast<double>(done), static_cast<double>(total));
+      });
+      progress.finish();
       PIPIT_CHECK(checkpoint.extra.value("vocab", std::string()) == vocab_text, "checkpoint '",
                   checkpoint_path, "' was trained on text with another vocabulary");
       model = std::dynamic_pointer_cast<Sequential>(build_module(checkpoint.model_config));
@@ -339,18 +344,23 @@ int main(int argc, char** argv) {
                                            {"grad_clip", training.grad_clip}};
     auto save = [&](int64_t steps_done, const std::string& path) {
       auto [weights, optimizer] = coordinator.fetch_state();
-      save_checkpoint(path, {model->config(),
-                             weights,
-                             pipeline_config.optimizer,
-                             optimizer,
-                             steps_done,
-                             generator.seed(),
-                             generator.offset(),
-                             {{"vocab", vocab_text},
-                              {"layer_counts", pipit::layer_counts(ranges())},
-                              {"schedule", schedule_knobs}},
-                             pipeline_config.dtype == "f16" ? coordinator.grad_scaler().state_dict()
-                                                            : nlohmann::json()});
+      const Checkpoint checkpoint{model->config(),
+                                  weights,
+                                  pipeline_config.optimizer,
+                                  optimizer,
+                                  steps_done,
+                                  generator.seed(),
+                                  generator.offset(),
+                                  {{"vocab", vocab_text},
+                                   {"layer_counts", pipit::layer_counts(ranges())},
+                                   {"schedule", schedule_knobs}},
+                                  pipeline_config.dtype == "f16"
+                                      ? coordinator.grad_scaler().state_dict()
+                                      : nlohmann::json()};
+      support::ProgressLine progress("writing " + path, 0, "MB", 1e6);
+      save_checkpoint(path, checkpoint, [&](size_t done, size_t total) {
+        progress.update(static_cast<double>(done), static_cast<double>(total));
+      });
     };
     CosineSchedule schedule(lr, training.min_lr, training.warmup_steps,
                             std::max<int64_t>(steps, 1));

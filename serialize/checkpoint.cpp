@@ -107,7 +107,8 @@ std::vector<StateDict> TaggedReader::split(const StateDict& tensors,
   return groups;
 }
 
-void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint,
+                     const ByteProgress& on_progress) {
   // Refused here rather than when loading, when the run that could fix it is gone.
   PIPIT_CHECK(checkpoint.model_config.is_object(), "save_checkpoint '", path,
               "': model_config must be a module config object, got ",
@@ -125,12 +126,12 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   StateDict tensors;
   add_prefixed(tensors, "model.", checkpoint.weights);
   add_prefixed(tensors, "optim.", checkpoint.optimizer_state);
-  save_safetensors(path, tensors, metadata);
+  save_safetensors(path, tensors, metadata, on_progress);
 }
 
-Checkpoint load_checkpoint(const std::string& path) {
+Checkpoint load_checkpoint(const std::string& path, const ByteProgress& on_progress) {
   json metadata = json::object();
-  const StateDict tensors = load_safetensors(path, &metadata);
+  const StateDict tensors = load_safetensors(path, &metadata, on_progress);
   const TaggedReader reader(std::move(metadata), path, kFormat, kVersion, "pipit checkpoint");
   Checkpoint checkpoint;
   checkpoint.model_config = reader.parse("model_config");

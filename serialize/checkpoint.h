@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/atomic_file.h"
 #include "tensor/state_dict.h"
 
 namespace pipit {
@@ -25,9 +26,11 @@ struct Checkpoint {
 
 // Written through save_safetensors (temporary file, fsync, rename): a crash at any moment
 // leaves the previous checkpoint at `path` intact.
-void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+// `on_progress` hears of the bytes written or read (codec/atomic_file.h's ByteProgress).
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint,
+                     const ByteProgress& on_progress = {});
 // Validates the format tag and version and every metadata key; errors name the file and key.
-Checkpoint load_checkpoint(const std::string& path);
+Checkpoint load_checkpoint(const std::string& path, const ByteProgress& on_progress = {});
 
 // The layout checkpoints share with pipeline stage packages: tensor groups under name
 // prefixes, and "__metadata__" values that are JSON text, tagged with a format and version.

@@ -25,6 +25,11 @@ class ProgressLine {
   ProgressLine(const ProgressLine&) = delete;
   ProgressLine& operator=(const ProgressLine&) = delete;
 
+  // With `raw_total`, the total learnt on the way (a file's size).
+  void update(double raw_done, double raw_total) {
+    total_ = raw_total / scale_;
+    update(raw_done);
+  }
   void update(double raw_done) {
     if (!enabled_) return;
     const auto now = std::chrono::steady_clock::now();
@@ -59,7 +64,8 @@ class ProgressLine {
   std::string what_, unit_;
   double total_, scale_;
   bool enabled_, drawn_ = false;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_{};
+  // Nothing is drawn in the first 100 ms: short work stays silent.
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
 };
 
 }  // namespace pipit::support

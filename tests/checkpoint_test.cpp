@@ -353,3 +353,28 @@ TEST_CASE("files that are not checkpoints are refused", "[checkpoint]") {
                     Catch::Contains("model_config") && Catch::Contains("ckpt.safetensors"));
   CHECK_FALSE(fs::exists(path));
 }
+
+TEST_CASE("writing and reading a large checkpoint report their bytes as they go", "[checkpoint]") {
+  const std::string path = std::filesystem::temp_directory_path().string() + "/pipit_progress_" +
+                           std::to_string(getpid()) + ".safetensors";
+  Checkpoint checkpoint;
+  checkpoint.model_config = {{"type", "Linear"}};
+  Generator generator(3);
+  checkpoint.weights["w"] = randn({5, 1 << 20}, &generator);  // 20 MiB: three 8 MiB pieces
+  std::vector<std::pair<size_t, size_t>> written, read;
+  save_checkpoint(path, checkpoint,
+                  [&](size_t done, size_t total) { written.emplace_back(done, total); });
+  const auto size = static_cast<size_t>(std::filesystem::file_size(path));
+  const Checkpoint loaded =
+      load_checkpoint(path, [&](size_t done, size_t total) { read.emplace_back(done, total); });
+  CHECK(bitwise_equal(loaded.weights.at("w"), checkpoint.weights.at("w")));
+  for (const auto* reports : {&written, &read}) {
+    REQUIRE(reports->size() == 3);
+    CHECK(reports->at(0).first == size_t{8} << 20);
+    CHECK(reports->at(1).first == size_t{16} << 20);
+    CHECK(reports->back().first == size);
+    for (const auto& [done, total] : *reports) CHECK(total == size);
+  }
+  CHECK(read_file(path, [](size_t, size_t) {}) == read_file(path));
+  std::filesystem::remove(path);
+}
