@@ -42,6 +42,7 @@
 #include "comm/mpi/doorbells.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_frames.h"
+#include "mpi_evaluate_role.h"
 #include "nn/builders.h"
 #include "pipeline/generation/pipelined_generation.h"
 #include "pipeline/pipeline.h"
@@ -414,7 +415,7 @@ inline int mpi_doorbells_role() {
 //   all-reduce | pair-sum | replica-pipeline SCHEDULE [LAYOUT] | paired-replica-pipeline SCHEDULE |
 //   sharded-replica-pipeline SCHEDULE | three-replica-pipeline SCHEDULE |
 //   recomputed-three-replica-pipeline SCHEDULE | matrix-pipeline SCHEDULE R RECOMPUTE SHARD |
-//   mismatch | ps OPTIMIZER |
+//   mismatch | ps OPTIMIZER | evaluate |
 //   killed | failing-worker | malformed | doorbells
 inline int mpi_role_main(int argc, char** argv) {
   const std::string role = argc >= 3 ? argv[2] : "";
@@ -447,6 +448,7 @@ inline int mpi_role_main(int argc, char** argv) {
     }
     if (role == "pair-sum") return mpi_pair_sum_role();
     if (role == "generate" && argc == 4) return mpi_generate_role(argv[3]);
+    if (role == "evaluate") return mpi_evaluate_role();
     if (role == "all-reduce") return mpi_all_reduce_role();
     if (role == "mismatch") return mpi_pipeline_role("1f1b", 6);
     if (role == "ps" && argc == 4) return mpi_ps_role(argv[3]);

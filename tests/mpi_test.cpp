@@ -246,6 +246,15 @@ TEST_CASE("MPI: pipelined generation equals the whole model", "[mpi]") {
   }
 }
 
+TEST_CASE("MPI: the validation loss through ranks is the model's own forward loss",
+          "[mpi][evaluate]") {
+  if (!mpi_ready()) return;
+  const Run run = mpirun(2, "evaluate");
+  INFO(run.output);
+  CHECK(run.status == 0);
+  CHECK(run.output.find("evaluate ok") != std::string::npos);
+}
+
 TEST_CASE("MPI: ranks that built different models are named at start-up", "[mpi]") {
   if (!mpi_ready()) return;
   const Run run = mpirun(2, "mismatch");
