@@ -206,6 +206,12 @@ int main(int argc, char** argv) {
         for (const uint32_t id : tokenizer->encode(text)) val_tokens.push_back(id);
       } else if (chars) {
         val_tokens = chars->encode(text);
+        if (const auto unknown = std::ranges::find(val_tokens, -1); unknown != val_tokens.end()) {
+          flags.fail("--val-data holds a character (byte " +
+                     std::to_string(static_cast<unsigned char>(
+                         text[static_cast<size_t>(unknown - val_tokens.begin())])) +
+                     ") the training text does not have");
+        }
       } else {
         flags.fail("--val-data needs a tokenizer: give --tokenizer DIR or --val-tokens FILE");
       }
@@ -379,9 +385,13 @@ int main(int argc, char** argv) {
     const bool stages_here = workers.empty() && launcher != "mpi";
     const double step_flops =
         flops_per_token(shape, model->parameter_count()) * static_cast<double>(batch * context);
-    const std::optional<double> peak =
-        peak_flops(flags.str("peak-tflops"), stages_here && device == "cpu",
-                   get_num_threads() * stages * replicas);
+    std::optional<double> peak_tflops;
+    if (!flags.str("peak-tflops").empty()) {
+      peak_tflops = flags.number("peak-tflops");
+      if (!(*peak_tflops > 0)) flags.fail("--peak-tflops must be positive");
+    }
+    const std::optional<double> peak = peak_flops(peak_tflops, stages_here && device == "cpu",
+                                                  get_num_threads() * stages * replicas);
 
     std::printf(
         "train_gpt: %zu tokens, vocab %lld, %lld parameters, %d stages x %d chunks, %d "

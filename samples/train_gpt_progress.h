@@ -51,9 +51,9 @@ inline double flops_per_token(const pipit::GptConfig& shape, int64_t parameters)
 
 // FLOP/s the run's devices could do at most: --peak-tflops, or on CPU stages in threads the
 // measured FMA peak of one core times the cores the stages use; unknown otherwise.
-inline std::optional<double> peak_flops(const std::string& peak_tflops, bool cpu_threads,
+inline std::optional<double> peak_flops(std::optional<double> peak_tflops, bool cpu_threads,
                                         int cores_used) {
-  if (!peak_tflops.empty()) return std::stod(peak_tflops) * 1e12;
+  if (peak_tflops) return *peak_tflops * 1e12;
   if (!cpu_threads) return std::nullopt;
   const int cores = std::min<int>(cores_used, std::max(1u, std::thread::hardware_concurrency()));
   return pipit::support::measure_peak_gflops().gflops * 1e9 * cores;
