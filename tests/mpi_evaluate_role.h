@@ -5,9 +5,9 @@
 // fetched). Prints "evaluate ok" or what differs.
 #ifdef PIPIT_WITH_MPI
 #include <cstdio>
-#include <cstdlib>
 
 #include "autograd/grad_mode.h"
+#include "comm/mpi/mpi_job.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
@@ -32,14 +32,12 @@ inline double eval_mode_loss(Sequential& model, const Batch& batch, int microbat
 }
 
 inline int mpi_evaluate_role() {
-  const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (!size_text) return 2;
   auto dropout_gpt = [] {
     Generator generator(9);
     return gpt({11, 6, 4, 2, 16, 0.2}, &generator);  // dropout: training mode would show
   };
   PipelineConfig config;
-  config.stages = std::atoi(size_text);
+  config.stages = mpi_job().world_size;
   config.microbatches = 2;
   config.optimizer = {{"type", "AdamW"}, {"lr", 0.01}};
   Pipeline pipeline(dropout_gpt(), config, Launch::mpi());

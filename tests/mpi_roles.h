@@ -42,6 +42,7 @@
 #include "comm/mpi/doorbells.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_frames.h"
+#include "comm/mpi/mpi_job.h"
 #include "mpi_evaluate_role.h"
 #include "nn/builders.h"
 #include "pipeline/generation/pipelined_generation.h"
@@ -73,10 +74,9 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
                              bool tied = false, int replicas = 1, bool shard_optimizer = false,
                              const std::string& rank_layout = "stages", bool pair_sums = false,
                              bool recompute = false) {
-  const char* rank_text = std::getenv("OMPI_COMM_WORLD_RANK");
-  const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (!rank_text || !size_text) return 2;
-  const int rank = std::atoi(rank_text), size = std::atoi(size_text);
+  // The job's own count, whoever started it (mpirun sets OMPI_COMM_WORLD_*, srun does not).
+  const MpiJob job = mpi_job();
+  const int rank = job.rank, size = job.world_size;
   auto make_model = [&](uint64_t seed) {
     Generator generator(seed);
     if (!tied) return mlp({6, 8, 8, 8, 8, 3}, "relu", &generator);
@@ -160,9 +160,7 @@ inline int mpi_pipeline_role(const std::string& schedule, uint64_t seed_of_rank_
 // segments, members listed from the last rank to the first; each rank checks the bits against
 // adding every member's tensor in that order itself.
 inline int mpi_all_reduce_role() {
-  const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (!size_text) return 2;
-  const int size = std::atoi(size_text);
+  const int size = mpi_job().world_size;
   std::map<int, int> ranks;
   std::vector<int> members;
   for (int r = 0; r < size; ++r) {
@@ -233,10 +231,8 @@ inline int mpi_pair_sum_role() {
 // Greedy generation from tests/data/hf_gpt2/tied pipelined over the ranks, against the whole
 // model on rank 0.
 inline int mpi_generate_role(const std::string& schedule) {
-  const char* size_text = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (!size_text) return 2;
   PipelineConfig config;
-  config.stages = std::atoi(size_text);
+  config.stages = mpi_job().world_size;
   config.microbatches = 2;
   config.schedule = schedule;
   config.chunks_per_stage = schedule == "zbv" ? 2 : 1;

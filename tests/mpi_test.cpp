@@ -255,6 +255,19 @@ TEST_CASE("MPI: the validation loss through ranks is the model's own forward los
   CHECK(run.output.find("evaluate ok") != std::string::npos);
 }
 
+TEST_CASE("Slurm: srun starts the ranks of an SPMD pipeline, equal to the in-process one",
+          "[mpi][slurm]") {
+  if (!mpi_ready() || !slurm_ready()) return;
+  for (const std::string role : {"pipeline 1f1b", "replica-pipeline zbh1"}) {
+    DYNAMIC_SECTION(role) {
+      const Run run = srun(4, role);
+      INFO(run.output);
+      CHECK(run.status == 0);
+      CHECK(run.output.find("pipeline ok") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("MPI: ranks that built different models are named at start-up", "[mpi]") {
   if (!mpi_ready()) return;
   const Run run = mpirun(2, "mismatch");

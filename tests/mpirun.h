@@ -56,4 +56,25 @@ inline bool mpi_ready() {
 #endif
 }
 
+// srun of this executable in an MPI role, through PMIx (what Slurm and Debian's Open MPI
+// share; its PMI2 does not reach Open MPI), as many ranks as asked whatever the cores.
+inline Run srun(int ranks, const std::string& role, int seconds = 300) {
+  return run_command("timeout " + std::to_string(seconds) + " srun --mpi=pmix --overcommit -n " +
+                     std::to_string(ranks) + " --export=ALL,ASAN_OPTIONS=detect_leaks=0 " +
+                     std::filesystem::read_symlink("/proc/self/exe").string() + " --mpi-role " +
+                     role + " 2>&1");
+}
+
+// Whether a Slurm answers here (tools/slurm_local.sh starts one); if not, the test skips and
+// says why.
+inline bool slurm_ready() {
+  static const Run probe = run_command("timeout 10 sinfo -h -o %T 2>&1");
+  const bool up = probe.status == 0 && (probe.output.find("idle") != std::string::npos ||
+                                        probe.output.find("mixed") != std::string::npos);
+  if (!up) {
+    WARN("skipped: no Slurm answers here (tools/slurm_local.sh start makes one): " << probe.output);
+  }
+  return up;
+}
+
 }  // namespace pipit::testing

@@ -2,9 +2,10 @@
 # Installs pipit's build and test dependencies from Debian's packages (and, for CUDA builds,
 # the cuDNN frontend's headers from PyPI). Idempotent: packages already present are not
 # touched and apt is not even updated.
-# Usage: tools/install_deps.sh [--with-torch] [--with-chromium]   (python3-torch is only
-# needed for regenerating reference values and for bench/cpu_vs_torch; chromium only for
-# tools/screenshot_report.sh, which checks pipit-report's page in a real browser)
+# Usage: tools/install_deps.sh [--with-torch] [--with-chromium] [--with-slurm]
+# (python3-torch is only needed for regenerating reference values and for bench/cpu_vs_torch;
+# chromium only for tools/screenshot_report.sh, which checks pipit-report's page in a real
+# browser; slurm-wlm and munge only for tools/slurm_local.sh, a one-node Slurm for srun)
 set -euo pipefail
 
 packages=(cmake g++ make pkg-config libopenblas-dev nlohmann-json3-dev libasio-dev catch2 python3)
@@ -25,6 +26,7 @@ for option in "$@"; do
   case "$option" in
     --with-torch) packages+=(python3-torch python3-numpy) ;;
     --with-chromium) packages+=(chromium) ;;
+    --with-slurm) packages+=(slurm-wlm munge) ;;
     *) echo "install_deps: unknown option '$option' (see the usage at the top)" >&2; exit 2 ;;
   esac
 done
