@@ -390,8 +390,9 @@ int main(int argc, char** argv) {
       peak_tflops = flags.number("peak-tflops");
       if (!(*peak_tflops > 0)) flags.fail("--peak-tflops must be positive");
     }
-    const std::optional<double> peak = peak_flops(peak_tflops, stages_here && device == "cpu",
-                                                  get_num_threads() * stages * replicas);
+    const std::optional<double> peak =
+        peak_flops(peak_tflops, pipeline_config.devices, pipeline_config.dtype, stages_here,
+                   get_num_threads() * stages * replicas);
 
     std::printf(
         "train_gpt: %zu tokens, vocab %lld, %lld parameters, %d stages x %d chunks, %d "

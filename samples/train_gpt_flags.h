@@ -145,8 +145,9 @@ inline void add_training_flags(Flags& flags) {
   flags.add("metrics", "", "write one JSON line per progress line to this file");
   flags.add("tensorboard", "", "write TensorBoard event files into this directory");
   flags.add("peak-tflops", "",
-            "the devices' dense peak, for MFU (e.g. 989 for an H100 or H200 in bf16; default: "
-            "on the CPU with stages in threads, the cores' FMA peak measured at start)");
+            "the devices' dense peak, for MFU (default, with the stages in this process: on "
+            "the CPU the cores' FMA peak measured at start; on an H100, H200, A100 or L40S "
+            "its datasheet's, e.g. 989 for an H100 in bf16)");
   flags.add("print-every", "10", "steps between progress lines");
   flags.add("sample", "200", "characters to generate after training (0: none)");
 }

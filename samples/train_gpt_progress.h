@@ -12,6 +12,7 @@
 #include "pipit.h"
 #include "support/peak_flops.h"
 #include "tensor/cpu/cpu_allocator.h"
+#include "train/gpu_peak.h"
 #ifdef PIPIT_WITH_CUDA
 #include "tensor/cuda/cuda_device.h"
 #endif
@@ -49,14 +50,35 @@ inline double flops_per_token(const pipit::GptConfig& shape, int64_t parameters)
          6.0 * static_cast<double>(shape.layers * shape.width * shape.context);
 }
 
-// FLOP/s the run's devices could do at most: --peak-tflops, or on CPU stages in threads the
-// measured FMA peak of one core times the cores the stages use; unknown otherwise.
-inline std::optional<double> peak_flops(std::optional<double> peak_tflops, bool cpu_threads,
+// FLOP/s the run's devices could do at most: --peak-tflops; or, with the stages in this
+// process, on the CPU the measured FMA peak of one core times the cores the stages use, on
+// GPUs the dense peak of each GPU used for `dtype` (train/gpu_peak.h); unknown otherwise.
+inline std::optional<double> peak_flops(std::optional<double> peak_tflops,
+                                        const std::vector<std::string>& devices,
+                                        const std::string& dtype, bool stages_here,
                                         int cores_used) {
   if (peak_tflops) return *peak_tflops * 1e12;
-  if (!cpu_threads) return std::nullopt;
-  const int cores = std::min<int>(cores_used, std::max(1u, std::thread::hardware_concurrency()));
-  return pipit::support::measure_peak_gflops().gflops * 1e9 * cores;
+  if (!stages_here) return std::nullopt;
+  std::vector<int> gpus;
+  bool cpu = devices.empty();
+  for (const std::string& name : devices) {
+    const pipit::Device device = pipit::Device::parse(name);
+    if (device.is_cpu()) cpu = true;
+    if (!device.is_cpu() && std::ranges::count(gpus, device.index) == 0)
+      gpus.push_back(device.index);
+  }
+  if (cpu && !gpus.empty()) return std::nullopt;
+  if (cpu) {
+    const int cores = std::min<int>(cores_used, std::max(1u, std::thread::hardware_concurrency()));
+    return pipit::support::measure_peak_gflops().gflops * 1e9 * cores;
+  }
+  double total = 0;
+  for (const int gpu : gpus) {
+    const std::optional<double> peak = pipit::cuda_dense_peak_flops(gpu, dtype);
+    if (!peak) return std::nullopt;
+    total += *peak;
+  }
+  return total;
 }
 
 // The most bytes held at once by this process's stages on `devices` since the start, summed

@@ -11,6 +11,7 @@
 #include "distributed_reference.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline.h"
+#include "train/gpu_peak.h"
 #include "train/metrics_log.h"
 
 using namespace pipit;
@@ -92,4 +93,13 @@ TEST_CASE("a metrics line missing a field, or a path that cannot be written, is 
       Catch::Contains("\"train_loss\" must be a number"));
   CHECK_THROWS_WITH(MetricsLog("/proc/pipit_no_dir/metrics.jsonl", ""),
                     Catch::Contains("/proc/pipit_no_dir/metrics.jsonl"));
+}
+
+TEST_CASE("GPUs known by name have their datasheet's dense peak", "[metrics]") {
+  CHECK(dense_peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12);
+  CHECK(dense_peak_flops("NVIDIA H200", "f16") == 989e12);
+  CHECK(dense_peak_flops("NVIDIA H200", "f32") == 494e12);  // TF32
+  CHECK(dense_peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12);
+  CHECK_FALSE(dense_peak_flops("NVIDIA GeForce GTX 1080", "bf16").has_value());
+  if (cuda_device_count() == 0) CHECK_FALSE(cuda_dense_peak_flops(0, "bf16").has_value());
 }
