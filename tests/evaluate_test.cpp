@@ -2,9 +2,7 @@
 // mode, and changes nothing a later training step sees.
 #include <catch2/catch.hpp>
 
-#include "autograd/grad_mode.h"
 #include "distributed_reference.h"
-#include "loss/loss.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
@@ -14,12 +12,6 @@ using namespace pipit::testing;
 
 namespace {
 
-// Dropout on, so a forward left in training mode would not match the reference.
-std::shared_ptr<Sequential> dropout_gpt() {
-  Generator generator(9);
-  return gpt({11, 6, 4, 2, 16, 0.2}, &generator);
-}
-
 PipelineConfig two_stages() {
   PipelineConfig config;
   config.stages = 2;
@@ -28,29 +20,13 @@ PipelineConfig two_stages() {
   return config;
 }
 
-// The mean over microbatches of the loss of the model's own forward in eval mode.
-double direct_loss(Sequential& model, const Batch& batch, int microbatches) {
-  NoGradGuard no_grad;
-  model.eval();
-  const int64_t rows = batch.input.size(0) / microbatches;
-  double sum = 0;
-  for (int mb = 0; mb < microbatches; ++mb) {
-    const Tensor logits = model(narrow(batch.input, 0, mb * rows, rows));
-    sum += CrossEntropyLoss()
-               .compute_loss(logits, narrow(batch.target, 0, mb * rows, rows))
-               .item<double>();
-  }
-  model.train();
-  return sum / microbatches;
-}
-
 }  // namespace
 
 TEST_CASE("a pipeline's validation loss is the model's own forward loss, and trains nothing",
           "[pipeline][evaluate]") {
   const Batch held_out = sequence_batch(4, 6, {.step = 5, .target_offset = 1});
   const Batch train = gpt_batch(11, 4, 6);
-  const double expected = direct_loss(*dropout_gpt(), held_out, 2);
+  const double expected = eval_mode_loss(*dropout_gpt(), held_out, 2);
 
   Pipeline pipeline(dropout_gpt(), two_stages());
   CHECK(pipeline.evaluate(held_out.input, held_out.target) == expected);
@@ -73,12 +49,12 @@ TEST_CASE("the validation loss over worker processes is the model's own forward 
   Pipeline remote(dropout_gpt(), two_stages(), Launch::workers(endpoints(workers)));
   INFO(logs(workers));
   CHECK(remote.evaluate(held_out.input, held_out.target) ==
-        direct_loss(*dropout_gpt(), held_out, 2));
+        eval_mode_loss(*dropout_gpt(), held_out, 2));
   remote.train_step(train.input, train.target);
   // The workers' weights after the step, in a model of this process.
   const auto trained = dropout_gpt();
   trained->load_state_dict(remote.coordinator().fetch_state().first);
-  const double expected = direct_loss(*trained, held_out, 2);
+  const double expected = eval_mode_loss(*trained, held_out, 2);
   CHECK(remote.evaluate(held_out.input, held_out.target) == expected);
-  CHECK(expected != direct_loss(*dropout_gpt(), held_out, 2));
+  CHECK(expected != eval_mode_loss(*dropout_gpt(), held_out, 2));
 }

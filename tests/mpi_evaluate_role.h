@@ -6,36 +6,14 @@
 #ifdef PIPIT_WITH_MPI
 #include <cstdio>
 
-#include "autograd/grad_mode.h"
 #include "comm/mpi/mpi_job.h"
-#include "loss/loss.h"
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipeline_models.h"
 
 namespace pipit::testing {
 
-// The mean over `microbatches` of the model's own eval-mode loss.
-inline double eval_mode_loss(Sequential& model, const Batch& batch, int microbatches) {
-  NoGradGuard no_grad;
-  model.eval();
-  const int64_t rows = batch.input.size(0) / microbatches;
-  double sum = 0;
-  for (int mb = 0; mb < microbatches; ++mb) {
-    const Tensor logits = model(narrow(batch.input, 0, mb * rows, rows));
-    sum += CrossEntropyLoss()
-               .compute_loss(logits, narrow(batch.target, 0, mb * rows, rows))
-               .item<double>();
-  }
-  model.train();
-  return sum / microbatches;
-}
-
 inline int mpi_evaluate_role() {
-  auto dropout_gpt = [] {
-    Generator generator(9);
-    return gpt({11, 6, 4, 2, 16, 0.2}, &generator);  // dropout: training mode would show
-  };
   PipelineConfig config;
   config.stages = mpi_job().world_size;
   config.microbatches = 2;

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "autograd/grad_mode.h"
+#include "loss/loss.h"
 #include "nn/builders.h"
 #include "pipit.h"
 
@@ -79,6 +81,28 @@ inline Batch mlp_batch() {
   std::vector<int64_t> labels;
   for (int64_t i = 0; i < 8; ++i) labels.push_back((i * 5) % 3);
   return {randn({8, 6}, &generator), from_vector(labels, {8})};
+}
+
+// The mean over `microbatches` of the model's own eval-mode loss.
+inline double eval_mode_loss(Sequential& model, const Batch& batch, int microbatches) {
+  NoGradGuard no_grad;
+  model.eval();
+  const int64_t rows = batch.input.size(0) / microbatches;
+  double sum = 0;
+  for (int mb = 0; mb < microbatches; ++mb) {
+    const Tensor logits = model(narrow(batch.input, 0, mb * rows, rows));
+    sum += CrossEntropyLoss()
+               .compute_loss(logits, narrow(batch.target, 0, mb * rows, rows))
+               .item<double>();
+  }
+  model.train();
+  return sum / microbatches;
+}
+
+// Dropout on, so a forward left in training mode would not match the reference.
+inline std::shared_ptr<Sequential> dropout_gpt() {
+  Generator generator(9);
+  return gpt({11, 6, 4, 2, 16, 0.2}, &generator);
 }
 
 }  // namespace pipit::testing
