@@ -6,12 +6,12 @@
 #include <cstdio>
 #include <string>
 
-#include "support/peak_flops.h"
 #include "loss/loss.h"
 #include "nn/builders.h"
 #include "optim/optimizer.h"
 #include "pipit.h"
 #include "support/flags.h"
+#include "support/peak_flops.h"
 #include "support/run_flags.h"
 #include "tensor/cpu/cpu_backend.h"
 

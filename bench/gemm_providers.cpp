@@ -29,9 +29,9 @@
 #include <string>
 #include <vector>
 
-#include "support/peak_flops.h"
 #include "bench/results.h"
 #include "support/flags.h"
+#include "support/peak_flops.h"
 
 namespace {
 
