@@ -153,7 +153,11 @@ int main(int argc, char** argv) {
     Generator generator(seed);
     std::shared_ptr<Sequential> model;
     if (!hf_dir.empty()) {
-      model = load_hf_gpt2(hf_dir);
+      support::ProgressLine progress("reading " + hf_dir, 0, "MB", 1e6);
+      model = load_hf_gpt2(hf_dir, [&](size_t done, size_t total) {
+        progress.update(static_cast<double>(done), static_cast<double>(total));
+      });
+      progress.finish();
       const int64_t positions = read_hf_gpt2_config(hf_dir).gpt.context;
       if (context == 0) context = positions;
       if (context > positions) {
@@ -480,7 +484,11 @@ int main(int argc, char** argv) {
         if (const auto id = tokenizer->token_id("<|endoftext|>")) eos = *id;
       }
       if (eos && (*eos < 0 || *eos >= vocab_size)) eos.reset();
-      save_hf_gpt2(*model, flags.str("save-hf"), eos);
+      support::ProgressLine progress("writing " + flags.str("save-hf"), 0, "MB", 1e6);
+      save_hf_gpt2(*model, flags.str("save-hf"), eos, [&](size_t done, size_t total) {
+        progress.update(static_cast<double>(done), static_cast<double>(total));
+      });
+      progress.finish();
       // With its tokenizer beside it, the directory is what from_pretrained and generate read.
       for (const char* file : {"vocab.json", "merges.txt", "tokenizer.json"}) {
         const std::filesystem::path from = std::filesystem::path(tokenizer_dir) / file;

@@ -106,8 +106,8 @@ bool bool_or(const json& config, const char* name, bool fallback, const std::str
 struct CheckpointTensors {
   std::map<std::string, std::pair<Tensor, std::string>> tensors;
 
-  void add_file(const std::string& path) {
-    for (auto& [name, tensor] : load_safetensors(path)) {
+  void add_file(const std::string& path, const ByteProgress& on_progress) {
+    for (auto& [name, tensor] : load_safetensors(path, nullptr, on_progress)) {
       const std::string key = name.starts_with("transformer.") ? name.substr(12) : name;
       PIPIT_CHECK(!tensors.count(key), path, ": tensor '", name,
                   "' appears twice in the checkpoint");
@@ -116,11 +116,11 @@ struct CheckpointTensors {
   }
 };
 
-CheckpointTensors read_checkpoint(const std::string& dir) {
+CheckpointTensors read_checkpoint(const std::string& dir, const ByteProgress& on_progress) {
   CheckpointTensors out;
   const fs::path root(dir);
   if (fs::exists(root / kHfWeights)) {
-    out.add_file((root / kHfWeights).string());
+    out.add_file((root / kHfWeights).string(), on_progress);
     return out;
   }
   const std::string index_path = (root / kIndex).string();
@@ -137,7 +137,7 @@ CheckpointTensors read_checkpoint(const std::string& dir) {
                 index_path, ": shard '", file, "' of '", name, "' is not a file name in ", dir);
     shards.insert(file);
   }
-  for (const std::string& file : shards) out.add_file((root / file).string());
+  for (const std::string& file : shards) out.add_file((root / file).string(), on_progress);
   return out;
 }
 
@@ -201,9 +201,9 @@ HfGpt2Config read_hf_gpt2_config(const std::string& dir) {
   return hf_gpt2_config(parse_json_file(path), path);
 }
 
-std::shared_ptr<Sequential> load_hf_gpt2(const std::string& dir) {
+std::shared_ptr<Sequential> load_hf_gpt2(const std::string& dir, const ByteProgress& on_progress) {
   const GptConfig c = read_hf_gpt2_config(dir).gpt;
-  CheckpointTensors checkpoint = read_checkpoint(dir);
+  CheckpointTensors checkpoint = read_checkpoint(dir, on_progress);
   const std::vector<WeightName> names = weight_names(c);
   std::set<std::string> expected;
   for (const WeightName& name : names) expected.insert(name.hf);
@@ -317,7 +317,7 @@ GptConfig gpt2_config_of(const Sequential& model) {
 }  // namespace
 
 void save_hf_gpt2(const Sequential& model, const std::string& dir,
-                  std::optional<int64_t> eos_token_id) {
+                  std::optional<int64_t> eos_token_id, const ByteProgress& on_progress) {
   const GptConfig c = gpt2_config_of(model);
   const json config = to_hf_gpt2_config(c, eos_token_id);  // checked before anything is written
   // The model must have exactly the parameters of gpt(c), with their shapes.
@@ -337,7 +337,7 @@ void save_hf_gpt2(const Sequential& model, const std::string& dir,
     tensors[key] = value.contiguous();
   }
   fs::create_directories(dir);
-  save_safetensors((fs::path(dir) / kHfWeights).string(), tensors, {{"format", "pt"}});
+  save_safetensors((fs::path(dir) / kHfWeights).string(), tensors, {{"format", "pt"}}, on_progress);
   write_file_atomic((fs::path(dir) / kHfConfig).string(), config.dump(2) + "\n");
 }
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "codec/atomic_file.h"
 #include "nn/builders.h"
 #include "nn/sequential.h"
 
@@ -32,14 +33,16 @@ nlohmann::json to_hf_gpt2_config(const GptConfig& c, std::optional<int64_t> eos_
 
 // Reads config.json and every weight, checking each tensor's presence and shape before the
 // model is built: an error names the file and the tensor, and nothing is half-loaded.
-std::shared_ptr<Sequential> load_hf_gpt2(const std::string& dir);
+// `on_progress` hears of each weight file's bytes as they are read (codec/atomic_file.h).
+std::shared_ptr<Sequential> load_hf_gpt2(const std::string& dir,
+                                         const ByteProgress& on_progress = {});
 HfGpt2Config read_hf_gpt2_config(const std::string& dir);
 
 // Writes config.json and model.safetensors (f32) into `dir`, made if missing; other files
 // there (a tokenizer's) stay. The model must be GPT-2-shaped: gpt() with head_bias false.
 // Each file is replaced atomically, the weights first.
-// `eos_token_id` as to_hf_gpt2_config's.
+// `eos_token_id` as to_hf_gpt2_config's; `on_progress` hears of the weights' bytes written.
 void save_hf_gpt2(const Sequential& model, const std::string& dir,
-                  std::optional<int64_t> eos_token_id = {});
+                  std::optional<int64_t> eos_token_id = {}, const ByteProgress& on_progress = {});
 
 }  // namespace pipit

@@ -238,6 +238,14 @@ TEST_CASE("a saved GPT-2 names its end-of-text token inside its vocabulary", "[h
   const std::string refused = error_of([&] { save_hf_gpt2(*model, (dir / "x").string(), 40); });
   CHECK(refused.find("eos_token_id 40 is outside the vocabulary of 40") != std::string::npos);
   CHECK(!fs::exists(dir / "x"));  // refused before anything was written
+  // Loading and saving report the weights' bytes as they go.
+  size_t read_bytes = 0, written_bytes = 0;
+  const auto loaded =
+      load_hf_gpt2((dir / "last").string(), [&](size_t done, size_t) { read_bytes = done; });
+  save_hf_gpt2(*loaded, (dir / "again").string(), {},
+               [&](size_t done, size_t) { written_bytes = done; });
+  CHECK(read_bytes == fs::file_size(dir / "last" / "model.safetensors"));
+  CHECK(written_bytes == fs::file_size(dir / "again" / "model.safetensors"));
 }
 
 TEST_CASE("greedy generation with the KV cache equals transformers' generate", "[hf_gpt2]") {
