@@ -37,6 +37,7 @@
 #include "text_data.h"
 #include "train/metrics_log.h"
 #include "train/weight_decay.h"
+#include "train_gpt_data.h"
 #include "train_gpt_flags.h"
 #include "train_gpt_progress.h"
 
@@ -201,46 +202,9 @@ int main(int argc, char** argv) {
       }
     }
     // Held-out tokens: a file of their own, or the tail of the training tokens.
-    std::vector<int64_t> val_tokens;
-    if (!flags.str("val-tokens").empty()) {
-      val_tokens = read_token_ids(flags.str("val-tokens"), static_cast<size_t>(vocab_size));
-    } else if (!flags.str("val-data").empty()) {
-      const std::string text = read_file(flags.str("val-data"));
-      if (tokenizer) {
-        for (const uint32_t id : tokenizer->encode(text)) val_tokens.push_back(id);
-      } else if (chars) {
-        val_tokens = chars->encode(text);
-        if (const auto unknown = std::ranges::find(val_tokens, -1); unknown != val_tokens.end()) {
-          flags.fail("--val-data holds a character (byte " +
-                     std::to_string(static_cast<unsigned char>(
-                         text[static_cast<size_t>(unknown - val_tokens.begin())])) +
-                     ") the training text does not have");
-        }
-      } else {
-        flags.fail("--val-data needs a tokenizer: give --tokenizer DIR or --val-tokens FILE");
-      }
-    } else if (steps > 0 && flags.number("val-fraction") > 0) {
-      const double fraction = flags.number("val-fraction");
-      if (!(fraction < 1)) flags.fail("--val-fraction must be in [0, 1)");
-      const auto held_out = static_cast<size_t>(static_cast<double>(tokens.size()) * fraction);
-      val_tokens.assign(tokens.end() - static_cast<int64_t>(held_out), tokens.end());
-      tokens.resize(tokens.size() - held_out);
-      if (tokens.size() < static_cast<size_t>(context) + 2) {
-        flags.fail("--val-fraction " + flags.str("val-fraction") + " leaves " +
-                   std::to_string(tokens.size()) + " tokens to train on; they must be more " +
-                   "than --context + 1 (give --val-fraction 0 for no validation)");
-      }
-    }
-    for (const int64_t id : val_tokens) {
-      if (id < 0 || id >= vocab_size) {
-        flags.fail("the validation data has a token (id " + std::to_string(id) +
-                   ") outside the training text's vocabulary of " + std::to_string(vocab_size));
-      }
-    }
-    if (!val_tokens.empty() && val_tokens.size() < static_cast<size_t>(context) + 1) {
-      flags.fail("the validation data has " + std::to_string(val_tokens.size()) +
-                 " tokens; it needs at least --context + 1 (or --val-fraction 0: no validation)");
-    }
+    const std::vector<int64_t> val_tokens =
+        held_out_tokens(flags, tokens, chars ? &*chars : nullptr, tokenizer ? &*tokenizer : nullptr,
+                        steps, context, vocab_size);
     const std::string vocab_text = chars ? std::string(chars->chars.begin(), chars->chars.end())
                                          : "tokenizer:" + tokenizer_dir;
     int64_t first_step = 0;

@@ -23,11 +23,12 @@ using pipit::Tensor;
 
 // `count` batches of `batch` windows of context + 1 tokens, consecutive from the start of
 // `tokens` and wrapping around: the same held-out batches at every evaluation, so the
-// validation curve moves with the model alone.
+// validation curve moves with the model alone. None when `tokens` are fewer than context + 1.
 inline std::vector<std::pair<Tensor, Tensor>> validation_batches(const std::vector<int64_t>& tokens,
                                                                  int64_t count, int64_t batch,
                                                                  int64_t context) {
   std::vector<std::pair<Tensor, Tensor>> batches;
+  if (tokens.size() < static_cast<size_t>(context) + 1) return batches;  // no validation
   const size_t windows = (tokens.size() - 1) / static_cast<size_t>(context);
   size_t window = 0;
   for (int64_t b = 0; b < count; ++b) {
