@@ -33,6 +33,26 @@ inline PipelineConfig config_for(const std::string& schedule, int v,
   return config;
 }
 
+// A pipeline times data parallelism: its schedule, p stages, r replicas, v chunks per stage.
+struct ReplicaLayout {
+  std::string schedule;
+  int p, r, v;
+  bool shard_optimizer = false;
+};
+
+// p, r, v and the schedule of `layout`, m microbatches per replica, AdamW.
+inline PipelineConfig replica_config(const ReplicaLayout& layout, int microbatches) {
+  PipelineConfig config;
+  config.stages = layout.p;
+  config.replicas = layout.r;
+  config.microbatches = microbatches;
+  config.chunks_per_stage = layout.v;
+  config.schedule = layout.schedule;
+  config.shard_optimizer = layout.shard_optimizer;
+  config.optimizer = kAdamW;
+  return config;
+}
+
 using support::endpoints;
 using support::logs;
 using support::start_workers;

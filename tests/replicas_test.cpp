@@ -95,27 +95,8 @@ void check_weights(const StateDict& want, const StateDict& got,
   }
 }
 
-struct Layout {
-  std::string schedule;
-  int p, r, v;
-  bool shard_optimizer = false;
-};
-
-// p, r, v and the schedule of `layout`, m microbatches per replica, AdamW.
-PipelineConfig config_of(const Layout& layout, int microbatches) {
-  PipelineConfig config;
-  config.stages = layout.p;
-  config.replicas = layout.r;
-  config.microbatches = microbatches;
-  config.chunks_per_stage = layout.v;
-  config.schedule = layout.schedule;
-  config.shard_optimizer = layout.shard_optimizer;
-  config.optimizer = kAdamW;
-  return config;
-}
-
-std::vector<Layout> layouts() {
-  std::vector<Layout> all;
+std::vector<ReplicaLayout> layouts() {
+  std::vector<ReplicaLayout> all;
   for (const auto& [p, r] : std::vector<std::pair<int, int>>{{1, 2}, {2, 2}, {2, 3}, {4, 2}}) {
     for (const std::string schedule : {"gpipe", "1f1b", "zbh1", "zbh2"})
       all.push_back({schedule, p, r, 1});
@@ -127,7 +108,7 @@ std::vector<Layout> layouts() {
 
 // Under ZeRO-1: each of a stage's parameters is updated (its exp_avg held) by exactly one
 // replica of the stage, and no replica holds much more than 1/r of the elements.
-void check_state_held_once(Pipeline& pipeline, const Layout& layout) {
+void check_state_held_once(Pipeline& pipeline, const ReplicaLayout& layout) {
   for (int s = 0; s < layout.p; ++s) {
     int64_t total = 0, largest = 0;
     std::map<std::string, int> holders;
@@ -163,7 +144,7 @@ void check_state_held_once(Pipeline& pipeline, const Layout& layout) {
 // `layout` over TCP worker processes (the first p * r of `workers`), with `recompute`, against
 // the one-thread reference, bit for bit; `move`: between the steps every replica's stage 1
 // hands a layer to its stage 0, worker to worker, which changes nothing.
-void check_over_tcp(const Layout& layout, const std::string& recompute, bool move,
+void check_over_tcp(const ReplicaLayout& layout, const std::string& recompute, bool move,
                     const pipit::testing::Workers& workers) {
   INFO(layout.schedule << " p=" << layout.p << " r=" << layout.r << " sharded optimizer "
                        << layout.shard_optimizer << " recompute " << recompute);
@@ -171,7 +152,7 @@ void check_over_tcp(const Layout& layout, const std::string& recompute, bool mov
   Model reference = testing::make_gpt(kRows);
   const std::vector<double> expected = accumulate_by_replica(reference, layout.r, m, steps);
   Model remote = testing::make_gpt(kRows);
-  PipelineConfig config = config_of(layout, m);
+  PipelineConfig config = replica_config(layout, m);
   config.recompute = recompute;
   std::vector<std::string> endpoints;
   for (int e = 0; e < layout.p * layout.r; ++e) {
@@ -202,7 +183,7 @@ TEST_CASE(
     "[replicas]") {
   const int m = 4, steps = 2;
   for (const std::string model_name : {"mlp", "gpt"}) {
-    for (const Layout& layout : layouts()) {
+    for (const ReplicaLayout& layout : layouts()) {
       for (const std::string recompute : {"none", "full"}) {
         INFO(model_name << " " << layout.schedule << " p=" << layout.p << " r=" << layout.r
                         << " v=" << layout.v << " recompute " << recompute);
@@ -211,7 +192,7 @@ TEST_CASE(
             accumulate_by_replica(reference, layout.r, m, steps);
 
         Model piped = testing::make_model(model_name, kRows);
-        PipelineConfig config = config_of(layout, m);
+        PipelineConfig config = replica_config(layout, m);
         config.recompute = recompute;
         std::vector<double> losses;
         std::vector<StateDict> replica_weights;
@@ -239,11 +220,11 @@ TEST_CASE(
   int run = 0;
   for (const std::string model_name : {"mlp", "gpt"}) {
     // Every schedule and (p, r) of the test above, with and without recomputation in turn.
-    for (const Layout& layout : layouts()) {
+    for (const ReplicaLayout& layout : layouts()) {
       const std::string recompute = run++ % 2 == 0 ? "none" : "full";
       INFO(model_name << " " << layout.schedule << " p=" << layout.p << " r=" << layout.r
                       << " recompute " << recompute);
-      PipelineConfig config = config_of(layout, m);
+      PipelineConfig config = replica_config(layout, m);
       config.recompute = recompute;
       config.max_grad_norm = 0.5;  // the clipping factor reaches every replica's shard
       Model whole = testing::make_model(model_name, kRows);
@@ -309,15 +290,15 @@ TEST_CASE(
     "the optimizer sharded (ZeRO-1) or not",
     "[replicas][remap]") {
   std::mt19937_64 random(29);
-  for (const auto& [model_name, layout] :
-       std::vector<std::pair<std::string, Layout>>{{"gpt", {"1f1b", 2, 2, 1}},
-                                                   {"mlp", {"interleaved", 2, 2, 2}},
-                                                   {"mlp", {"gpipe", 3, 2, 1}},
-                                                   {"gpt", {"1f1b", 2, 2, 1, true}},
-                                                   {"mlp", {"interleaved", 2, 3, 2, true}}}) {
+  for (const auto& [model_name, layout] : std::vector<std::pair<std::string, ReplicaLayout>>{
+           {"gpt", {"1f1b", 2, 2, 1}},
+           {"mlp", {"interleaved", 2, 2, 2}},
+           {"mlp", {"gpipe", 3, 2, 1}},
+           {"gpt", {"1f1b", 2, 2, 1, true}},
+           {"mlp", {"interleaved", 2, 3, 2, true}}}) {
     INFO(model_name << " " << layout.schedule << " p=" << layout.p << " r=" << layout.r
                     << " sharded optimizer " << layout.shard_optimizer);
-    PipelineConfig config = config_of(layout, 4), plain_config = config;
+    PipelineConfig config = replica_config(layout, 4), plain_config = config;
     plain_config.shard_optimizer = false;
     Model plain_model = testing::make_model(model_name, kRows),
           moved_model = testing::make_model(model_name, kRows);
@@ -379,13 +360,13 @@ TEST_CASE(
     "[replicas][distributed]") {
   Workers workers = start_workers(8, test_worker());
   // Every schedule and every (p, r) of the threads test once.
-  for (const Layout& layout : std::vector<Layout>{{"1f1b", 2, 2, 1},
-                                                  {"zbh1", 2, 3, 1},
-                                                  {"interleaved", 2, 2, 2},
-                                                  {"gpipe", 1, 2, 1},
-                                                  {"1f1b", 2, 3, 1, true},
-                                                  {"zbv", 1, 2, 2, true},
-                                                  {"zbh2", 4, 2, 1}}) {
+  for (const ReplicaLayout& layout : std::vector<ReplicaLayout>{{"1f1b", 2, 2, 1},
+                                                                {"zbh1", 2, 3, 1},
+                                                                {"interleaved", 2, 2, 2},
+                                                                {"gpipe", 1, 2, 1},
+                                                                {"1f1b", 2, 3, 1, true},
+                                                                {"zbv", 1, 2, 2, true},
+                                                                {"zbh2", 4, 2, 1}}) {
     check_over_tcp(layout, layout.schedule == "zbh1" ? "full" : "none", layout.schedule == "1f1b",
                    workers);
   }
@@ -398,7 +379,7 @@ TEST_CASE(
     "ZeRO-1",
     "[.][replicas_full]") {
   Workers workers = start_workers(8, test_worker());
-  for (Layout layout : layouts()) {
+  for (ReplicaLayout layout : layouts()) {
     for (const std::string recompute : {"none", "full"}) {
       for (const bool shard : {false, true}) {
         layout.shard_optimizer = shard;

@@ -81,26 +81,7 @@ TiedReplicaRun accumulate_tied_by_replica(int replicas, int microbatches, int st
   return run;
 }
 
-struct TiedLayout {
-  std::string schedule;
-  int p, r, v;
-  bool shard_optimizer = false;
-};
-
-PipelineConfig tied_layout_config(const TiedLayout& layout, int microbatches) {
-  PipelineConfig config;
-  config.stages = layout.p;
-  config.replicas = layout.r;
-  config.microbatches = microbatches;
-  config.chunks_per_stage = layout.v;
-  config.schedule = layout.schedule;
-  config.shard_optimizer = layout.shard_optimizer;
-  config.optimizer = kAdamW;
-  config.timeout = std::chrono::milliseconds(20000);
-  return config;
-}
-
-void check_tied_layout(const TiedLayout& layout, const Launch& launch) {
+void check_tied_layout(const ReplicaLayout& layout, const Launch& launch) {
   INFO(layout.schedule << " p=" << layout.p << " r=" << layout.r << " v=" << layout.v
                        << " sharded optimizer " << layout.shard_optimizer);
   const int m = 4, steps = 3;
@@ -108,7 +89,9 @@ void check_tied_layout(const TiedLayout& layout, const Launch& launch) {
   const Batch batch = gpt_batch(11, kTiedRows);
   TiedReplicaRun got;
   {
-    Pipeline pipeline(tied_replica_gpt(), tied_layout_config(layout, m), launch);
+    PipelineConfig config = replica_config(layout, m);
+    config.timeout = std::chrono::milliseconds(20000);
+    Pipeline pipeline(tied_replica_gpt(), config, launch);
     for (int step = 0; step < steps; ++step) {
       got.losses.push_back(pipeline.train_step(batch.input, batch.target));
     }
@@ -122,15 +105,15 @@ void check_tied_layout(const TiedLayout& layout, const Launch& launch) {
 
 TEST_CASE("tied replicas equal per-replica accumulation with the sides summed, bit for bit",
           "[replicas][tied_pipeline]") {
-  for (const TiedLayout& layout : std::vector<TiedLayout>{{"1f1b", 1, 2, 1},
-                                                          {"1f1b", 2, 2, 1},
-                                                          {"gpipe", 2, 3, 1},
-                                                          {"1f1b", 4, 2, 1},
-                                                          {"interleaved", 2, 2, 2},
-                                                          {"zbh1", 2, 2, 1},
-                                                          {"zbv", 2, 2, 2},
-                                                          {"1f1b", 2, 2, 1, true},
-                                                          {"zbv", 2, 3, 2, true}}) {
+  for (const ReplicaLayout& layout : std::vector<ReplicaLayout>{{"1f1b", 1, 2, 1},
+                                                                {"1f1b", 2, 2, 1},
+                                                                {"gpipe", 2, 3, 1},
+                                                                {"1f1b", 4, 2, 1},
+                                                                {"interleaved", 2, 2, 2},
+                                                                {"zbh1", 2, 2, 1},
+                                                                {"zbv", 2, 2, 2},
+                                                                {"1f1b", 2, 2, 1, true},
+                                                                {"zbv", 2, 3, 2, true}}) {
     check_tied_layout(layout, Launch::threads());
   }
 }
@@ -138,8 +121,8 @@ TEST_CASE("tied replicas equal per-replica accumulation with the sides summed, b
 TEST_CASE("tied replicas over worker processes equal per-replica accumulation, bit for bit",
           "[replicas][tied_pipeline][distributed]") {
   const Workers workers = start_workers(4, test_worker());
-  for (const TiedLayout& layout :
-       std::vector<TiedLayout>{{"1f1b", 2, 2, 1}, {"zbv", 2, 2, 2, true}}) {
+  for (const ReplicaLayout& layout :
+       std::vector<ReplicaLayout>{{"1f1b", 2, 2, 1}, {"zbv", 2, 2, 2, true}}) {
     check_tied_layout(layout, Launch::workers(endpoints(workers)));
   }
 }
