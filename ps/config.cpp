@@ -16,11 +16,6 @@ void validate(const PsConfig& c) {
   PIPIT_CHECK(c.accumulate >= 1 && c.accumulate <= 1 << 16,
               "PsConfig.accumulate must be in [1, 65536], got ", c.accumulate);
   PIPIT_CHECK(c.max_staleness >= 0, "PsConfig.max_staleness must be >= 0, got ", c.max_staleness);
-  // Each shard's StalenessGate decides alone which worker may read; two shards can then
-  // each let a different worker read, and each worker wait for the other shard: a deadlock.
-  PIPIT_CHECK(c.mode != "bounded" || c.servers == 1,
-              "PsConfig: bounded staleness needs servers = 1 (got ", c.servers,
-              "): shards that gate reads independently can deadlock; use async to shard");
   PIPIT_CHECK(c.min_workers >= 0 && c.min_workers <= c.workers,
               "PsConfig.min_workers must be in [0, workers = ", c.workers, "], got ",
               c.min_workers);

@@ -10,14 +10,14 @@ namespace pipit {
 struct PsConfig {
   // "sync": each update averages one gradient from every worker, in worker order.
   // "async": AsySG-InCon; an update after every `accumulate` gradients from any workers.
-  // "bounded": as async, but no gradient is applied more than max_staleness versions after
-  // the parameters it was computed from were read (stale-synchronous parallel). One shard
-  // only: shards that gated reads each on their own could deadlock.
+  // "bounded": as async, but no worker computes more than max_staleness steps ahead of the
+  // slowest live worker (stale synchronous parallel, ps/staleness_gate.h), over any number
+  // of shards.
   std::string mode = "sync";
   int servers = 1;  // shards: parameters split over them by whole tensors, balanced by bytes
   int workers = 1;
   int accumulate = 1;     // async and bounded: gradients per update
-  int max_staleness = 4;  // bounded
+  int max_staleness = 4;  // bounded: steps ahead of the slowest worker
   // sync: while at least this many workers live, an update goes on without a lost worker
   // (its share of the average rescaled to the live ones); 0: every worker must live.
   int min_workers = 0;

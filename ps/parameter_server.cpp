@@ -18,9 +18,10 @@ ParameterServer::ParameterServer(std::shared_ptr<Communicator> comm, NamedParame
       parameters_(std::move(parameters)),
       config_(std::move(config)),
       shard_(shard),
-      gate_(config_.mode == "bounded" ? config_.max_staleness : -1, config_.accumulate),
+      gate_(config_.workers, config_.mode == "bounded" ? config_.max_staleness : -1),
       live_(config_.workers, true),
       joined_(config_.workers, false),
+      read_(config_.workers, -1),
       sums_(parameters_.size()) {
   validate(config_);
   PIPIT_CHECK(shard >= 0 && shard < config_.servers, "ParameterServer: shard ", shard,
@@ -119,11 +120,11 @@ void ParameterServer::handle(int worker, const Message& message) {
   } else if (kind == PsKind::Leave) {
     read_empty(message);
     live_[worker] = false;
-    gate_.forget(worker);
+    gate_.gone(worker);
     if (config_.mode == "sync") {
       try_sync_update();
     } else {
-      drain();
+      grant_reads();
     }
   } else {
     say(std::string("ignored a ") + message_kind_name(kind) + " from " + who(worker));
@@ -136,12 +137,11 @@ void ParameterServer::on_join(int worker) {
     return;
   }
   joined_[worker] = true;
-  if (config_.mode == "bounded") {
-    waiting_reads_.push_back(worker);
-    drain();
-  } else {
+  if (config_.mode == "sync") {
     send_parameters(worker);
-    if (config_.mode == "async") gate_.read(worker, stats_.version);
+  } else {
+    waiting_reads_.push_back(worker);
+    grant_reads();
   }
 }
 
@@ -152,8 +152,13 @@ void ParameterServer::on_push(int worker, const Message& message) {
     sync_pushes_[worker] = std::move(*push);
     try_sync_update();
   } else {
-    waiting_pushes_.push_back(std::move(*push));
-    drain();
+    NoGradGuard no_grad;
+    read_[worker] = -1;
+    gate_.pushed(worker);
+    add(*push);
+    if (summed_ == config_.accumulate) update();
+    waiting_reads_.push_back(worker);
+    grant_reads();
   }
 }
 
@@ -176,8 +181,8 @@ std::optional<ParameterServer::Push> ParameterServer::decode_push(int worker,
                           ", which this shard has not reached (it is at ", stats_.version, ")"));
     return std::nullopt;
   }
-  const bool outstanding = config_.mode == "sync" ? !sync_pushes_.count(worker)
-                                                  : meta.version == gate_.read_version(worker);
+  const bool outstanding =
+      config_.mode == "sync" ? !sync_pushes_.count(worker) : meta.version == read_[worker];
   if (!outstanding || (config_.mode == "sync" && meta.version != stats_.version)) {
     refuse(worker, detail::concat("pushed a gradient for version ", meta.version,
                                   " without having read it"));
@@ -219,13 +224,13 @@ void ParameterServer::refuse(int worker, const std::string& why) {
 
 void ParameterServer::on_gone(int worker, const std::string& why) {
   live_[worker] = false;
-  gate_.forget(worker);
+  gate_.gone(worker);
   stats_.lost.push_back(worker);
   say(who(worker) + " " + why);
   waiting_reads_.erase(std::remove(waiting_reads_.begin(), waiting_reads_.end(), worker),
                        waiting_reads_.end());
   if (config_.mode != "sync") {
-    drain();
+    grant_reads();
     return;
   }
   sync_pushes_.erase(worker);
@@ -267,10 +272,18 @@ void ParameterServer::try_sync_update() {
 }
 
 void ParameterServer::add(const Push& push) {
+  // The first gradient copied, the next added in place (as AccumulateGrad sums): the same
+  // bits as a + b, without a fresh tensor per push, and never into a worker's own gradient,
+  // which in one process is handed over rather than copied.
   for (size_t j = 0; j < sums_.size(); ++j) {
     const Tensor& g = push.gradients[j];
     if (!g.defined()) continue;
-    sums_[j] = sums_[j].defined() ? sums_[j] + g : g;
+    if (!sums_[j].defined()) {
+      sums_[j] = Tensor::empty(g.shape(), g.dtype(), g.device());
+      backend(g).copy(g, sums_[j]);
+    } else {
+      backend(g).binary(BinaryOp::add, sums_[j], g, sums_[j]);
+    }
   }
   ++summed_;
   ++stats_.gradients;
@@ -289,30 +302,17 @@ void ParameterServer::update() {
   if (after_update) after_update(*this);
 }
 
-void ParameterServer::drain() {
-  NoGradGuard no_grad;
-  for (bool applied = true; applied;) {
-    applied = false;
-    std::stable_sort(waiting_pushes_.begin(), waiting_pushes_.end(),
-                     [](const Push& a, const Push& b) { return a.version < b.version; });
-    for (auto it = waiting_pushes_.begin(); it != waiting_pushes_.end(); ++it) {
-      if (!live_[it->worker]) continue;
-      if (!gate_.may_apply(it->worker, stats_.version, summed_)) continue;
-      const Push push = std::move(*it);
-      waiting_pushes_.erase(it);
-      gate_.forget(push.worker);
-      add(push);
-      if (summed_ == config_.accumulate) update();
-      waiting_reads_.push_back(push.worker);
-      applied = true;
-      break;
+void ParameterServer::grant_reads() {
+  for (auto it = waiting_reads_.begin(); it != waiting_reads_.end();) {
+    const int worker = *it;
+    if (!gate_.may_read(worker)) {
+      ++it;
+      continue;
     }
-  }
-  while (!waiting_reads_.empty() && gate_.may_read(stats_.version, summed_)) {
-    const int worker = waiting_reads_.front();
-    waiting_reads_.erase(waiting_reads_.begin());
+    ++stats_.lead[gate_.lead(worker)];
+    read_[worker] = stats_.version;
     send_parameters(worker);
-    gate_.read(worker, stats_.version);
+    it = waiting_reads_.erase(it);
   }
 }
 

@@ -11,8 +11,9 @@
 //  - async (AsySG-InCon): each push is summed as it arrives; every `accumulate` pushes make
 //    an update; the pusher gets the parameters as they are then. Shards update on their own,
 //    so a worker's read of the whole model mixes versions (inconsistent reads).
-//  - bounded: as async, but StalenessGate holds back pushes and reads that would let any
-//    gradient's staleness exceed max_staleness.
+//  - bounded: as async, but a worker gets its reply only while it is at most max_staleness
+//    steps ahead of the slowest live worker (StalenessGate: stale synchronous parallel); the
+//    others' replies wait until the slowest catches up. Any number of shards.
 // A push that names unknown parameters, has the wrong shapes or dtypes, or claims a version
 // the shard has not reached is refused with a logged reason and a PsError to its worker;
 // nothing of it is applied and the worker is dropped from the run.
@@ -39,6 +40,7 @@ struct PsServerStats {
   int64_t pushed_bytes = 0;              // tensor bytes of the pushes received
   double busy_ms = 0;                    // handling messages, not waiting for them
   std::map<int64_t, int64_t> staleness;  // staleness -> gradients
+  std::map<int64_t, int64_t> lead;       // steps ahead of the slowest worker -> reads granted
   std::vector<int> lost;                 // workers lost during the run
 };
 
@@ -85,7 +87,7 @@ class ParameterServer {
   std::optional<Push> decode_push(int worker, const Message& message);
   void refuse(int worker, const std::string& why);
   void try_sync_update();
-  void drain();  // async and bounded: apply what the gate allows, grant waiting reads
+  void grant_reads();  // async and bounded: send the parameters to those the gate lets read
   void add(const Push& push);
   void update();
   void send_parameters(int worker);
@@ -101,10 +103,10 @@ class ParameterServer {
   StalenessGate gate_;
   PsServerStats stats_;
   std::vector<bool> live_, joined_;
-  std::map<int, Push> sync_pushes_;   // sync: this version's, by worker
-  std::vector<Push> waiting_pushes_;  // bounded: held back by the gate
-  std::vector<int> waiting_reads_;    // bounded: workers owed parameters, in order
-  std::vector<Tensor> sums_;          // async and bounded: the next update's gradients
+  std::map<int, Push> sync_pushes_;  // sync: this version's, by worker
+  std::vector<int> waiting_reads_;   // async and bounded: workers owed parameters, in order
+  std::vector<int64_t> read_;        // per worker: the version it read and owes a push for, or -1
+  std::vector<Tensor> sums_;         // the next update's gradients, owned by the server
   int64_t summed_ = 0;
   std::vector<Tensor> snapshot_;  // the parameters at snapshot_version_, as sent to workers
   int64_t snapshot_version_ = -1;

@@ -1,40 +1,39 @@
 #pragma once
-// StalenessGate: the bookkeeping that keeps bounded-staleness training within its bound.
-// A gradient's staleness is the number of updates applied between the worker's read of the
-// parameters and the update that includes the gradient. The gate tracks the outstanding
-// reads (workers computing from parameters they read, or waiting with a pushed gradient) and
-// allows an event only if afterwards every outstanding gradient can still be applied within
-// the bound: taken oldest read first, the i-th would join update V + (c + i) / accumulate,
-// where V is the current version and c the gradients already summed towards it. Applying the
-// oldest outstanding gradient is always allowed, so the gate never deadlocks; a read is
-// granted only when it keeps that true, so a worker too far ahead waits for the slow ones.
+// StalenessGate: stale synchronous parallel over steps (Ho et al., 2013), as one shard keeps
+// it. A worker's clock is the number of gradients it has pushed to the shard; the gate lets a
+// worker read the parameters for its next step only while its clock is at most max_staleness
+// ahead of the slowest live worker's. Every worker pushes to every shard once a step, so all
+// shards count the same clocks: whatever the number of shards, the slowest worker is never
+// held back, and the shards cannot hold each other up.
+//
+// Between a worker's read and its push, each other worker pushes at most 2 * max_staleness + 1
+// gradients: its clock was at least the reader's minus max_staleness at the read, and at most
+// the reader's plus max_staleness + 1 at the push. So a gradient's staleness in versions is at
+// most ceil(((workers - 1) * (2 * max_staleness + 1)) / accumulate).
 #include <cstdint>
-#include <map>
+#include <vector>
 
 namespace pipit {
 
 class StalenessGate {
  public:
   // max_staleness < 0: no bound (async).
-  StalenessGate(int64_t max_staleness, int64_t accumulate)
-      : max_staleness_(max_staleness), accumulate_(accumulate) {}
+  StalenessGate(int workers, int64_t max_staleness)
+      : max_staleness_(max_staleness),
+        clock_(static_cast<size_t>(workers), 0),
+        live_(static_cast<size_t>(workers), true) {}
 
-  // Whether `worker` may read the parameters at `version` now.
-  bool may_read(int64_t version, int64_t summed) const;
-  // Whether `worker`'s gradient may be summed now, at `version`.
-  bool may_apply(int worker, int64_t version, int64_t summed) const;
-
-  void read(int worker, int64_t version) { reads_[worker] = version; }
-  // The worker's gradient was applied, or the worker left.
-  void forget(int worker) { reads_.erase(worker); }
-  // The version `worker` read; it must have an outstanding read.
-  int64_t read_version(int worker) const { return reads_.at(worker); }
+  void pushed(int worker) { ++clock_.at(static_cast<size_t>(worker)); }
+  // The worker left or was lost: it no longer holds the others back.
+  void gone(int worker) { live_.at(static_cast<size_t>(worker)) = false; }
+  // How many steps `worker` is ahead of the slowest live worker.
+  int64_t lead(int worker) const;
+  bool may_read(int worker) const { return max_staleness_ < 0 || lead(worker) <= max_staleness_; }
 
  private:
-  bool feasible(const std::multimap<int64_t, int>& reads, int64_t version, int64_t summed) const;
-
-  int64_t max_staleness_, accumulate_;
-  std::map<int, int64_t> reads_;  // worker -> version read
+  int64_t max_staleness_;
+  std::vector<int64_t> clock_;
+  std::vector<bool> live_;
 };
 
 }  // namespace pipit

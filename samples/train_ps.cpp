@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -129,20 +130,22 @@ std::string evaluate(const Setup& s, Module& model, const Data& data) {
   return text;
 }
 
-void print_stats(const PsServerStats& stats, int shard) {
-  std::string histogram;
-  for (const auto& [staleness, count] : stats.staleness) {
-    histogram.append(" ")
-        .append(std::to_string(staleness))
-        .append(":")
-        .append(std::to_string(count));
+// " 0:12 1:3": a histogram's entries, key:count.
+std::string histogram(const std::map<int64_t, int64_t>& counts) {
+  std::string text;
+  for (const auto& [key, count] : counts) {
+    text.append(" ").append(std::to_string(key)).append(":").append(std::to_string(count));
   }
+  return text;
+}
+
+void print_stats(const PsServerStats& stats, int shard) {
   std::printf(
       "shard %d: %lld updates, %lld gradients, %lld refused, %.2f MB pushed, "
-      "staleness (versions:gradients)%s\n",
+      "staleness (versions:gradients)%s, lead (steps ahead of the slowest:reads)%s\n",
       shard, static_cast<long long>(stats.version), static_cast<long long>(stats.gradients),
       static_cast<long long>(stats.refused), static_cast<double>(stats.pushed_bytes) / 1e6,
-      histogram.c_str());
+      histogram(stats.staleness).c_str(), histogram(stats.lead).c_str());
 }
 
 void report(const Setup& s, const StateDict& weights, double seconds, int64_t samples) {

@@ -1,7 +1,9 @@
 // Parameter server in one process: sync equals sequential gradient accumulation bit for bit
 // (SGD and AdamW, one and two shards); async and bounded account for every gradient, learn as
-// well as sync, and bounded takes gradients up to its staleness bound and no further with a
-// slowed worker; bf16 compression against a reference rounding; bad pushes and lost workers.
+// well as sync, and bounded lets workers run ahead of a slowed one up to its bound and no
+// further, over one to four shards; bf16 compression against a reference rounding; bad pushes and
+// lost workers.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include "ps/launch.h"
 #include "ps/messages.h"
 #include "ps/shard_plan.h"
+#include "ps/staleness_gate.h"
 #include "ps_reference.h"
 #include "ps_task.h"
 
@@ -92,7 +95,7 @@ TEST_CASE("async and bounded modes count every gradient and learn as well as syn
        {Mode{"sync", 1}, Mode{"async", 1}, Mode{"async", 3}, Mode{"bounded", 1}}) {
     auto model = make_ps_mlp();
     const double before = accuracy(*model, held_out);
-    PsConfig config = ps_config_of(mode.name, kWorkers, mode.name == "bounded" ? 1 : 2, adamw);
+    PsConfig config = ps_config_of(mode.name, kWorkers, 2, adamw);
     config.accumulate = mode.accumulate;
     config.max_staleness = 2;
     PsRunOptions options;
@@ -111,7 +114,7 @@ TEST_CASE("async and bounded modes count every gradient and learn as well as syn
       int64_t counted = 0;
       for (const auto& [staleness, count] : s.staleness) {
         CHECK(staleness >= 0);
-        if (mode.name == "bounded") CHECK(staleness <= config.max_staleness);
+        if (mode.name == "bounded") CHECK(staleness <= (kWorkers - 1) * (2 * 2 + 1));
         counted += count;
       }
       CHECK(counted == s.gradients);
@@ -126,80 +129,102 @@ TEST_CASE("async and bounded modes count every gradient and learn as well as syn
   }
 }
 
-TEST_CASE("bounded staleness is reached and never exceeded with one worker slowed 4x", "[ps]") {
+TEST_CASE("bounded staleness over k shards: the lead is reached and never exceeded", "[ps]") {
   const PsTask task(1024);
   constexpr int kWorkers = 4, kSteps = 24;
-  for (int bound : {0, 1, 3}) {
-    DYNAMIC_SECTION("max_staleness " << bound) {
-      PsConfig config = ps_config_of("bounded", kWorkers, 1, {{"type", "SGD"}, {"lr", 0.05}});
-      config.max_staleness = bound;
-      PsRunOptions options;
-      options.steps = kSteps;
-      options.batch = [&](int worker, int64_t step) {
-        return task.rows((step * kWorkers + worker) * 16, 16);
-      };
-      options.slowdown = {1, 1, 4, 1};
-      const PsRunReport report = train_ps(*make_ps_mlp(128), config, options);
-      for (const PsServerStats& s : report.servers) {
-        CHECK(s.gradients == kWorkers * kSteps);
-        // Reached, not only kept: while the slowed worker computes, the others push enough to
-        // age its gradient to the bound (measured: three quarters of the gradients at bound 1,
-        // half at bound 3). A gate stricter than the bound, or one serializing the workers, stops
-        // short.
-        CHECK(s.staleness.rbegin()->first == bound);
+  for (int servers : {1, 2, 4}) {
+    for (int bound : {0, 1, 3}) {
+      DYNAMIC_SECTION(servers << " shard(s), max_staleness " << bound) {
+        PsConfig config =
+            ps_config_of("bounded", kWorkers, servers, {{"type", "SGD"}, {"lr", 0.05}});
+        config.max_staleness = bound;
+        PsRunOptions options;
+        options.steps = kSteps;
+        options.batch = [&](int worker, int64_t step) {
+          return task.rows((step * kWorkers + worker) * 16, 16);
+        };
+        options.slowdown = {1, 1, 4, 1};
+        const PsRunReport report = train_ps(*make_ps_mlp(128), config, options);
+        // The versions a gradient can lag when no worker runs more than `bound` steps ahead
+        // (ps/staleness_gate.h): each other worker pushes at most 2 * bound + 1 meanwhile.
+        const int64_t version_bound = (kWorkers - 1) * (2 * bound + 1);
+        for (const PsServerStats& s : report.servers) {
+          CHECK(s.gradients == kWorkers * kSteps);
+          CHECK(s.version == kWorkers * kSteps);
+          int64_t reads = 0;
+          for (const auto& [lead, count] : s.lead) {
+            CHECK(lead >= 0);
+            reads += count;
+          }
+          CHECK(reads == kWorkers * (kSteps + 1));  // the join's read and one after each push
+          // Reached, not only kept: the fast workers run ahead of the slowed one until the gate
+          // holds them, on every shard. A gate stricter than the bound stops short.
+          CHECK(s.lead.rbegin()->first == bound);
+          CHECK(s.staleness.rbegin()->first <= version_bound);
+        }
       }
     }
   }
 }
 
-TEST_CASE("StalenessGate: no gradient exceeds the bound, and the oldest is always applicable",
-          "[ps]") {
-  // Random schedules of reads and pushes against the gate, with the server's own rules.
+TEST_CASE("StalenessGate over k shards: leads within the bound, the slowest never held", "[ps]") {
+  // Random schedules: each worker pushes to every shard (delivered to the shards in a random
+  // order) and computes again once every shard has let it read; the gates are the servers'.
   for (int64_t bound : {0, 1, 2, 5}) {
-    for (int64_t accumulate : {1, 2, 3}) {
-      std::mt19937 random(static_cast<uint32_t>(bound * 10 + accumulate));
-      StalenessGate gate(bound, accumulate);
+    for (int shards : {1, 2, 4}) {
+      std::mt19937 random(static_cast<uint32_t>(bound * 10 + shards));
       constexpr int kWorkers = 5;
-      int64_t version = 0, summed = 0;
-      std::vector<int> computing, pushed, waiting_read;
-      for (int w = 0; w < kWorkers; ++w) waiting_read.push_back(w);
-      int64_t applied = 0;
-      for (int event = 0; event < 2000; ++event) {
-        // Grant reads while allowed.
-        while (!waiting_read.empty() && gate.may_read(version, summed)) {
-          gate.read(waiting_read.front(), version);
-          computing.push_back(waiting_read.front());
-          waiting_read.erase(waiting_read.begin());
+      std::vector<StalenessGate> gates(static_cast<size_t>(shards), StalenessGate(kWorkers, bound));
+      // Per worker and shard: whether the shard still owes the worker a read.
+      std::vector<std::vector<bool>> owed(kWorkers, std::vector<bool>(shards, false));
+      std::vector<std::vector<int>> in_flight(static_cast<size_t>(shards));  // pushes on the way
+      std::vector<int64_t> steps(kWorkers, 0);
+      int64_t largest_lead = 0;
+      auto delivered = [&](int shard, int worker) {
+        return std::count(in_flight[shard].begin(), in_flight[shard].end(), worker) == 0;
+      };
+      for (int event = 0; event < 4000; ++event) {
+        std::vector<int> computing;
+        for (int w = 0; w < kWorkers; ++w) {
+          if (std::count(owed[w].begin(), owed[w].end(), true) == 0) computing.push_back(w);
         }
-        if (!computing.empty()) {  // a random computing worker pushes
-          const size_t i = random() % computing.size();
-          pushed.push_back(computing[i]);
-          computing.erase(computing.begin() + static_cast<std::ptrdiff_t>(i));
+        if (!computing.empty() && random() % 2 == 0) {  // a computing worker pushes everywhere
+          const int w = computing[random() % computing.size()];
+          for (int s = 0; s < shards; ++s) {
+            in_flight[s].push_back(w);
+            owed[w][s] = true;
+          }
+          ++steps[w];
         }
-        // Apply what the gate allows, oldest read first.
-        std::sort(pushed.begin(), pushed.end(),
-                  [&](int a, int b) { return gate.read_version(a) < gate.read_version(b); });
-        for (bool progress = true; progress;) {
-          progress = false;
-          for (size_t i = 0; i < pushed.size(); ++i) {
-            if (!gate.may_apply(pushed[i], version, summed)) continue;
-            REQUIRE(version - gate.read_version(pushed[i]) <= bound);
-            gate.forget(pushed[i]);
-            waiting_read.push_back(pushed[i]);
-            pushed.erase(pushed.begin() + static_cast<std::ptrdiff_t>(i));
-            ++applied;
-            if (++summed == accumulate) {
-              summed = 0;
-              ++version;
-            }
-            progress = true;
-            break;
+        // Now and then every push arrives: then no shard may hold back the slowest worker,
+        // or the shards would wait on each other for ever.
+        const bool flush = event % 50 == 49;
+        for (int s = 0; s < shards; ++s) {
+          if (!flush && s != static_cast<int>(random() % static_cast<uint32_t>(shards))) continue;
+          while (!in_flight[s].empty()) {  // shard s takes pushes on their way to it
+            const size_t i = random() % in_flight[s].size();
+            gates[s].pushed(in_flight[s][i]);
+            in_flight[s].erase(in_flight[s].begin() + static_cast<std::ptrdiff_t>(i));
+            if (!flush) break;
           }
         }
-        // Never stuck: something computes, or something can be applied or read.
-        REQUIRE((!computing.empty() || !waiting_read.empty() || pushed.empty()));
+        for (int g = 0; g < shards; ++g) {  // every shard grants the reads it may
+          for (int w = 0; w < kWorkers; ++w) {
+            if (!owed[w][g] || !delivered(g, w) || !gates[g].may_read(w)) continue;
+            REQUIRE(gates[g].lead(w) <= bound);
+            largest_lead = std::max(largest_lead, gates[g].lead(w));
+            owed[w][g] = false;
+          }
+        }
+        if (flush) {
+          const int64_t slowest = *std::min_element(steps.begin(), steps.end());
+          for (int w = 0; w < kWorkers; ++w) {
+            if (steps[w] == slowest) REQUIRE(std::count(owed[w].begin(), owed[w].end(), true) == 0);
+          }
+        }
       }
-      CHECK(applied > 500);
+      CHECK(largest_lead == bound);
+      CHECK(*std::min_element(steps.begin(), steps.end()) > 100);
     }
   }
 }
@@ -418,9 +443,8 @@ TEST_CASE("PsConfig JSON: written and read back; unknown, missing and bad fields
   missing.erase("mode");
   CHECK_THROWS_WITH(ps_config_from_json(missing, "config"), Catch::Contains("\"mode\""));
   nlohmann::json bad = to_json(c);
-  bad["servers"] = 2;
-  CHECK_THROWS_WITH(ps_config_from_json(bad, "config"),
-                    Catch::Contains("bounded staleness needs servers = 1"));
+  bad["min_workers"] = 4;
+  CHECK_THROWS_WITH(ps_config_from_json(bad, "config"), Catch::Contains("PsConfig.min_workers"));
   bad = to_json(c);
   bad["mode"] = "eventual";
   CHECK_THROWS_WITH(ps_config_from_json(bad, "config"), Catch::Contains("PsConfig.mode"));
