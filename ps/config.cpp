@@ -30,6 +30,7 @@ nlohmann::json to_json(const PsConfig& c) {
           {"max_staleness", c.max_staleness},
           {"min_workers", c.min_workers},
           {"compress", c.compress},
+          {"overlap", c.overlap},
           {"optimizer", c.optimizer},
           {"loss", c.loss},
           {"timeout_ms", c.timeout.count()}};
@@ -45,6 +46,7 @@ PsConfig ps_config_from_json(const nlohmann::json& json, const std::string& what
   c.max_staleness = static_cast<int>(f.integer("max_staleness", 0, 1 << 30));
   c.min_workers = static_cast<int>(f.integer("min_workers", 0, 1 << 16));
   c.compress = f.boolean("compress");
+  c.overlap = f.boolean("overlap");
   c.optimizer = f.object("optimizer");
   c.loss = f.object("loss");
   c.timeout = std::chrono::milliseconds(f.integer("timeout_ms", 1, int64_t{1} << 40));

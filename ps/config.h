@@ -22,6 +22,9 @@ struct PsConfig {
   // (its share of the average rescaled to the live ones); 0: every worker must live.
   int min_workers = 0;
   bool compress = false;  // push gradients as bf16 with error feedback
+  // Push each shard's gradients as soon as the backward has made them final, while it goes
+  // on with the layers below; false: push after the backward.
+  bool overlap = true;
   nlohmann::json optimizer = {{"type", "SGD"}, {"lr", 0.01}};
   nlohmann::json loss = {{"type", "CrossEntropyLoss"}};
   // The longest any side waits for a message before failing with an error naming the wait.

@@ -1,8 +1,11 @@
 #include "ps/worker.h"
 
 #include <chrono>
+#include <numeric>
+#include <optional>
 #include <thread>
 
+#include "autograd/accumulation_hook.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "comm/control.h"
@@ -41,37 +44,66 @@ void PsWorker::join() {
 
 double PsWorker::step(const Tensor& input, const Tensor& target) {
   PIPIT_CHECK(versions_[0] >= 0, "PsWorker ", index_, ": step() before join()");
-  const auto start = Clock::now();
+  step_start_ = Clock::now();
+  pushing_ms_ = slept_ms_ = 0;
   model_->zero_grad();
   Tensor output = model_->forward(input);
   const double loss = loss_->compute_loss(output, target).item<double>();
-  output.backward(loss_->compute_gradient(output, target) * (1.0 / config_.gradient_group()));
-  const double compute_ms = ms_since(start);
-  if (slowdown_ > 1) {
-    std::this_thread::sleep_for(
-        std::chrono::duration<double, std::milli>(compute_ms * (slowdown_ - 1)));
+  const StateDict parameters = model_->state_dict();
+  if (config_.overlap && !ready_) {
+    ready_ = std::make_unique<ReadyShards>(model_->named_parameters(), shard_names_);
   }
-  stats_.compute_ms += ms_since(start);
+  {
+    std::optional<AccumulationHook> hook;
+    if (ready_) {
+      ready_->begin_step();
+      hook.emplace([&](const AutogradMeta& leaf) {
+        const int shard = ready_->accumulated(leaf);
+        if (shard >= 0) push(shard, parameters);
+      });
+    }
+    output.backward(loss_->compute_gradient(output, target) * (1.0 / config_.gradient_group()));
+  }
+  std::vector<int> left(static_cast<size_t>(config_.servers));
+  std::iota(left.begin(), left.end(), 0);
+  if (ready_) left = ready_->end_step();
+  for (int s : left) push(s, parameters);
+  stretch();
+  stats_.compute_ms += ms_since(step_start_) - pushing_ms_;
 
   const auto wait_start = Clock::now();
-  const StateDict parameters = model_->state_dict();
-  for (int s = 0; s < config_.servers; ++s) {
-    PsPush push{versions_[s], {}, config_.compress};
-    std::vector<Tensor> gradients;
-    for (const std::string& name : shard_names_[s]) {
-      const Tensor gradient = parameters.at(name).grad();
-      if (!gradient.defined()) continue;
-      push.names.push_back(name);
-      stats_.uncompressed_bytes += static_cast<int64_t>(gradient.nbytes());
-      gradients.push_back(config_.compress ? compressor_.compress(name, gradient) : gradient);
-      stats_.pushed_bytes += static_cast<int64_t>(gradients.back().nbytes());
-    }
-    comm_->send(config_.server_id(s), to_message(push, std::move(gradients)));
-  }
   receive_parameters(std::vector<bool>(config_.servers, true));
   stats_.wait_ms += ms_since(wait_start);
   ++stats_.steps;
   return loss;
+}
+
+void PsWorker::stretch() {
+  if (slowdown_ <= 1) return;
+  const double computed = ms_since(step_start_) - pushing_ms_ - slept_ms_;
+  const double sleep = computed * (slowdown_ - 1) - slept_ms_;
+  if (sleep <= 0) return;
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(sleep));
+  slept_ms_ += sleep;
+}
+
+void PsWorker::push(int shard, const StateDict& parameters) {
+  stretch();
+  const auto start = Clock::now();
+  PsPush push{versions_[shard], {}, config_.compress};
+  std::vector<Tensor> gradients;
+  for (const std::string& name : shard_names_[shard]) {
+    const Tensor gradient = parameters.at(name).grad();
+    if (!gradient.defined()) continue;
+    push.names.push_back(name);
+    stats_.uncompressed_bytes += static_cast<int64_t>(gradient.nbytes());
+    gradients.push_back(config_.compress ? compressor_.compress(name, gradient) : gradient);
+    stats_.pushed_bytes += static_cast<int64_t>(gradients.back().nbytes());
+  }
+  comm_->send(config_.server_id(shard), to_message(push, std::move(gradients)));
+  const double took = ms_since(start);
+  stats_.push_ms += took;
+  pushing_ms_ += took;
 }
 
 void PsWorker::receive_parameters(std::vector<bool> pending) {

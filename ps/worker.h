@@ -3,8 +3,11 @@
 // model replica that trains on its own batches. join() reads the parameters from every
 // shard; each step() computes the loss gradient on one batch (scaled by 1 / the number of
 // gradients an update sums), pushes each shard its part, and waits for the parameters that
-// shard sends back. Errors name the shard: a refused push, a lost server, a wait longer
-// than config.timeout.
+// shard sends back, loading each shard's as it comes. With config.overlap a shard's push
+// leaves as soon as the backward has made its gradients final (ready_shards.h), while the
+// backward goes on with the layers below. Errors name the shard: a refused push, a lost
+// server, a wait longer than config.timeout.
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "nn/module.h"
 #include "ps/config.h"
 #include "ps/gradient_compression.h"
+#include "ps/ready_shards.h"
 
 namespace pipit {
 
@@ -22,13 +26,14 @@ struct PsWorkerStats {
   int64_t pushed_bytes = 0;        // tensor bytes sent in pushes
   int64_t uncompressed_bytes = 0;  // what they would have been without compression
   double compute_ms = 0;           // forward and backward
-  double wait_ms = 0;              // pushing and waiting for parameters
+  double push_ms = 0;              // handing pushes to the communicator
+  double wait_ms = 0;              // after the backward, until every shard's parameters are in
 };
 
 class PsWorker {
  public:
-  // slowdown >= 1 stretches each step's computation to that many times its duration, as on
-  // a slower machine (tests and benchmarks).
+  // slowdown >= 1 stretches each step's forward and backward to that many times their
+  // duration, as on a slower machine (tests and benchmarks).
   PsWorker(std::shared_ptr<Communicator> comm, std::shared_ptr<Module> model, PsConfig config,
            int index, double slowdown = 1.0);
 
@@ -45,6 +50,9 @@ class PsWorker {
 
  private:
   void receive_parameters(std::vector<bool> pending);
+  void push(int shard, const StateDict& parameters);
+  // Sleeps so that the step's computation so far took `slowdown` times as long.
+  void stretch();
 
   std::shared_ptr<Communicator> comm_;
   std::shared_ptr<Module> model_;
@@ -55,6 +63,9 @@ class PsWorker {
   std::vector<int64_t> versions_;
   std::vector<std::vector<std::string>> shard_names_;  // learned from each shard's parameters
   GradientCompressor compressor_;
+  std::unique_ptr<ReadyShards> ready_;  // with config.overlap, from the first step
+  std::chrono::steady_clock::time_point step_start_;
+  double pushing_ms_ = 0, slept_ms_ = 0;  // of this step
   PsWorkerStats stats_;
 };
 

@@ -142,10 +142,12 @@ std::string histogram(const std::map<int64_t, int64_t>& counts) {
 void print_stats(const PsServerStats& stats, int shard) {
   std::printf(
       "shard %d: %lld updates, %lld gradients, %lld refused, %.2f MB pushed, "
-      "staleness (versions:gradients)%s, lead (steps ahead of the slowest:reads)%s\n",
+      "staleness (versions:gradients)%s%s%s\n",
       shard, static_cast<long long>(stats.version), static_cast<long long>(stats.gradients),
       static_cast<long long>(stats.refused), static_cast<double>(stats.pushed_bytes) / 1e6,
-      histogram(stats.staleness).c_str(), histogram(stats.lead).c_str());
+      histogram(stats.staleness).c_str(),
+      stats.lead.empty() ? "" : ", lead (steps ahead of the slowest:reads)",
+      histogram(stats.lead).c_str());
 }
 
 void report(const Setup& s, const StateDict& weights, double seconds, int64_t samples) {
@@ -229,6 +231,8 @@ void add_flags(support::Flags& flags) {
   flags.add("max-staleness", "4", "bounded: the most versions a gradient may lag");
   flags.add("min-workers", "0", "sync: go on without lost workers while this many live (0: all)");
   flags.add_switch("compress", "push gradients as bf16 with error feedback");
+  flags.add_switch("no-overlap",
+                   "push after the backward, not each shard's gradients as soon as final");
   flags.add("optimizer", "sgd", "sgd (momentum 0.9) or adamw");
   flags.add("lr", "0.05", "learning rate");
   flags.add("steps", "200", "steps per worker");
@@ -283,6 +287,7 @@ Setup setup_of(const support::Flags& flags) {
   s.config.max_staleness = static_cast<int>(flags.integer("max-staleness", 0));
   s.config.min_workers = static_cast<int>(flags.integer("min-workers", 0));
   s.config.compress = flags.on("compress");
+  s.config.overlap = !flags.on("no-overlap");
   s.config.timeout = std::chrono::milliseconds(flags.integer("timeout-ms"));
   if (flags.choice("optimizer", {"sgd", "adamw"}) == "sgd") {
     s.config.optimizer = {{"type", "SGD"}, {"lr", flags.number("lr")}, {"momentum", 0.9}};

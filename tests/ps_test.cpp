@@ -4,6 +4,7 @@
 // further, over one to four shards; bf16 compression against a reference rounding; bad pushes and
 // lost workers.
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -451,4 +452,81 @@ TEST_CASE("PsConfig JSON: written and read back; unknown, missing and bad fields
   bad = to_json(c);
   bad["workers"] = 0;
   CHECK_THROWS_WITH(ps_config_from_json(bad, "config"), Catch::Contains("\"workers\""));
+}
+
+namespace {
+
+// x itself; in the backward, waits (up to `patience`) until `until()` holds, and counts the
+// waits that ended that way.
+class WaitInBackward final : public Module {
+ public:
+  WaitInBackward(std::function<bool()> until, std::chrono::milliseconds patience)
+      : until_(std::move(until)), patience_(patience) {}
+  Tensor forward(const Tensor& x) override {
+    return backward_hook(x, [this] {
+      const auto deadline = std::chrono::steady_clock::now() + patience_;
+      while (!until_() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      released += until_() ? 1 : 0;
+    });
+  }
+  nlohmann::json config() const override { return {{"type", "WaitInBackward"}}; }
+  int released = 0;
+
+ private:
+  std::function<bool()> until_;
+  std::chrono::milliseconds patience_;
+};
+
+}  // namespace
+
+TEST_CASE("overlap: a shard's push leaves while the backward goes on below its layers", "[ps]") {
+  // Linear 4 -> 64 (shard 1), then Linear 64 -> 32, whose weight alone is shard 0 (the
+  // largest tensor). The backward stops between the two until shard 0 has applied this step's
+  // push: only a push made during the backward lets it go on.
+  for (bool overlap : {true, false}) {
+    DYNAMIC_SECTION("overlap " << overlap) {
+      Generator generator(5);
+      std::atomic<int> updates{0}, wanted{0};  // the first step does not wait
+      // Without overlap the push never comes during the backward: a short wait shows it.
+      auto wait = std::make_shared<WaitInBackward>(
+          [&] { return updates >= wanted; }, std::chrono::milliseconds(overlap ? 20000 : 200));
+      auto model = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+          std::make_shared<Linear>(4, 64, true, &generator), wait,
+          std::make_shared<Linear>(64, 32, true, &generator)});
+      PsConfig config = ps_config_of("sync", 1, 2, {{"type", "SGD"}, {"lr", 0.1}});
+      config.overlap = overlap;
+      config.loss = {{"type", "MSELoss"}};
+      auto hub = LocalHub::create();
+      const NamedParameters all = model->named_parameters();
+      const std::vector<int> shard_of = plan_shards(all, 2);
+      CHECK(shard_parameters(all, shard_of, 0).size() == 1);  // "2.weight"
+      std::vector<std::unique_ptr<ParameterServer>> servers;
+      std::vector<std::thread> threads;
+      for (int s = 0; s < 2; ++s) {
+        NamedParameters own;
+        for (const auto& [name, p] : shard_parameters(all, shard_of, s)) {
+          own.emplace_back(name, p.detach().clone().requires_grad_());
+        }
+        servers.push_back(
+            std::make_unique<ParameterServer>(hub->endpoint(s), std::move(own), config, s));
+      }
+      servers[0]->after_update = [&](const ParameterServer&) { ++updates; };
+      for (auto& server : servers) threads.emplace_back([&server] { server->serve(); });
+      PsWorker worker(hub->endpoint(2), model, config, 0);
+      worker.join();
+      Generator data(6);
+      const Tensor x = randn({8, 4}, &data), y = randn({8, 32}, &data);
+      worker.step(x, y);  // learns when each shard's gradients are final
+      wanted = 2;
+      worker.step(x, y);
+      wanted = 3;
+      worker.step(x, y);
+      worker.leave();
+      for (auto& t : threads) t.join();
+      CHECK(wait->released == (overlap ? 3 : 1));
+      CHECK(servers[0]->stats().version == 3);
+    }
+  }
 }
