@@ -1,8 +1,8 @@
 // Pipelines times data parallelism (PipelineConfig::replicas): the step time of p stages x r
 // replicas on r times the data against p stages alone, printed and appended to
 // bench/RESULTS.md. Layers sleep (support/sleep_layer.h) so that a 2-core machine can time
-// many stages without them fighting for cores; a bench-local Ballast layer adds weights that
-// cost nothing to compute but whose gradients every replica group must sum, so the rows show
+// many stages without them fighting for cores; Ballast layers (support/ballast_layer.h) add weights
+// that cost nothing to compute but whose gradients every replica group must sum, so the rows show
 // what the sum costs per megabyte. Scaling efficiency = t(p, 1) / t(p, r): 1.0 trains r times
 // the data in the same time. Then the r-only case against PyTorch's DistributedDataParallel
 // (gloo) on a real MLP, both as 2 processes of this machine (bench/ps_ddp.py is the peer), and
@@ -27,6 +27,7 @@
 #include "nn/builders.h"
 #include "pipeline/pipeline.h"
 #include "pipit.h"
+#include "support/ballast_layer.h"
 #include "support/flags.h"
 #include "support/sleep_layer.h"
 #include "support/worker_process.h"
@@ -39,24 +40,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// `size` weights that cost almost nothing forward and backward (x + 0 * sum(w)), whose
-// gradients (zeros) the replicas still sum.
-class Ballast final : public Module {
- public:
-  explicit Ballast(int64_t size) : size_(size) { register_parameter("w", zeros({size})); }
-  Tensor forward(const Tensor& x) override { return x + sum(parameters()[0]) * 0.0; }
-  nlohmann::json config() const override { return {{"type", "Ballast"}, {"size", size_}}; }
-
- private:
-  int64_t size_;
-};
-
-void register_ballast() {
-  register_module_type("Ballast", [](const nlohmann::json& c) {
-    return std::make_shared<Ballast>(config_int(c, "size"));
-  });
-}
-
 // Per stage: 4 sleeping layers and, with `ballast_mb`, that many MB of weights in 4 tensors
 // (a sharded optimizer shares whole tensors out over the replicas).
 std::shared_ptr<Sequential> model_of(int stages, int64_t layer_us, double ballast_mb) {
@@ -65,7 +48,8 @@ std::shared_ptr<Sequential> model_of(int stages, int64_t layer_us, double ballas
     for (int i = 0; i < 4; ++i) {
       model->push_back(std::make_shared<support::SleepLayer>(layer_us));
       if (ballast_mb > 0) {
-        model->push_back(std::make_shared<Ballast>(static_cast<int64_t>(ballast_mb * 1e6 / 16)));
+        model->push_back(
+            std::make_shared<support::Ballast>(static_cast<int64_t>(ballast_mb * 1e6 / 16)));
       }
     }
   }
@@ -432,7 +416,7 @@ std::ostringstream against_ddp() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  register_ballast();
+  support::register_ballast_layer();
   if (support::worker_role_requested(argc, argv)) return support::worker_role_main(argc, argv);
   support::Flags flags("replicas",
                        "p stages x r replicas on r times the data against p stages alone.");
