@@ -1,7 +1,7 @@
 // The parameter server at scale: k shards against 1 to 16 workers, sync and async, as
 // processes over TCP and as mpirun ranks, each row beside its cost model's bound.
 // Compute is emulated so that 2 cores can host 16 workers: each of the MLP 784-1024-1024-10's
-// three layers is a sleeping layer (support/sleep_layer.h) beside a Ballast of that layer's
+// three layers is a sleeping layer (support/sleep_layer.h) beside Ballast of that layer's
 // weights (support/ballast_layer.h), so every step's gradients are the MLP's 7.45 MB and cross
 // the wire for real. Two compute-to-communication ratios:
 //   communication-heavy: the sleep is the real MLP's forward and backward at batch 64 on one
@@ -51,11 +51,18 @@ const std::vector<int64_t> kDims = {784, 1024, 1024, 10};
 constexpr int64_t kBatch = 64, kWarmup = 3;
 
 // The MLP's bytes with a sleeping layer per linear layer: forward `layer_us`, backward twice.
+// Shards hold whole tensors, so each layer's weights and bias come as 4 tensors, enough for
+// 8 shards to share them out evenly.
 std::shared_ptr<Sequential> emulated_mlp(int64_t layer_us) {
+  constexpr int64_t kPieces = 4;
   auto model = std::make_shared<Sequential>();
   for (size_t i = 0; i + 1 < kDims.size(); ++i) {
     model->push_back(std::make_shared<support::SleepLayer>(layer_us));
-    model->push_back(std::make_shared<support::Ballast>(kDims[i] * kDims[i + 1] + kDims[i + 1]));
+    const int64_t size = kDims[i] * kDims[i + 1] + kDims[i + 1];
+    for (int64_t piece = 0; piece < kPieces; ++piece) {
+      const int64_t begin = size * piece / kPieces, end = size * (piece + 1) / kPieces;
+      model->push_back(std::make_shared<support::Ballast>(end - begin));
+    }
   }
   return model;
 }
