@@ -6,7 +6,8 @@
 //  2. A model of more cores: from the 1-worker run's measured compute, communication and
 //     server times per step, the sync step time with W workers each on its own core.
 //  3. Time to a target loss with one worker of 4 slowed 4x: sync, async and bounded, in
-//     threads, an MLP on clustered data (as train_ps).
+//     threads, an MLP on clustered data (as train_ps); the loss against wall-clock drawn as
+//     an SVG (--svg, docs/ps_loss_vs_time.svg).
 // Printed and appended to bench/RESULTS.md.
 //   usage: ps [--steps 40] [--no-append]
 // (ps --role server|worker ... are the processes it starts itself.)
@@ -35,6 +36,7 @@
 #include "ps/tcp.h"
 #include "support/child_process.h"
 #include "support/flags.h"
+#include "train/run_report.h"
 
 using namespace pipit;
 namespace fs = std::filesystem;
@@ -209,6 +211,7 @@ constexpr size_t kWindow = 80;
 
 struct TimeToLoss {
   std::vector<double> seconds = std::vector<double>(kTargets.size(), -1);  // per target
+  std::vector<std::pair<double, double>> curve;  // (seconds, the last 80 losses' mean)
   double total_seconds = 0;
   int64_t updates = 0;
   int64_t max_staleness = 0;
@@ -243,6 +246,7 @@ TimeToLoss time_to_loss(const std::string& mode) {
   TimeToLoss result;
   std::deque<double> recent;
   double sum = 0;
+  int64_t calls = 0;
   const auto start = Clock::now();
   options.on_step = [&](int, int64_t, double loss) {
     recent.push_back(loss);
@@ -252,10 +256,12 @@ TimeToLoss time_to_loss(const std::string& mode) {
       recent.pop_front();
     }
     if (recent.size() < kWindow) return;
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (++calls % 8 == 0 || result.curve.empty()) {
+      result.curve.emplace_back(seconds, sum / kWindow);
+    }
     for (size_t i = 0; i < kTargets.size(); ++i) {
-      if (result.seconds[i] < 0 && sum / kWindow < kTargets[i]) {
-        result.seconds[i] = std::chrono::duration<double>(Clock::now() - start).count();
-      }
+      if (result.seconds[i] < 0 && sum / kWindow < kTargets[i]) result.seconds[i] = seconds;
     }
   };
   const PsRunReport report = train_ps(*model, config, options);
@@ -338,6 +344,15 @@ int run(const support::Flags& flags) {
     out << format("%.2f | %lld | %lld |\n", t.total_seconds, static_cast<long long>(t.updates),
                   static_cast<long long>(t.max_staleness));
   }
+  std::vector<ChartSeries> curves;
+  for (const auto& [mode, colour] : {std::pair{"sync", "#1f77b4"}, std::pair{"async", "#d62728"},
+                                     std::pair{"bounded", "#2ca02c"}}) {
+    curves.push_back({mode, colour, reached[mode].curve});
+  }
+  write_file_atomic(flags.str("svg"),
+                    line_chart_svg("Mean loss of the last 80 worker steps, 4 workers, worker 3 "
+                                   "slowed 4x",
+                                   "seconds", curves));
   out << "\nSync's time over async's and bounded's, per loss:";
   for (size_t i = 0; i < kTargets.size(); ++i) {
     const double sync = reached["sync"].seconds[i], async = reached["async"].seconds[i],
@@ -361,6 +376,8 @@ int main(int argc, char** argv) {
   support::Flags flags("ps", "The parameter server's modes against PyTorch DDP, like for like.");
   flags.add("steps", "40", "training steps per row (>= 10)");
   flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
+  flags.add("svg", std::string(PIPIT_SOURCE_DIR) + "/docs/ps_loss_vs_time.svg",
+            "where to draw the loss against wall-clock of sync, async and bounded");
   flags.add("role", "", "internal: server or worker, a process of the TCP rows");
   flags.add("mode", "sync", "internal, with --role: sync or async");
   flags.add("workers", "1", "internal, with --role: the run's workers");

@@ -8,19 +8,23 @@ namespace pipit {
 
 void start_shard(ParameterServer& server, const PsRunOptions& options,
                  const nlohmann::json& model_config) {
-  if (options.checkpoint_dir.empty()) return;
-  const int servers = server.config().servers;
-  const std::string path = shard_checkpoint_path(options.checkpoint_dir, server.shard(), servers);
+  const std::string& dir = options.checkpoint_dir;
+  if (dir.empty()) return;
   if (options.resume) {
-    load_shard_checkpoint(path, server, servers);
+    // Sync shards resume together at the newest version they all saved; async and bounded
+    // shards, whose versions drift apart anyway, each at its own newest.
+    load_shard_checkpoint(dir, server,
+                          server.config().mode == "sync"
+                              ? common_checkpoint_version(dir, server.config().servers)
+                              : -1);
   } else {
-    std::filesystem::create_directories(options.checkpoint_dir);
+    std::filesystem::create_directories(dir);
   }
   if (options.checkpoint_every <= 0) return;
-  server.after_update = [path, model_config,
+  server.after_update = [dir, model_config,
                          every = options.checkpoint_every](const ParameterServer& server) {
     if (server.stats().version % every == 0) {
-      save_shard_checkpoint(path, server, model_config, server.config().optimizer);
+      save_shard_checkpoint(dir, server, model_config, server.config().optimizer);
     }
   };
 }
@@ -28,9 +32,9 @@ void start_shard(ParameterServer& server, const PsRunOptions& options,
 void end_shard(const ParameterServer& server, const PsRunOptions& options,
                const nlohmann::json& model_config) {
   if (options.checkpoint_dir.empty()) return;
-  save_shard_checkpoint(
-      shard_checkpoint_path(options.checkpoint_dir, server.shard(), server.config().servers),
-      server, model_config, server.config().optimizer);
+  const int64_t every = options.checkpoint_every;
+  if (every > 0 && server.stats().version % every == 0) return;  // saved after its update
+  save_shard_checkpoint(options.checkpoint_dir, server, model_config, server.config().optimizer);
 }
 
 std::vector<double> run_ps_worker(PsWorker& worker, const PsConfig& config, int64_t steps,

@@ -24,9 +24,10 @@ struct PsRunOptions {
   std::function<void(int worker, int64_t step, double loss)> on_step;
   // Checkpoints (ps/checkpoint.h): each shard saves its weights, optimizer state and version
   // to checkpoint_dir every checkpoint_every updates (0: only at the end) and when the run
-  // ends; with `resume` it first loads its file, and the workers start at the step the
-  // shards' versions say the run had reached. Each shard reads and writes the directory where
-  // it runs: on other ranks or hosts, give one every node sees.
+  // ends; with `resume` it first loads its file (in sync mode, of the newest version every
+  // shard saved), and the workers start at the step the shards' versions say the run had
+  // reached. Each shard reads and writes the directory where it runs: on other ranks or
+  // hosts, give one every node sees (sync shards read each other's files to agree).
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   bool resume = false;

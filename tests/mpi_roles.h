@@ -15,6 +15,7 @@
 //   mpirun -np 2 pipit_tests --mpi-role pair-sum         (Communicator::start_pair_sum)
 //   mpirun -np 2 pipit_tests --mpi-role mismatch            (rank 1 builds another model)
 //   mpirun -np 5 pipit_tests --mpi-role ps OPTIMIZER        (2 shards, 3 workers, sync mode)
+//   mpirun -np 4 pipit_tests --mpi-role ps-resume killed|resumed DIR   (shard 1 killed, resumed)
 //   mpirun -np 3 pipit_tests --mpi-role killed              (rank 2 is killed while training)
 //   mpirun -np 5 pipit_tests --mpi-role failing-worker      (worker 1 throws at its step 2)
 //   mpirun -np 2 pipit_tests --mpi-role malformed           (rank 1 sends broken frames first)
@@ -50,6 +51,7 @@
 #include "pipeline/protocol/messages.h"
 #include "pipeline_models.h"
 #include "pipit.h"
+#include "ps/checkpoint.h"
 #include "ps/launch.h"
 #include "ps/mpi/mpi_ps.h"
 #include "ps_reference.h"
@@ -282,6 +284,38 @@ inline int mpi_ps_role(const std::string& optimizer_name) {
   return differ.empty() ? 0 : 1;
 }
 
+// Sync parameter-server training as 4 ranks (2 shards, 2 workers) for kPsResumeSteps steps,
+// checkpointing to `dir` every 5 updates. "killed": shard 1's rank kills itself once it has
+// saved version 10 (mpirun ends the job). "resumed": the run resumes from `dir`; each shard
+// checks its weights against the unbroken run's and prints "ps-resumed rank R ok".
+inline int mpi_ps_resume_role(const std::string& how, const std::string& dir) {
+  const PsTask task(512);
+  const PsConfig config = ps_config_of("sync", 2, 2, kSgd);
+  PsRunOptions options;
+  options.steps = kPsResumeSteps;
+  options.batch = [&](int w, int64_t step) { return task.batch(2, w, step); };
+  options.checkpoint_dir = dir;
+  options.checkpoint_every = 5;
+  options.resume = how == "resumed";
+  const int rank = mpi_job().rank;
+  std::optional<OnCheckpoint> kill;
+  if (how == "killed" && rank == 1) {
+    kill.emplace(shard_checkpoint_path(dir, 1, 2), 10, [] { std::raise(SIGKILL); });
+  }
+  const PsRunReport report = train_ps(*make_ps_mlp(), config, options, PsLaunch::mpi());
+  if (how != "resumed" || rank >= config.servers) return 0;
+  const StateDict want = large_batch_reference(kSgd, task, 2, kPsResumeSteps).first;
+  std::string differ;
+  for (const auto& [name, value] : report.weights) {
+    if (!bitwise_equal(value, want.at(name))) differ += " " + name;
+  }
+  if (report.weights.empty() || report.servers[rank].version != kPsResumeSteps) {
+    differ += " (no weights or wrong version)";
+  }
+  std::printf("ps-resumed rank %d %s%s\n", rank, differ.empty() ? "ok" : "FAILED:", differ.c_str());
+  return differ.empty() ? 0 : 1;
+}
+
 // A 3-stage pipeline that trains until rank 2 (stage 2) is killed, a second in: mpirun must
 // end the job.
 inline int mpi_killed_role() {
@@ -411,7 +445,7 @@ inline int mpi_doorbells_role() {
 //   all-reduce | pair-sum | replica-pipeline SCHEDULE [LAYOUT] | paired-replica-pipeline SCHEDULE |
 //   sharded-replica-pipeline SCHEDULE | three-replica-pipeline SCHEDULE |
 //   recomputed-three-replica-pipeline SCHEDULE | matrix-pipeline SCHEDULE R RECOMPUTE SHARD |
-//   mismatch | ps OPTIMIZER | evaluate |
+//   mismatch | ps OPTIMIZER | ps-resume killed|resumed DIR | evaluate |
 //   killed | failing-worker | malformed | doorbells
 inline int mpi_role_main(int argc, char** argv) {
   const std::string role = argc >= 3 ? argv[2] : "";
@@ -448,6 +482,7 @@ inline int mpi_role_main(int argc, char** argv) {
     if (role == "all-reduce") return mpi_all_reduce_role();
     if (role == "mismatch") return mpi_pipeline_role("1f1b", 6);
     if (role == "ps" && argc == 4) return mpi_ps_role(argv[3]);
+    if (role == "ps-resume" && argc == 5) return mpi_ps_resume_role(argv[3], argv[4]);
     if (role == "killed") return mpi_killed_role();
     if (role == "failing-worker") return mpi_failing_worker_role();
     if (role == "malformed") return mpi_malformed_role();

@@ -3,9 +3,14 @@
 // tests/mpi_roles.h is the program every rank runs.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <filesystem>
 #include <string>
 
+#include <unistd.h>
+
 #include "mpirun.h"
+#include "ps/checkpoint.h"
+#include "ps_task.h"
 
 using namespace pipit::testing;
 
@@ -290,6 +295,25 @@ TEST_CASE("MPI: sync parameter-server training equals large-batch training bit f
       }
     }
   }
+}
+
+TEST_CASE("MPI: a killed parameter-server shard's rank resumes bit for bit", "[mpi][ps]") {
+  if (!mpi_ready()) return;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("pipit_mpi_ps_resume_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  const Run killed = mpirun(4, "ps-resume killed " + dir.string());
+  INFO(killed.output);
+  CHECK(killed.status != 0);
+  const int64_t saved = common_checkpoint_version(dir.string(), 2);
+  CHECK(saved >= 10);
+  CHECK(saved < kPsResumeSteps);
+  const Run resumed = mpirun(4, "ps-resume resumed " + dir.string());
+  INFO(resumed.output);
+  CHECK(resumed.status == 0);
+  CHECK(resumed.output.find("ps-resumed rank 0 ok") != std::string::npos);
+  CHECK(resumed.output.find("ps-resumed rank 1 ok") != std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 // Failing ranks end the job within seconds, not after the others' timeouts (60 s here).

@@ -2,6 +2,7 @@
 // equals the large batch bit for bit; a killed worker (async goes on, sync fails naming it);
 // a killed server (workers name it, a resumed run equals an unbroken one); a bad package.
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -62,6 +63,11 @@ class PsProcesses {
     return start("worker" + std::to_string(w),
                  {"worker", std::to_string(w), config.dump(), endpoints, std::to_string(steps)});
   }
+  // train_ps in threads of one process (tests/ps_task.h's "threads" role).
+  support::ChildProcess& start_threads(const nlohmann::json& config, int64_t steps) {
+    return start("threads", {"threads", "0", config.dump(), dir_.string(), std::to_string(steps)});
+  }
+  std::string dir() const { return dir_.string(); }
   support::ChildProcess& child(const std::string& name) { return *children_.at(name); }
   // Waits for the process to exit; its exit status.
   int wait(const std::string& name) {
@@ -272,4 +278,45 @@ TEST_CASE("a bad parameter-server package is refused by name and releases the wo
   const PsRunReport result = train_ps(*make_ps_mlp(), config, options,
                                       PsLaunch::hosts({shard.endpoint(), worker.endpoint()}));
   CHECK(result.servers.at(0).version == 2);
+}
+
+// Two shards checkpoint on their own, so a run killed mid-way may leave them at different
+// versions; a sync run resumes both at the newest version both saved.
+TEST_CASE("a killed shard resumes bit for bit in threads and on pipit-workers",
+          "[ps][distributed]") {
+  const PsTask task(512);
+  constexpr int64_t kSteps = kPsResumeSteps;
+  const PsConfig config = ps_config_of("sync", 2, 2, kSgd);
+  const StateDict unbroken = large_batch_reference(kSgd, task, 2, kSteps).first;
+  PsProcesses run("killed_shard");
+  PsRunOptions options;
+  options.steps = kSteps;
+  options.batch = [&](int w, int64_t step) { return task.batch(2, w, step); };
+  options.checkpoint_dir = run.dir();
+  options.checkpoint_every = 5;
+  Workers fresh;  // the resumed run's pipit-workers
+  PsLaunch launch = PsLaunch::threads();
+  SECTION("threads: the process is killed") {
+    nlohmann::json role = role_config("sync", 2, 2, kSgd);
+    role["checkpoint_every"] = 5;
+    role["kill_at"] = 10;
+    run.start_threads(role, kSteps);
+    CHECK(run.wait("threads") == 128 + SIGKILL);
+  }
+  SECTION("pipit-workers: shard 1's host is killed") {
+    const Workers hosts = start_workers(4, test_worker());
+    OnCheckpoint kill(shard_checkpoint_path(run.dir(), 1, 2), 10, [&] { hosts[1]->kill(); });
+    CHECK_THROWS_WITH(train_ps(*make_ps_mlp(), config, options, PsLaunch::hosts(endpoints(hosts))),
+                      Catch::Contains("shard 1"));
+    fresh = start_workers(4, test_worker());
+    launch = PsLaunch::hosts(endpoints(fresh));
+  }
+  const int64_t saved = common_checkpoint_version(run.dir(), 2);
+  INFO("resumed at version " << saved);
+  CHECK(saved >= 10);
+  CHECK(saved < kSteps);
+  options.resume = true;
+  const PsRunReport resumed = train_ps(*make_ps_mlp(), config, options, launch);
+  CHECK(resumed.servers.at(0).version == kSteps);
+  check_bitwise_equal(resumed.weights, unbroken);
 }

@@ -23,18 +23,19 @@ inline const nlohmann::json kSgd = {
 // Single-process training on each step's large batch (the workers' batches in worker order),
 // as sequential gradient accumulation; the loss of every worker's part of it, by step.
 inline std::pair<StateDict, std::vector<std::vector<double>>> large_batch_reference(
-    const nlohmann::json& optimizer, const PsTask& task) {
+    const nlohmann::json& optimizer, const PsTask& task, int workers = kSyncWorkers,
+    int64_t steps = kSyncSteps) {
   auto reference = make_ps_mlp();
   auto reference_optimizer = make_optimizer(optimizer, reference->named_parameters());
   auto loss = make_loss({{"type", "CrossEntropyLoss"}});
-  std::vector<std::vector<double>> losses(kSyncWorkers);
-  for (int64_t step = 0; step < kSyncSteps; ++step) {
+  std::vector<std::vector<double>> losses(static_cast<size_t>(workers));
+  for (int64_t step = 0; step < steps; ++step) {
     reference_optimizer->zero_grad();
-    for (int w = 0; w < kSyncWorkers; ++w) {
-      const auto [x, y] = task.batch(kSyncWorkers, w, step);
+    for (int w = 0; w < workers; ++w) {
+      const auto [x, y] = task.batch(workers, w, step);
       Tensor out = reference->forward(x);
-      losses[w].push_back(loss->compute_loss(out, y).item<double>());
-      out.backward(loss->compute_gradient(out, y) * (1.0 / kSyncWorkers));
+      losses[static_cast<size_t>(w)].push_back(loss->compute_loss(out, y).item<double>());
+      out.backward(loss->compute_gradient(out, y) * (1.0 / workers));
     }
     reference_optimizer->step();
   }

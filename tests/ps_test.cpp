@@ -8,13 +8,17 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <thread>
+
+#include <unistd.h>
 
 #include "comm/local_communicator.h"
 #include "nn/builders.h"
 #include "nn/registry.h"
 #include "pipit.h"
+#include "ps/checkpoint.h"
 #include "ps/launch.h"
 #include "ps/messages.h"
 #include "ps/shard_plan.h"
@@ -529,4 +533,58 @@ TEST_CASE("overlap: a shard's push leaves while the backward goes on below its l
       CHECK(servers[0]->stats().version == 3);
     }
   }
+}
+
+TEST_CASE("sync shards resume at the newest version every shard saved; errors name the shard",
+          "[ps]") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("pipit_ps_resume_versions_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  auto hub = LocalHub::create();
+  const NamedParameters all = make_ps_mlp()->named_parameters();
+  const std::vector<int> shard_of = plan_shards(all, 2);
+  // A shard whose every weight is `value`.
+  auto shard = [&](const PsConfig& config, int s) {
+    NamedParameters own;
+    for (const auto& [name, p] : shard_parameters(all, shard_of, s)) {
+      own.emplace_back(name, p.detach().clone().requires_grad_());
+    }
+    return std::make_unique<ParameterServer>(hub->endpoint(s), std::move(own), config, s);
+  };
+  auto save = [&](const PsConfig& config, int s, int64_t version) {
+    auto server = shard(config, s);
+    StateDict weights;
+    for (const auto& [name, value] : server->weights()) {
+      weights.emplace(name, full(value.shape(), static_cast<double>(version)));
+    }
+    server->load(weights, server->optimizer_state(), version);
+    save_shard_checkpoint(dir.string(), *server, nlohmann::json::object(), kSgd);
+  };
+  auto resumed = [&](const std::string& mode) {
+    PsConfig config = ps_config_of(mode, 1, 2, kSgd);
+    auto server = shard(config, 0);
+    PsRunOptions options;
+    options.checkpoint_dir = dir.string();
+    options.resume = true;
+    start_shard(*server, options, nlohmann::json::object());
+    CHECK(server->weights().begin()->second.to_vector<float>().front() ==
+          static_cast<float>(server->stats().version));
+    return server->stats().version;
+  };
+  const PsConfig sync = ps_config_of("sync", 1, 2, kSgd);
+  std::filesystem::create_directories(dir);
+  save(sync, 0, 10);
+  CHECK_THROWS_WITH(resumed("sync"), Catch::Contains("shard 1 of 2 has no checkpoint"));
+  // Shard 0 saved 10 and 15; shard 1 died before saving 15.
+  save(sync, 0, 15);
+  save(sync, 1, 10);
+  CHECK(common_checkpoint_version(dir.string(), 2) == 10);
+  CHECK(resumed("sync") == 10);
+  CHECK(resumed("async") == 15);  // async shards each resume at their own newest
+  // Shard 0 went on to 20: its files hold 15 and 20, not the 10 shard 1 has.
+  save(sync, 0, 20);
+  CHECK_THROWS_WITH(resumed("sync"), Catch::Contains("shard 0 of 2 has no checkpoint of version "
+                                                     "10, the newest every shard has (its files "
+                                                     "hold 20, 15)"));
+  std::filesystem::remove_all(dir);
 }
