@@ -35,9 +35,10 @@ Message to_message(const PsParameters& p, std::vector<Tensor> tensors) {
 }
 
 Message to_message(const PsPush& p, std::vector<Tensor> tensors) {
-  return control_message(PsKind::Push, 0,
-                         {{"version", p.version}, {"names", p.names}, {"compressed", p.compressed}},
-                         std::move(tensors));
+  return control_message(
+      PsKind::Push, 0,
+      {{"version", p.version}, {"names", p.names}, {"compressed", p.compressed}, {"last", p.last}},
+      std::move(tensors));
 }
 
 Message to_message(const PsError& e) {
@@ -59,6 +60,7 @@ PsPush read_ps_push(const Message& message) {
   p.version = f.integer("version", 0, kMaxVersion);
   p.names = read_tensor_names(f, message);
   p.compressed = f.boolean("compressed");
+  p.last = f.boolean("last");
   f.done();
   return p;
 }

@@ -32,13 +32,16 @@ struct PsParameters {
   std::vector<std::string> names;
 };
 
-// Worker -> server: gradients of the named parameters (a subset of the shard's, in its
-// order: a parameter the batch did not reach has none), computed from the parameters the
-// worker read at `version`; bf16 when compressed, else the parameters' dtype.
+// Worker -> server: gradients of the named parameters (a subset of the shard's: a parameter
+// the batch did not reach has none), computed from the parameters the worker read at
+// `version`; bf16 when compressed, else the parameters' dtype. A step's push may come in
+// parts, as the backward makes gradients final; `last` marks the step's final part, and no
+// parameter comes twice in one step.
 struct PsPush {
   int64_t version = 0;
   std::vector<std::string> names;
   bool compressed = false;
+  bool last = true;
 };
 
 // Server -> worker: why the run cannot go on, or why a push was refused.

@@ -27,6 +27,7 @@ ParameterServer::ParameterServer(std::shared_ptr<Communicator> comm, NamedParame
   PIPIT_CHECK(shard >= 0 && shard < config_.servers, "ParameterServer: shard ", shard,
               " is not in [0, ", config_.servers, ")");
   PIPIT_CHECK(!parameters_.empty(), "ParameterServer: shard ", shard, " holds no parameters");
+  for (size_t i = 0; i < parameters_.size(); ++i) index_[parameters_[i].first] = i;
   for (auto& [name, p] : parameters_) p.zero_grad();
   optimizer_ = make_optimizer(config_.optimizer, parameters_);
 }
@@ -171,33 +172,28 @@ std::optional<ParameterServer::Push> ParameterServer::decode_push(int worker,
     refuse(worker, e.what());
     return std::nullopt;
   }
-  if (!joined_[worker]) {
-    refuse(worker, "pushed before joining");
+  ++stats_.parts;
+  auto part_of = parts_.find(worker);
+  if (part_of == parts_.end()) {
+    if (!first_part_allowed(worker, meta)) return std::nullopt;
+    part_of =
+        parts_.emplace(worker, Push{worker, meta.version, std::vector<Tensor>(parameters_.size())})
+            .first;
+  } else if (meta.version != part_of->second.version) {
+    refuse(worker, detail::concat("pushed parts of one step for versions ", part_of->second.version,
+                                  " and ", meta.version));
     return std::nullopt;
   }
-  if (meta.version > stats_.version) {
-    refuse(worker,
-           detail::concat("pushed a gradient for version ", meta.version,
-                          ", which this shard has not reached (it is at ", stats_.version, ")"));
-    return std::nullopt;
-  }
-  const bool outstanding =
-      config_.mode == "sync" ? !sync_pushes_.count(worker) : meta.version == read_[worker];
-  if (!outstanding || (config_.mode == "sync" && meta.version != stats_.version)) {
-    refuse(worker, detail::concat("pushed a gradient for version ", meta.version,
-                                  " without having read it"));
-    return std::nullopt;
-  }
-  Push push{worker, meta.version, std::vector<Tensor>(parameters_.size())};
-  size_t next = 0;
+  Push& push = part_of->second;
   for (size_t i = 0; i < meta.names.size(); ++i) {
-    while (next < parameters_.size() && parameters_[next].first != meta.names[i]) ++next;
-    if (next == parameters_.size()) {
-      refuse(worker, "pushed a gradient for \"" + meta.names[i] +
-                         "\", which is not a parameter of this shard (or is out of order)");
+    const auto found = index_.find(meta.names[i]);
+    if (found == index_.end() || push.gradients[found->second].defined()) {
+      refuse(worker, "pushed a gradient for \"" + meta.names[i] + "\", which " +
+                         (found == index_.end() ? "is not a parameter of this shard"
+                                                : "came twice in one step"));
       return std::nullopt;
     }
-    const Tensor& param = parameters_[next].second;
+    const Tensor& param = parameters_[found->second].second;
     const Tensor& gradient = message.tensors[i];
     const DType want = meta.compressed ? DType::bf16 : param.dtype();
     if (gradient.shape() != param.shape() || gradient.dtype() != want) {
@@ -207,10 +203,33 @@ std::optional<ParameterServer::Push> ParameterServer::decode_push(int worker,
       return std::nullopt;
     }
     stats_.pushed_bytes += static_cast<int64_t>(gradient.nbytes());
-    push.gradients[next] = meta.compressed ? gradient.to(param.dtype()) : gradient;
-    ++next;
+    push.gradients[found->second] = meta.compressed ? gradient.to(param.dtype()) : gradient;
   }
-  return push;
+  if (!meta.last) return std::nullopt;
+  Push whole = std::move(push);
+  parts_.erase(part_of);
+  return whole;
+}
+
+bool ParameterServer::first_part_allowed(int worker, const PsPush& meta) {
+  if (!joined_[worker]) {
+    refuse(worker, "pushed before joining");
+    return false;
+  }
+  if (meta.version > stats_.version) {
+    refuse(worker,
+           detail::concat("pushed a gradient for version ", meta.version,
+                          ", which this shard has not reached (it is at ", stats_.version, ")"));
+    return false;
+  }
+  const bool outstanding =
+      config_.mode == "sync" ? !sync_pushes_.count(worker) : meta.version == read_[worker];
+  if (!outstanding || (config_.mode == "sync" && meta.version != stats_.version)) {
+    refuse(worker, detail::concat("pushed a gradient for version ", meta.version,
+                                  " without having read it"));
+    return false;
+  }
+  return true;
 }
 
 void ParameterServer::refuse(int worker, const std::string& why) {
@@ -225,6 +244,7 @@ void ParameterServer::refuse(int worker, const std::string& why) {
 void ParameterServer::on_gone(int worker, const std::string& why) {
   live_[worker] = false;
   gate_.gone(worker);
+  parts_.erase(worker);
   stats_.lost.push_back(worker);
   say(who(worker) + " " + why);
   waiting_reads_.erase(std::remove(waiting_reads_.begin(), waiting_reads_.end(), worker),

@@ -14,8 +14,9 @@
 //  - bounded: as async, but a worker gets its reply only while it is at most max_staleness
 //    steps ahead of the slowest live worker (StalenessGate: stale synchronous parallel); the
 //    others' replies wait until the slowest catches up. Any number of shards.
-// A push that names unknown parameters, has the wrong shapes or dtypes, or claims a version
-// the shard has not reached is refused with a logged reason and a PsError to its worker;
+// A worker's push may come in parts (PsPush::last). A push that names unknown parameters or
+// one twice, has the wrong shapes or dtypes, or claims a version the shard has not reached is
+// refused with a logged reason and a PsError to its worker;
 // nothing of it is applied and the worker is dropped from the run.
 #include <cstdint>
 #include <functional>
@@ -29,6 +30,7 @@
 #include "comm/control.h"
 #include "optim/optimizer.h"
 #include "ps/config.h"
+#include "ps/messages.h"
 #include "ps/staleness_gate.h"
 
 namespace pipit {
@@ -36,6 +38,7 @@ namespace pipit {
 struct PsServerStats {
   int64_t version = 0;                   // updates applied
   int64_t gradients = 0;                 // pushes summed into updates
+  int64_t parts = 0;                     // push messages (a push may come in parts)
   int64_t refused = 0;                   // pushes refused
   int64_t pushed_bytes = 0;              // tensor bytes of the pushes received
   double busy_ms = 0;                    // handling messages, not waiting for them
@@ -84,7 +87,10 @@ class ParameterServer {
   void on_join(int worker);
   void on_push(int worker, const Message& message);
   void on_gone(int worker, const std::string& why);
+  // A part of `worker`'s push for this step, checked and kept; the whole push once its last
+  // part is in, nothing before (or when refused).
   std::optional<Push> decode_push(int worker, const Message& message);
+  bool first_part_allowed(int worker, const PsPush& meta);
   void refuse(int worker, const std::string& why);
   void try_sync_update();
   void grant_reads();  // async and bounded: send the parameters to those the gate lets read
@@ -103,10 +109,12 @@ class ParameterServer {
   StalenessGate gate_;
   PsServerStats stats_;
   std::vector<bool> live_, joined_;
-  std::map<int, Push> sync_pushes_;  // sync: this version's, by worker
-  std::vector<int> waiting_reads_;   // async and bounded: workers owed parameters, in order
-  std::vector<int64_t> read_;        // per worker: the version it read and owes a push for, or -1
-  std::vector<Tensor> sums_;         // the next update's gradients, owned by the server
+  std::map<std::string, size_t> index_;  // parameter name -> its place in parameters_
+  std::map<int, Push> parts_;            // pushes whose last part has not come, by worker
+  std::map<int, Push> sync_pushes_;      // sync: this version's, by worker
+  std::vector<int> waiting_reads_;       // async and bounded: workers owed parameters, in order
+  std::vector<int64_t> read_;  // per worker: the version it read and owes a push for, or -1
+  std::vector<Tensor> sums_;   // the next update's gradients, owned by the server
   int64_t summed_ = 0;
   std::vector<Tensor> snapshot_;  // the parameters at snapshot_version_, as sent to workers
   int64_t snapshot_version_ = -1;

@@ -1,7 +1,6 @@
 #include "ps/worker.h"
 
 #include <chrono>
-#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -14,6 +13,9 @@
 namespace pipit {
 namespace {
 using Clock = std::chrono::steady_clock;
+// A push leaves once this many bytes of a shard's gradients are final (or the shard's are all
+// final): about a layer of a small model per message, few messages for a large one.
+constexpr int64_t kPushPartBytes = int64_t{1} << 20;
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
@@ -51,23 +53,24 @@ double PsWorker::step(const Tensor& input, const Tensor& target) {
   const double loss = loss_->compute_loss(output, target).item<double>();
   const StateDict parameters = model_->state_dict();
   if (config_.overlap && !ready_) {
-    ready_ = std::make_unique<ReadyShards>(model_->named_parameters(), shard_names_);
+    ready_ =
+        std::make_unique<ReadyGradients>(model_->named_parameters(), shard_names_, kPushPartBytes);
   }
   {
     std::optional<AccumulationHook> hook;
     if (ready_) {
       ready_->begin_step();
       hook.emplace([&](const AutogradMeta& leaf) {
-        const int shard = ready_->accumulated(leaf);
-        if (shard >= 0) push(shard, parameters);
+        if (std::optional<PushPart> part = ready_->accumulated(leaf)) push(*part, parameters);
       });
     }
     output.backward(loss_->compute_gradient(output, target) * (1.0 / config_.gradient_group()));
   }
-  std::vector<int> left(static_cast<size_t>(config_.servers));
-  std::iota(left.begin(), left.end(), 0);
-  if (ready_) left = ready_->end_step();
-  for (int s : left) push(s, parameters);
+  if (ready_) {
+    for (const PushPart& part : ready_->end_step()) push(part, parameters);
+  } else {
+    for (int s = 0; s < config_.servers; ++s) push({s, shard_names_[s], true}, parameters);
+  }
   stretch();
   stats_.compute_ms += ms_since(step_start_) - pushing_ms_;
 
@@ -87,12 +90,12 @@ void PsWorker::stretch() {
   slept_ms_ += sleep;
 }
 
-void PsWorker::push(int shard, const StateDict& parameters) {
+void PsWorker::push(const PushPart& part, const StateDict& parameters) {
   stretch();
   const auto start = Clock::now();
-  PsPush push{versions_[shard], {}, config_.compress};
+  PsPush push{versions_[part.shard], {}, config_.compress, part.last};
   std::vector<Tensor> gradients;
-  for (const std::string& name : shard_names_[shard]) {
+  for (const std::string& name : part.names) {
     const Tensor gradient = parameters.at(name).grad();
     if (!gradient.defined()) continue;
     push.names.push_back(name);
@@ -100,7 +103,7 @@ void PsWorker::push(int shard, const StateDict& parameters) {
     gradients.push_back(config_.compress ? compressor_.compress(name, gradient) : gradient);
     stats_.pushed_bytes += static_cast<int64_t>(gradients.back().nbytes());
   }
-  comm_->send(config_.server_id(shard), to_message(push, std::move(gradients)));
+  comm_->send(config_.server_id(part.shard), to_message(push, std::move(gradients)));
   const double took = ms_since(start);
   stats_.push_ms += took;
   pushing_ms_ += took;

@@ -3,9 +3,9 @@
 // model replica that trains on its own batches. join() reads the parameters from every
 // shard; each step() computes the loss gradient on one batch (scaled by 1 / the number of
 // gradients an update sums), pushes each shard its part, and waits for the parameters that
-// shard sends back, loading each shard's as it comes. With config.overlap a shard's push
-// leaves as soon as the backward has made its gradients final (ready_shards.h), while the
-// backward goes on with the layers below. Errors name the shard: a refused push, a lost
+// shard sends back, loading each shard's as it comes. With config.overlap the push leaves in
+// parts, each as soon as the backward has made its gradients final (ready_gradients.h), while
+// the backward goes on with the layers below. Errors name the shard: a refused push, a lost
 // server, a wait longer than config.timeout.
 #include <chrono>
 #include <cstdint>
@@ -17,7 +17,7 @@
 #include "nn/module.h"
 #include "ps/config.h"
 #include "ps/gradient_compression.h"
-#include "ps/ready_shards.h"
+#include "ps/ready_gradients.h"
 
 namespace pipit {
 
@@ -50,7 +50,7 @@ class PsWorker {
 
  private:
   void receive_parameters(std::vector<bool> pending);
-  void push(int shard, const StateDict& parameters);
+  void push(const PushPart& part, const StateDict& parameters);
   // Sleeps so that the step's computation so far took `slowdown` times as long.
   void stretch();
 
@@ -63,7 +63,7 @@ class PsWorker {
   std::vector<int64_t> versions_;
   std::vector<std::vector<std::string>> shard_names_;  // learned from each shard's parameters
   GradientCompressor compressor_;
-  std::unique_ptr<ReadyShards> ready_;  // with config.overlap, from the first step
+  std::unique_ptr<ReadyGradients> ready_;  // with config.overlap
   std::chrono::steady_clock::time_point step_start_;
   double pushing_ms_ = 0, slept_ms_ = 0;  // of this step
   PsWorkerStats stats_;

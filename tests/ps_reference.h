@@ -24,8 +24,8 @@ inline const nlohmann::json kSgd = {
 // as sequential gradient accumulation; the loss of every worker's part of it, by step.
 inline std::pair<StateDict, std::vector<std::vector<double>>> large_batch_reference(
     const nlohmann::json& optimizer, const PsTask& task, int workers = kSyncWorkers,
-    int64_t steps = kSyncSteps) {
-  auto reference = make_ps_mlp();
+    int64_t steps = kSyncSteps, int64_t hidden = 32) {
+  auto reference = make_ps_mlp(hidden);
   auto reference_optimizer = make_optimizer(optimizer, reference->named_parameters());
   auto loss = make_loss({{"type", "CrossEntropyLoss"}});
   std::vector<std::vector<double>> losses(static_cast<size_t>(workers));
