@@ -27,6 +27,7 @@
 
 #include <unistd.h>
 
+#include "bench/ps_processes.h"
 #include "bench/results.h"
 #include "codec/atomic_file.h"
 #include "nn/builders.h"
@@ -62,105 +63,24 @@ std::shared_ptr<Module> throughput_model() {
   return mlp(kDims, "relu", &generator);
 }
 
-double seconds_now() {
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
-
-// The server's process: writes its port, serves, and writes its statistics to --out.
-int server_role(const support::Flags& flags, const PsConfig& config) {
-  uint16_t port = 0;
-  auto comm = listen_as_ps_shard(config, 0, "127.0.0.1:0", {}, &port);
-  ParameterServer server(comm, throughput_model()->named_parameters(), config, 0);
-  write_file_atomic(flags.str("port-file"), std::to_string(port));
-  server.serve();
-  const PsServerStats& s = server.stats();
-  write_file_atomic(flags.str("out"),
-                    json{{"busy_ms", s.busy_ms}, {"gradients", s.gradients}}.dump());
-  comm->close();
-  return 0;
-}
-
-// A worker's process: trains kWarmup untimed steps and --steps timed ones on its own synthetic
-// batch and writes its times to --out.
-int worker_role(const support::Flags& flags, const PsConfig& config) {
-  const int index = static_cast<int>(flags.integer("index", 0));
-  auto comm = connect_as_ps_worker(config, index, {flags.str("endpoint")}, {});
-  const int64_t steps = flags.integer("steps");
+// Worker `index`'s synthetic batch.
+std::pair<Tensor, Tensor> batch_of(int index) {
   Generator generator(100 + static_cast<uint64_t>(index));
   const Tensor x = randn({kBatch, kDims.front()}, &generator);
   std::vector<int64_t> labels(kBatch);
-  for (auto& label : labels)
+  for (auto& label : labels) {
     label = static_cast<int64_t>(generator.bits(generator.reserve(1)) % 10);
-  const Tensor y = from_vector(labels, {kBatch});
-  PsWorker worker(comm, throughput_model(), config, index);
-  worker.join();
-  for (int64_t i = 0; i < kWarmup; ++i) worker.step(x, y);
-  const PsWorkerStats before = worker.stats();
-  const double start = seconds_now();
-  for (int64_t i = 0; i < steps; ++i) worker.step(x, y);
-  const double end = seconds_now();
-  const PsWorkerStats& after = worker.stats();
-  worker.leave();
-  comm->close();
-  write_file_atomic(flags.str("out"), json{{"start", start},
-                                           {"end", end},
-                                           {"steps", steps},
-                                           {"compute_ms", after.compute_ms - before.compute_ms},
-                                           {"wait_ms", after.wait_ms - before.wait_ms}}
-                                          .dump());
-  return 0;
+  }
+  return {x, from_vector(labels, {kBatch})};
 }
 
-struct Throughput {
-  double samples_per_s = 0, compute_ms = 0, wait_ms = 0, server_ms_per_gradient = 0;
-};
-
-// One server and `workers` worker processes of this program.
-Throughput measure_processes(const std::string& mode, int workers, int64_t steps,
-                             const fs::path& dir) {
-  auto path = [&](const std::string& name) { return (dir / name).string(); };
-  std::vector<std::unique_ptr<support::ChildProcess>> children;
-  auto start = [&](const std::string& name, std::vector<std::string> role_flags) {
-    std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(),
-                                     "--mode",
-                                     mode,
-                                     "--workers",
-                                     std::to_string(workers),
-                                     "--out",
-                                     path(name + ".json")};
-    argv.insert(argv.end(), role_flags.begin(), role_flags.end());
-    children.push_back(
-        std::make_unique<support::ChildProcess>(argv, path(name + ".log"), path(name + ".log")));
-  };
-  fs::remove(path("port"));
-  start("server", {"--role", "server", "--port-file", path("port")});
-  const std::string endpoint =
-      "127.0.0.1:" + support::wait_for_file(*children.back(), path("port"),
-                                            std::chrono::seconds(10), path("server.log"));
-  for (int w = 0; w < workers; ++w) {
-    start("worker" + std::to_string(w), {"--role", "worker", "--index", std::to_string(w),
-                                         "--endpoint", endpoint, "--steps", std::to_string(steps)});
-  }
-  for (size_t i = 0; i < children.size(); ++i) {
-    PIPIT_CHECK(children[i]->wait_exit(Clock::now() + std::chrono::minutes(5)) &&
-                    children[i]->exit_status() == 0,
-                "a ", mode, " process failed: ",
-                read_file(path(i == 0 ? "server.log" : "worker" + std::to_string(i - 1) + ".log")));
-  }
-  Throughput t;
-  double first = 1e300, last = 0;
-  for (int w = 0; w < workers; ++w) {
-    const json r = json::parse(read_file(path("worker" + std::to_string(w) + ".json")));
-    first = std::min(first, r.at("start").get<double>());
-    last = std::max(last, r.at("end").get<double>());
-    t.compute_ms += r.at("compute_ms").get<double>() / static_cast<double>(steps) / workers;
-    t.wait_ms += r.at("wait_ms").get<double>() / static_cast<double>(steps) / workers;
-  }
-  const json server = json::parse(read_file(path("server.json")));
-  t.server_ms_per_gradient =
-      server.at("busy_ms").get<double>() / server.at("gradients").get<double>();
-  t.samples_per_s = static_cast<double>(workers * steps * kBatch) / (last - first);
-  return t;
+// One server and `workers` worker processes of this program (bench/ps_processes.h).
+bench::PsTimes measure_processes(const std::string& mode, int workers, int64_t steps,
+                                 const fs::path& dir) {
+  return bench::run_ps_processes(
+      {fs::read_symlink("/proc/self/exe").string(), "--mode", mode, "--workers",
+       std::to_string(workers), "--steps", std::to_string(steps)},
+      1, workers, kBatch, dir);
 }
 
 // The same run in threads of this process (train_ps): no bytes are copied between
@@ -170,15 +90,7 @@ double measure_threads(const std::string& mode, int workers, int64_t steps) {
   set_num_threads(1);
   PsConfig config = config_of(mode, workers);
   std::vector<std::pair<Tensor, Tensor>> batches;
-  for (int w = 0; w < workers; ++w) {
-    Generator generator(100 + static_cast<uint64_t>(w));
-    const Tensor x = randn({kBatch, kDims.front()}, &generator);
-    std::vector<int64_t> labels(kBatch);
-    for (auto& label : labels) {
-      label = static_cast<int64_t>(generator.bits(generator.reserve(1)) % 10);
-    }
-    batches.emplace_back(x, from_vector(labels, {kBatch}));
-  }
+  for (int w = 0; w < workers; ++w) batches.push_back(batch_of(w));
   PsRunOptions options;
   options.steps = kWarmup + steps;
   options.batch = [&](int w, int64_t) { return batches[static_cast<size_t>(w)]; };
@@ -296,11 +208,11 @@ int run(const support::Flags& flags) {
          "threads | TCP sync: compute ms/step | push+pull ms/step | server ms/gradient |\n"
          "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::printf("%s", out.str().c_str());
-  Throughput single;
+  bench::PsTimes single;
   for (int workers : {1, 2, 4, 8}) {
     const auto [ddp, torch] = measure_ddp(workers, steps);
-    const Throughput sync = measure_processes("sync", workers, steps, dir);
-    const Throughput async = measure_processes("async", workers, steps, dir);
+    const bench::PsTimes sync = measure_processes("sync", workers, steps, dir);
+    const bench::PsTimes async = measure_processes("async", workers, steps, dir);
     const double sync_threads = measure_threads("sync", workers, steps);
     const double async_threads = measure_threads("async", workers, steps);
     if (workers == 1) single = sync;
@@ -382,13 +294,9 @@ int main(int argc, char** argv) {
   flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
   flags.add("svg", std::string(PIPIT_SOURCE_DIR) + "/docs/ps_loss_vs_time.svg",
             "where to draw the loss against wall-clock of sync, async and bounded");
-  flags.add("role", "", "internal: server or worker, a process of the TCP rows");
+  bench::add_ps_role_flags(flags);
   flags.add("mode", "sync", "internal, with --role: sync or async");
   flags.add("workers", "1", "internal, with --role: the run's workers");
-  flags.add("index", "0", "internal, with --role worker: which worker");
-  flags.add("port-file", "", "internal, with --role server: where to write its port");
-  flags.add("endpoint", "", "internal, with --role worker: the server's host:port");
-  flags.add("out", "", "internal, with --role: where to write the role's statistics");
   flags.parse(argc, argv);
   const std::string role = flags.choice("role", {"", "server", "worker"});
   try {
@@ -396,7 +304,9 @@ int main(int argc, char** argv) {
     set_num_threads(1);
     const PsConfig config =
         config_of(flags.str("mode"), static_cast<int>(flags.integer("workers")));
-    return role == "server" ? server_role(flags, config) : worker_role(flags, config);
+    if (role == "server") return bench::ps_server_role(flags, config, *throughput_model());
+    const auto [x, y] = batch_of(static_cast<int>(flags.integer("index", 0)));
+    return bench::ps_worker_role(flags, config, throughput_model(), x, y, kWarmup);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ps: %s\n", e.what());
     return 1;

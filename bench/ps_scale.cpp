@@ -21,12 +21,14 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
 
+#include "bench/ps_processes.h"
 #include "bench/raw_sockets.h"
 #include "bench/results.h"
 #include "codec/atomic_file.h"
@@ -91,56 +93,6 @@ PsConfig config_of(const support::Flags& flags) {
                    static_cast<int>(flags.integer("w")));
 }
 
-double now_s() {
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
-
-// A worker's timed steps, as its process or rank writes them.
-json worker_times(double compute_ms_per_step, double start, double end, int64_t steps) {
-  return {{"start", start}, {"end", end}, {"steps", steps}, {"compute_ms", compute_ms_per_step}};
-}
-
-json server_work(const PsServerStats& s, int64_t steps) {
-  return {{"busy_ms_per_step", s.busy_ms / static_cast<double>(steps)}};
-}
-
-int server_role(const support::Flags& flags) {
-  const PsConfig config = config_of(flags);
-  const int shard = static_cast<int>(flags.integer("index", 0));
-  uint16_t port = 0;
-  auto comm = listen_as_ps_shard(config, shard, "127.0.0.1:0", {}, &port);
-  const NamedParameters all = emulated_mlp(0)->named_parameters();
-  ParameterServer server(comm, shard_parameters(all, plan_shards(all, config.servers), shard),
-                         config, shard);
-  write_file_atomic(flags.str("port-file"), std::to_string(port));
-  server.serve();
-  write_file_atomic(flags.str("out"),
-                    server_work(server.stats(), kWarmup + flags.integer("steps")).dump());
-  comm->close();
-  return 0;
-}
-
-int worker_role(const support::Flags& flags) {
-  const PsConfig config = config_of(flags);
-  const int index = static_cast<int>(flags.integer("index", 0));
-  auto comm = connect_as_ps_worker(config, index, flags.items("endpoints"), {});
-  const int64_t steps = flags.integer("steps");
-  const Tensor x = ones({kBatch, 1}), y = zeros({kBatch, 1});
-  PsWorker worker(comm, emulated_mlp(flags.integer("layer-us", 0)), config, index);
-  worker.join();
-  for (int64_t i = 0; i < kWarmup; ++i) worker.step(x, y);
-  const double compute_before = worker.stats().compute_ms;
-  const double start = now_s();
-  for (int64_t i = 0; i < steps; ++i) worker.step(x, y);
-  const double end = now_s();
-  const json times = worker_times(
-      (worker.stats().compute_ms - compute_before) / static_cast<double>(steps), start, end, steps);
-  worker.leave();
-  comm->close();
-  write_file_atomic(flags.str("out"), times.dump());
-  return 0;
-}
-
 // One rank of `mpirun -np k+w`: train_ps over PsLaunch::mpi, the same model and steps.
 int rank_role(const support::Flags& flags) {
   const PsConfig config = config_of(flags);
@@ -151,53 +103,30 @@ int rank_role(const support::Flags& flags) {
   options.batch = [&](int, int64_t) { return std::make_pair(x, y); };
   double start = 0, end = 0;
   options.on_step = [&](int, int64_t step, double) {
-    if (step == kWarmup - 1) start = now_s();
-    end = now_s();
+    if (step == kWarmup - 1) start = bench::steady_seconds();
+    end = bench::steady_seconds();
   };
   const PsRunReport report =
       train_ps(*emulated_mlp(flags.integer("layer-us", 0)), config, options, PsLaunch::mpi());
   const fs::path out = flags.str("out");
   for (size_t w = 0; w < report.losses.size(); ++w) {
     if (report.losses[w].empty()) continue;
-    // Compute per step over every step, the warm-up's included: train_ps reports totals.
-    const json times = worker_times(
-        report.workers[w].compute_ms / static_cast<double>(kWarmup + steps), start, end, steps);
+    // Per step over every step, the warm-up's included: train_ps reports totals.
+    const PsWorkerStats& stats = report.workers[w];
+    const auto per_step = [&](double total) {
+      return total / static_cast<double>(kWarmup + steps);
+    };
+    const json times = bench::ps_worker_times(start, end, steps, per_step(stats.compute_ms),
+                                              per_step(stats.wait_ms));
     write_file_atomic((out / ("worker" + std::to_string(w) + ".json")).string(), times.dump());
   }
   for (size_t s = 0; s < report.servers.size(); ++s) {
-    if (report.servers[s].gradients == 0) continue;
+    const PsServerStats& stats = report.servers[s];
+    if (stats.gradients == 0) continue;
     write_file_atomic((out / ("server" + std::to_string(s) + ".json")).string(),
-                      server_work(report.servers[s], kWarmup + steps).dump());
+                      json{{"busy_ms", stats.busy_ms}, {"gradients", stats.gradients}}.dump());
   }
   return 0;
-}
-
-struct Row {
-  double samples_per_s = 0, compute_ms = 0, server_ms = 0;
-  bool ok = false;
-};
-
-// The row's measurement from the roles' JSON files in `dir`.
-Row gather(const fs::path& dir, int shards, int workers) {
-  Row row;
-  double first = 1e300, last = 0;
-  int64_t steps = 0;
-  for (int w = 0; w < workers; ++w) {
-    const json r =
-        json::parse(read_file((dir / ("worker" + std::to_string(w) + ".json")).string()));
-    first = std::min(first, r.at("start").get<double>());
-    last = std::max(last, r.at("end").get<double>());
-    steps = r.at("steps").get<int64_t>();
-    row.compute_ms += r.at("compute_ms").get<double>() / workers;
-  }
-  for (int s = 0; s < shards; ++s) {
-    const json r =
-        json::parse(read_file((dir / ("server" + std::to_string(s) + ".json")).string()));
-    row.server_ms = std::max(row.server_ms, r.at("busy_ms_per_step").get<double>());
-  }
-  row.samples_per_s = static_cast<double>(workers * steps * kBatch) / (last - first);
-  row.ok = true;
-  return row;
 }
 
 struct RowSpec {
@@ -206,10 +135,9 @@ struct RowSpec {
   int64_t layer_us = 0, steps = 0;
 };
 
-std::vector<std::string> role_argv(const RowSpec& r, const std::string& role) {
+// This program with the row's flags, to which a role's are added.
+std::vector<std::string> row_argv(const RowSpec& r) {
   return {fs::read_symlink("/proc/self/exe").string(),
-          "--role",
-          role,
           "--mode",
           r.mode,
           "--k",
@@ -222,51 +150,24 @@ std::vector<std::string> role_argv(const RowSpec& r, const std::string& role) {
           std::to_string(r.steps)};
 }
 
-Row measure_tcp(const RowSpec& r, const fs::path& dir) {
-  std::vector<std::unique_ptr<support::ChildProcess>> children;
-  auto start = [&](const std::string& name, const std::string& role, int index,
-                   std::vector<std::string> more) {
-    std::vector<std::string> argv = role_argv(r, role);
-    more.insert(more.end(),
-                {"--index", std::to_string(index), "--out", (dir / (name + ".json")).string()});
-    argv.insert(argv.end(), more.begin(), more.end());
-    const std::string log = (dir / (name + ".log")).string();
-    children.push_back(std::make_unique<support::ChildProcess>(argv, log, log));
-  };
-  std::string endpoints;
-  for (int s = 0; s < r.shards; ++s) {
-    std::string name = "server";
-    name += std::to_string(s);
-    const fs::path port = dir / (name + ".port");
-    fs::remove(port);
-    start(name, "server", s, {"--port-file", port.string()});
-    if (s > 0) endpoints += ",";
-    endpoints += "127.0.0.1:";
-    endpoints += support::wait_for_file(*children.back(), port.string(), std::chrono::seconds(20),
-                                        (dir / (name + ".log")).string());
+// The row's times, or nothing when a role failed (said on stderr).
+std::optional<bench::PsTimes> measure(const RowSpec& r, const fs::path& dir) {
+  try {
+    if (r.transport == "tcp")
+      return bench::run_ps_processes(row_argv(r), r.shards, r.workers, kBatch, dir);
+    std::string command =
+        "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(r.shards + r.workers);
+    for (const std::string& arg : row_argv(r)) command += " " + arg;
+    command +=
+        " --role rank --out " + dir.string() + " > " + (dir / "mpirun.log").string() + " 2>&1";
+    PIPIT_CHECK(std::system(command.c_str()) == 0,
+                "mpirun failed: ", read_file((dir / "mpirun.log").string()));
+    return bench::read_ps_times(dir, r.shards, r.workers, kBatch);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ps_scale: %s %s k = %d, %d workers: %s\n", r.transport.c_str(),
+                 r.mode.c_str(), r.shards, r.workers, e.what());
+    return std::nullopt;
   }
-  for (int w = 0; w < r.workers; ++w) {
-    start("worker" + std::to_string(w), "worker", w, {"--endpoints", endpoints});
-  }
-  for (auto& child : children) {
-    if (!child->wait_exit(Clock::now() + std::chrono::minutes(10)) || child->exit_status() != 0) {
-      std::fprintf(stderr, "ps_scale: a %s role failed; logs in %s\n", r.mode.c_str(), dir.c_str());
-      return {};
-    }
-  }
-  return gather(dir, r.shards, r.workers);
-}
-
-Row measure_mpi(const RowSpec& r, const fs::path& dir) {
-  std::string command =
-      "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(r.shards + r.workers);
-  for (const std::string& arg : role_argv(r, "rank")) command += " " + arg;
-  command += " --out " + dir.string() + " > " + (dir / "mpirun.log").string() + " 2>&1";
-  if (std::system(command.c_str()) != 0) {
-    std::fprintf(stderr, "ps_scale: mpirun failed; see %s\n", (dir / "mpirun.log").c_str());
-    return {};
-  }
-  return gather(dir, r.shards, r.workers);
 }
 
 std::string format(const char* pattern, auto... values) {
@@ -305,10 +206,10 @@ Machine measure_machine() {
 }
 
 // Step-time bound of a row (ms), from the machine and what the row itself measured.
-double bound_ms(const Machine& m, const RowSpec& r, const Row& row) {
+double bound_ms(const Machine& m, const RowSpec& r, const bench::PsTimes& row) {
   const double bytes = static_cast<double>(model_bytes());
   const double traffic = 2.0 * r.workers * bytes / m.bytes_per_ms;
-  return std::max({row.compute_ms, traffic, row.server_ms}) + bytes / m.bytes_per_ms +
+  return std::max({row.compute_ms, traffic, row.busiest_shard_ms}) + bytes / m.bytes_per_ms +
          m.round_trip_ms;
 }
 
@@ -342,18 +243,19 @@ std::string case_table(const Case& c, const Machine& m, const support::Flags& fl
           const fs::path row_dir = dir / format("%s_%s_%s_%d_%d", c.name.substr(0, 4).c_str(),
                                                 transport.c_str(), mode.c_str(), k, workers);
           fs::create_directories(row_dir);
-          const Row row = transport == "tcp" ? measure_tcp(r, row_dir) : measure_mpi(r, row_dir);
+          const std::optional<bench::PsTimes> measured = measure(r, row_dir);
           std::string line =
               format("| %s | %s | %d | %d | ", transport.c_str(), mode.c_str(), k, workers);
-          if (!row.ok) {
+          if (!measured) {
             line += "failed | | | | | |\n";
           } else {
+            const bench::PsTimes& row = *measured;
             if (workers == 1) single = row.samples_per_s;
             if (k == 1) one_server[workers] = row.samples_per_s;
             const double bound = workers * kBatch * 1000.0 / bound_ms(m, r, row);
             line += format("%.0f | %.2f | %.0f | %.2f | %.2f | %.2f |\n", row.samples_per_s,
                            row.samples_per_s / (workers * single), bound, row.samples_per_s / bound,
-                           row.compute_ms, row.server_ms);
+                           row.compute_ms, row.busiest_shard_ms);
             if (k == 4 && workers == 16) {
               summary += format(
                   "- %s, %s %s, k = 4, 16 workers: efficiency %.2f, %.2fx the "
@@ -418,15 +320,11 @@ int main(int argc, char** argv) {
   flags.add("shard-counts", "1,2,4,8", "k, the shards of each row (1 first: the reference)");
   flags.add("worker-counts", "1,2,4,8,16", "workers of each row (1 first: the reference)");
   flags.add_switch("no-append", "print only; do not append to bench/RESULTS.md");
-  flags.add("role", "", "internal: server, worker or rank, a process of one row");
+  bench::add_ps_role_flags(flags);
   flags.add("mode", "sync", "internal, with --role");
   flags.add("k", "1", "internal, with --role: shards");
   flags.add("w", "1", "internal, with --role: workers");
   flags.add("layer-us", "0", "internal, with --role: a sleeping layer's forward");
-  flags.add("index", "0", "internal, with --role server or worker");
-  flags.add("port-file", "", "internal, with --role server");
-  flags.add("endpoints", "", "internal, with --role worker: the shards' host:port");
-  flags.add("out", "", "internal, with --role: where the role writes its times");
   flags.parse(argc, argv);
   support::register_sleep_layer();
   support::register_ballast_layer();
@@ -434,8 +332,13 @@ int main(int argc, char** argv) {
   try {
     if (role.empty()) return run(flags);
     set_num_threads(1);
-    if (role == "server") return server_role(flags);
-    if (role == "worker") return worker_role(flags);
+    const PsConfig config = config_of(flags);
+    const int64_t layer_us = flags.integer("layer-us", 0);
+    if (role == "server") return bench::ps_server_role(flags, config, *emulated_mlp(layer_us));
+    if (role == "worker") {
+      return bench::ps_worker_role(flags, config, emulated_mlp(layer_us), ones({kBatch, 1}),
+                                   zeros({kBatch, 1}), kWarmup);
+    }
     return rank_role(flags);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ps_scale: %s\n", e.what());
