@@ -46,8 +46,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const std::vector<int64_t> kDims = {784, 1024, 1024, 10};
-constexpr int64_t kBatch = 64, kWarmup = 5;
+constexpr int64_t kWarmup = 5;
+using bench::kBatch;
+const std::vector<int64_t>& kDims = bench::kMlpDims;
 
 PsConfig config_of(const std::string& mode, int workers) {
   PsConfig config;

@@ -20,6 +20,10 @@
 
 namespace pipit::bench {
 
+// The MLP both measure (or whose bytes they emulate), and each worker's batch.
+inline const std::vector<int64_t> kMlpDims = {784, 1024, 1024, 10};
+constexpr int64_t kBatch = 64;
+
 // The flags the roles read.
 inline void add_ps_role_flags(support::Flags& flags) {
   flags.add("role", "", "internal: server or worker, a process of one measurement");

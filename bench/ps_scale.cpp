@@ -49,8 +49,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const std::vector<int64_t> kDims = {784, 1024, 1024, 10};
-constexpr int64_t kBatch = 64, kWarmup = 3;
+constexpr int64_t kWarmup = 3;
+using bench::kBatch;
+const std::vector<int64_t>& kDims = bench::kMlpDims;
 
 // The MLP's bytes with a sleeping layer per linear layer: forward `layer_us`, backward twice.
 // Shards hold whole tensors, so each layer's weights and bias come as 4 tensors, enough for
