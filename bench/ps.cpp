@@ -2,7 +2,8 @@
 //  1. Throughput against the number of workers (1, 2, 4, 8): MLP 784-1024-1024-10, batch 64 per
 //     worker, SGD; one server and the workers as processes over TCP (this program in its
 //     server and worker roles), sync and async; beside it, in the same run, PyTorch
-//     DistributedDataParallel (gloo) with as many worker processes (bench/ps_ddp.py).
+//     DistributedDataParallel (gloo) with as many worker processes (bench/ps_ddp.py), under
+//     PyTorch 2.x from PyPI (the benchmarks' venv) and Debian's python3-torch, where installed.
 //  2. A model of more cores: from the 1-worker run's measured compute, communication and
 //     server times per step, the sync step time with W workers each on its own core.
 //  3. Time to a target loss with one worker of 4 slowed 4x: sync, async and bounded, in
@@ -106,12 +107,13 @@ double measure_threads(const std::string& mode, int workers, int64_t steps) {
          std::chrono::duration<double>(end - start).count();
 }
 
-// bench/ps_ddp.py's samples/s (0 when PyTorch is not there) and torch's version.
-std::pair<double, std::string> measure_ddp(int workers, int64_t steps) {
-  const std::string command = bench::peer_python() + " " + PIPIT_SOURCE_DIR +
-                              "/bench/ps_ddp.py --workers " + std::to_string(workers) +
-                              " --dims 784,1024,1024,10 --batch " + std::to_string(kBatch) +
-                              " --steps " + std::to_string(steps) + " 2>/dev/null";
+// bench/ps_ddp.py's samples/s under `python` (0 when its PyTorch is not there) and torch's
+// version.
+std::pair<double, std::string> measure_ddp(const std::string& python, int workers, int64_t steps) {
+  const std::string command = python + " " + PIPIT_SOURCE_DIR + "/bench/ps_ddp.py --workers " +
+                              std::to_string(workers) + " --dims 784,1024,1024,10 --batch " +
+                              std::to_string(kBatch) + " --steps " + std::to_string(steps) +
+                              " 2>/dev/null";
   const std::vector<json> rows = bench::peer_json_lines(command, "ps");
   if (rows.empty() || !rows.back().contains("samples_per_s")) return {0, "not installed"};
   return {rows.back()["samples_per_s"].get<double>(), rows.back().value("torch", "?")};
@@ -204,26 +206,33 @@ int run(const support::Flags& flags) {
       << "; like for like first: pipit's server and workers as processes over TCP against "
          "torch's DistributedDataParallel workers as processes (gloo); pipit's roles as threads "
          "of one process after:\n\n"
-      << "| workers | torch | DDP (gloo) samples/s | pipit sync, TCP processes | sync TCP / DDP | "
-         "pipit async, TCP processes | pipit sync, threads | sync threads / DDP | pipit async, "
-         "threads | TCP sync: compute ms/step | push+pull ms/step | server ms/gradient |\n"
-         "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      << "| workers | torch (PyPI) | its DDP samples/s | torch (Debian) | its DDP samples/s | "
+         "pipit sync, TCP processes | sync TCP / the faster DDP | pipit async, TCP processes | "
+         "pipit sync, threads | sync threads / the faster DDP | pipit async, threads | TCP sync: "
+         "compute ms/step | push+pull ms/step | server ms/gradient |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::printf("%s", out.str().c_str());
   bench::PsTimes single;
   for (int workers : {1, 2, 4, 8}) {
-    const auto [ddp, torch] = measure_ddp(workers, steps);
+    // PyTorch 2.x from PyPI (the benchmarks' venv) and Debian's, each where installed.
+    const auto [pypi, pypi_torch] = bench::peer_python() == "/usr/bin/python3"
+                                        ? std::pair<double, std::string>{0, "not installed"}
+                                        : measure_ddp(bench::peer_python(), workers, steps);
+    const auto [debian, debian_torch] = measure_ddp("/usr/bin/python3", workers, steps);
+    const double ddp = std::max(pypi, debian);
     const bench::PsTimes sync = measure_processes("sync", workers, steps, dir);
     const bench::PsTimes async = measure_processes("async", workers, steps, dir);
     const double sync_threads = measure_threads("sync", workers, steps);
     const double async_threads = measure_threads("async", workers, steps);
     if (workers == 1) single = sync;
     auto ratio = [&](double pipit) { return ddp > 0 ? format("%.2f", pipit / ddp) : "-"; };
-    const std::string row =
-        format("| %d | %s | %s | %.0f | %s | %.0f | %.0f | %s | %.0f | %.2f | %.2f | %.2f |\n",
-               workers, torch.c_str(), ddp > 0 ? format("%.0f", ddp).c_str() : "-",
-               sync.samples_per_s, ratio(sync.samples_per_s).c_str(), async.samples_per_s,
-               sync_threads, ratio(sync_threads).c_str(), async_threads, sync.compute_ms,
-               sync.wait_ms, sync.server_ms_per_gradient);
+    auto measured = [](double samples) { return samples > 0 ? format("%.0f", samples) : "-"; };
+    const std::string row = format(
+        "| %d | %s | %s | %s | %s | %.0f | %s | %.0f | %.0f | %s | %.0f | %.2f | %.2f | %.2f |\n",
+        workers, pypi_torch.c_str(), measured(pypi).c_str(), debian_torch.c_str(),
+        measured(debian).c_str(), sync.samples_per_s, ratio(sync.samples_per_s).c_str(),
+        async.samples_per_s, sync_threads, ratio(sync_threads).c_str(), async_threads,
+        sync.compute_ms, sync.wait_ms, sync.server_ms_per_gradient);
     std::printf("%s", row.c_str());
     std::fflush(stdout);
     out << row;
