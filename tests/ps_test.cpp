@@ -535,7 +535,7 @@ TEST_CASE("overlap: a shard's push leaves while the backward goes on below its l
   }
 }
 
-TEST_CASE("sync shards resume at the newest version every shard saved; errors name the shard",
+TEST_CASE("sync shards resume at the newest version every shard saved, and errors name the shard",
           "[ps]") {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("pipit_ps_resume_versions_" + std::to_string(getpid()));
