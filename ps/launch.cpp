@@ -154,7 +154,11 @@ PsRunReport train_ps_on_hosts(const Module& model, const PsConfig& config,
     }
     std::map<int, MessageKind> shards_ready, done;
     send_shards(*comm, model, config, common, addresses, shards_ready, done);
-    await_all(*comm, config, shards_ready, addresses);
+    await_all(*comm, config, shards_ready, addresses, [&](const Message& m) {
+      if (m.from == config.server_id(0) && options.resume) {
+        report.first_step = first_step(config, m.step);
+      }
+    });
     send_workers(*comm, config, options, common, addresses, done);
     // A worker says Ready, trains, and says PsLeave; a fast one may be done before a slow one
     // is Ready, so the launcher waits only for the ends: every worker's PsLeave, every

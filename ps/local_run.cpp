@@ -84,6 +84,9 @@ PsRunReport train_ps_locally(const Module& model, const PsConfig& config,
     threads.emplace_back([&, s] {
       try {
         start_shard(*servers[s], options, model.config());
+        if (s == 0 && options.resume) {
+          report.first_step = first_step(config, servers[0]->stats().version);
+        }
         servers[s]->serve();
         end_shard(*servers[s], options, model.config());
       } catch (...) {

@@ -26,7 +26,8 @@ PsRunOptions checkpoints_of(const PsPackage& package) {
   return options;
 }
 
-// Serves the shard, then sends the launcher its final state (its step field the version).
+// Says Ready (its step field the version it starts at), serves the shard, then sends the
+// launcher its final state (its step field the version).
 void serve_shard(const std::shared_ptr<TcpCommunicator>& comm, const PsPackage& package,
                  const std::function<void(const std::string&)>& log) {
   const PsConfig& config = package.config;
@@ -41,7 +42,7 @@ void serve_shard(const std::shared_ptr<TcpCommunicator>& comm, const PsPackage& 
   start_shard(server, options, package.model);
   log("[ps] shard " + std::to_string(package.index) + " of " + std::to_string(config.servers) +
       " ready (" + config.mode + ", " + std::to_string(config.workers) + " workers)");
-  comm->send(kCoordinator, Message(MessageKind::Ready, 0));
+  comm->send(kCoordinator, Message(MessageKind::Ready, server.stats().version));
   server.serve();
   end_shard(server, options, package.model);
   std::vector<Tensor> tensors;

@@ -37,17 +37,16 @@ void end_shard(const ParameterServer& server, const PsRunOptions& options,
   save_shard_checkpoint(options.checkpoint_dir, server, model_config, server.config().optimizer);
 }
 
+int64_t first_step(const PsConfig& config, int64_t version) {
+  return config.mode == "sync" ? version : version * config.accumulate / config.workers;
+}
+
 std::vector<double> run_ps_worker(PsWorker& worker, const PsConfig& config, int64_t steps,
                                   bool resume,
                                   const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch,
                                   const std::function<void(int64_t step, double loss)>& on_step) {
   worker.join();
-  // Sync updates once per step; async and bounded once per `accumulate` gradients of any
-  // worker, so a worker's step is the updates times accumulate over the workers.
-  const int64_t version = worker.versions().front();
-  const int64_t first = !resume                 ? 0
-                        : config.mode == "sync" ? version
-                                                : version * config.accumulate / config.workers;
+  const int64_t first = resume ? first_step(config, worker.versions().front()) : 0;
   std::vector<double> losses;
   for (int64_t step = first; step < steps; ++step) {
     const auto [input, target] = batch(step);

@@ -34,6 +34,8 @@ struct PsRunOptions {
 };
 
 struct PsRunReport {
+  // The step every worker began at: 0, or where a resumed run's checkpoints were.
+  int64_t first_step = 0;
   StateDict weights;          // the final parameters of every shard (under MPI: this rank's)
   StateDict optimizer_state;  // and their optimizer state ("step" is shard 0's)
   std::vector<PsServerStats> servers;       // per shard (from pipit-worker hosts: the version only)
@@ -50,6 +52,11 @@ void start_shard(ParameterServer& server, const PsRunOptions& options,
 // A shard that has served: its final checkpoint.
 void end_shard(const ParameterServer& server, const PsRunOptions& options,
                const nlohmann::json& model_config);
+
+// The step a run resumed from shard 0's `version` begins at: sync updates once per step; async
+// and bounded once per `accumulate` gradients of any worker, so a worker's step is the updates
+// times accumulate over the workers.
+int64_t first_step(const PsConfig& config, int64_t version);
 
 // A worker's run: join, its steps from the first (0, or when resuming, where the shards'
 // versions say the run was) to `steps`, leave. Returns its losses; on_step after each step.

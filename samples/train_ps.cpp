@@ -215,15 +215,12 @@ void print_report(const Setup& s, const PsRunReport& result, size_t weights) {
     std::printf("bf16 pushes: %.2f MB instead of %.2f MB (%.2f MB saved)\n", pushed / 1e6,
                 uncompressed / 1e6, (uncompressed - pushed) / 1e6);
   }
-  // The steps this run took (a resumed one starts where the checkpoints were); workers on
-  // pipit-workers report none, and are counted as having run them all.
-  int64_t steps = 0;
-  for (const PsWorkerStats& w : result.workers) steps += w.steps;
-  if (result.workers.empty()) steps = s.steps * s.config.workers;
+  // A resumed run's steps begin where its checkpoints were.
+  const int64_t steps = s.steps - result.first_step;
   if (result.weights.size() == weights) {
-    report(s, result.weights, result.seconds, steps * s.batch);
+    report(s, result.weights, result.seconds, steps * s.config.workers * s.batch);
   } else if (!result.losses.empty() && !result.losses[0].empty()) {
-    const int64_t samples = result.workers[0].steps * s.batch;
+    const int64_t samples = steps * s.batch;
     std::printf("worker 0: %lld samples in %.2f s (%.0f samples/s per worker)\n",
                 static_cast<long long>(samples), result.seconds,
                 static_cast<double>(samples) / result.seconds);

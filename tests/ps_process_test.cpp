@@ -318,5 +318,6 @@ TEST_CASE("a killed shard resumes bit for bit in threads and on pipit-workers",
   options.resume = true;
   const PsRunReport resumed = train_ps(*make_ps_mlp(), config, options, launch);
   CHECK(resumed.servers.at(0).version == kSteps);
+  CHECK(resumed.first_step == saved);  // the workers began where the checkpoints were
   check_bitwise_equal(resumed.weights, unbroken);
 }

@@ -46,6 +46,7 @@ PsRunReport train_ps_over_mpi(const Module& model, const PsConfig& config,
     }
     ParameterServer server(transport->endpoint(rank), std::move(own), config, role.index);
     start_shard(server, options, model.config());
+    if (options.resume) report.first_step = first_step(config, server.stats().version);
     server.serve();
     end_shard(server, options, model.config());
     for (auto& [name, value] : server.weights()) report.weights.emplace(name, value);
@@ -62,6 +63,7 @@ PsRunReport train_ps_over_mpi(const Module& model, const PsConfig& config,
           if (options.on_step) options.on_step(w, step, loss);
         });
     report.workers[w] = worker.stats();
+    report.first_step = options.steps - static_cast<int64_t>(report.losses[w].size());
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   transport->stop();
