@@ -20,9 +20,8 @@ class Ballast final : public Module {
 };
 
 inline void register_ballast_layer() {
-  register_module_type("Ballast", [](const json& c) {
-    return std::make_shared<Ballast>(config_int(c, "size"));
-  });
+  register_module_type(
+      "Ballast", [](const json& c) { return std::make_shared<Ballast>(config_int(c, "size")); });
 }
 
 }  // namespace pipit::support
