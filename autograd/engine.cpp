@@ -264,21 +264,9 @@ void set_grad_enabled(bool enabled) {
   t_grad_enabled = enabled;
 }
 
-namespace {
-
-// True when nothing but this handle holds `grad` or its memory, and it is all of that memory,
-// laid out plainly: the engine passed on a gradient no one else can see.
-bool sole_owner(const Tensor& grad) {
-  return grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 &&
-         !grad.impl().autograd && grad.is_contiguous() && grad.offset() == 0 &&
-         grad.storage()->nbytes() == grad.nbytes();
-}
-
-}  // namespace
-
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
   if (!grad_output.defined()) return {};
-  if (!meta_->grad && sole_owner(grad_output)) {
+  if (!meta_->grad && grad_output.sole_owner()) {
     // Taken as it is, as torch's AccumulateGrad steals it: no copy of every gradient per step.
     meta_->grad = std::make_shared<Tensor>(grad_output);
   } else if (!meta_->grad) {

@@ -111,7 +111,7 @@ void ParameterServer::lost(const PeerLost& lost) {
     on_gone(worker, "lost (" + lost.address + ": " + lost.reason + ")");
 }
 
-void ParameterServer::handle(int worker, const Message& message) {
+void ParameterServer::handle(int worker, Message& message) {
   const MessageKind kind = message.kind;
   if (kind == PsKind::Join) {
     read_empty(message);
@@ -146,7 +146,7 @@ void ParameterServer::on_join(int worker) {
   }
 }
 
-void ParameterServer::on_push(int worker, const Message& message) {
+void ParameterServer::on_push(int worker, Message& message) {
   std::optional<Push> push = decode_push(worker, message);
   if (!push) return;
   if (config_.mode == "sync") {
@@ -163,8 +163,7 @@ void ParameterServer::on_push(int worker, const Message& message) {
   }
 }
 
-std::optional<ParameterServer::Push> ParameterServer::decode_push(int worker,
-                                                                  const Message& message) {
+std::optional<ParameterServer::Push> ParameterServer::decode_push(int worker, Message& message) {
   PsPush meta;
   try {
     meta = read_ps_push(message);
@@ -194,7 +193,7 @@ std::optional<ParameterServer::Push> ParameterServer::decode_push(int worker,
       return std::nullopt;
     }
     const Tensor& param = parameters_[found->second].second;
-    const Tensor& gradient = message.tensors[i];
+    Tensor gradient = std::move(message.tensors[i]);  // so that add() may take it over
     const DType want = meta.compressed ? DType::bf16 : param.dtype();
     if (gradient.shape() != param.shape() || gradient.dtype() != want) {
       refuse(worker, detail::concat("pushed a gradient for \"", meta.names[i], "\" of shape ",
@@ -203,7 +202,8 @@ std::optional<ParameterServer::Push> ParameterServer::decode_push(int worker,
       return std::nullopt;
     }
     stats_.pushed_bytes += static_cast<int64_t>(gradient.nbytes());
-    push.gradients[found->second] = meta.compressed ? gradient.to(param.dtype()) : gradient;
+    push.gradients[found->second] =
+        meta.compressed ? gradient.to(param.dtype()) : std::move(gradient);
   }
   if (!meta.last) return std::nullopt;
   Push whole = std::move(push);
@@ -292,13 +292,15 @@ void ParameterServer::try_sync_update() {
 }
 
 void ParameterServer::add(const Push& push) {
-  // The first gradient copied, the next added in place (as AccumulateGrad sums): the same
-  // bits as a + b, without a fresh tensor per push, and never into a worker's own gradient,
-  // which in one process is handed over rather than copied.
+  // As AccumulateGrad sums: the first gradient taken over when the push alone holds it (one
+  // decoded from the wire) and copied when not (a worker's own, handed over in one process),
+  // the next added in place: the same bits as a + b, without a fresh tensor per push.
   for (size_t j = 0; j < sums_.size(); ++j) {
     const Tensor& g = push.gradients[j];
     if (!g.defined()) continue;
-    if (!sums_[j].defined()) {
+    if (!sums_[j].defined() && g.sole_owner()) {
+      sums_[j] = g;
+    } else if (!sums_[j].defined()) {
       sums_[j] = Tensor::empty(g.shape(), g.dtype(), g.device());
       backend(g).copy(g, sums_[j]);
     } else {

@@ -83,13 +83,13 @@ class ParameterServer {
   [[noreturn]] void silent() const;
   void lost(const PeerLost& lost);
   // A Join, Push or Leave of a live worker.
-  void handle(int worker, const Message& message);
+  void handle(int worker, Message& message);
   void on_join(int worker);
-  void on_push(int worker, const Message& message);
+  void on_push(int worker, Message& message);
   void on_gone(int worker, const std::string& why);
   // A part of `worker`'s push for this step, checked and kept; the whole push once its last
   // part is in, nothing before (or when refused).
-  std::optional<Push> decode_push(int worker, const Message& message);
+  std::optional<Push> decode_push(int worker, Message& message);
   bool first_part_allowed(int worker, const PsPush& meta);
   void refuse(int worker, const std::string& why);
   void try_sync_update();

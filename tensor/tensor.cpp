@@ -38,6 +38,11 @@ int64_t Tensor::size(int64_t d) const {
   return shape()[normalize_dim(d, dim(), "size")];
 }
 
+bool Tensor::sole_owner() const {
+  return impl_.use_count() == 1 && storage().use_count() == 1 && !impl().autograd &&
+         is_contiguous() && offset() == 0 && storage()->nbytes() == nbytes();
+}
+
 bool Tensor::is_contiguous() const {
   int64_t expected = 1;
   for (size_t i = shape().size(); i-- > 0;) {

@@ -60,6 +60,9 @@ class Tensor {
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
   bool same_storage(const Tensor& other) const { return storage() == other.storage(); }
+  // Nothing but this handle holds the tensor or its memory, and it is all of that memory, laid
+  // out plainly, with no autograd state: whoever holds it may take it over and write into it.
+  bool sole_owner() const;
 
   // Address of element [0, ..., 0]. The typed form checks the dtype.
   void* raw_data() const;
