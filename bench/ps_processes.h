@@ -47,6 +47,11 @@ inline nlohmann::json ps_worker_times(double start, double end, int64_t steps, d
           {"wait_ms", wait_ms}};
 }
 
+// What a shard writes: its work and the gradients it summed.
+inline nlohmann::json ps_server_times(const PsServerStats& stats) {
+  return {{"busy_ms", stats.busy_ms}, {"gradients", stats.gradients}};
+}
+
 // A shard: serves shard --index of `model`'s parameters, writes its port to --port-file, and
 // once every worker has left, {"busy_ms", "gradients"} to --out.
 inline int ps_server_role(const support::Flags& flags, const PsConfig& config,
@@ -59,9 +64,7 @@ inline int ps_server_role(const support::Flags& flags, const PsConfig& config,
                          config, shard);
   write_file_atomic(flags.str("port-file"), std::to_string(port));
   server.serve();
-  const PsServerStats& s = server.stats();
-  write_file_atomic(flags.str("out"),
-                    nlohmann::json{{"busy_ms", s.busy_ms}, {"gradients", s.gradients}}.dump());
+  write_file_atomic(flags.str("out"), ps_server_times(server.stats()).dump());
   comm->close();
   return 0;
 }

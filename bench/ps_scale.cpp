@@ -125,7 +125,7 @@ int rank_role(const support::Flags& flags) {
     const PsServerStats& stats = report.servers[s];
     if (stats.gradients == 0) continue;
     write_file_atomic((out / ("server" + std::to_string(s) + ".json")).string(),
-                      json{{"busy_ms", stats.busy_ms}, {"gradients", stats.gradients}}.dump());
+                      bench::ps_server_times(stats).dump());
   }
   return 0;
 }
