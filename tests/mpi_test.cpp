@@ -306,7 +306,9 @@ TEST_CASE("MPI: a killed parameter-server shard's rank resumes bit for bit", "[m
   INFO(killed.output);
   CHECK(killed.status != 0);
   const int64_t saved = common_checkpoint_version(dir.string(), 2);
-  CHECK(saved >= 10);
+  // Shard 1's rank died once it saved version 10; shard 0, up to one update behind, may not
+  // have saved 10 yet, and then both resume at 5 (checkpoint_every in the role).
+  CHECK(saved >= 5);
   CHECK(saved < kPsResumeSteps);
   const Run resumed = mpirun(4, "ps-resume resumed " + dir.string());
   INFO(resumed.output);

@@ -313,7 +313,9 @@ TEST_CASE("a killed shard resumes bit for bit in threads and on pipit-workers",
   }
   const int64_t saved = common_checkpoint_version(run.dir(), 2);
   INFO("resumed at version " << saved);
-  CHECK(saved >= 10);
+  // Shard 1 was killed once it saved version 10; shard 0, up to one update behind, may not
+  // have saved 10 yet, and then both resume at 5.
+  CHECK(saved >= 10 - options.checkpoint_every);
   CHECK(saved < kSteps);
   options.resume = true;
   const PsRunReport resumed = train_ps(*make_ps_mlp(), config, options, launch);
