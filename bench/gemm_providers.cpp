@@ -3,7 +3,9 @@
 // (bli_sgemm, when libblis-dev is installed: bench-only, not one of pipit's dependencies). For each
 // shape: GFLOP/s (2*M*N*K per call) and the share of the measured FP32 peak of one core, the
 // providers taking turns round by round, best round each. Every provider's result is checked
-// against OpenBLAS's before it is timed.
+// against OpenBLAS's before it is timed. The last column is pipit's bf16 product (bf16
+// operands, f32 sums: autocast's) on the AVX512_BF16 dot product, against the measured bf16
+// dot-product peak, where the CPU has it.
 //
 // usage: build/gemm_providers [--rounds 5] [--append]
 #include <cblas.h>
@@ -30,8 +32,10 @@
 #include <vector>
 
 #include "bench/results.h"
+#include "pipit.h"
 #include "support/flags.h"
 #include "support/peak_flops.h"
+#include "tensor/cpu/cpu_backend.h"
 
 namespace {
 
@@ -147,6 +151,27 @@ double time_gemm(const Provider& p, const Shape& s, const float* a, const float*
   return 2.0 * s.M * s.N * s.K * calls / seconds / 1e9;
 }
 
+// pipit's bf16 product of the shape's operands (rounded to bf16), into f32, on one thread.
+struct Bf16Product {
+  pipit::Tensor a, b, out;
+  Bf16Product(const Shape& s, const std::vector<float>& av, const std::vector<float>& bv) {
+    using pipit::DType;
+    a = pipit::from_vector(av, {s.ta ? s.K : s.M, s.ta ? s.M : s.K}).to(DType::bf16);
+    b = pipit::from_vector(bv, {s.tb ? s.N : s.K, s.tb ? s.K : s.N}).to(DType::bf16);
+    if (s.ta) a = pipit::transpose(a, 0, 1);
+    if (s.tb) b = pipit::transpose(b, 0, 1);
+    out = pipit::Tensor::empty({s.M, s.N});
+  }
+  void run() const { pipit::backend(a).matmul(a, b, out, false); }
+};
+
+// GFLOP/s of pipit's bf16 product, timed as time_gemm times the providers.
+double time_bf16(const Shape& s, const Bf16Product& product) {
+  Provider p{"pipit bf16",
+             [&](const Shape&, const float*, const float*, float*) { product.run(); }};
+  return time_gemm(p, s, nullptr, nullptr, nullptr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,6 +199,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   const pipit::support::Peak peak = pipit::support::measure_peak_gflops();
+  const pipit::support::Peak bf16_peak = pipit::support::measure_bf16_peak_gflops();
+  const bool bf16 = pipit::cpu_bf16_dot();
+  pipit::set_num_threads(1);
   const std::vector<Provider> list = providers();
 
   std::ostringstream table;
@@ -190,10 +218,15 @@ int main(int argc, char** argv) {
 #ifdef PIPIT_HAVE_BLIS
   if (blis().sgemm) table << "; BLIS configuration " << blis().arch_string(blis().arch_id());
 #endif
+  if (bf16) {
+    table << "; bf16 dot-product peak of one core (AVX512_BF16 loop): "
+          << static_cast<int>(bf16_peak.gflops) << " GFLOP/s";
+  }
   table << ".\n\n| shape | M x N x K |";
   for (const Provider& p : list) table << " " << p.name << " |";
+  if (bf16) table << " pipit bf16 dot (share of bf16 peak) |";
   table << "\n|---|---|";
-  for (size_t i = 0; i < list.size(); ++i) table << "---|";
+  for (size_t i = 0; i < list.size() + (bf16 ? 1 : 0); ++i) table << "---|";
   table << "\n";
 
   std::mt19937 rng(7);
@@ -215,18 +248,38 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::vector<double> best(list.size(), 0.0);
+    const Bf16Product product(s, a, b);
+    if (bf16) {
+      product.run();
+      const std::vector<float> got = product.out.to_vector<float>();
+      for (size_t i = 0; i < got.size(); ++i) {
+        // bf16 operands carry 8 bits: each product is off by up to 2^-7 of |a b| <= 1.
+        if (!(std::abs(got[i] - reference[i]) <= std::ldexp(1.0f, -7) * s.K)) {
+          std::fprintf(stderr, "pipit bf16: %s differs from OpenBLAS at %zu: %g vs %g\n", s.name, i,
+                       got[i], reference[i]);
+          return 1;
+        }
+      }
+    }
+    std::vector<double> best(list.size() + 1, 0.0);
     for (int round = 0; round < rounds; ++round) {
       for (size_t i = 0; i < list.size(); ++i) {
         best[i] = std::max(best[i], time_gemm(list[i], s, a.data(), b.data(), c.data()));
       }
+      if (bf16) best.back() = std::max(best.back(), time_bf16(s, product));
     }
     std::ostringstream row;
     row << "| " << s.name << (s.ta ? " (A^T)" : "") << (s.tb ? " (B^T)" : "") << " | " << s.M
         << " x " << s.N << " x " << s.K << " |";
-    for (double g : best) {
+    for (size_t i = 0; i < list.size(); ++i) {
       char cell[64];
-      std::snprintf(cell, sizeof cell, " %.0f (%.0f%%) |", g, 100.0 * g / peak.gflops);
+      std::snprintf(cell, sizeof cell, " %.0f (%.0f%%) |", best[i], 100.0 * best[i] / peak.gflops);
+      row << cell;
+    }
+    if (bf16) {
+      char cell[64];
+      std::snprintf(cell, sizeof cell, " %.0f (%.0f%%) |", best.back(),
+                    100.0 * best.back() / bf16_peak.gflops);
       row << cell;
     }
     std::printf("%s\n", row.str().c_str());

@@ -221,3 +221,75 @@ TEST_CASE(
   }
   set_num_threads(threads);
 }
+
+namespace {
+
+// Runs `body` with bf16 products on the CPU's bf16 dot product (where it has one) and widened
+// to f32, then goes back to the default.
+template <typename Body>
+void with_each_bf16_path(Body body) {
+  set_cpu_bf16_dot(true);
+  if (!cpu_bf16_dot()) WARN("this CPU has no AVX512_BF16: bf16 products widen to f32 only");
+  for (const bool dot : {true, false}) {
+    set_cpu_bf16_dot(dot);
+    INFO("bf16 dot product " << (cpu_bf16_dot() ? "on" : "off"));
+    try {
+      body();
+    } catch (...) {
+      set_cpu_bf16_dot(true);
+      throw;
+    }
+  }
+  set_cpu_bf16_dot(true);
+}
+
+// The kernel's f32 result of bf16 a and b, as autocast's matmul computes it before rounding.
+Tensor f32_product(const Tensor& a, const Tensor& b, const Tensor& addend = Tensor()) {
+  const int64_t r = a.dim();
+  std::vector<int64_t> shape = a.shape();
+  shape[r - 1] = b.shape()[b.dim() - 1];
+  Tensor out = addend.defined() ? expand(addend, shape).contiguous() : Tensor::empty(shape);
+  backend(a).matmul(a, b, out, addend.defined());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 products into f32 match a double-precision reference on either path", "[tensor]") {
+  // Shapes around the bf16 kernel's blocks: 12 x 32 micro-tiles, 256-deep and 512-wide blocks,
+  // an odd depth (a padded pair), and a product split into tiles.
+  Generator generator(14);
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1},      {3, 5, 7},      {12, 32, 256},
+                                                      {13, 33, 257},  {25, 70, 40},   {97, 513, 90},
+                                                      {40, 40, 1000}, {300, 333, 200}};
+  with_each_bf16_path([&] {
+    for (const auto& [M, N, K] : shapes) {
+      for (int layout = 0; layout < 4; ++layout) {
+        const Tensor a = matrix(M, K, layout & 1, generator).to(DType::bf16);
+        const Tensor b = matrix(K, N, layout & 2, generator).to(DType::bf16);
+        check_against_reference(a, b, f32_product(a, b));
+      }
+    }
+    const Tensor batch = randn({3, 70, 50}, &generator).to(DType::bf16);
+    const Tensor own = transpose(randn({3, 90, 50}, &generator), 1, 2).to(DType::bf16);
+    check_against_reference(batch, own, f32_product(batch, own));
+    const Tensor x = randn({300, 200}, &generator).to(DType::bf16);
+    const Tensor w = transpose(randn({333, 200}, &generator), 0, 1).to(DType::bf16);
+    const Tensor bias = randn({333}, &generator);
+    check_against_reference(x, w, f32_product(x, w, bias), bias.to_vector<float>());
+  });
+}
+
+TEST_CASE("bf16 products are the same bits at any thread count", "[tensor]") {
+  Generator generator(15);
+  const Tensor a = randn({256, 784}, &generator).to(DType::bf16);
+  const Tensor w = transpose(randn({1024, 784}, &generator), 0, 1).to(DType::bf16);
+  const int threads = get_num_threads();
+  with_each_bf16_path([&] {
+    set_num_threads(1);
+    const std::vector<float> first = f32_product(a, w).to_vector<float>();
+    set_num_threads(4);
+    CHECK(f32_product(a, w).to_vector<float>() == first);
+    set_num_threads(threads);
+  });
+}

@@ -24,4 +24,12 @@ void set_cpu_gemm_provider(GemmProvider provider);
 // The provider in use: "oneDNN", "OpenBLAS" or "OpenBLAS, oneDNN for small products".
 const char* cpu_gemm_provider();
 
+// Products of two bf16 operands (autocast's) run on the CPU's AVX512_BF16 dot product where it
+// has one (Zen 4 and later, Sapphire Rapids and later): f32 sums of exact products, twice the
+// multiply-adds per instruction of f32. Elsewhere, or after set_cpu_bf16_dot(false), they widen
+// to f32 (exactly) and take the f32 GEMM: the same results up to the order of the sums, slower.
+void set_cpu_bf16_dot(bool enabled);
+// Whether bf16 products use the dot product now: the CPU has it and it is enabled.
+bool cpu_bf16_dot();
+
 }  // namespace pipit

@@ -11,4 +11,9 @@ template <typename T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* b,
           int64_t ldb, T beta, T* c, int64_t ldc);
 
+// The same for bf16 operands (their bits) and an f32 C, on the AVX512_BF16 dot product
+// (gemm_bf16.cpp); only when cpu_bf16_dot().
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda,
+               const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 }  // namespace pipit::cpu

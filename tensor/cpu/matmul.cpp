@@ -137,19 +137,34 @@ Tensor gemm_ready(const Tensor& t) {
   return layout_of(t).usable ? t : dense(t);
 }
 
+// One tile's GEMM: f32 and f64 through the library, bf16 operands (their bits, as uint16_t)
+// into f32 on the dot product.
+template <typename T, typename Out>
+void gemm_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda,
+               const T* b, int64_t ldb, Out beta, Out* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    cpu::gemm_bf16(ta, tb, M, N, K, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    cpu::gemm<T>(ta, tb, M, N, K, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
+// out = a b (+ out when accumulating), operands of element type T (uint16_t: bf16 bits, whose
+// products are f32).
 template <typename T>
 void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, bool accumulate) {
-  const T beta = accumulate ? T(1) : T(0);
+  using Out = std::conditional_t<std::is_same_v<T, uint16_t>, float, T>;
+  const Out beta = accumulate ? Out(1) : Out(0);
   const Tensor a = gemm_ready(a_in), b = gemm_ready(b_in);
   const MatrixLayout la = layout_of(a), lb = layout_of(b);
   const int64_t r = out.dim();
   const int64_t M = out.shape()[r - 2], N = out.shape()[r - 1], K = a.shape()[r - 1];
-  T* c = out.data<T>();
-  const T* pa = a.data<T>();
-  const T* pb = b.data<T>();
+  Out* c = out.data<Out>();
+  const T* pa = static_cast<const T*>(a.raw_data());
+  const T* pb = static_cast<const T*>(b.raw_data());
   if (M == 0 || N == 0) return;
   if (K == 0) {
-    if (!accumulate) std::fill(c, c + out.numel(), T(0));
+    if (!accumulate) std::fill(c, c + out.numel(), Out(0));
     return;
   }
   const BatchFold fold = batch_fold(a, la, b, out);
@@ -168,9 +183,9 @@ void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, boo
     const int64_t c0 = tile % tiling.col_tiles * tiling.cols;
     off_a += la.transposed ? r0 : r0 * la.ld;
     off_b += lb.transposed ? c0 * lb.ld : c0;
-    cpu::gemm<T>(la.transposed, lb.transposed, std::min(tiling.rows, rows - r0),
-                 std::min(tiling.cols, N - c0), K, pa + off_a, la.ld, pb + off_b, lb.ld, beta,
-                 c + task / tiling.count() * M * N + r0 * N + c0, N);
+    gemm_call(la.transposed, lb.transposed, std::min(tiling.rows, rows - r0),
+              std::min(tiling.cols, N - c0), K, pa + off_a, la.ld, pb + off_b, lb.ld, beta,
+              c + task / tiling.count() * M * N + r0 * N + c0, N);
   };
   const int64_t tasks = products * tiling.count();
   const int threads = static_cast<int>(
@@ -289,6 +304,10 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, boo
     return cpu::copy_rounded(wide, out);
   }
   if (few_rows_by_weight(a, b, out, accumulate)) return;
+  if (a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && out.dtype() == DType::f32 &&
+      cpu_bf16_dot()) {
+    return matmul_typed<uint16_t>(a, b, out, accumulate);
+  }
   if (is_half(a.dtype())) {
     // Half inputs widen exactly to f32, so an f32 GEMM of the widened copies is the f32
     // accumulation the CUDA backend does on tensor cores.

@@ -1,0 +1,171 @@
+// bf16 x bf16 -> f32 GEMM on the AVX512_BF16 dot product (vdpbf16ps: each f32 lane adds the
+// products of two bf16 pairs, twice the multiply-adds of an f32 FMA per instruction), for
+// CPUs that have it (Zen 4 and later, Cooper Lake, Sapphire Rapids and later). Others, and
+// set_cpu_bf16_dot(false), widen the operands to f32 and run the f32 GEMM (matmul.cpp).
+//
+// The loops are BLIS's: for each kNc columns of B, for each kKc of the depth, B's block is
+// packed (256 KB, in L2); for each kMc rows of A, A's block is packed (48 KB); then a
+// kMr x kNr micro-kernel sweeps the blocks, its B panel (16 KB) staying in L1 while it walks
+// down A. Packing lays each operand out as the instruction reads it: pairs of consecutive k
+// in one 32-bit word, an odd depth padded with a zero. Block sizes are constants, so a
+// product's bits depend only on its shape.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/gemm.h"
+
+namespace pipit {
+namespace {
+
+std::atomic<bool> g_enabled{true};
+
+bool cpu_has_bf16_dot() {
+  static const bool has = __builtin_cpu_supports("avx512bf16") != 0;
+  return has;
+}
+
+}  // namespace
+
+void set_cpu_bf16_dot(bool enabled) {
+  g_enabled = enabled;
+}
+
+bool cpu_bf16_dot() {
+  return g_enabled.load(std::memory_order_relaxed) && cpu_has_bf16_dot();
+}
+
+namespace cpu {
+namespace {
+
+constexpr int64_t kMr = 12;   // rows of C per micro-kernel: 24 accumulators of 32 registers
+constexpr int64_t kNr = 32;   // columns: two 16-lane registers
+constexpr int64_t kKc = 256;  // depth per block (128 pairs): a B panel is 16 KB
+constexpr int64_t kMc = 96;   // rows of A per packed block
+constexpr int64_t kNc = 512;  // columns of B per packed block
+
+// Packs rows [0, rows) and depth [0, depth) of a matrix whose element (i, k) lies at
+// x[i * i_stride + k * k_stride] as panels of `width` rows: out[panel][pair][r] holds
+// (i, 2 pair) in its low half and (i, 2 pair + 1) in its high, rows and depth past the
+// matrix's zero. A's panels are its rows; B's are its columns, i being n.
+void pack_panels(const uint16_t* x, int64_t i_stride, int64_t k_stride, int64_t rows, int64_t depth,
+                 int64_t width, uint32_t* out) {
+  const int64_t pairs = (depth + 1) / 2, full_pairs = depth / 2;
+  for (int64_t p0 = 0; p0 < rows; p0 += width, out += pairs * width) {
+    const int64_t valid = std::min(width, rows - p0);
+    if (valid < width || full_pairs < pairs) std::fill(out, out + pairs * width, 0u);
+    const uint16_t* panel = x + p0 * i_stride;
+    if (k_stride == 1) {
+      // Each row's pairs are consecutive in memory: copy them as 32-bit words.
+      for (int64_t r = 0; r < valid; ++r) {
+        const uint16_t* row = panel + r * i_stride;
+        for (int64_t pair = 0; pair < full_pairs; ++pair) {
+          std::memcpy(out + pair * width + r, row + 2 * pair, sizeof(uint32_t));
+        }
+        if (full_pairs < pairs) out[full_pairs * width + r] = row[depth - 1];
+      }
+    } else {
+      for (int64_t pair = 0; pair < pairs; ++pair) {
+        const uint16_t* low = panel + 2 * pair * k_stride;
+        const uint16_t* high = low + k_stride;
+        uint32_t* words = out + pair * width;
+        if (pair < full_pairs) {
+          for (int64_t r = 0; r < valid; ++r) {
+            words[r] = low[r * i_stride] | static_cast<uint32_t>(high[r * i_stride]) << 16;
+          }
+        } else {
+          for (int64_t r = 0; r < valid; ++r) words[r] = low[r * i_stride];
+        }
+      }
+    }
+  }
+}
+
+// c[kMr, kNr] = sum over `pairs` of a_panel's pairs times b_panel's, + beta c. Rows and
+// columns past (rows, cols) are computed from the padding and not stored.
+__attribute__((target("avx512f,avx512bf16"))) void micro_kernel(int64_t pairs,
+                                                                const uint32_t* a_panel,
+                                                                const uint32_t* b_panel, float beta,
+                                                                float* c, int64_t ldc, int64_t rows,
+                                                                int64_t cols) {
+  __m512 acc[kMr][2];
+  for (int64_t r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b_panel);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b_panel + 16);
+    for (int64_t r = 0; r < kMr; ++r) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(a_panel[r]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, b1);
+    }
+    a_panel += kMr;
+    b_panel += kNr;
+  }
+  const __m512 scale = _mm512_set1_ps(beta);
+  if (rows == kMr && cols == kNr) {
+    for (int64_t r = 0; r < kMr; ++r) {
+      for (int half = 0; half < 2; ++half) {
+        float* row = c + r * ldc + 16 * half;
+        __m512 value = acc[r][half];
+        if (beta != 0.0f) value = _mm512_fmadd_ps(scale, _mm512_loadu_ps(row), value);
+        _mm512_storeu_ps(row, value);
+      }
+    }
+    return;
+  }
+  alignas(64) float tile[kMr][kNr];
+  for (int64_t r = 0; r < kMr; ++r) {
+    _mm512_store_ps(tile[r], acc[r][0]);
+    _mm512_store_ps(tile[r] + 16, acc[r][1]);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) {
+      float& out = c[r * ldc + j];
+      out = beta != 0.0f ? beta * out + tile[r][j] : tile[r][j];
+    }
+  }
+}
+
+int64_t round_up(int64_t n, int64_t to) {
+  return (n + to - 1) / to * to;
+}
+
+}  // namespace
+
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda,
+               const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  // Reused across calls on this thread: allocating them per call would cost more than a
+  // small product.
+  thread_local std::vector<uint32_t> a_pack, b_pack;
+  a_pack.resize(static_cast<size_t>(round_up(std::min(M, kMc), kMr) * (kKc / 2)));
+  b_pack.resize(static_cast<size_t>(round_up(std::min(N, kNc), kNr) * (kKc / 2)));
+  for (int64_t n0 = 0; n0 < N; n0 += kNc) {
+    const int64_t cols = std::min(kNc, N - n0);
+    for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+      const int64_t depth = std::min(kKc, K - k0), pairs = (depth + 1) / 2;
+      const float block_beta = k0 == 0 ? beta : 1.0f;
+      const uint16_t* b_block = tb ? b + n0 * ldb + k0 : b + k0 * ldb + n0;
+      pack_panels(b_block, tb ? ldb : 1, tb ? 1 : ldb, cols, depth, kNr, b_pack.data());
+      for (int64_t m0 = 0; m0 < M; m0 += kMc) {
+        const int64_t rows = std::min(kMc, M - m0);
+        const uint16_t* a_block = ta ? a + k0 * lda + m0 : a + m0 * lda + k0;
+        pack_panels(a_block, ta ? 1 : lda, ta ? lda : 1, rows, depth, kMr, a_pack.data());
+        for (int64_t j = 0; j < cols; j += kNr) {
+          const uint32_t* b_panel = b_pack.data() + j * pairs;
+          for (int64_t i = 0; i < rows; i += kMr) {
+            micro_kernel(pairs, a_pack.data() + i * pairs, b_panel, block_beta,
+                         c + (m0 + i) * ldc + n0 + j, ldc, std::min(kMr, rows - i),
+                         std::min(kNr, cols - j));
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace pipit
