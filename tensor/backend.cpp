@@ -27,8 +27,8 @@ std::atomic<Backend*>* override_slot(Device device) {
 }
 
 // PIPIT_BACKEND_OPS's entries spell each op's arguments beside its parameters, for code that
-// forwards a call (cuda::OpTimer, compiled only with CUDA); a misspelt or reordered name must
-// not wait for such a build, nor pass it when the swapped parameters share a type.
+// forwards a call (OpTimer, cuda::OpTimer); a misspelt or reordered name must not wait for
+// a CUDA build, nor pass it when the swapped parameters share a type.
 constexpr bool is_identifier_char(char c) {
   return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
 }

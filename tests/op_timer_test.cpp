@@ -1,16 +1,44 @@
-// cuda::OpTimer and set_backend_override. Without a CUDA device (or without CUDA in the
-// build) the test reports "skipped" through a Catch2 warning and passes.
+// OpTimer (the CPU's), cuda::OpTimer and set_backend_override. Without a CUDA device (or
+// without CUDA in the build) the CUDA test reports "skipped" through a Catch2 warning and
+// passes.
 #include <catch2/catch.hpp>
 #include <map>
 #include <string>
 
 #include "pipit.h"
+#include "tensor/op_timer.h"
 #ifdef PIPIT_WITH_CUDA
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/op_timer.h"
 #endif
 
 using namespace pipit;
+
+TEST_CASE("the CPU's OpTimer totals each outermost op's wall time under its name", "[tensor]") {
+  Generator generator(3);
+  const Tensor a = randn({256, 256}, &generator), b = randn({256, 256}, &generator);
+  Backend& own = backend(Device::cpu());
+  OpTimer timer(own);
+  REQUIRE(set_backend_override(Device::cpu(), &timer) == nullptr);
+  const Tensor before = a * 2.0;  // not enabled yet: not counted
+  timer.set_enabled(true);
+  const Tensor c = matmul(a, b);
+  const Tensor d = matmul(c, b) + c;
+  const Tensor e = log_softmax(d, 1);
+  timer.set_enabled(false);
+  REQUIRE(set_backend_override(Device::cpu(), nullptr) == &timer);
+  std::map<std::string, OpTimer::Op> ops;
+  for (const auto& op : timer.report()) ops[op.name] = op;
+  CHECK(ops.at("matmul").calls == 2);
+  CHECK(ops.at("binary.add").calls == 1);
+  CHECK(ops.at("log_softmax").calls == 1);
+  CHECK(ops.count("binary.mul") == 0);
+  CHECK(ops.at("matmul").ms > 0);
+  // Most time first: two 256^3 products outweigh an add.
+  CHECK(timer.report().front().name == "matmul");
+  timer.reset();
+  CHECK(timer.report().empty());
+}
 
 TEST_CASE("OpTimer times each outermost backend op once, under its name", "[cuda]") {
 #ifndef PIPIT_WITH_CUDA

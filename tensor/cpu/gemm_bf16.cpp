@@ -5,7 +5,7 @@
 //
 // The loops are BLIS's: for each kNc columns of B, for each kKc of the depth, B's block is
 // packed (256 KB, in L2); for each kMc rows of A, A's block is packed (48 KB); then a
-// kMr x kNr micro-kernel sweeps the blocks, its B panel (16 KB) staying in L1 while it walks
+// kMr x kNr micro-kernel sweeps the blocks, its B panel (32 KB) staying in L1 while it walks
 // down A. Packing lays each operand out as the instruction reads it: pairs of consecutive k
 // in one 32-bit word, an odd depth padded with a zero. Block sizes are constants, so a
 // product's bits depend only on its shape.
@@ -42,9 +42,9 @@ bool cpu_bf16_dot() {
 namespace cpu {
 namespace {
 
-constexpr int64_t kMr = 12;   // rows of C per micro-kernel: 24 accumulators of 32 registers
-constexpr int64_t kNr = 32;   // columns: two 16-lane registers
-constexpr int64_t kKc = 256;  // depth per block (128 pairs): a B panel is 16 KB
+constexpr int64_t kMr = 6;    // rows of C per micro-kernel: 24 accumulators of 32 registers
+constexpr int64_t kNr = 64;   // columns: four 16-lane registers
+constexpr int64_t kKc = 256;  // depth per block (128 pairs): a B panel is 32 KB
 constexpr int64_t kMc = 96;   // rows of A per packed block
 constexpr int64_t kNc = 512;  // columns of B per packed block
 
@@ -92,15 +92,17 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(int64_t pairs,
                                                                 const uint32_t* b_panel, float beta,
                                                                 float* c, int64_t ldc, int64_t rows,
                                                                 int64_t cols) {
-  __m512 acc[kMr][2];
-  for (int64_t r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  constexpr int kVecs = kNr / 16;
+  __m512 acc[kMr][kVecs];
+  for (int64_t r = 0; r < kMr; ++r) {
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
   for (int64_t pair = 0; pair < pairs; ++pair) {
-    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b_panel);
-    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b_panel + 16);
+    __m512bh b[kVecs];
+    for (int v = 0; v < kVecs; ++v) b[v] = (__m512bh)_mm512_loadu_si512(b_panel + 16 * v);
     for (int64_t r = 0; r < kMr; ++r) {
       const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(a_panel[r]));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, b0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, b1);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
     }
     a_panel += kMr;
     b_panel += kNr;
@@ -108,9 +110,9 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(int64_t pairs,
   const __m512 scale = _mm512_set1_ps(beta);
   if (rows == kMr && cols == kNr) {
     for (int64_t r = 0; r < kMr; ++r) {
-      for (int half = 0; half < 2; ++half) {
-        float* row = c + r * ldc + 16 * half;
-        __m512 value = acc[r][half];
+      for (int v = 0; v < kVecs; ++v) {
+        float* row = c + r * ldc + 16 * v;
+        __m512 value = acc[r][v];
         if (beta != 0.0f) value = _mm512_fmadd_ps(scale, _mm512_loadu_ps(row), value);
         _mm512_storeu_ps(row, value);
       }
@@ -119,8 +121,7 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(int64_t pairs,
   }
   alignas(64) float tile[kMr][kNr];
   for (int64_t r = 0; r < kMr; ++r) {
-    _mm512_store_ps(tile[r], acc[r][0]);
-    _mm512_store_ps(tile[r] + 16, acc[r][1]);
+    for (int v = 0; v < kVecs; ++v) _mm512_store_ps(tile[r] + 16 * v, acc[r][v]);
   }
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < cols; ++j) {

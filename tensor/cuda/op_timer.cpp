@@ -4,51 +4,12 @@
 #include <chrono>
 #include <map>
 #include <mutex>
-#include <string_view>
 
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
+#include "tensor/op_label.h"
 
 namespace pipit::cuda {
-namespace {
-
-// How deep this thread is inside timed calls: a backend op that calls the backend again
-// (through backend(), which returns the timer) must not be counted twice.
-thread_local int timed_depth = 0;
-
-struct DepthScope {
-  DepthScope() { ++timed_depth; }
-  ~DepthScope() { --timed_depth; }
-};
-
-// The name a call is recorded under (OpTime::name), from its method and arguments: the method,
-// with its op where it takes one ("binary.mul").
-struct Label {
-  const char* method;
-  const char* op = nullptr;
-};
-Label label_of(const char* method, const auto&...) {
-  return {method};
-}
-Label label_of(const char* method, UnaryOp op, const auto&...) {
-  return {method, op_name(op)};
-}
-Label label_of(const char* method, BinaryOp op, const auto&...) {
-  return {method, op_name(op)};
-}
-Label label_of(const char* method, ReduceOp op, const auto&...) {
-  return {method, op_name(op)};
-}
-// softmax(in, dim, log, out) and softmax_backward(grad, out, dim, log, grad_in) with log set
-// are recorded as log_softmax and log_softmax_backward.
-Label label_of(const char* method, const Tensor&, int64_t, bool log, const Tensor&) {
-  return {log && std::string_view(method) == "softmax" ? "log_softmax" : method};
-}
-Label label_of(const char* method, const Tensor&, const Tensor&, int64_t, bool log, const Tensor&) {
-  return {log && std::string_view(method) == "softmax_backward" ? "log_softmax_backward" : method};
-}
-
-}  // namespace
 
 struct OpTimer::State {
   struct Pending {
@@ -92,9 +53,9 @@ OpTimer::~OpTimer() {
 }
 
 template <typename Call>
-void OpTimer::timed(const char* method, const char* op, Call&& call) {
+void OpTimer::timed(const OpLabel& label, Call&& call) {
   if (!enabled_ || timed_depth > 0) return call();
-  DepthScope depth;
+  TimedScope depth;
   const int index = inner_.device().index;
   DeviceGuard guard(index);
   auto stream = static_cast<cudaStream_t>(current_stream_handle(index));
@@ -112,9 +73,8 @@ void OpTimer::timed(const char* method, const char* op, Call&& call) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start)
           .count();
   PIPIT_CUDA_CHECK("op timer", cudaEventRecord(stop, stream));
-  std::string name = op ? std::string(method) + "." + op : std::string(method);
   std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->pending.push_back({std::move(name), start, stop, host_ms});
+  state_->pending.push_back({label.name(), start, stop, host_ms});
 }
 
 std::vector<OpTime> OpTimer::report() {
@@ -147,19 +107,13 @@ void OpTimer::reset() {
 
 std::shared_ptr<Storage> OpTimer::allocate(size_t nbytes) {
   std::shared_ptr<Storage> storage;
-  timed("allocate", nullptr, [&] { storage = inner_.allocate(nbytes); });
+  timed({"allocate"}, [&] { storage = inner_.allocate(nbytes); });
   return storage;
 }
 
-// Every op forwards to inner_ inside timed(), under the name label_of() gives it.
-#define PIPIT_OP_TIMER_THEN(...) __VA_OPT__(, ) __VA_ARGS__
-#define PIPIT_OP_TIMER_FORWARD(name, params, args)                \
-  void OpTimer::name params {                                     \
-    const Label label = label_of(#name PIPIT_OP_TIMER_THEN args); \
-    timed(label.method, label.op, [&] { inner_.name args; });     \
-  }
-PIPIT_BACKEND_OPS(PIPIT_OP_TIMER_FORWARD)
-#undef PIPIT_OP_TIMER_FORWARD
-#undef PIPIT_OP_TIMER_THEN
+#define PIPIT_CUDA_OP_TIMER_FORWARD(name, params, args) \
+  PIPIT_OP_TIMER_FORWARD(OpTimer, name, params, args)
+PIPIT_BACKEND_OPS(PIPIT_CUDA_OP_TIMER_FORWARD)
+#undef PIPIT_CUDA_OP_TIMER_FORWARD
 
 }  // namespace pipit::cuda

@@ -20,6 +20,10 @@
 
 #include "tensor/backend.h"
 
+namespace pipit {
+struct OpLabel;
+}
+
 namespace pipit::cuda {
 
 struct OpTime {
@@ -53,7 +57,7 @@ class OpTimer final : public Backend {
  private:
   struct State;
   template <typename Call>
-  void timed(const char* method, const char* op, Call&& call);
+  void timed(const OpLabel& label, Call&& call);
 
   Backend& inner_;
   std::atomic<bool> enabled_{false};
