@@ -140,6 +140,30 @@ TEST_CASE("large tensors take the parallel paths and agree with small ones", "[t
   set_num_threads(threads);
 }
 
+TEST_CASE("reductions over a transposed view's rows give the bits of its contiguous copy",
+          "[tensor]") {
+  // A bias gradient sums a transposed gradient over its rows; summed where it lies, the order
+  // of the sums must still be the copy's, at any thread count and for f32, bf16 and f64.
+  Generator g(4);
+  const int threads = get_num_threads();
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{2048, 131}, {13, 7}, {5, 300}, {1000, 1000}}) {
+    for (const DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+      INFO(rows << " x " << cols << " " << dtype);
+      const Tensor base =
+          randn({rows, cols}, &g, {dtype == DType::f64 ? dtype : DType::f32}).to(dtype);
+      const Tensor view = transpose(base, 0, 1);  // [cols, rows], the rows' dim strided
+      const Tensor copy = view.contiguous();
+      for (const int t : {1, 2, 4}) {
+        set_num_threads(t);
+        CHECK(sum(view, {1}).to_vector<double>() == sum(copy, {1}).to_vector<double>());
+        CHECK(max(view, {1}).to_vector<double>() == max(copy, {1}).to_vector<double>());
+      }
+    }
+  }
+  set_num_threads(threads);
+}
+
 TEST_CASE("f16 and bf16 conversions round to nearest even", "[tensor]") {
   Tensor x = from_vector<float>({1.0f, 0.1f, -65504.0f, 1e-8f, 3.0e38f});
   CHECK(x.to(DType::f16).to_vector<float>() ==

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "tensor/cpu/cpu_allocator.h"
 #include "tensor/cpu/loop.h"
@@ -94,8 +95,36 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   });
 }
 
+namespace {
+
+// Whether t's elements fill numel() consecutive slots of its storage in some order of its dims,
+// as a transposed view's do.
+bool fills_its_span(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size), size-1 dims left out
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.shape()[d] != 1) dims.emplace_back(t.strides()[d], t.shape()[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+}  // namespace
+
 Tensor cpu::widened(const Tensor& t) {
   if (!is_half(t.dtype())) return t;
+  if (!t.is_contiguous() && fills_its_span(t)) {
+    // In memory order, into a copy with t's strides: a unit-stride loop rather than a strided
+    // gather (a transposed gradient widened for its bias sum).
+    const Tensor flat = Tensor::from_storage(t.storage(), {t.numel()}, {1}, t.offset(), t.dtype());
+    Tensor wide = Tensor::empty({t.numel()}, DType::f32);
+    PIPIT_DISPATCH_ALL(t.dtype(), "copy", copy_typed<float, scalar_t>(flat, wide));
+    return Tensor::from_storage(wide.storage(), t.shape(), t.strides(), 0, DType::f32);
+  }
   Tensor wide = Tensor::empty(t.shape(), DType::f32);
   PIPIT_DISPATCH_ALL(t.dtype(), "copy", copy_typed<float, scalar_t>(t, wide));
   return wide;

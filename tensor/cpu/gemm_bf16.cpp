@@ -69,16 +69,18 @@ void pack_panels(const uint16_t* x, int64_t i_stride, int64_t k_stride, int64_t 
         if (full_pairs < pairs) out[full_pairs * width + r] = row[depth - 1];
       }
     } else {
+      // i_stride is 1 (a GEMM operand is row- or column-major): rows are consecutive, and each
+      // pair interleaves two runs of them, which vectorizes.
       for (int64_t pair = 0; pair < pairs; ++pair) {
         const uint16_t* low = panel + 2 * pair * k_stride;
         const uint16_t* high = low + k_stride;
         uint32_t* words = out + pair * width;
         if (pair < full_pairs) {
           for (int64_t r = 0; r < valid; ++r) {
-            words[r] = low[r * i_stride] | static_cast<uint32_t>(high[r * i_stride]) << 16;
+            words[r] = low[r] | static_cast<uint32_t>(high[r]) << 16;
           }
         } else {
-          for (int64_t r = 0; r < valid; ++r) words[r] = low[r * i_stride];
+          for (int64_t r = 0; r < valid; ++r) words[r] = low[r];
         }
       }
     }

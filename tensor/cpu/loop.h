@@ -133,7 +133,8 @@ void for_each_row(const Loop<N>& loop, std::array<char*, N> base, std::array<int
 
 // Half tensors reach the f32 kernels widened (exactly) and leave them rounded once, as the
 // CUDA kernels compute on them in f32 registers.
-// t as f32: a copy for a half tensor, t itself otherwise.
+// t as f32: a copy for a half tensor (with t's strides when t's elements fill a block of its
+// storage in any order, a transposed view's for one), t itself otherwise.
 Tensor widened(const Tensor& t);
 // out = wide, rounded to out's dtype.
 void copy_rounded(const Tensor& wide, const Tensor& out);

@@ -118,6 +118,30 @@ void reduce_columns(ReduceOp op, const T* x, int64_t R, int64_t K, T* out) {
   });
 }
 
+// out[k] = reduce over r of x[r * ld + k], in reduce_lanes's order (element r to lane r mod 8,
+// the lanes combined in order, then the rest), so the bits are reduce_rows's on the transposed
+// copy: the reduced dim of a transposed view (a bias gradient's sum over a transposed
+// gradient) summed where it lies, eight rows of partial results at a time.
+template <typename T, ReduceOp Op>
+void reduce_lanes_down(const T* x, int64_t R, int64_t K, int64_t ld, T* out) {
+  constexpr int kLanes = 8;
+  cpu::parallel_range(K, cpu::threads_for(R * K), [&](int64_t begin, int64_t end) {
+    const int64_t n = end - begin;
+    std::vector<acc_t<T>> lanes(static_cast<size_t>(kLanes * n), identity<T>(Op));
+    int64_t r = 0;
+    for (; r + kLanes <= R; r += kLanes) {
+      for (int j = 0; j < kLanes; ++j)
+        combine_row<T, Op>(&lanes[j * n], x + (r + j) * ld + begin, n);
+    }
+    std::vector<acc_t<T>> acc(static_cast<size_t>(n), identity<T>(Op));
+    for (int j = 0; j < kLanes; ++j) {
+      for (int64_t k = 0; k < n; ++k) acc[k] = combine<T>(Op, acc[k], lanes[j * n + k]);
+    }
+    for (; r < R; ++r) combine_row<T, Op>(acc.data(), x + r * ld + begin, n);
+    for (int64_t k = 0; k < n; ++k) out[begin + k] = static_cast<T>(acc[k]);
+  });
+}
+
 // A view of t with dims reordered (no copy).
 Tensor permuted(const Tensor& t, const std::vector<int64_t>& order) {
   Shape shape, strides;
@@ -152,6 +176,17 @@ void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduce
   T* o = out.data<T>();
   if (in.is_contiguous() && leading && K > 1) {
     return reduce_columns<T>(op, in.data<T>(), R, K, o);
+  }
+  if (in.dim() == 2 && reduced[1] && !reduced[0] && in.strides()[0] == 1 &&
+      in.strides()[1] >= in.shape()[0] && R <= kSumBlock) {
+    switch (op) {
+      case ReduceOp::sum:
+        return reduce_lanes_down<T, ReduceOp::sum>(in.data<T>(), R, K, in.strides()[1], o);
+      case ReduceOp::max:
+        return reduce_lanes_down<T, ReduceOp::max>(in.data<T>(), R, K, in.strides()[1], o);
+      case ReduceOp::min:
+        return reduce_lanes_down<T, ReduceOp::min>(in.data<T>(), R, K, in.strides()[1], o);
+    }
   }
   Tensor view = permuted(in, order);
   Tensor rows = dense(view);
