@@ -319,9 +319,12 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, boo
 void CpuBackend::matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias,
                              const Tensor& out) {
   check_matmul_with_vector("matmul_bias", a, b, out, bias, b.shape()[1]);
-  // GEMM's C: a half out widens the bias exactly and rounds bias + sums once.
-  copy(rows_of(bias, out.shape()[0]), out);
-  matmul(a, b, out, true);
+  // The bias is GEMM's C: a half out gets it widened exactly into an f32 stand-in, so bias +
+  // sums round once.
+  cpu::into_f32(out, [&](const Tensor& target) {
+    copy(rows_of(bias, out.shape()[0]), target);
+    matmul(a, b, target, true);
+  });
 }
 
 void CpuBackend::matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias,
