@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "pipit.h"
 #include "tensor/op_timer.h"
@@ -34,8 +35,9 @@ TEST_CASE("the CPU's OpTimer totals each outermost op's wall time under its name
   CHECK(ops.at("log_softmax").calls == 1);
   CHECK(ops.count("binary.mul") == 0);
   CHECK(ops.at("matmul").ms > 0);
-  // Most time first: two 256^3 products outweigh an add.
-  CHECK(timer.report().front().name == "matmul");
+  // Most time first.
+  const std::vector<OpTimer::Op> report = timer.report();
+  for (size_t i = 1; i < report.size(); ++i) CHECK(report[i - 1].ms >= report[i].ms);
   timer.reset();
   CHECK(timer.report().empty());
 }
