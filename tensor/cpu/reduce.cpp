@@ -130,8 +130,9 @@ void reduce_lanes_down(const T* x, int64_t R, int64_t K, int64_t ld, T* out) {
     std::vector<acc_t<T>> lanes(static_cast<size_t>(kLanes * n), identity<T>(Op));
     int64_t r = 0;
     for (; r + kLanes <= R; r += kLanes) {
-      for (int j = 0; j < kLanes; ++j)
+      for (int j = 0; j < kLanes; ++j) {
         combine_row<T, Op>(&lanes[j * n], x + (r + j) * ld + begin, n);
+      }
     }
     std::vector<acc_t<T>> acc(static_cast<size_t>(n), identity<T>(Op));
     for (int j = 0; j < kLanes; ++j) {
