@@ -8,6 +8,7 @@
 
 #include "pipit.h"
 #include "tensor/cpu/cpu_allocator.h"
+#include "tests/bitwise.h"
 
 using namespace pipit;
 
@@ -265,7 +266,8 @@ TEST_CASE("the CPU allocator accounts for live and peak bytes", "[tensor]") {
 // exp, tanh and sigmoid run pipit's own vectorized float math (tensor/cpu/vec_math.h), not
 // libm: checked here against libm in double over the float range, with the special values,
 // and for bit-equality between the vectorized contiguous path and the strided scalar path.
-TEST_CASE("float exp, tanh and sigmoid are within 3 ulp of libm", "[tensor]") {
+TEST_CASE("float exp tanh and sigmoid within 3 ulp of libm and row kernels bit-equal to scalar",
+          "[tensor]") {
   std::vector<float> xs = {0.0f,   -0.0f,   1e-30f,  -1e-30f, 1e-8f,    -3e-5f,   0.624f,
                            0.625f, 0.626f,  -0.625f, 9.0f,    -9.0f,    20.0f,    -20.0f,
                            88.7f,  -103.9f, -150.0f, 200.0f,  INFINITY, -INFINITY};
@@ -315,6 +317,14 @@ TEST_CASE("float exp, tanh and sigmoid are within 3 ulp of libm", "[tensor]") {
     INFO("worst at x = " << worst_x);
     CHECK(worst <= 3.0);
   }
+  // GELU and its gradient: the vectorized contiguous path against the strided scalar one.
+  Tensor contiguous_leaf = x.detach().requires_grad_(), strided_leaf = strided.detach();
+  strided_leaf.requires_grad_();
+  const Tensor y = gelu(contiguous_leaf), y_strided = gelu(strided_leaf);
+  CHECK(testing::bitwise_equal(y, y_strided));
+  y.backward(ones_like(y));
+  y_strided.backward(ones_like(y_strided));
+  CHECK(testing::bitwise_equal(contiguous_leaf.grad(), strided_leaf.grad()));
   const Tensor nan = from_vector<float>({NAN}, {1});
   CHECK(std::isnan(exp(nan).to_vector<float>()[0]));
   CHECK(std::isnan(tanh(nan).to_vector<float>()[0]));

@@ -12,6 +12,7 @@
 
 #include "tensor/cpu/cpu_allocator.h"
 #include "tensor/cpu/loop.h"
+#include "tensor/cpu/vec_math.h"
 
 namespace pipit {
 
@@ -49,8 +50,10 @@ void copy_typed(const Tensor& src, const Tensor& dst) {
           // INT64_MAX convert back out of range (undefined behaviour).
           map([](S v) { return v; });
         } else if constexpr (std::is_same_v<D, cpu::BFloat16> && std::is_same_v<S, float>) {
+          if (s[0] == 1 && s[1] == 1) return cpu::round_bf16_row(x, &d->bits, n);
           map([](float v) { return std::bit_cast<cpu::BFloat16>(float_to_bfloat16(v)); });
         } else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, cpu::BFloat16>) {
+          if (s[0] == 1 && s[1] == 1) return cpu::widen_bf16_row(&x->bits, d, n);
           map([](cpu::BFloat16 v) { return bfloat16_to_float(v.bits); });
         } else if constexpr (std::is_same_v<D, bool>) {
           map([](S v) { return static_cast<double>(v) != 0.0; });

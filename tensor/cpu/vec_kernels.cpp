@@ -1,15 +1,17 @@
 // The row kernels of vec_math.h. AVX2 runs the exp polynomial eight lanes at a time instead of
-// four, which more than halves GELU, softmax, sigmoid and tanh; the baseline clone keeps pipit
-// running on any x86-64 CPU.
+// four, which more than halves GELU, softmax, sigmoid and tanh, and AVX-512 sixteen, which
+// halves them again; the baseline clone keeps pipit running on any x86-64 CPU. This file is
+// compiled without FMA contraction (CMakeLists.txt), so every clone gives the same bits.
 #include <bit>
 #include <cstring>
 #include <type_traits>
 
 #include "tensor/cpu/vec_math.h"
+#include "tensor/dtype.h"
 
 // Clones dispatch through an ifunc resolver, which runs before the sanitizer runtime starts.
 #if defined(__x86_64__) && !defined(PIPIT_SANITIZE)
-#define PIPIT_ROW_KERNEL __attribute__((target_clones("avx2", "default")))
+#define PIPIT_ROW_KERNEL __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define PIPIT_ROW_KERNEL
 #endif
@@ -26,6 +28,14 @@ PIPIT_ROW_KERNEL void gelu_row(const float* x, float* y, int64_t n) {
 
 PIPIT_ROW_KERNEL void gelu_backward_row(const float* grad, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = grad[i] * gelu_derivative(x[i]);
+}
+
+PIPIT_ROW_KERNEL void widen_bf16_row(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = bfloat16_to_float(x[i]);
+}
+
+PIPIT_ROW_KERNEL void round_bf16_row(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = float_to_bfloat16(x[i]);
 }
 
 PIPIT_ROW_KERNEL void sigmoid_row(const float* x, float* y, int64_t n) {

@@ -113,14 +113,17 @@ template <typename T>
   return t.s + x * t.s_one_minus_s * dz;
 }
 
-// Loops over contiguous floats (tensor/cpu/vec_kernels.cpp), compiled for AVX2 and for the
-// baseline ISA and picked when the program loads. Neither build contracts to FMA, so both do
-// the same IEEE operations and give identical bits on any x86-64 machine.
+// Loops over contiguous floats (tensor/cpu/vec_kernels.cpp), compiled for AVX-512, AVX2 and the
+// baseline ISA and picked when the program loads. No build contracts to FMA, so all do the
+// same IEEE operations and give identical bits on any x86-64 machine.
 void exp_shifted_row(const float* x, float shift, float* y, int64_t n);  // y = e^(x - shift)
 void gelu_row(const float* x, float* y, int64_t n);
 void gelu_backward_row(const float* grad, const float* x, float* y, int64_t n);
 void sigmoid_row(const float* x, float* y, int64_t n);
 void tanh_row(const float* x, float* y, int64_t n);
+// bf16 bits to f32 (exact) and back (float_to_bfloat16's rounding), the casts of autocast.
+void widen_bf16_row(const uint16_t* x, float* y, int64_t n);
+void round_bf16_row(const float* x, uint16_t* y, int64_t n);
 // c[m, n] = beta c[m, n] + sum_k a[m, k] bt[n, k] for columns n in [n0, n1) and rows m in
 // [0, M), with a f32 [M, K] (row stride K) and bt a weight [N, K] (row stride ldb), f32 or
 // bf16 bits, each sum in lane_sum's order: a product of few rows by a weight, read once.
