@@ -12,6 +12,7 @@
 #include "nn/builders.h"
 #include "nn/transformer.h"
 #include "pipit.h"
+#include "tensor/backend.h"
 
 using namespace pipit;
 using testing::max_abs_difference;
@@ -152,6 +153,41 @@ TEST_CASE("packed self-attention gives the split heads' bits and one gradient te
                     Catch::Contains("packed_self_attention: expects qkv [B, T, 3 * heads * D]"));
   CHECK_THROWS_WITH(packed_self_attention(zeros({2, 9, 0}), 3),
                     Catch::Contains("packed_self_attention: expects qkv [B, T, 3 * heads * D]"));
+}
+
+TEST_CASE("half attention is the f32 kernel on its widened heads rounded once", "[nn]") {
+  // The backend's kernels on packed heads (row stride 3 H D), with more queries than one block
+  // of the kernel (64); the gradients are written into packed heads too.
+  Generator g(47);
+  const int64_t B = 2, T = 70, H = 3, D = 8, width = 3 * H * D;
+  const double scale = 0.3;
+  Backend& cpu = backend(Device::cpu());
+  auto heads = [&](const Tensor& packed, int64_t which) {
+    return Tensor::from_storage(packed.storage(), {B, H, T, D}, {T * width, D, width, 1},
+                                which * H * D, packed.dtype());
+  };
+  for (DType half : {DType::bf16, DType::f16}) {
+    for (bool causal : {true, false}) {
+      INFO(half << (causal ? " causal" : " full"));
+      const Tensor qkv = uniform({B, T, width}, -2, 2, &g).to(half), wide = qkv.to(DType::f32);
+      const Tensor out = empty({B, H, T, D}, {half}), out_wide = empty({B, H, T, D});
+      const Tensor lse = empty({B, H, T}), lse_wide = empty({B, H, T});
+      cpu.attention(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), scale, causal, out, lse);
+      cpu.attention(heads(wide, 0), heads(wide, 1), heads(wide, 2), scale, causal, out_wide,
+                    lse_wide);
+      CHECK(testing::bitwise_equal(out, out_wide.to(half)));
+      CHECK(testing::bitwise_equal(lse, lse_wide));
+
+      const Tensor grad_out = uniform({B, H, T, D}, -1, 1, &g).to(half);
+      const Tensor grads = full({B, T, width}, 5.0, {half}), grads_wide = empty({B, T, width});
+      cpu.attention_backward(grad_out, heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), out, lse, scale,
+                             causal, heads(grads, 0), heads(grads, 1), heads(grads, 2));
+      cpu.attention_backward(grad_out.to(DType::f32), heads(wide, 0), heads(wide, 1),
+                             heads(wide, 2), out.to(DType::f32), lse, scale, causal,
+                             heads(grads_wide, 0), heads(grads_wide, 1), heads(grads_wide, 2));
+      CHECK(testing::bitwise_equal(grads, grads_wide.to(half)));
+    }
+  }
 }
 
 TEST_CASE("attention gives the same bits on 1 and 2 threads", "[nn]") {

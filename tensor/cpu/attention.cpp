@@ -3,8 +3,9 @@
 // whole [Tq, Tk]; the products are single-threaded GEMM calls (tensor/cpu/gemm.h) on the
 // operands' rows where they lie (a packed projection's heads are not copied), whose sizes
 // depend only on the shapes, so the bits do not depend on the thread count. The backward
-// rebuilds the weights with the forward's own code rather than from lse. Half inputs widen
-// to f32 (exactly), as the CPU's half GEMM does.
+// rebuilds the weights with the forward's own code rather than from lse. Half inputs are
+// computed on in f32: each head's rows are widened (exactly) as the head is taken up, and its
+// results rounded once as it is left, so no whole operand is ever copied.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -20,38 +21,89 @@
 namespace pipit {
 namespace {
 
-// One [B, H, T, D] operand as the kernels read it: data and strides in elements (unit in D),
-// so the heads of a packed projection are read in place.
-template <typename T>
+using cpu::compute_t;
+
+// One [B, H, T, D] operand as stored: data and strides in elements (unit in D), so the heads of
+// a packed projection are read in place.
+template <typename S>
 struct Heads {
-  T* data;
+  S* data;
   int64_t batch_stride, head_stride, row_stride;
   // Head h of B * H, counted batch-major.
-  T* head(int64_t h, int64_t heads) const {
+  S* head(int64_t h, int64_t heads) const {
     return data + h / heads * batch_stride + h % heads * head_stride;
   }
 };
 
+template <typename S>
+Heads<S> heads_of(const Tensor& t) {
+  return {static_cast<S*>(t.raw_data()), t.strides()[0], t.strides()[1], t.strides()[2]};
+}
+
+// One head's rows as the kernels compute on them, in T (f32 for half storage, else the stored
+// type): the stored rows in place, or a widened copy with row stride D.
 template <typename T>
-Heads<T> heads_of(const Tensor& t) {
-  return {t.data<std::remove_const_t<T>>(), t.strides()[0], t.strides()[1], t.strides()[2]};
+struct HeadRows {
+  T* data;
+  int64_t ld;
+};
+
+template <typename S>
+void widen_row(const S* x, compute_t<S>* out, int64_t n) {
+  if constexpr (std::is_same_v<S, cpu::BFloat16>) {
+    cpu::widen_bf16_row(&x->bits, out, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = compute_t<S>(x[i]);
+  }
 }
 
-// t in `dtype`: t itself (strides kept) when it has it, else a contiguous converted copy.
-Tensor in_dtype(const Tensor& t, DType dtype) {
-  if (t.dtype() == dtype) return t;
-  Tensor out = Tensor::empty(t.shape(), dtype);
-  backend(t).copy(t, out);
-  return out;
+template <typename S>
+void round_row(const compute_t<S>* x, S* out, int64_t n) {
+  if constexpr (std::is_same_v<S, cpu::BFloat16>) {
+    cpu::round_bf16_row(x, &out->bits, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = S(x[i]);
+  }
 }
 
-// Where a kernel writes `out`: out itself when it has `dtype`, else a buffer that write_back
-// copies (and rounds) into out.
-Tensor target(const Tensor& out, DType dtype) {
-  return out.dtype() == dtype ? out : Tensor::empty(out.shape(), dtype);
+// `rows` rows of head h of x, read in place when stored in T, else widened into buffer.
+template <typename T, typename S>
+HeadRows<const T> read_head(const Heads<const S>& x, int64_t h, int64_t heads, int64_t rows,
+                            int64_t D, std::vector<T>& buffer) {
+  const S* stored = x.head(h, heads);
+  if constexpr (std::is_same_v<T, S>) {
+    return {stored, x.row_stride};
+  } else {
+    for (int64_t r = 0; r < rows; ++r) widen_row(stored + r * x.row_stride, &buffer[r * D], D);
+    return {buffer.data(), D};
+  }
 }
-void write_back(const Tensor& buffer, const Tensor& out) {
-  if (!buffer.same_storage(out)) backend(out).copy(buffer, out);
+
+// Where a kernel writes head h of x: in place when stored in T, else buffer, which write_head
+// then rounds into x.
+template <typename T, typename S>
+HeadRows<T> head_target(const Heads<S>& x, int64_t h, int64_t heads, int64_t D,
+                        std::vector<T>& buffer) {
+  if constexpr (std::is_same_v<T, S>) {
+    return {x.head(h, heads), x.row_stride};
+  } else {
+    return {buffer.data(), D};
+  }
+}
+
+template <typename T, typename S>
+void write_head(const std::vector<T>& buffer, const Heads<S>& x, int64_t h, int64_t heads,
+                int64_t rows, int64_t D) {
+  if constexpr (!std::is_same_v<T, S>) {
+    S* stored = x.head(h, heads);
+    for (int64_t r = 0; r < rows; ++r) round_row(&buffer[r * D], stored + r * x.row_stride, D);
+  }
+}
+
+// A buffer for one head's `rows` rows, needed only when S is not the compute type.
+template <typename S>
+std::vector<compute_t<S>> head_buffer(int64_t rows, int64_t D) {
+  return std::vector<compute_t<S>>(std::is_same_v<compute_t<S>, S> ? 0 : rows * D);
 }
 
 // Keys query i sees: all Tk, or 0..i + Tk - Tq when causal.
@@ -68,9 +120,10 @@ constexpr int64_t kBlock = 64;
 // diagonal. lse, when given, gets each row's log-sum-exp. The forward and the backward both
 // call this, so the backward's weights are the forward's bits.
 template <typename T>
-void block_weights(const T* q, int64_t ldq, const T* k, int64_t ldk, int64_t i0, int64_t m,
-                   int64_t seen, const AttentionSizes& n, T scale, bool causal, T* p, T* lse) {
-  cpu::gemm<T>(false, true, m, seen, n.head_dim, q + i0 * ldq, ldq, k, ldk, T(0), p, seen);
+void block_weights(HeadRows<const T> q, HeadRows<const T> k, int64_t i0, int64_t m, int64_t seen,
+                   const AttentionSizes& n, T scale, bool causal, T* p, T* lse) {
+  cpu::gemm<T>(false, true, m, seen, n.head_dim, q.data + i0 * q.ld, q.ld, k.data, k.ld, T(0), p,
+               seen);
   for (int64_t r = 0; r < m; ++r) {
     T* row = p + r * seen;
     const int64_t visible = visible_keys(i0 + r, n, causal);
@@ -85,23 +138,27 @@ void block_weights(const T* q, int64_t ldq, const T* k, int64_t ldk, int64_t i0,
   }
 }
 
-template <typename T>
-void attention_forward(Heads<const T> q, Heads<const T> k, Heads<const T> v, Heads<T> out, T* lse,
+template <typename S, typename T = compute_t<S>>
+void attention_forward(Heads<const S> q, Heads<const S> k, Heads<const S> v, Heads<S> out, T* lse,
                        const AttentionSizes& n, T scale, bool causal) {
   const int64_t heads = n.batch * n.heads, D = n.head_dim, Tq = n.queries, Tk = n.keys;
   const int threads = cpu::threads_for(heads * Tq * Tk * D / 8);
   cpu::parallel_range(heads, threads, [&](int64_t begin, int64_t end) {
     std::vector<T> p(static_cast<size_t>(std::min(kBlock, Tq) * Tk));
+    std::vector<T> qb = head_buffer<S>(Tq, D), kb = head_buffer<S>(Tk, D),
+                   vb = head_buffer<S>(Tk, D), ob = head_buffer<S>(Tq, D);
     for (int64_t h = begin; h < end; ++h) {
-      const T *qh = q.head(h, n.heads), *kh = k.head(h, n.heads), *vh = v.head(h, n.heads);
-      T* oh = out.head(h, n.heads);
+      const HeadRows<const T> qh = read_head(q, h, n.heads, Tq, D, qb),
+                              kh = read_head(k, h, n.heads, Tk, D, kb),
+                              vh = read_head(v, h, n.heads, Tk, D, vb);
+      const HeadRows<T> oh = head_target(out, h, n.heads, D, ob);
       for (int64_t i0 = 0; i0 < Tq; i0 += kBlock) {
         const int64_t m = std::min(kBlock, Tq - i0), seen = visible_keys(i0 + m - 1, n, causal);
-        block_weights(qh, q.row_stride, kh, k.row_stride, i0, m, seen, n, scale, causal, p.data(),
-                      lse + h * Tq + i0);
-        cpu::gemm<T>(false, false, m, D, seen, p.data(), seen, vh, v.row_stride, T(0),
-                     oh + i0 * out.row_stride, out.row_stride);
+        block_weights(qh, kh, i0, m, seen, n, scale, causal, p.data(), lse + h * Tq + i0);
+        cpu::gemm<T>(false, false, m, D, seen, p.data(), seen, vh.data, vh.ld, T(0),
+                     oh.data + i0 * oh.ld, oh.ld);
       }
+      write_head(ob, out, h, n.heads, Tq, D);
     }
   });
 }
@@ -109,94 +166,91 @@ void attention_forward(Heads<const T> q, Heads<const T> k, Heads<const T> v, Hea
 // Block by block of queries, with P the weights rebuilt from q and k and dP = dO v^T:
 // dv += P^T dO, dS = scale P * (dP - rowsum(dO * O)), dq = dS k, dk += dS^T q. Blocks run in
 // order, so dk and dv add their terms in one order.
-template <typename T>
-void attention_backward_heads(Heads<const T> go, Heads<const T> q, Heads<const T> k,
-                              Heads<const T> v, Heads<const T> out, Heads<T> gq, Heads<T> gk,
-                              Heads<T> gv, const AttentionSizes& n, T scale, bool causal) {
+template <typename S, typename T = compute_t<S>>
+void attention_backward_heads(Heads<const S> go, Heads<const S> q, Heads<const S> k,
+                              Heads<const S> v, Heads<const S> out, Heads<S> gq, Heads<S> gk,
+                              Heads<S> gv, const AttentionSizes& n, T scale, bool causal) {
   const int64_t heads = n.batch * n.heads, D = n.head_dim, Tq = n.queries, Tk = n.keys;
   const int threads = cpu::threads_for(heads * Tq * Tk * D / 4);
   cpu::parallel_range(heads, threads, [&](int64_t begin, int64_t end) {
     const size_t block = static_cast<size_t>(std::min(kBlock, Tq) * Tk);
     std::vector<T> p(block), ds(block);
+    std::vector<T> gob = head_buffer<S>(Tq, D), qb = head_buffer<S>(Tq, D),
+                   kb = head_buffer<S>(Tk, D), vb = head_buffer<S>(Tk, D),
+                   ob = head_buffer<S>(Tq, D), gqb = head_buffer<S>(Tq, D),
+                   gkb = head_buffer<S>(Tk, D), gvb = head_buffer<S>(Tk, D);
     for (int64_t h = begin; h < end; ++h) {
-      const T *qh = q.head(h, n.heads), *kh = k.head(h, n.heads), *vh = v.head(h, n.heads);
-      const T *goh = go.head(h, n.heads), *oh = out.head(h, n.heads);
-      T *gqh = gq.head(h, n.heads), *gkh = gk.head(h, n.heads), *gvh = gv.head(h, n.heads);
+      const HeadRows<const T> qh = read_head(q, h, n.heads, Tq, D, qb),
+                              kh = read_head(k, h, n.heads, Tk, D, kb),
+                              vh = read_head(v, h, n.heads, Tk, D, vb),
+                              goh = read_head(go, h, n.heads, Tq, D, gob),
+                              oh = read_head(out, h, n.heads, Tq, D, ob);
+      const HeadRows<T> gqh = head_target(gq, h, n.heads, D, gqb),
+                        gkh = head_target(gk, h, n.heads, D, gkb),
+                        gvh = head_target(gv, h, n.heads, D, gvb);
       for (int64_t j = 0; j < Tk; ++j) {
-        std::fill(gkh + j * gk.row_stride, gkh + j * gk.row_stride + D, T(0));
-        std::fill(gvh + j * gv.row_stride, gvh + j * gv.row_stride + D, T(0));
+        std::fill(gkh.data + j * gkh.ld, gkh.data + j * gkh.ld + D, T(0));
+        std::fill(gvh.data + j * gvh.ld, gvh.data + j * gvh.ld + D, T(0));
       }
       for (int64_t i0 = 0; i0 < Tq; i0 += kBlock) {
         const int64_t m = std::min(kBlock, Tq - i0), seen = visible_keys(i0 + m - 1, n, causal);
-        const T* go_block = goh + i0 * go.row_stride;
-        block_weights(qh, q.row_stride, kh, k.row_stride, i0, m, seen, n, scale, causal, p.data(),
-                      static_cast<T*>(nullptr));
-        cpu::gemm<T>(false, true, m, seen, D, go_block, go.row_stride, vh, v.row_stride, T(0),
-                     ds.data(), seen);
+        const T* go_block = goh.data + i0 * goh.ld;
+        block_weights(qh, kh, i0, m, seen, n, scale, causal, p.data(), static_cast<T*>(nullptr));
+        cpu::gemm<T>(false, true, m, seen, D, go_block, goh.ld, vh.data, vh.ld, T(0), ds.data(),
+                     seen);
         for (int64_t r = 0; r < m; ++r) {
-          const T* gor = go_block + r * go.row_stride;
-          const T* orow = oh + (i0 + r) * out.row_stride;
+          const T* gor = go_block + r * goh.ld;
+          const T* orow = oh.data + (i0 + r) * oh.ld;
           const T row_dot = cpu::lane_sum<T>(D, [&](int64_t d) { return gor[d] * orow[d]; });
           const T* pr = p.data() + r * seen;
           T* dsr = ds.data() + r * seen;
           for (int64_t j = 0; j < seen; ++j) dsr[j] = pr[j] * (dsr[j] - row_dot) * scale;
         }
-        cpu::gemm<T>(false, false, m, D, seen, ds.data(), seen, kh, k.row_stride, T(0),
-                     gqh + i0 * gq.row_stride, gq.row_stride);
-        cpu::gemm<T>(true, false, seen, D, m, ds.data(), seen, qh + i0 * q.row_stride, q.row_stride,
-                     T(1), gkh, gk.row_stride);
-        cpu::gemm<T>(true, false, seen, D, m, p.data(), seen, go_block, go.row_stride, T(1), gvh,
-                     gv.row_stride);
+        cpu::gemm<T>(false, false, m, D, seen, ds.data(), seen, kh.data, kh.ld, T(0),
+                     gqh.data + i0 * gqh.ld, gqh.ld);
+        cpu::gemm<T>(true, false, seen, D, m, ds.data(), seen, qh.data + i0 * qh.ld, qh.ld, T(1),
+                     gkh.data, gkh.ld);
+        cpu::gemm<T>(true, false, seen, D, m, p.data(), seen, go_block, goh.ld, T(1), gvh.data,
+                     gvh.ld);
       }
+      write_head(gqb, gq, h, n.heads, Tq, D);
+      write_head(gkb, gk, h, n.heads, Tk, D);
+      write_head(gvb, gv, h, n.heads, Tk, D);
     }
   });
 }
 
-// The dtype the CPU computes attention in: f64 for f64, f32 for the rest.
-DType compute_dtype(DType inputs) {
-  return inputs == DType::f64 ? DType::f64 : DType::f32;
-}
-
 }  // namespace
 
-void CpuBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double scale,
+void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                            bool causal, const Tensor& out, const Tensor& lse) {
-  const AttentionSizes n = check_attention("attention", q_in, k_in, v_in, lse, causal, {&out});
+  const AttentionSizes n = check_attention("attention", q, k, v, lse, causal, {&out});
   if (n.batch * n.heads * n.queries == 0) return;
-  const DType dt = compute_dtype(q_in.dtype());
-  const Tensor q = in_dtype(q_in, dt), k = in_dtype(k_in, dt), v = in_dtype(v_in, dt);
-  const Tensor o = target(out, dt);
-  PIPIT_DISPATCH_FLOAT(dt, "attention", {
-    using T = scalar_t;
-    attention_forward<T>(heads_of<const T>(q), heads_of<const T>(k), heads_of<const T>(v),
-                         heads_of<T>(o), lse.data<T>(), n, static_cast<T>(scale), causal);
+  PIPIT_DISPATCH_FLOAT_AND_HALF(q.dtype(), "attention", {
+    using S = scalar_t;
+    using T = compute_t<S>;
+    attention_forward<S>(heads_of<const S>(q), heads_of<const S>(k), heads_of<const S>(v),
+                         heads_of<S>(out), lse.data<T>(), n, static_cast<T>(scale), causal);
   });
-  write_back(o, out);
 }
 
-void CpuBackend::attention_backward(const Tensor& grad_out, const Tensor& q_in, const Tensor& k_in,
-                                    const Tensor& v_in, const Tensor& out_in, const Tensor& lse,
+void CpuBackend::attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                    const Tensor& v, const Tensor& out, const Tensor& lse,
                                     double scale, bool causal, const Tensor& grad_q,
                                     const Tensor& grad_k, const Tensor& grad_v) {
   const char* op = "attention_backward";
-  const AttentionSizes n =
-      check_attention(op, q_in, k_in, v_in, lse, causal, {&grad_q, &grad_k, &grad_v});
-  check_attention(op, q_in, k_in, v_in, lse, causal, {&out_in});
-  check_attention(op, q_in, k_in, v_in, lse, causal, {&grad_out});
+  const AttentionSizes n = check_attention(op, q, k, v, lse, causal, {&grad_q, &grad_k, &grad_v});
+  check_attention(op, q, k, v, lse, causal, {&out});
+  check_attention(op, q, k, v, lse, causal, {&grad_out});
   if (n.batch * n.heads == 0) return;
-  const DType dt = compute_dtype(q_in.dtype());
-  const Tensor q = in_dtype(q_in, dt), k = in_dtype(k_in, dt), v = in_dtype(v_in, dt);
-  const Tensor go = in_dtype(grad_out, dt), out = in_dtype(out_in, dt);
-  const Tensor gq = target(grad_q, dt), gk = target(grad_k, dt), gv = target(grad_v, dt);
-  PIPIT_DISPATCH_FLOAT(dt, op, {
-    using T = scalar_t;
-    attention_backward_heads<T>(heads_of<const T>(go), heads_of<const T>(q), heads_of<const T>(k),
-                                heads_of<const T>(v), heads_of<const T>(out), heads_of<T>(gq),
-                                heads_of<T>(gk), heads_of<T>(gv), n, static_cast<T>(scale), causal);
+  PIPIT_DISPATCH_FLOAT_AND_HALF(q.dtype(), op, {
+    using S = scalar_t;
+    using T = compute_t<S>;
+    attention_backward_heads<S>(heads_of<const S>(grad_out), heads_of<const S>(q),
+                                heads_of<const S>(k), heads_of<const S>(v), heads_of<const S>(out),
+                                heads_of<S>(grad_q), heads_of<S>(grad_k), heads_of<S>(grad_v), n,
+                                static_cast<T>(scale), causal);
   });
-  write_back(gq, grad_q);
-  write_back(gk, grad_k);
-  write_back(gv, grad_v);
 }
 
 }  // namespace pipit
