@@ -48,24 +48,6 @@ struct HeadRows {
   int64_t ld;
 };
 
-template <typename S>
-void widen_row(const S* x, compute_t<S>* out, int64_t n) {
-  if constexpr (std::is_same_v<S, cpu::BFloat16>) {
-    cpu::widen_bf16_row(&x->bits, out, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = compute_t<S>(x[i]);
-  }
-}
-
-template <typename S>
-void round_row(const compute_t<S>* x, S* out, int64_t n) {
-  if constexpr (std::is_same_v<S, cpu::BFloat16>) {
-    cpu::round_bf16_row(x, &out->bits, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = S(x[i]);
-  }
-}
-
 // `rows` rows of head h of x, read in place when stored in T, else widened into buffer.
 template <typename T, typename S>
 HeadRows<const T> read_head(const Heads<const S>& x, int64_t h, int64_t heads, int64_t rows,
@@ -74,7 +56,8 @@ HeadRows<const T> read_head(const Heads<const S>& x, int64_t h, int64_t heads, i
   if constexpr (std::is_same_v<T, S>) {
     return {stored, x.row_stride};
   } else {
-    for (int64_t r = 0; r < rows; ++r) widen_row(stored + r * x.row_stride, &buffer[r * D], D);
+    for (int64_t r = 0; r < rows; ++r)
+      cpu::widen_run(stored + r * x.row_stride, 1, &buffer[r * D], D);
     return {buffer.data(), D};
   }
 }
@@ -96,14 +79,9 @@ void write_head(const std::vector<T>& buffer, const Heads<S>& x, int64_t h, int6
                 int64_t rows, int64_t D) {
   if constexpr (!std::is_same_v<T, S>) {
     S* stored = x.head(h, heads);
-    for (int64_t r = 0; r < rows; ++r) round_row(&buffer[r * D], stored + r * x.row_stride, D);
+    for (int64_t r = 0; r < rows; ++r)
+      cpu::round_run(&buffer[r * D], stored + r * x.row_stride, 1, D);
   }
-}
-
-// A buffer for one head's `rows` rows, needed only when S is not the compute type.
-template <typename S>
-std::vector<compute_t<S>> head_buffer(int64_t rows, int64_t D) {
-  return std::vector<compute_t<S>>(std::is_same_v<compute_t<S>, S> ? 0 : rows * D);
 }
 
 // Keys query i sees: all Tk, or 0..i + Tk - Tq when causal.
@@ -145,8 +123,9 @@ void attention_forward(Heads<const S> q, Heads<const S> k, Heads<const S> v, Hea
   const int threads = cpu::threads_for(heads * Tq * Tk * D / 8);
   cpu::parallel_range(heads, threads, [&](int64_t begin, int64_t end) {
     std::vector<T> p(static_cast<size_t>(std::min(kBlock, Tq) * Tk));
-    std::vector<T> qb = head_buffer<S>(Tq, D), kb = head_buffer<S>(Tk, D),
-                   vb = head_buffer<S>(Tk, D), ob = head_buffer<S>(Tq, D);
+    // Heads in T are read in place, half ones through these copies.
+    const int64_t copies = std::is_same_v<T, S> ? 0 : D, q_rows = copies * Tq, k_rows = copies * Tk;
+    std::vector<T> qb(q_rows), kb(k_rows), vb(k_rows), ob(q_rows);
     for (int64_t h = begin; h < end; ++h) {
       const HeadRows<const T> qh = read_head(q, h, n.heads, Tq, D, qb),
                               kh = read_head(k, h, n.heads, Tk, D, kb),
@@ -175,10 +154,9 @@ void attention_backward_heads(Heads<const S> go, Heads<const S> q, Heads<const S
   cpu::parallel_range(heads, threads, [&](int64_t begin, int64_t end) {
     const size_t block = static_cast<size_t>(std::min(kBlock, Tq) * Tk);
     std::vector<T> p(block), ds(block);
-    std::vector<T> gob = head_buffer<S>(Tq, D), qb = head_buffer<S>(Tq, D),
-                   kb = head_buffer<S>(Tk, D), vb = head_buffer<S>(Tk, D),
-                   ob = head_buffer<S>(Tq, D), gqb = head_buffer<S>(Tq, D),
-                   gkb = head_buffer<S>(Tk, D), gvb = head_buffer<S>(Tk, D);
+    const int64_t copies = std::is_same_v<T, S> ? 0 : D, q_rows = copies * Tq, k_rows = copies * Tk;
+    std::vector<T> gob(q_rows), qb(q_rows), kb(k_rows), vb(k_rows), ob(q_rows), gqb(q_rows),
+        gkb(k_rows), gvb(k_rows);
     for (int64_t h = begin; h < end; ++h) {
       const HeadRows<const T> qh = read_head(q, h, n.heads, Tq, D, qb),
                               kh = read_head(k, h, n.heads, Tk, D, kb),

@@ -21,23 +21,6 @@ template <typename S>
 constexpr bool is_half_element = !std::is_same_v<compute_t<S>, S>;
 constexpr int64_t kHalfChunk = 256;
 
-// A chunk of half elements widened to compute_t, and results stored back rounded: bf16 runs
-// of unit stride through the vectorized row kernels, the rest element by element.
-template <typename H>
-void load_chunk(const H* x, int64_t stride, compute_t<H>* out, int64_t n) {
-  if constexpr (std::is_same_v<H, cpu::BFloat16>) {
-    if (stride == 1) return cpu::widen_bf16_row(reinterpret_cast<const uint16_t*>(x), out, n);
-  }
-  for (int64_t i = 0; i < n; ++i) out[i] = compute_t<H>(x[i * stride]);
-}
-template <typename O>
-void store_chunk(const compute_t<O>* values, O* out, int64_t stride, int64_t n) {
-  if constexpr (std::is_same_v<O, cpu::BFloat16>) {
-    if (stride == 1) return cpu::round_bf16_row(values, reinterpret_cast<uint16_t*>(out), n);
-  }
-  for (int64_t i = 0; i < n; ++i) out[i * stride] = O(values[i]);
-}
-
 template <typename F, typename Row, typename T, typename... In>
 void apply_row(F& f, Row& row, T* out, int64_t n, const In*... in) {
   if constexpr (std::is_same_v<Row, NoRowKernel>) {
@@ -59,9 +42,9 @@ void map1(const Tensor& in, const Tensor& out, F f, Row row = {}) {
                            compute_t<O> ys[kHalfChunk];
                            for (int64_t begin = 0; begin < n; begin += kHalfChunk) {
                              const int64_t m = std::min(kHalfChunk, n - begin);
-                             load_chunk(x + begin * s[1], s[1], xs, m);
+                             cpu::widen_run(x + begin * s[1], s[1], xs, m);
                              apply_row(f, row, ys, m, xs);
-                             store_chunk(ys, o + begin * s[0], s[0], m);
+                             cpu::round_run(ys, o + begin * s[0], s[0], m);
                            }
                          } else if (s[0] == 1 && s[1] == 1) {
                            apply_row(f, row, o, n, x);
@@ -84,10 +67,10 @@ void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f, Row row = {}
                            compute_t<O> zs[kHalfChunk];
                            for (int64_t begin = 0; begin < n; begin += kHalfChunk) {
                              const int64_t m = std::min(kHalfChunk, n - begin);
-                             load_chunk(x + begin * s[1], s[1], xs, m);
-                             load_chunk(y + begin * s[2], s[2], ys, m);
+                             cpu::widen_run(x + begin * s[1], s[1], xs, m);
+                             cpu::widen_run(y + begin * s[2], s[2], ys, m);
                              apply_row(f, row, zs, m, xs, ys);
-                             store_chunk(zs, o + begin * s[0], s[0], m);
+                             cpu::round_run(zs, o + begin * s[0], s[0], m);
                            }
                          } else if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
                            apply_row(f, row, o, n, x, y);

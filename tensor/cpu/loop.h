@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "tensor/cpu/thread_team.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/dtype.h"
 #include "tensor/dtype_dispatch.h"
 #include "tensor/parallel.h"
@@ -146,6 +147,23 @@ void into_f32(const Tensor& out, Kernel kernel) {
   Tensor wide = Tensor::empty(out.shape(), DType::f32);
   kernel(wide);
   copy_rounded(wide, out);
+}
+
+// n half elements (every `stride`-th) widened into f32, and f32 values rounded into them: bf16
+// runs of unit stride through the vectorized row kernels, the rest element by element.
+template <typename H>
+void widen_run(const H* x, int64_t stride, compute_t<H>* out, int64_t n) {
+  if constexpr (std::is_same_v<H, BFloat16>) {
+    if (stride == 1) return widen_bf16_row(&x->bits, out, n);
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = compute_t<H>(x[i * stride]);
+}
+template <typename H>
+void round_run(const compute_t<H>* x, H* out, int64_t stride, int64_t n) {
+  if constexpr (std::is_same_v<H, BFloat16>) {
+    if (stride == 1) return round_bf16_row(x, &out->bits, n);
+  }
+  for (int64_t i = 0; i < n; ++i) out[i * stride] = H(x[i]);
 }
 
 inline char* byte_ptr(const Tensor& t) {
