@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "pipit.h"
+#include "tensor/backend.h"
 #include "tensor/cpu/cpu_allocator.h"
 #include "tests/bitwise.h"
 
@@ -144,12 +145,12 @@ TEST_CASE("large tensors take the parallel paths and agree with small ones", "[t
 TEST_CASE("reductions over a transposed view's rows give the bits of its contiguous copy",
           "[tensor]") {
   // A bias gradient sums a transposed gradient over its rows; summed where it lies, the order
-  // of the sums must still be the copy's, at any thread count and for f32, bf16 and f64.
+  // of the sums must still be the copy's, at any thread count and for f32, bf16, f16 and f64.
   Generator g(4);
   const int threads = get_num_threads();
   for (const auto& [rows, cols] :
        std::vector<std::pair<int64_t, int64_t>>{{2048, 131}, {13, 7}, {5, 300}, {1000, 1000}}) {
-    for (const DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+    for (const DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
       INFO(rows << " x " << cols << " " << dtype);
       const Tensor base =
           randn({rows, cols}, &g, {dtype == DType::f64 ? dtype : DType::f32}).to(dtype);
@@ -159,6 +160,14 @@ TEST_CASE("reductions over a transposed view's rows give the bits of its contigu
         set_num_threads(t);
         CHECK(sum(view, {1}).to_vector<double>() == sum(copy, {1}).to_vector<double>());
         CHECK(max(view, {1}).to_vector<double>() == max(copy, {1}).to_vector<double>());
+        if (is_half(dtype)) {
+          // Into f32, as a bias gradient under autocast: the f32 sums, unrounded.
+          const Tensor from_view = Tensor::empty({cols, 1}), from_copy = Tensor::empty({cols, 1});
+          const int64_t over_rows[] = {1};
+          backend(view).reduce(ReduceOp::sum, view, over_rows, from_view);
+          backend(copy).reduce(ReduceOp::sum, copy, over_rows, from_copy);
+          CHECK(testing::bitwise_equal(from_view, from_copy));
+        }
       }
     }
   }

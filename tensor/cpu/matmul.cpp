@@ -346,10 +346,8 @@ void CpuBackend::matmul_bias_grad(const Tensor& a, const Tensor& b, const Tensor
                                   const Tensor& bias_grad) {
   check_matmul_with_vector("matmul_bias_grad", a, b, out, bias_grad, a.shape()[0]);
   matmul(a, b, out, false);
-  // An f32 bias gradient of half a: the f32 sum, not a rounded one.
-  const Tensor summed = is_half(a.dtype()) && !is_half(bias_grad.dtype()) ? cpu::widened(a) : a;
   const int64_t over_k[] = {1};
-  reduce(ReduceOp::sum, summed, over_k, bias_grad);
+  reduce(ReduceOp::sum, a, over_k, bias_grad);
 }
 
 }  // namespace pipit

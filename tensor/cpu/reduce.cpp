@@ -99,9 +99,10 @@ void reduce_rows(ReduceOp op, const T* x, int64_t rows, int64_t R, T* out) {
   }
 }
 
-// acc[k] = combine(acc[k], row[k]), with the op fixed at compile time so the loop vectorizes.
-template <typename T, ReduceOp Op>
-void combine_row(acc_t<T>* acc, const T* row, int64_t n) {
+// acc[k] = combine(acc[k], row[k]), with the op fixed at compile time so the loop vectorizes;
+// a row of half elements S is widened as it is read.
+template <typename T, ReduceOp Op, typename S = T>
+void combine_row(acc_t<T>* acc, const S* row, int64_t n) {
   for (int64_t k = 0; k < n; ++k) acc[k] = combine<T>(Op, acc[k], static_cast<acc_t<T>>(row[k]));
 }
 
@@ -122,8 +123,8 @@ void reduce_columns(ReduceOp op, const T* x, int64_t R, int64_t K, T* out) {
 // the lanes combined in order, then the rest), so the bits are reduce_rows's on the transposed
 // copy: the reduced dim of a transposed view (a bias gradient's sum over a transposed
 // gradient) summed where it lies, eight rows of partial results at a time.
-template <typename T, ReduceOp Op>
-void reduce_lanes_down(const T* x, int64_t R, int64_t K, int64_t ld, T* out) {
+template <typename T, ReduceOp Op, typename S>
+void reduce_lanes_down(const S* x, int64_t R, int64_t K, int64_t ld, T* out) {
   constexpr int kLanes = 8;
   cpu::parallel_range(K, cpu::threads_for(R * K), [&](int64_t begin, int64_t end) {
     const int64_t n = end - begin;
@@ -131,16 +132,37 @@ void reduce_lanes_down(const T* x, int64_t R, int64_t K, int64_t ld, T* out) {
     int64_t r = 0;
     for (; r + kLanes <= R; r += kLanes) {
       for (int j = 0; j < kLanes; ++j) {
-        combine_row<T, Op>(&lanes[j * n], x + (r + j) * ld + begin, n);
+        combine_row<T, Op, S>(&lanes[j * n], x + (r + j) * ld + begin, n);
       }
     }
     std::vector<acc_t<T>> acc(static_cast<size_t>(n), identity<T>(Op));
     for (int j = 0; j < kLanes; ++j) {
       for (int64_t k = 0; k < n; ++k) acc[k] = combine<T>(Op, acc[k], lanes[j * n + k]);
     }
-    for (; r < R; ++r) combine_row<T, Op>(acc.data(), x + r * ld + begin, n);
+    for (; r < R; ++r) combine_row<T, Op, S>(acc.data(), x + r * ld + begin, n);
     for (int64_t k = 0; k < n; ++k) out[begin + k] = static_cast<T>(acc[k]);
   });
+}
+
+// Whether `in` is a transposed 2-D view reduced over its dim 1, which reduce_lanes_down sums
+// where it lies.
+bool reduces_lanes_down(const Tensor& in, const std::vector<bool>& reduced) {
+  return in.dim() == 2 && reduced[1] && !reduced[0] && in.strides()[0] == 1 &&
+         in.strides()[1] >= in.shape()[0] && in.shape()[1] <= kSumBlock;
+}
+
+template <typename T, typename S>
+void lanes_down(ReduceOp op, const Tensor& in, T* out) {
+  const S* x = static_cast<const S*>(in.raw_data());
+  const int64_t K = in.shape()[0], R = in.shape()[1], ld = in.strides()[1];
+  switch (op) {
+    case ReduceOp::sum:
+      return reduce_lanes_down<T, ReduceOp::sum>(x, R, K, ld, out);
+    case ReduceOp::max:
+      return reduce_lanes_down<T, ReduceOp::max>(x, R, K, ld, out);
+    case ReduceOp::min:
+      return reduce_lanes_down<T, ReduceOp::min>(x, R, K, ld, out);
+  }
 }
 
 // A view of t with dims reordered (no copy).
@@ -178,17 +200,7 @@ void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduce
   if (in.is_contiguous() && leading && K > 1) {
     return reduce_columns<T>(op, in.data<T>(), R, K, o);
   }
-  if (in.dim() == 2 && reduced[1] && !reduced[0] && in.strides()[0] == 1 &&
-      in.strides()[1] >= in.shape()[0] && R <= kSumBlock) {
-    switch (op) {
-      case ReduceOp::sum:
-        return reduce_lanes_down<T, ReduceOp::sum>(in.data<T>(), R, K, in.strides()[1], o);
-      case ReduceOp::max:
-        return reduce_lanes_down<T, ReduceOp::max>(in.data<T>(), R, K, in.strides()[1], o);
-      case ReduceOp::min:
-        return reduce_lanes_down<T, ReduceOp::min>(in.data<T>(), R, K, in.strides()[1], o);
-    }
-  }
+  if (reduces_lanes_down(in, reduced)) return lanes_down<T, T>(op, in, o);
   Tensor view = permuted(in, order);
   Tensor rows = dense(view);
   reduce_rows<T>(op, rows.data<T>(), K, R, o);
@@ -199,12 +211,19 @@ void reduce_typed(ReduceOp op, const Tensor& in, const std::vector<bool>& reduce
 void CpuBackend::reduce(ReduceOp op, const Tensor& in, std::span<const int64_t> dims,
                         const Tensor& out) {
   PIPIT_CHECK(out.is_contiguous(), "reduce: output must be contiguous");
-  if (is_half(in.dtype())) {
-    const Tensor wide = cpu::widened(in);
-    return cpu::into_f32(out, [&](const Tensor& target) { reduce(op, wide, dims, target); });
-  }
   std::vector<bool> reduced(static_cast<size_t>(in.dim()), false);
   for (int64_t d : dims) reduced[static_cast<size_t>(d)] = true;
+  if (is_half(in.dtype())) {
+    // A transposed half gradient (a bias gradient's, under autocast) is summed where it lies;
+    // other half inputs through a widened copy.
+    const Tensor wide = reduces_lanes_down(in, reduced) ? in : cpu::widened(in);
+    return cpu::into_f32(out, [&](const Tensor& target) {
+      if (!is_half(wide.dtype())) return reduce(op, wide, dims, target);
+      if (in.dtype() == DType::bf16)
+        return lanes_down<float, cpu::BFloat16>(op, in, target.data<float>());
+      lanes_down<float, cpu::Half>(op, in, target.data<float>());
+    });
+  }
   PIPIT_DISPATCH_NUMERIC(in.dtype(), "reduce", reduce_typed<scalar_t>(op, in, reduced, out));
 }
 
