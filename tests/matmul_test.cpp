@@ -256,7 +256,7 @@ Tensor f32_product(const Tensor& a, const Tensor& b, const Tensor& addend = Tens
 }  // namespace
 
 TEST_CASE("bf16 products into f32 match a double-precision reference on either path", "[tensor]") {
-  // Shapes around the bf16 kernel's blocks: 12 x 32 micro-tiles, 256-deep and 512-wide blocks,
+  // Shapes around the bf16 kernel's blocks: 6 x 64 micro-tiles, 256-deep and 512-wide blocks,
   // an odd depth (a padded pair), and a product split into tiles.
   Generator generator(14);
   const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1},      {3, 5, 7},      {12, 32, 256},
@@ -277,6 +277,14 @@ TEST_CASE("bf16 products into f32 match a double-precision reference on either p
     const Tensor w = transpose(randn({333, 200}, &generator), 0, 1).to(DType::bf16);
     const Tensor bias = randn({333}, &generator);
     check_against_reference(x, w, f32_product(x, w, bias), bias.to_vector<float>());
+    // Rows of A followed by NaNs, at an odd and an even depth: nothing past a row's depth may
+    // enter a product (the kernel reads row-major rows in place).
+    for (const int64_t depth : {int64_t{257}, int64_t{256}}) {
+      const Tensor rows = cat({randn({13, depth}, &generator), full({13, 1}, NAN)}, 1);
+      const Tensor a = narrow(rows.to(DType::bf16), 1, 0, depth);
+      const Tensor b = randn({depth, 70}, &generator).to(DType::bf16);
+      check_against_reference(a, b, f32_product(a, b));
+    }
   });
 }
 
