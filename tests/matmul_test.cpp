@@ -288,6 +288,36 @@ TEST_CASE("bf16 products into f32 match a double-precision reference on either p
   });
 }
 
+TEST_CASE("bf16 products into bf16 are the f32 product rounded once, with or without a bias",
+          "[tensor]") {
+  // On the dot product, products one block deep (K <= 256) round in the kernel, the rest
+  // through an f32 stand-in; either way each element is its f32 sum (+ bias) rounded once.
+  // Edges of the 6 x 64 micro-tile, every layout, and a NaN and infinities in A.
+  Generator generator(16);
+  Backend& cpu = backend(Device::cpu());
+  with_each_bf16_path([&] {
+    for (const auto& [M, N, K] : std::vector<std::array<int64_t, 3>>{
+             {40, 70, 128}, {97, 129, 255}, {17, 64, 256}, {30, 40, 300}}) {
+      for (int layout = 0; layout < 4; ++layout) {
+        INFO(M << " x " << N << " x " << K << " layout " << layout);
+        Tensor a32 = matrix(M, K, layout & 1, generator).contiguous();
+        a32.data<float>()[0] = NAN;
+        a32.data<float>()[1] = INFINITY;
+        a32.data<float>()[K + 2] = -INFINITY;
+        const Tensor a =
+            (layout & 1 ? transpose(transpose(a32, 0, 1).contiguous(), 0, 1) : a32).to(DType::bf16);
+        const Tensor b = matrix(K, N, layout & 2, generator).to(DType::bf16);
+        const Tensor bias = randn({N}, &generator).to(DType::bf16);
+        const Tensor out = Tensor::empty({M, N}, DType::bf16);
+        cpu.matmul(a, b, out, false);
+        CHECK(testing::bitwise_equal(out, f32_product(a, b).to(DType::bf16)));
+        cpu.matmul_bias(a, b, bias, out);
+        CHECK(testing::bitwise_equal(out, f32_product(a, b, bias.to(DType::f32)).to(DType::bf16)));
+      }
+    }
+  });
+}
+
 TEST_CASE("bf16 products are the same bits at any thread count", "[tensor]") {
   Generator generator(15);
   const Tensor a = randn({256, 784}, &generator).to(DType::bf16);

@@ -15,5 +15,12 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t
 // (gemm_bf16.cpp); only when cpu_bf16_dot().
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda,
                const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// The same into a bf16 C: each f32 sum, plus bias[j] in column j when bias is given, rounded
+// once as the kernel stores it (no f32 C). Only for K <= kBf16Depth, which the kernel sums
+// in one block, so every sum is whole when it is stored.
+constexpr int64_t kBf16Depth = 256;
+void gemm_bf16_rounded(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a,
+                       int64_t lda, const uint16_t* b, int64_t ldb, const float* bias, uint16_t* c,
+                       int64_t ldc);
 
 }  // namespace pipit::cpu

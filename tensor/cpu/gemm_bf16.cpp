@@ -43,11 +43,11 @@ bool cpu_bf16_dot() {
 namespace cpu {
 namespace {
 
-constexpr int64_t kMr = 6;    // rows of C per micro-kernel: 24 accumulators of 32 registers
-constexpr int64_t kNr = 64;   // columns: four 16-lane registers
-constexpr int64_t kKc = 256;  // depth per block (128 pairs): a B panel is 32 KB
-constexpr int64_t kMc = 96;   // rows of A per packed block
-constexpr int64_t kNc = 512;  // columns of B per packed block
+constexpr int64_t kMr = 6;           // rows of C per micro-kernel: 24 accumulators of 32 registers
+constexpr int64_t kNr = 64;          // columns: four 16-lane registers
+constexpr int64_t kKc = kBf16Depth;  // depth per block (128 pairs): a B panel is 32 KB
+constexpr int64_t kMc = 96;          // rows of A per packed block
+constexpr int64_t kNc = 512;         // columns of B per packed block
 
 // Packs rows [0, rows) and depth [0, depth) of a matrix whose element (i, k) lies at
 // x[i * i_stride + k * k_stride] as panels of `width` rows: out[panel][pair][r] holds
@@ -88,14 +88,39 @@ void pack_panels(const uint16_t* x, int64_t i_stride, int64_t k_stride, int64_t 
   }
 }
 
-// c[kMr, kNr] = sum over `pairs` of A's pairs times b_panel's, + beta c, A's pair p of row r
-// being the 32-bit word at a + r * a_row + p * a_pair (in bf16 elements): a packed panel, or
-// A's rows where they lie. Rows and columns past (rows, cols) are computed from row rows - 1
-// or B's padding and not stored.
+// Where the micro-kernel stores: f32 c (ldc) plus beta c, or, when rounded is given, the sums
+// plus bias (when given, one per column) rounded to bf16 into rounded (ldc).
+struct Store {
+  float beta;
+  float* c;
+  uint16_t* rounded;
+  const float* bias;
+  int64_t ldc;
+};
+
+// v rounded to bf16 as float_to_bfloat16 rounds (to nearest even, NaNs quiet), 16 lanes. The
+// zero-masked forms: GCC 12 warns that the plain ones' undefined sources are uninitialized.
+__attribute__((target("avx512f"))) __m256i round_to_bf16(__m512 v) {
+  constexpr __mmask16 kAll = 0xffff;
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i high = _mm512_maskz_srli_epi32(kAll, bits, 16);
+  const __m512i bias =
+      _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(high, _mm512_set1_epi32(1)));
+  const __m512i rounded = _mm512_maskz_srli_epi32(kAll, _mm512_add_epi32(bits, bias), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+  return _mm512_maskz_cvtepi32_epi16(kAll, _mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+
+// C[kMr, kNr] = sum over `pairs` of A's pairs times b_panel's, stored as `out` says, A's pair
+// p of row r being the 32-bit word at a + r * a_row + p * a_pair (in bf16 elements): a packed
+// panel, or A's rows where they lie. Rows and columns past (rows, cols) are computed from row
+// rows - 1 or B's padding and not stored.
 __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(int64_t pairs, const uint16_t* a,
                                                                 int64_t a_row, int64_t a_pair,
-                                                                const uint32_t* b_panel, float beta,
-                                                                float* c, int64_t ldc, int64_t rows,
+                                                                const uint32_t* b_panel,
+                                                                const Store& out, int64_t rows,
                                                                 int64_t cols) {
   constexpr int kVecs = kNr / 16;
   __m512 acc[kMr][kVecs];
@@ -115,12 +140,19 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(int64_t pairs, c
     }
     b_panel += kNr;
   }
+  const float beta = out.beta;
   const __m512 scale = _mm512_set1_ps(beta);
   if (rows == kMr && cols == kNr) {
     for (int64_t r = 0; r < kMr; ++r) {
       for (int v = 0; v < kVecs; ++v) {
-        float* row = c + r * ldc + 16 * v;
         __m512 value = acc[r][v];
+        if (out.rounded) {
+          if (out.bias) value = _mm512_add_ps(value, _mm512_loadu_ps(out.bias + 16 * v));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.rounded + r * out.ldc + 16 * v),
+                              round_to_bf16(value));
+          continue;
+        }
+        float* row = out.c + r * out.ldc + 16 * v;
         if (beta != 0.0f) value = _mm512_fmadd_ps(scale, _mm512_loadu_ps(row), value);
         _mm512_storeu_ps(row, value);
       }
@@ -133,8 +165,13 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(int64_t pairs, c
   }
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < cols; ++j) {
-      float& out = c[r * ldc + j];
-      out = beta != 0.0f ? beta * out + tile[r][j] : tile[r][j];
+      if (out.rounded) {
+        out.rounded[r * out.ldc + j] =
+            float_to_bfloat16(out.bias ? tile[r][j] + out.bias[j] : tile[r][j]);
+        continue;
+      }
+      float& c = out.c[r * out.ldc + j];
+      c = beta != 0.0f ? beta * c + tile[r][j] : tile[r][j];
     }
   }
 }
@@ -145,8 +182,10 @@ int64_t round_up(int64_t n, int64_t to) {
 
 }  // namespace
 
-void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda,
-               const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+namespace {
+
+void gemm_blocks(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda,
+                 const uint16_t* b, int64_t ldb, const Store& out) {
   // Reused across calls on this thread: allocating them per call would cost more than a
   // small product.
   thread_local std::vector<uint32_t> a_pack, b_pack;
@@ -156,7 +195,7 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t
     const int64_t cols = std::min(kNc, N - n0);
     for (int64_t k0 = 0; k0 < K; k0 += kKc) {
       const int64_t depth = std::min(kKc, K - k0), pairs = (depth + 1) / 2;
-      const float block_beta = k0 == 0 ? beta : 1.0f;
+      const float block_beta = k0 == 0 ? out.beta : 1.0f;
       const uint16_t* b_block = tb ? b + n0 * ldb + k0 : b + k0 * ldb + n0;
       pack_panels(b_block, tb ? ldb : 1, tb ? 1 : ldb, cols, depth, kNr, b_pack.data());
       for (int64_t m0 = 0; m0 < M; m0 += kMc) {
@@ -173,14 +212,31 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t
           const uint32_t* b_panel = b_pack.data() + j * pairs;
           for (int64_t i = 0; i < rows; i += kMr) {
             const uint16_t* a_panel = in_place ? a_block + i * lda : packed + 2 * i * pairs;
+            const int64_t at = (m0 + i) * out.ldc + n0 + j;
+            const Store tile_out{block_beta, out.c ? out.c + at : nullptr,
+                                 out.rounded ? out.rounded + at : nullptr,
+                                 out.bias ? out.bias + n0 + j : nullptr, out.ldc};
             micro_kernel(pairs, a_panel, in_place ? lda : 2, in_place ? 2 : 2 * kMr, b_panel,
-                         block_beta, c + (m0 + i) * ldc + n0 + j, ldc, std::min(kMr, rows - i),
-                         std::min(kNr, cols - j));
+                         tile_out, std::min(kMr, rows - i), std::min(kNr, cols - j));
           }
         }
       }
     }
   }
+}
+
+}  // namespace
+
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda,
+               const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  gemm_blocks(ta, tb, M, N, K, a, lda, b, ldb, {beta, c, nullptr, nullptr, ldc});
+}
+
+void gemm_bf16_rounded(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a,
+                       int64_t lda, const uint16_t* b, int64_t ldb, const float* bias, uint16_t* c,
+                       int64_t ldc) {
+  PIPIT_CHECK(K <= kBf16Depth, "gemm_bf16_rounded: depth ", K, " is over one block");
+  gemm_blocks(ta, tb, M, N, K, a, lda, b, ldb, {0.0f, nullptr, c, bias, ldc});
 }
 
 }  // namespace cpu

@@ -138,11 +138,13 @@ Tensor gemm_ready(const Tensor& t) {
 }
 
 // One tile's GEMM: f32 and f64 through the library, bf16 operands (their bits, as uint16_t)
-// into f32 on the dot product.
+// on the dot product, into f32 or rounded into bf16 (Out uint16_t, with the bias).
 template <typename T, typename Out>
 void gemm_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, int64_t lda,
-               const T* b, int64_t ldb, Out beta, Out* c, int64_t ldc) {
-  if constexpr (std::is_same_v<T, uint16_t>) {
+               const T* b, int64_t ldb, Out beta, Out* c, int64_t ldc, const float* bias) {
+  if constexpr (std::is_same_v<Out, uint16_t>) {
+    cpu::gemm_bf16_rounded(ta, tb, M, N, K, a, lda, b, ldb, bias, c, ldc);
+  } else if constexpr (std::is_same_v<T, uint16_t>) {
     cpu::gemm_bf16(ta, tb, M, N, K, a, lda, b, ldb, beta, c, ldc);
   } else {
     cpu::gemm<T>(ta, tb, M, N, K, a, lda, b, ldb, beta, c, ldc);
@@ -150,16 +152,17 @@ void gemm_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* a, in
 }
 
 // out = a b (+ out when accumulating), operands of element type T (uint16_t: bf16 bits, whose
-// products are f32).
-template <typename T>
-void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, bool accumulate) {
-  using Out = std::conditional_t<std::is_same_v<T, uint16_t>, float, T>;
+// products are f32), out of element type Out (for bf16 operands f32, or bf16 bits with `bias`,
+// rounded in the kernel).
+template <typename T, typename Out = std::conditional_t<std::is_same_v<T, uint16_t>, float, T>>
+void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, bool accumulate,
+                  const float* bias = nullptr) {
   const Out beta = accumulate ? Out(1) : Out(0);
   const Tensor a = gemm_ready(a_in), b = gemm_ready(b_in);
   const MatrixLayout la = layout_of(a), lb = layout_of(b);
   const int64_t r = out.dim();
   const int64_t M = out.shape()[r - 2], N = out.shape()[r - 1], K = a.shape()[r - 1];
-  Out* c = out.data<Out>();
+  Out* c = static_cast<Out*>(out.raw_data());
   const T* pa = static_cast<const T*>(a.raw_data());
   const T* pb = static_cast<const T*>(b.raw_data());
   if (M == 0 || N == 0) return;
@@ -185,7 +188,7 @@ void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, boo
     off_b += lb.transposed ? c0 * lb.ld : c0;
     gemm_call(la.transposed, lb.transposed, std::min(tiling.rows, rows - r0),
               std::min(tiling.cols, N - c0), K, pa + off_a, la.ld, pb + off_b, lb.ld, beta,
-              c + task / tiling.count() * M * N + r0 * N + c0, N);
+              c + task / tiling.count() * M * N + r0 * N + c0, N, bias ? bias + c0 : nullptr);
   };
   const int64_t tasks = products * tiling.count();
   const int threads = static_cast<int>(
@@ -295,8 +298,23 @@ const char* cpu_gemm_provider() {
   return use_onednn(0) ? "OpenBLAS, oneDNN for small products" : "OpenBLAS";
 }
 
+namespace {
+
+// Whether a product of bf16 operands into a bf16 out rounds in the bf16 kernel, without an f32
+// stand-in: on the dot product, one depth block deep, more rows than weight_columns takes.
+bool rounds_in_kernel(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
+  const int64_t K = a.shape()[a.dim() - 1];
+  return !accumulate && out.dtype() == DType::bf16 && a.dtype() == DType::bf16 &&
+         b.dtype() == DType::bf16 && cpu_bf16_dot() && K > 0 && K <= cpu::kBf16Depth &&
+         out.numel() > kFewRows * out.shape()[out.dim() - 1];
+}
+
+}  // namespace
+
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   PIPIT_CHECK(out.is_contiguous(), "matmul: output must be contiguous");
+  if (rounds_in_kernel(a, b, out, accumulate))
+    return matmul_typed<uint16_t, uint16_t>(a, b, out, false);
   if (is_half(out.dtype())) {
     // A half result is the f32 product rounded once, as cuBLAS writes it.
     Tensor wide = accumulate ? cpu::widened(out) : Tensor::empty(out.shape(), DType::f32);
@@ -319,6 +337,12 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, boo
 void CpuBackend::matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias,
                              const Tensor& out) {
   check_matmul_with_vector("matmul_bias", a, b, out, bias, b.shape()[1]);
+  if (rounds_in_kernel(a, b, out, false)) {
+    std::vector<float> wide_bias(static_cast<size_t>(bias.numel()));
+    cpu::widen_run(static_cast<const cpu::BFloat16*>(bias.raw_data()), 1, wide_bias.data(),
+                   bias.numel());
+    return matmul_typed<uint16_t, uint16_t>(a, b, out, false, wide_bias.data());
+  }
   // The bias is GEMM's C: a half out gets it widened exactly into an f32 stand-in, so bias +
   // sums round once.
   cpu::into_f32(out, [&](const Tensor& target) {
