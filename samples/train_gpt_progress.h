@@ -12,6 +12,7 @@
 #include "pipit.h"
 #include "support/peak_flops.h"
 #include "tensor/cpu/cpu_allocator.h"
+#include "tensor/cpu/cpu_backend.h"
 #include "train/gpu_peak.h"
 #ifdef PIPIT_WITH_CUDA
 #include "tensor/cuda/cuda_device.h"
@@ -71,7 +72,11 @@ inline std::optional<double> peak_flops(std::optional<double> peak_tflops,
   if (cpu && !gpus.empty()) return std::nullopt;
   if (cpu) {
     const int cores = std::min<int>(cores_used, std::max(1u, std::thread::hardware_concurrency()));
-    return pipit::support::measure_peak_gflops().gflops * 1e9 * cores;
+    // bf16 products on the dot product run at its own peak, twice the FMA's.
+    const bool bf16_dot = dtype == "bf16" && pipit::cpu_bf16_dot();
+    const pipit::support::Peak peak = bf16_dot ? pipit::support::measure_bf16_peak_gflops()
+                                               : pipit::support::measure_peak_gflops();
+    return peak.gflops * 1e9 * cores;
   }
   double total = 0;
   for (const int gpu : gpus) {
