@@ -180,10 +180,7 @@ int64_t round_up(int64_t n, int64_t to) {
   return (n + to - 1) / to * to;
 }
 
-}  // namespace
-
-namespace {
-
+// The loops at the top of this file over a whole product, each tile stored as `out` says.
 void gemm_blocks(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda,
                  const uint16_t* b, int64_t ldb, const Store& out) {
   // Reused across calls on this thread: allocating them per call would cost more than a
