@@ -124,7 +124,8 @@ void attention_forward(Heads<const S> q, Heads<const S> k, Heads<const S> v, Hea
   cpu::parallel_range(heads, threads, [&](int64_t begin, int64_t end) {
     std::vector<T> p(static_cast<size_t>(std::min(kBlock, Tq) * Tk));
     // Heads in T are read in place, half ones through these copies.
-    const int64_t copies = std::is_same_v<T, S> ? 0 : D, q_rows = copies * Tq, k_rows = copies * Tk;
+    const int64_t copy_width = std::is_same_v<T, S> ? 0 : D, q_rows = copy_width * Tq,
+                  k_rows = copy_width * Tk;
     std::vector<T> qb(q_rows), kb(k_rows), vb(k_rows), ob(q_rows);
     for (int64_t h = begin; h < end; ++h) {
       const HeadRows<const T> qh = read_head(q, h, n.heads, Tq, D, qb),
@@ -154,7 +155,8 @@ void attention_backward_heads(Heads<const S> go, Heads<const S> q, Heads<const S
   cpu::parallel_range(heads, threads, [&](int64_t begin, int64_t end) {
     const size_t block = static_cast<size_t>(std::min(kBlock, Tq) * Tk);
     std::vector<T> p(block), ds(block);
-    const int64_t copies = std::is_same_v<T, S> ? 0 : D, q_rows = copies * Tq, k_rows = copies * Tk;
+    const int64_t copy_width = std::is_same_v<T, S> ? 0 : D, q_rows = copy_width * Tq,
+                  k_rows = copy_width * Tk;
     std::vector<T> gob(q_rows), qb(q_rows), kb(k_rows), vb(k_rows), ob(q_rows), gqb(q_rows),
         gkb(k_rows), gvb(k_rows);
     for (int64_t h = begin; h < end; ++h) {

@@ -214,11 +214,10 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& in, std::span<const int64_t> 
   std::vector<bool> reduced(static_cast<size_t>(in.dim()), false);
   for (int64_t d : dims) reduced[static_cast<size_t>(d)] = true;
   if (is_half(in.dtype())) {
-    // A transposed half gradient (a bias gradient's, under autocast) is summed where it lies;
-    // other half inputs through a widened copy.
-    const Tensor wide = reduces_lanes_down(in, reduced) ? in : cpu::widened(in);
+    // A transposed half gradient (a bias gradient's, under autocast) is summed where it lies,
+    // each element widened as it is read; other half inputs through a widened copy.
     return cpu::into_f32(out, [&](const Tensor& target) {
-      if (!is_half(wide.dtype())) return reduce(op, wide, dims, target);
+      if (!reduces_lanes_down(in, reduced)) return reduce(op, cpu::widened(in), dims, target);
       if (in.dtype() == DType::bf16)
         return lanes_down<float, cpu::BFloat16>(op, in, target.data<float>());
       lanes_down<float, cpu::Half>(op, in, target.data<float>());
