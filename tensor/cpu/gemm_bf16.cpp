@@ -70,6 +70,39 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void interleave_pairs(const
   }
 }
 
+// out[j][i] = in[i][j] for 16 x 16 32-bit words, rows `in_stride` and `out_stride` bytes
+// apart: unpacking pairs of rows, then pairs of those, then 128-bit lanes. The zero-masked
+// forms, as in round_to_bf16.
+__attribute__((target("avx512f"))) void transpose_16x16(const char* in, int64_t in_stride,
+                                                        char* out, int64_t out_stride) {
+  constexpr __mmask16 kAll = 0xffff;
+  constexpr __mmask8 kAll8 = 0xff;
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(in + i * in_stride);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_maskz_unpacklo_epi32(kAll, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_epi32(kAll, r[i], r[i + 1]);
+  }
+  // r[4 g + c] now holds, in 128-bit lane L, column 4 L + c of rows 4 g .. 4 g + 3.
+  for (int g = 0; g < 4; ++g) {
+    r[4 * g] = _mm512_maskz_unpacklo_epi64(kAll8, t[4 * g], t[4 * g + 2]);
+    r[4 * g + 1] = _mm512_maskz_unpackhi_epi64(kAll8, t[4 * g], t[4 * g + 2]);
+    r[4 * g + 2] = _mm512_maskz_unpacklo_epi64(kAll8, t[4 * g + 1], t[4 * g + 3]);
+    r[4 * g + 3] = _mm512_maskz_unpackhi_epi64(kAll8, t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i low0 = _mm512_maskz_shuffle_i32x4(kAll, r[c], r[4 + c], 0x88),
+                  high0 = _mm512_maskz_shuffle_i32x4(kAll, r[c], r[4 + c], 0xdd),
+                  low1 = _mm512_maskz_shuffle_i32x4(kAll, r[8 + c], r[12 + c], 0x88),
+                  high1 = _mm512_maskz_shuffle_i32x4(kAll, r[8 + c], r[12 + c], 0xdd);
+    const int columns[4] = {c, 8 + c, 4 + c, 12 + c};
+    const __m512i results[4] = {
+        _mm512_maskz_shuffle_i32x4(kAll, low0, low1, 0x88), _mm512_maskz_shuffle_i32x4(kAll, low0, low1, 0xdd),
+        _mm512_maskz_shuffle_i32x4(kAll, high0, high1, 0x88), _mm512_maskz_shuffle_i32x4(kAll, high0, high1, 0xdd)};
+    for (int i = 0; i < 4; ++i) _mm512_storeu_si512(out + columns[i] * out_stride, results[i]);
+  }
+}
+
 // Packs rows [0, rows) and depth [0, depth) of a matrix whose element (i, k) lies at
 // x[i * i_stride + k * k_stride] as panels of `width` rows: out[panel][pair][r] holds
 // (i, 2 pair) in its low half and (i, 2 pair + 1) in its high, rows and depth past the
@@ -83,13 +116,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_panels(
     if (valid < width || full_pairs < pairs) std::fill(out, out + pairs * width, 0u);
     const uint16_t* panel = x + p0 * i_stride;
     if (k_stride == 1) {
-      // Each row's pairs are consecutive in memory: copy them as 32-bit words.
-      for (int64_t r = 0; r < valid; ++r) {
-        const uint16_t* row = panel + r * i_stride;
-        for (int64_t pair = 0; pair < full_pairs; ++pair) {
-          std::memcpy(out + pair * width + r, row + 2 * pair, sizeof(uint32_t));
-        }
-        if (full_pairs < pairs) out[full_pairs * width + r] = row[depth - 1];
+      // Each row's pairs are consecutive in memory: a transpose of 32-bit words.
+      transpose_words(panel, 2 * i_stride, valid, full_pairs, out, 4 * width);
+      for (int64_t r = 0; r < valid && full_pairs < pairs; ++r) {
+        out[full_pairs * width + r] = panel[r * i_stride + depth - 1];
       }
     } else {
       // i_stride is 1 (a GEMM operand is row- or column-major): rows are consecutive, and each
@@ -128,37 +158,38 @@ __attribute__((target("avx512f"))) __m256i round_to_bf16(__m512 v) {
   return _mm512_maskz_cvtepi32_epi16(kAll, _mm512_mask_mov_epi32(rounded, nan, quiet));
 }
 
-// C[kMr, kNr] = sum over `pairs` of A's pairs times b_panel's, stored as `out` says, A's pair
+// C[kRows, 16 kVecs] = sum over `pairs` of A's pairs times b_panel's, stored as `out` says, A's pair
 // p of row r being the 32-bit word at a + r * a_row + p * a_pair (in bf16 elements): a packed
 // panel, or A's rows where they lie. Rows and columns past (rows, cols) are computed from row
 // rows - 1 or B's padding and not stored.
+template <int kRows, int kVecs>
 __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(int64_t pairs, const uint16_t* a,
                                                                 int64_t a_row, int64_t a_pair,
                                                                 const uint32_t* b_panel,
                                                                 const Store& out, int64_t rows,
                                                                 int64_t cols) {
-  constexpr int kVecs = kNr / 16;
-  __m512 acc[kMr][kVecs];
-  for (int64_t r = 0; r < kMr; ++r) {
+  constexpr int64_t kCols = 16 * kVecs;
+  __m512 acc[kRows][kVecs];
+  for (int64_t r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
   }
-  const uint16_t* a_rows[kMr];
-  for (int64_t r = 0; r < kMr; ++r) a_rows[r] = a + std::min(r, rows - 1) * a_row;
+  const uint16_t* a_rows[kRows];
+  for (int64_t r = 0; r < kRows; ++r) a_rows[r] = a + std::min(r, rows - 1) * a_row;
   for (int64_t pair = 0; pair < pairs; ++pair) {
     __m512bh b[kVecs];
     for (int v = 0; v < kVecs; ++v) b[v] = (__m512bh)_mm512_loadu_si512(b_panel + 16 * v);
-    for (int64_t r = 0; r < kMr; ++r) {
+    for (int64_t r = 0; r < kRows; ++r) {
       int word;
       std::memcpy(&word, a_rows[r] + pair * a_pair, sizeof word);
       const __m512bh a_pair_r = (__m512bh)_mm512_set1_epi32(word);
       for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a_pair_r, b[v]);
     }
-    b_panel += kNr;
+    b_panel += kCols;
   }
   const float beta = out.beta;
   const __m512 scale = _mm512_set1_ps(beta);
-  if (rows == kMr && cols == kNr) {
-    for (int64_t r = 0; r < kMr; ++r) {
+  if (rows == kRows && cols == kCols) {
+    for (int64_t r = 0; r < kRows; ++r) {
       for (int v = 0; v < kVecs; ++v) {
         __m512 value = acc[r][v];
         if (out.rounded) {
@@ -174,8 +205,8 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(int64_t pairs, c
     }
     return;
   }
-  alignas(64) float tile[kMr][kNr];
-  for (int64_t r = 0; r < kMr; ++r) {
+  alignas(64) float tile[kRows][kCols];
+  for (int64_t r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVecs; ++v) _mm512_store_ps(tile[r] + 16 * v, acc[r][v]);
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -228,7 +259,7 @@ void gemm_blocks(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16
             const Store tile_out{block_beta, out.c ? out.c + at : nullptr,
                                  out.rounded ? out.rounded + at : nullptr,
                                  out.bias ? out.bias + n0 + j : nullptr, out.ldc};
-            micro_kernel(pairs, a_panel, in_place ? lda : 2, in_place ? 2 : 2 * rows, b_panel,
+            micro_kernel<kMr, kNr / 16>(pairs, a_panel, in_place ? lda : 2, in_place ? 2 : 2 * rows, b_panel,
                          tile_out, std::min(kMr, rows - i), std::min(kNr, cols - j));
           }
         }
@@ -249,6 +280,56 @@ void gemm_bf16_rounded(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const 
                        int64_t ldc) {
   PIPIT_CHECK(K <= kBf16Depth, "gemm_bf16_rounded: depth ", K, " is over one block");
   gemm_blocks(ta, tb, M, N, K, a, lda, b, ldb, {0.0f, nullptr, c, bias, ldc});
+}
+
+void transpose_words(const void* in, int64_t in_stride, int64_t rows, int64_t cols, void* out,
+                     int64_t out_stride) {
+  const auto* from = static_cast<const char*>(in);
+  auto* to = static_cast<char*>(out);
+  const int64_t full_rows = rows / 16 * 16, full_cols = cols / 16 * 16;
+  for (int64_t i = 0; i < full_rows; i += 16) {
+    for (int64_t j = 0; j < full_cols; j += 16) {
+      transpose_16x16(from + i * in_stride + 4 * j, in_stride, to + j * out_stride + 4 * i,
+                      out_stride);
+    }
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = i < full_rows ? full_cols : 0; j < cols; ++j) {
+      std::memcpy(to + j * out_stride + 4 * i, from + i * in_stride + 4 * j, 4);
+    }
+  }
+}
+
+void pack_bf16(bool tb, int64_t K, int64_t N, const uint16_t* b, int64_t ldb, int64_t width,
+               Bf16Panels& out) {
+  out.columns = N;
+  out.depth = K;
+  out.width = width;
+  out.words.resize(static_cast<size_t>(round_up(N, width) * ((K + 1) / 2)));
+  pack_panels(b, tb ? ldb : 1, tb ? 1 : ldb, N, K, width, out.words.data());
+}
+
+void gemm_bf16_panels(int64_t M, int64_t N, const uint16_t* a, int64_t a_row, int64_t a_pair,
+                      const Bf16Panels& b, float beta, float* c, int64_t ldc) {
+  PIPIT_CHECK(N <= b.columns, "gemm_bf16_panels: ", N, " columns of ", b.columns, " packed");
+  PIPIT_CHECK(b.width == 32 || b.width == 64, "gemm_bf16_panels: panels ", b.width, " wide");
+  const int64_t pairs = (b.depth + 1) / 2, width = b.width;
+  for (int64_t j = 0; j < N; j += width) {
+    const uint32_t* panel = b.words.data() + j * pairs;
+    const int64_t cols = std::min(width, N - j);
+    // A narrow panel runs twice the rows, so that either kernel holds 24 accumulators.
+    const int64_t step = width == 32 ? 2 * kMr : kMr;
+    for (int64_t i = 0; i < M; i += step) {
+      const Store tile_out{beta, c + i * ldc + j, nullptr, nullptr, ldc};
+      const int64_t rows = std::min(step, M - i);
+      const uint16_t* a_rows = a + i * a_row;
+      if (width == 32) {
+        micro_kernel<2 * kMr, 2>(pairs, a_rows, a_row, a_pair, panel, tile_out, rows, cols);
+      } else {
+        micro_kernel<kMr, kNr / 16>(pairs, a_rows, a_row, a_pair, panel, tile_out, rows, cols);
+      }
+    }
+  }
 }
 
 }  // namespace cpu
