@@ -295,8 +295,8 @@ TEST_CASE("bf16 attention on the dot product is within bf16's rounding of f64 at
           return std::vector<double>(x.begin() + h * T * D, x.begin() + (h + 1) * T * D);
         };
         const HeadReference want =
-            head_reference(rows(vq, Tq), rows(vk, Tk), rows(vv, Tk), rows(vout, Tq),
-                           rows(vgo, Tq), Tq, Tk, D, scale, causal);
+            head_reference(rows(vq, Tq), rows(vk, Tk), rows(vv, Tk), rows(vout, Tq), rows(vgo, Tq),
+                           Tq, Tk, D, scale, causal);
         CHECK(worst_bound_ratio(rows(vout, Tq), want.out, want.out_terms, Tq, D) <= 1.0);
         CHECK(worst_bound_ratio(rows(vgq, Tq), want.gq, want.gq_terms, Tq, D) <= 1.0);
         CHECK(worst_bound_ratio(rows(vgk, Tk), want.gk, want.gk_terms, Tk, D) <= 1.0);

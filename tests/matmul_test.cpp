@@ -4,6 +4,7 @@
 // large enough to be split into tiles. The bound is the classic one for a K-term dot product
 // in float, K * 2^-24 * sum |a_ik * b_kj| (with a factor 2 to spare), so a provider that
 // loses precision, reads a wrong stride or drops a tile fails.
+#include <algorithm>
 #include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -292,7 +293,7 @@ TEST_CASE("bf16 products into bf16 are the f32 product rounded once, with or wit
           "[tensor]") {
   // On the dot product, products one block deep (K <= 256) round in the kernel, the rest
   // through an f32 stand-in; either way each element is its f32 sum (+ bias) rounded once.
-  // Edges of the 6 x 64 micro-tile, every layout, and a NaN and infinities in A.
+  // Edges of the 6 x 64 micro-tile, every layout, a NaN and infinities in A, subnormal sums.
   Generator generator(16);
   Backend& cpu = backend(Device::cpu());
   with_each_bf16_path([&] {
@@ -304,10 +305,15 @@ TEST_CASE("bf16 products into bf16 are the f32 product rounded once, with or wit
         a32.data<float>()[0] = NAN;
         a32.data<float>()[1] = INFINITY;
         a32.data<float>()[K + 2] = -INFINITY;
+        // Row 5 is zero and the first 8 biases subnormal: those sums are subnormal, which
+        // AVX512_BF16's conversion would read as zero.
+        std::fill_n(a32.data<float>() + 5 * K, K, 0.0f);
         const Tensor a =
             (layout & 1 ? transpose(transpose(a32, 0, 1).contiguous(), 0, 1) : a32).to(DType::bf16);
         const Tensor b = matrix(K, N, layout & 2, generator).to(DType::bf16);
-        const Tensor bias = randn({N}, &generator).to(DType::bf16);
+        const Tensor bias32 = randn({N}, &generator);
+        for (int64_t j = 0; j < 8; ++j) bias32.data<float>()[j] *= std::ldexp(1.0f, -130);
+        const Tensor bias = bias32.to(DType::bf16);
         const Tensor out = Tensor::empty({M, N}, DType::bf16);
         cpu.matmul(a, b, out, false);
         CHECK(testing::bitwise_equal(out, f32_product(a, b).to(DType::bf16)));

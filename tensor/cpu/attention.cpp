@@ -214,8 +214,7 @@ void attention_backward_heads(Heads<const S> go, Heads<const S> q, Heads<const S
 // head for the products that read them across; the products down a block's keys pack them per
 // block, to its depth, so no key past the block's last visible one enters a sum.
 bool on_bf16_dot(DType dtype, int64_t head_dim) {
-  return dtype == DType::bf16 && cpu_bf16_dot() && head_dim % 2 == 0 &&
-         head_dim <= cpu::kBf16Depth;
+  return dtype == DType::bf16 && cpu_bf16_dot() && head_dim % 2 == 0 && head_dim <= cpu::kBf16Depth;
 }
 
 using Bf16Heads = Heads<const cpu::BFloat16>;
@@ -246,6 +245,20 @@ void round_into_a(const float* x, int64_t rows, int64_t cols, cpu::BFloat16* out
   for (int64_t r = 0; r < rows && cols % 2 == 1; ++r) out[r * even(cols) + cols].bits = 0;
 }
 
+// The softmax weights of queries [i0, i0 + m) from their scores p [m, seen] and the forward's
+// log-sum-exp: one exp per score, without the forward's max, sum and division. They may differ
+// from the forward's weights in their last bits, which the products' bf16 factors do not keep.
+void weights_from_lse(float* p, const float* lse, int64_t i0, int64_t m, int64_t seen,
+                      const AttentionSizes& n, float scale, bool causal) {
+  for (int64_t r = 0; r < m; ++r) {
+    float* row = p + r * seen;
+    const int64_t visible = visible_keys(i0 + r, n, causal);
+    for (int64_t j = 0; j < visible; ++j) row[j] *= scale;
+    cpu::exp_shifted(row, lse[r], row, visible);
+    std::fill(row + visible, row + seen, 0.0f);
+  }
+}
+
 // One product of attention_backward_bf16 that runs transposed, so that its N is the keys:
 // sums^T [D, Tk] += rows^T weights, rows [m, D] (q or dO, where they lie), weights [m, seen].
 void add_transposed(const uint16_t* rows, int64_t ld, const cpu::BFloat16* weights, int64_t m,
@@ -263,7 +276,8 @@ void attention_forward_bf16(Bf16Heads q, Bf16Heads k, Bf16Heads v, Heads<cpu::BF
   const int threads = cpu::threads_for(heads * Tq * Tk * D / 8);
   cpu::parallel_range(heads, threads, [&](int64_t begin, int64_t end) {
     const int64_t block = std::min(kBlock, Tq);
-    std::vector<float> p(static_cast<size_t>(block * Tk)), block_out(static_cast<size_t>(block * D));
+    std::vector<float> p(static_cast<size_t>(block * Tk)),
+        block_out(static_cast<size_t>(block * D));
     std::vector<cpu::BFloat16> p16(static_cast<size_t>(block * even(Tk)));
     cpu::Bf16Panels keys, values;
     for (int64_t h = begin; h < end; ++h) {
@@ -286,10 +300,10 @@ void attention_forward_bf16(Bf16Heads q, Bf16Heads k, Bf16Heads v, Heads<cpu::BF
   });
 }
 
-// The backward of the above, block by block of queries as attention_backward_heads. dk and dv
-// are summed transposed, [D, Tk], and transposed back once per head.
+// The backward of the above, block by block of queries as attention_backward_heads, its weights
+// from lse. dk and dv are summed transposed, [D, Tk], and transposed back once per head.
 void attention_backward_bf16(Bf16Heads go, Bf16Heads q, Bf16Heads k, Bf16Heads v, Bf16Heads out,
-                             Heads<cpu::BFloat16> gq, Heads<cpu::BFloat16> gk,
+                             const float* lse, Heads<cpu::BFloat16> gq, Heads<cpu::BFloat16> gk,
                              Heads<cpu::BFloat16> gv, const AttentionSizes& n, float scale,
                              bool causal) {
   const int64_t heads = n.batch * n.heads, D = n.head_dim, Tq = n.queries, Tk = n.keys;
@@ -313,7 +327,7 @@ void attention_backward_bf16(Bf16Heads go, Bf16Heads q, Bf16Heads k, Bf16Heads v
         const int64_t m = std::min(kBlock, Tq - i0), seen = visible_keys(i0 + m - 1, n, causal);
         const uint16_t *q_block = qh + i0 * q.row_stride, *go_block = goh + i0 * go.row_stride;
         cpu::gemm_bf16_panels(m, seen, q_block, q.row_stride, 2, keys, 0.0f, p.data(), seen);
-        softmax_rows(p.data(), i0, m, seen, n, scale, causal, static_cast<float*>(nullptr));
+        weights_from_lse(p.data(), lse + h * Tq + i0, i0, m, seen, n, scale, causal);
         cpu::gemm_bf16_panels(m, seen, go_block, go.row_stride, 2, values, 0.0f, ds.data(), seen);
         for (int64_t r = 0; r < m; ++r) {
           const uint16_t* gor = go_block + r * go.row_stride;
@@ -332,10 +346,10 @@ void attention_backward_bf16(Bf16Heads go, Bf16Heads q, Bf16Heads k, Bf16Heads v
                               gq_block.data(), D);
         round_rows(gq_block.data(), D, m, D, gq.head(h, n.heads) + i0 * gq.row_stride,
                    gq.row_stride);
-        add_transposed(q_block, q.row_stride, ds16.data(), m, seen, D, rows_by_pair,
-                       weight_panels, gk_sums.data(), Tk);
-        add_transposed(go_block, go.row_stride, p16.data(), m, seen, D, rows_by_pair,
-                       weight_panels, gv_sums.data(), Tk);
+        add_transposed(q_block, q.row_stride, ds16.data(), m, seen, D, rows_by_pair, weight_panels,
+                       gk_sums.data(), Tk);
+        add_transposed(go_block, go.row_stride, p16.data(), m, seen, D, rows_by_pair, weight_panels,
+                       gv_sums.data(), Tk);
       }
       for (auto [sums, grad] : {std::pair{&gk_sums, gk}, std::pair{&gv_sums, gv}}) {
         cpu::transpose_words(sums->data(), 4 * Tk, D, Tk, key_major.data(), 4 * D);
@@ -376,10 +390,10 @@ void CpuBackend::attention_backward(const Tensor& grad_out, const Tensor& q, con
   if (n.batch * n.heads == 0) return;
   if (on_bf16_dot(q.dtype(), n.head_dim)) {
     using B = cpu::BFloat16;
-    return attention_backward_bf16(heads_of<const B>(grad_out), heads_of<const B>(q),
-                                   heads_of<const B>(k), heads_of<const B>(v),
-                                   heads_of<const B>(out), heads_of<B>(grad_q), heads_of<B>(grad_k),
-                                   heads_of<B>(grad_v), n, static_cast<float>(scale), causal);
+    return attention_backward_bf16(
+        heads_of<const B>(grad_out), heads_of<const B>(q), heads_of<const B>(k),
+        heads_of<const B>(v), heads_of<const B>(out), lse.data<float>(), heads_of<B>(grad_q),
+        heads_of<B>(grad_k), heads_of<B>(grad_v), n, static_cast<float>(scale), causal);
   }
   PIPIT_DISPATCH_FLOAT_AND_HALF(q.dtype(), op, {
     using S = scalar_t;

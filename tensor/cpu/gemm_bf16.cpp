@@ -96,9 +96,10 @@ __attribute__((target("avx512f"))) void transpose_16x16(const char* in, int64_t 
                   low1 = _mm512_maskz_shuffle_i32x4(kAll, r[8 + c], r[12 + c], 0x88),
                   high1 = _mm512_maskz_shuffle_i32x4(kAll, r[8 + c], r[12 + c], 0xdd);
     const int columns[4] = {c, 8 + c, 4 + c, 12 + c};
-    const __m512i results[4] = {
-        _mm512_maskz_shuffle_i32x4(kAll, low0, low1, 0x88), _mm512_maskz_shuffle_i32x4(kAll, low0, low1, 0xdd),
-        _mm512_maskz_shuffle_i32x4(kAll, high0, high1, 0x88), _mm512_maskz_shuffle_i32x4(kAll, high0, high1, 0xdd)};
+    const __m512i results[4] = {_mm512_maskz_shuffle_i32x4(kAll, low0, low1, 0x88),
+                                _mm512_maskz_shuffle_i32x4(kAll, low0, low1, 0xdd),
+                                _mm512_maskz_shuffle_i32x4(kAll, high0, high1, 0x88),
+                                _mm512_maskz_shuffle_i32x4(kAll, high0, high1, 0xdd)};
     for (int i = 0; i < 4; ++i) _mm512_storeu_si512(out + columns[i] * out_stride, results[i]);
   }
 }
@@ -143,11 +144,20 @@ struct Store {
   int64_t ldc;
 };
 
-// v rounded to bf16 as float_to_bfloat16 rounds (to nearest even, NaNs quiet), 16 lanes. The
-// zero-masked forms: GCC 12 warns that the plain ones' undefined sources are uninitialized.
-__attribute__((target("avx512f"))) __m256i round_to_bf16(__m512 v) {
+// v rounded to bf16 as float_to_bfloat16 rounds (to nearest even, NaNs quiet), 16 lanes: by
+// AVX512_BF16's conversion, which rounds so but reads a subnormal as zero, and where a lane is
+// subnormal by integer steps. Their zero-masked forms: GCC 12 warns that the plain ones'
+// undefined sources are uninitialized.
+__attribute__((target("avx512f,avx512bf16"))) __m256i round_to_bf16(__m512 v) {
   constexpr __mmask16 kAll = 0xffff;
   const __m512i bits = _mm512_castps_si512(v);
+  const __mmask16 subnormal =
+      _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x007fffff)),
+                                   bits, _mm512_set1_epi32(0x7f800000));
+  if (subnormal == 0) {
+    const __m256bh rounded = _mm512_cvtneps_pbh(v);
+    return reinterpret_cast<const __m256i&>(rounded);
+  }
   const __m512i high = _mm512_maskz_srli_epi32(kAll, bits, 16);
   const __m512i bias =
       _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(high, _mm512_set1_epi32(1)));
@@ -158,8 +168,8 @@ __attribute__((target("avx512f"))) __m256i round_to_bf16(__m512 v) {
   return _mm512_maskz_cvtepi32_epi16(kAll, _mm512_mask_mov_epi32(rounded, nan, quiet));
 }
 
-// C[kRows, 16 kVecs] = sum over `pairs` of A's pairs times b_panel's, stored as `out` says, A's pair
-// p of row r being the 32-bit word at a + r * a_row + p * a_pair (in bf16 elements): a packed
+// C[kRows, 16 kVecs] = sum over `pairs` of A's pairs times b_panel's, stored as `out` says, A's
+// pair p of row r being the 32-bit word at a + r * a_row + p * a_pair (in bf16 elements): a packed
 // panel, or A's rows where they lie. Rows and columns past (rows, cols) are computed from row
 // rows - 1 or B's padding and not stored.
 template <int kRows, int kVecs>
@@ -259,8 +269,9 @@ void gemm_blocks(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16
             const Store tile_out{block_beta, out.c ? out.c + at : nullptr,
                                  out.rounded ? out.rounded + at : nullptr,
                                  out.bias ? out.bias + n0 + j : nullptr, out.ldc};
-            micro_kernel<kMr, kNr / 16>(pairs, a_panel, in_place ? lda : 2, in_place ? 2 : 2 * rows, b_panel,
-                         tile_out, std::min(kMr, rows - i), std::min(kNr, cols - j));
+            micro_kernel<kMr, kNr / 16>(pairs, a_panel, in_place ? lda : 2, in_place ? 2 : 2 * rows,
+                                        b_panel, tile_out, std::min(kMr, rows - i),
+                                        std::min(kNr, cols - j));
           }
         }
       }

@@ -65,9 +65,9 @@ struct Tiling {
   int64_t count() const { return row_tiles * col_tiles; }
 };
 
-Tiling tiling_for(int64_t M, int64_t N, int64_t K) {
+Tiling tiling_for(int64_t M, int64_t N, int64_t K, int64_t max_tiles) {
   int64_t want = 1;
-  while (want < kMaxTiles && 2 * want * kTileWork <= gemm_work(M, N, K)) want *= 2;
+  while (want < max_tiles && 2 * want * kTileWork <= gemm_work(M, N, K)) want *= 2;
   const int64_t max_rt = ceil_div(M, kTileAlign), max_ct = ceil_div(N, kTileAlign);
   // The most tiles, then the least packing: each row of tiles packs all of B once more, each
   // column of tiles all of A.
@@ -172,7 +172,11 @@ void matmul_typed(const Tensor& a_in, const Tensor& b_in, const Tensor& out, boo
   }
   const BatchFold fold = batch_fold(a, la, b, out);
   const int64_t rows = fold.folds ? M * fold.batch : M, products = fold.folds ? 1 : fold.batch;
-  const Tiling tiling = tiling_for(rows, N, K);
+  // The bf16 kernel's sums do not depend on how a product is cut (its depth blocks start at 0
+  // in every tile), so it is cut only as many ways as threads may run, each cut packing again.
+  const int64_t max_tiles =
+      std::is_same_v<T, uint16_t> ? std::min<int64_t>(kMaxTiles, get_num_threads()) : kMaxTiles;
+  const Tiling tiling = tiling_for(rows, N, K, max_tiles);
   auto run_tile = [&](int64_t task) {
     int64_t off_a = 0, off_b = 0;
     for (int64_t d = r - 3, rest = task / tiling.count(); d >= 0; --d) {

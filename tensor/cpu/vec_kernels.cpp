@@ -2,6 +2,11 @@
 // four, which more than halves GELU, softmax, sigmoid and tanh, and AVX-512 sixteen, which
 // halves them again; the baseline clone keeps pipit running on any x86-64 CPU. This file is
 // compiled without FMA contraction (CMakeLists.txt), so every clone gives the same bits.
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <type_traits>
@@ -34,8 +39,43 @@ PIPIT_ROW_KERNEL void widen_bf16_row(const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = bfloat16_to_float(x[i]);
 }
 
-PIPIT_ROW_KERNEL void round_bf16_row(const float* x, uint16_t* y, int64_t n) {
+namespace {
+
+PIPIT_ROW_KERNEL void round_bf16_portable(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = float_to_bfloat16(x[i]);
+}
+
+#if defined(__x86_64__)
+// AVX512_BF16's conversion rounds as float_to_bfloat16 does, NaNs included, but reads a
+// subnormal input as zero: a vector holding one takes the scalar conversion.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_bf16_converting(
+    const float* x, uint16_t* y, int64_t n) {
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000), mantissa = _mm512_set1_epi32(0x007fffff);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1);
+    const __m512i bits = _mm512_maskz_loadu_epi32(lanes, x + i);
+    const __mmask16 subnormal =
+        _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(bits, mantissa), bits, exponent);
+    if (subnormal != 0) {
+      round_bf16_portable(x + i, y + i, std::min<int64_t>(16, n - i));
+      continue;
+    }
+    const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_castsi512_ps(bits));
+    _mm256_mask_storeu_epi16(y + i, lanes, reinterpret_cast<const __m256i&>(rounded));
+  }
+}
+#endif
+
+}  // namespace
+
+void round_bf16_row(const float* x, uint16_t* y, int64_t n) {
+#if defined(__x86_64__)
+  static const bool converts = __builtin_cpu_supports("avx512bf16") &&
+                               __builtin_cpu_supports("avx512bw") &&
+                               __builtin_cpu_supports("avx512vl");
+  if (converts) return round_bf16_converting(x, y, n);
+#endif
+  round_bf16_portable(x, y, n);
 }
 
 PIPIT_ROW_KERNEL void sigmoid_row(const float* x, float* y, int64_t n) {
