@@ -236,6 +236,34 @@ int64_t round_up(int64_t n, int64_t to) {
   return (n + to - 1) / to * to;
 }
 
+// `out` moved to row i, column j.
+Store store_at(const Store& out, int64_t i, int64_t j) {
+  const int64_t at = i * out.ldc + j;
+  return {out.beta, out.c ? out.c + at : nullptr, out.rounded ? out.rounded + at : nullptr,
+          out.bias ? out.bias + j : nullptr, out.ldc};
+}
+
+// C[M, N] as `out` says, from B's packed panels (`width` columns, `pairs` deep) and A's pairs
+// (a + i a_row + p a_pair): the micro-kernel down each panel. A panel 32 wide runs twice the
+// rows, so that either kernel holds 24 accumulators.
+void sweep(int64_t M, int64_t N, const uint16_t* a, int64_t a_row, int64_t a_pair,
+           const uint32_t* panels, int64_t pairs, int64_t width, const Store& out) {
+  const int64_t step = width == 32 ? 2 * kMr : kMr;
+  for (int64_t j = 0; j < N; j += width) {
+    const uint32_t* panel = panels + j * pairs;
+    for (int64_t i = 0; i < M; i += step) {
+      const int64_t rows = std::min(step, M - i), cols = std::min(width, N - j);
+      if (width == 32) {
+        micro_kernel<2 * kMr, 2>(pairs, a + i * a_row, a_row, a_pair, panel, store_at(out, i, j),
+                                 rows, cols);
+      } else {
+        micro_kernel<kMr, kNr / 16>(pairs, a + i * a_row, a_row, a_pair, panel, store_at(out, i, j),
+                                    rows, cols);
+      }
+    }
+  }
+}
+
 // The loops at the top of this file over a whole product, each tile stored as `out` says.
 void gemm_blocks(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda,
                  const uint16_t* b, int64_t ldb, const Store& out) {
@@ -248,31 +276,21 @@ void gemm_blocks(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16
     const int64_t cols = std::min(kNc, N - n0);
     for (int64_t k0 = 0; k0 < K; k0 += kKc) {
       const int64_t depth = std::min(kKc, K - k0), pairs = (depth + 1) / 2;
-      const float block_beta = k0 == 0 ? out.beta : 1.0f;
       const uint16_t* b_block = tb ? b + n0 * ldb + k0 : b + k0 * ldb + n0;
       pack_panels(b_block, tb ? ldb : 1, tb ? 1 : ldb, cols, depth, kNr, b_pack.data());
       for (int64_t m0 = 0; m0 < M; m0 += kMc) {
         const int64_t rows = std::min(kMc, M - m0);
         const uint16_t* a_block = ta ? a + k0 * lda + m0 : a + m0 * lda + k0;
+        Store block_out = store_at(out, m0, n0);
+        block_out.beta = k0 == 0 ? out.beta : 1.0f;
         // A row-major A's rows already hold its pairs, as the micro-kernel reads them: it reads
         // them in place unless the depth is odd (the last pair needs a zero).
-        const bool in_place = !ta && depth % 2 == 0;
-        if (!in_place) {
+        if (!ta && depth % 2 == 0) {
+          sweep(rows, cols, a_block, lda, 2, b_pack.data(), pairs, kNr, block_out);
+        } else {
           pack_panels(a_block, ta ? 1 : lda, ta ? lda : 1, rows, depth, rows, a_pack.data());
-        }
-        const auto* packed = reinterpret_cast<const uint16_t*>(a_pack.data());
-        for (int64_t j = 0; j < cols; j += kNr) {
-          const uint32_t* b_panel = b_pack.data() + j * pairs;
-          for (int64_t i = 0; i < rows; i += kMr) {
-            const uint16_t* a_panel = in_place ? a_block + i * lda : packed + 2 * i;
-            const int64_t at = (m0 + i) * out.ldc + n0 + j;
-            const Store tile_out{block_beta, out.c ? out.c + at : nullptr,
-                                 out.rounded ? out.rounded + at : nullptr,
-                                 out.bias ? out.bias + n0 + j : nullptr, out.ldc};
-            micro_kernel<kMr, kNr / 16>(pairs, a_panel, in_place ? lda : 2, in_place ? 2 : 2 * rows,
-                                        b_panel, tile_out, std::min(kMr, rows - i),
-                                        std::min(kNr, cols - j));
-          }
+          sweep(rows, cols, reinterpret_cast<const uint16_t*>(a_pack.data()), 2, 2 * rows,
+                b_pack.data(), pairs, kNr, block_out);
         }
       }
     }
@@ -324,23 +342,8 @@ void gemm_bf16_panels(int64_t M, int64_t N, const uint16_t* a, int64_t a_row, in
                       const Bf16Panels& b, float beta, float* c, int64_t ldc) {
   PIPIT_CHECK(N <= b.columns, "gemm_bf16_panels: ", N, " columns of ", b.columns, " packed");
   PIPIT_CHECK(b.width == 32 || b.width == 64, "gemm_bf16_panels: panels ", b.width, " wide");
-  const int64_t pairs = (b.depth + 1) / 2, width = b.width;
-  for (int64_t j = 0; j < N; j += width) {
-    const uint32_t* panel = b.words.data() + j * pairs;
-    const int64_t cols = std::min(width, N - j);
-    // A narrow panel runs twice the rows, so that either kernel holds 24 accumulators.
-    const int64_t step = width == 32 ? 2 * kMr : kMr;
-    for (int64_t i = 0; i < M; i += step) {
-      const Store tile_out{beta, c + i * ldc + j, nullptr, nullptr, ldc};
-      const int64_t rows = std::min(step, M - i);
-      const uint16_t* a_rows = a + i * a_row;
-      if (width == 32) {
-        micro_kernel<2 * kMr, 2>(pairs, a_rows, a_row, a_pair, panel, tile_out, rows, cols);
-      } else {
-        micro_kernel<kMr, kNr / 16>(pairs, a_rows, a_row, a_pair, panel, tile_out, rows, cols);
-      }
-    }
-  }
+  sweep(M, N, a, a_row, a_pair, b.words.data(), (b.depth + 1) / 2, b.width,
+        {beta, c, nullptr, nullptr, ldc});
 }
 
 }  // namespace cpu
