@@ -84,6 +84,37 @@ void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f, Row row = {}
                        });
 }
 
+// bf16 GELU and its gradient by table (vec_math.h): the computed path's bits, without its
+// arithmetic, which made GELU the costliest elementwise op of a bf16 GPT step.
+void gelu_bf16(const Tensor& in, const Tensor& out) {
+  const uint16_t* table = cpu::bf16_gelu_table();
+  auto loop = cpu::make_loop<2>(out.shape(), {&out, &in});
+  cpu::for_each_row<2>(loop, {byte_ptr(out), byte_ptr(in)}, {2, 2}, [&](auto p, int64_t n, auto s) {
+    auto* y = reinterpret_cast<uint16_t*>(p[0]);
+    const auto* x = reinterpret_cast<const uint16_t*>(p[1]);
+    if (s[0] == 1 && s[1] == 1) return cpu::gelu_bf16_row(table, x, y, n);
+    for (int64_t i = 0; i < n; ++i) y[i * s[0]] = table[x[i * s[1]]];
+  });
+}
+
+void gelu_backward_bf16(const Tensor& grad, const Tensor& x, const Tensor& out) {
+  const float* derivative = cpu::bf16_gelu_derivative_table();
+  auto loop = cpu::make_loop<3>(out.shape(), {&out, &grad, &x});
+  cpu::for_each_row<3>(loop, {byte_ptr(out), byte_ptr(grad), byte_ptr(x)}, {2, 2, 2},
+                       [&](auto p, int64_t n, auto s) {
+                         auto* y = reinterpret_cast<uint16_t*>(p[0]);
+                         const auto* g = reinterpret_cast<const uint16_t*>(p[1]);
+                         const auto* at = reinterpret_cast<const uint16_t*>(p[2]);
+                         if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+                           return cpu::gelu_backward_bf16_row(derivative, g, at, y, n);
+                         }
+                         for (int64_t i = 0; i < n; ++i) {
+                           y[i * s[0]] = float_to_bfloat16(bfloat16_to_float(g[i * s[1]]) *
+                                                           derivative[at[i * s[2]]]);
+                         }
+                       });
+}
+
 template <typename S>
 void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
   using T = compute_t<S>;
@@ -126,7 +157,9 @@ void unary_typed(UnaryOp op, const Tensor& in, const Tensor& out) {
           return map1<S, S>(in, out, [](T x) { return cpu::sigmoid(x); });
         }
       case UnaryOp::gelu:
-        if constexpr (std::is_same_v<T, float>) {
+        if constexpr (std::is_same_v<S, cpu::BFloat16>) {
+          return gelu_bf16(in, out);
+        } else if constexpr (std::is_same_v<T, float>) {
           return map1<S, S>(
               in, out, [](T x) { return cpu::gelu(x); }, cpu::gelu_row);
         } else {
@@ -193,7 +226,9 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
       case BinaryOp::sigmoid_backward:
         return map2<S, S>(a, b, out, [](T g, T y) { return g * (y * (T(1) - y)); });
       case BinaryOp::gelu_backward:
-        if constexpr (std::is_same_v<T, float>) {
+        if constexpr (std::is_same_v<S, cpu::BFloat16>) {
+          return gelu_backward_bf16(a, b, out);
+        } else if constexpr (std::is_same_v<T, float>) {
           return map2<S, S>(
               a, b, out, [](T g, T x) { return g * cpu::gelu_derivative(x); },
               cpu::gelu_backward_row);

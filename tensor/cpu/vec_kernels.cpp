@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "tensor/cpu/vec_math.h"
 #include "tensor/dtype.h"
@@ -33,6 +34,51 @@ PIPIT_ROW_KERNEL void gelu_row(const float* x, float* y, int64_t n) {
 
 PIPIT_ROW_KERNEL void gelu_backward_row(const float* grad, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = grad[i] * gelu_derivative(x[i]);
+}
+
+namespace {
+
+// f32 x holding every bf16 value, in the order of their bits.
+std::vector<float> every_bf16() {
+  std::vector<float> x(1 << 16);
+  for (uint32_t bits = 0; bits < x.size(); ++bits) x[bits] = bfloat16_to_float(uint16_t(bits));
+  return x;
+}
+
+}  // namespace
+
+const uint16_t* bf16_gelu_table() {
+  static const std::vector<uint16_t> table = [] {
+    const std::vector<float> x = every_bf16();
+    std::vector<float> y(x.size());
+    std::vector<uint16_t> rounded(x.size());
+    gelu_row(x.data(), y.data(), int64_t(x.size()));
+    round_bf16_row(y.data(), rounded.data(), int64_t(x.size()));
+    return rounded;
+  }();
+  return table.data();
+}
+
+const float* bf16_gelu_derivative_table() {
+  static const std::vector<float> table = [] {
+    const std::vector<float> x = every_bf16(), ones(x.size(), 1.0f);
+    std::vector<float> derivative(x.size());
+    gelu_backward_row(ones.data(), x.data(), derivative.data(), int64_t(x.size()));
+    return derivative;
+  }();
+  return table.data();
+}
+
+PIPIT_ROW_KERNEL void gelu_bf16_row(const uint16_t* table, const uint16_t* x, uint16_t* y,
+                                    int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = table[x[i]];
+}
+
+PIPIT_ROW_KERNEL void gelu_backward_bf16_row(const float* derivative, const uint16_t* grad,
+                                             const uint16_t* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = float_to_bfloat16(bfloat16_to_float(grad[i]) * derivative[x[i]]);
+  }
 }
 
 PIPIT_ROW_KERNEL void widen_bf16_row(const uint16_t* x, float* y, int64_t n) {

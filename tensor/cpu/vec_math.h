@@ -121,6 +121,14 @@ void gelu_row(const float* x, float* y, int64_t n);
 void gelu_backward_row(const float* grad, const float* x, float* y, int64_t n);
 void sigmoid_row(const float* x, float* y, int64_t n);
 void tanh_row(const float* x, float* y, int64_t n);
+// GELU of bf16 by table: bf16_gelu_table() holds GELU of every bf16 value rounded to bf16, and
+// bf16_gelu_derivative_table() its derivative in f32, each built once by the two rows above, so
+// that y = table[x] and y = grad * derivative[x], rounded, are the computed path's bits.
+const uint16_t* bf16_gelu_table();
+const float* bf16_gelu_derivative_table();
+void gelu_bf16_row(const uint16_t* table, const uint16_t* x, uint16_t* y, int64_t n);
+void gelu_backward_bf16_row(const float* derivative, const uint16_t* grad, const uint16_t* x,
+                            uint16_t* y, int64_t n);
 // bf16 bits to f32 (exact) and back (float_to_bfloat16's rounding), the casts of autocast.
 void widen_bf16_row(const uint16_t* x, float* y, int64_t n);
 void round_bf16_row(const float* x, uint16_t* y, int64_t n);
