@@ -5,7 +5,8 @@
 // depend only on the shapes, so the bits do not depend on the thread count. The backward
 // rebuilds the weights with the forward's own code rather than from lse. Half inputs are
 // computed on in f32: each head's rows are widened (exactly) as the head is taken up, and its
-// results rounded once as it is left, so no whole operand is ever copied.
+// results rounded once as it is left, so no whole operand is ever copied. bf16 heads on a CPU
+// with AVX512_BF16 take their own path at the end of this file, on the bf16 dot product.
 #include <algorithm>
 #include <cmath>
 #include <limits>
