@@ -9,7 +9,10 @@
 // down A. Packing lays each operand out as the instruction reads it: pairs of consecutive k
 // in one 32-bit word, an odd depth padded with a zero. A row-major A of even depth already
 // lies that way, row by row, and is read in place (its packing was a tenth of a bf16 GPT
-// step). Block sizes are constants, so a product's bits depend only on its shape.
+// step); a transposed A is packed pair by pair, B^T by 16 x 16 transposes of 32-bit words.
+// Block sizes are constants, so a product's bits depend only on its shape, not on how a
+// caller cuts it. Attention's products (tensor/cpu/attention.cpp) take B packed once
+// (Bf16Panels) and a 12 x 32 kernel for panels as wide as a head.
 #include <immintrin.h>
 
 #include <algorithm>
